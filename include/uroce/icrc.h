@@ -1,0 +1,52 @@
+// The RoCEv2 Invariant CRC (IBA Annex A17).
+//
+// The ICRC is a CRC-32 (the Ethernet/zlib polynomial, reflected) over
+//   8 bytes of 0xff | IPv4 header | UDP header | BTH | extension headers | payload | pad
+// with the fields that routers may change replaced by ones: IPv4 TOS, TTL and header
+// checksum, the UDP checksum, and the BTH reserved byte (byte 4). It is stored in the
+// last four bytes of the UDP payload, least significant byte first.
+//
+// A receiver on a UDP socket sees the addresses, ports and lengths of the IP and UDP
+// headers, but not the IPv4 identification field or the flags, both of which the ICRC
+// covers. icrc_verify_ipv4() therefore accepts a packet when some value of those
+// unseen fields explains the received ICRC; see docs/wire-format.md.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+namespace uroce::wire {
+
+// The IPv4/UDP fields the ICRC covers that a UDP socket can see. Host byte order.
+struct Ipv4Flow {
+    uint32_t src_ip = 0;
+    uint32_t dst_ip = 0;
+    uint16_t src_port = 0;
+    uint16_t dst_port = 0;
+};
+
+// The IPv4 fields the ICRC covers that a UDP receiver cannot see.
+struct Ipv4Unseen {
+    uint16_t identification = 0;
+    bool dont_fragment = true;
+};
+
+// ICRC of a packet whose UDP payload (without ICRC) is the concatenation of `pieces`.
+uint32_t icrc_ipv4(const Ipv4Flow& flow, const Ipv4Unseen& unseen,
+                   std::span<const std::span<const uint8_t>> pieces);
+
+// Convenience for one contiguous buffer (BTH .. pad, no ICRC).
+uint32_t icrc_ipv4(const Ipv4Flow& flow, const Ipv4Unseen& unseen, std::span<const uint8_t> roce);
+
+enum class IcrcCheck {
+    Exact,              // matches with the header fields uroce itself sends (id 0, DF)
+    MatchesUnseenFields,  // matches for some identification/flags value (e.g. the kernel's rxe)
+    Mismatch,           // no value of the unseen fields explains it: corrupted
+};
+const char* to_string(IcrcCheck c);
+
+// Check the ICRC carried in the last four bytes of `udp_payload`.
+IcrcCheck icrc_verify_ipv4(const Ipv4Flow& flow, std::span<const uint8_t> udp_payload);
+
+}  // namespace uroce::wire
