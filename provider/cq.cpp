@@ -1,0 +1,133 @@
+// Completion queues, their completion events and the work completions they return.
+#include <arpa/inet.h>
+
+#include <cerrno>
+#include <new>
+
+#include "provider/device_limits.h"
+#include "provider/objects.h"
+
+namespace uroce::provider {
+
+namespace {
+
+ibv_wc_status wc_status(transport::WcStatus s) {
+    using S = transport::WcStatus;
+    switch (s) {
+        case S::Success: return IBV_WC_SUCCESS;
+        case S::LocLenErr: return IBV_WC_LOC_LEN_ERR;
+        case S::LocQpOpErr: return IBV_WC_LOC_QP_OP_ERR;
+        case S::LocProtErr: return IBV_WC_LOC_PROT_ERR;
+        case S::WrFlushErr: return IBV_WC_WR_FLUSH_ERR;
+        case S::BadResp: return IBV_WC_BAD_RESP_ERR;
+        case S::RemInvReqErr: return IBV_WC_REM_INV_REQ_ERR;
+        case S::RemAccessErr: return IBV_WC_REM_ACCESS_ERR;
+        case S::RemOpErr: return IBV_WC_REM_OP_ERR;
+        case S::RetryExcErr: return IBV_WC_RETRY_EXC_ERR;
+        case S::RnrRetryExcErr: return IBV_WC_RNR_RETRY_EXC_ERR;
+        case S::GeneralErr: return IBV_WC_GENERAL_ERR;
+    }
+    return IBV_WC_GENERAL_ERR;
+}
+
+ibv_wc_opcode wc_opcode(transport::WcOpcode op) {
+    using O = transport::WcOpcode;
+    switch (op) {
+        case O::Send: return IBV_WC_SEND;
+        case O::RdmaWrite: return IBV_WC_RDMA_WRITE;
+        case O::RdmaRead: return IBV_WC_RDMA_READ;
+        case O::Recv: return IBV_WC_RECV;
+        case O::RecvRdmaWithImm: return IBV_WC_RECV_RDMA_WITH_IMM;
+    }
+    return IBV_WC_SEND;
+}
+
+}  // namespace
+
+ibv_cq* create_cq(ibv_context* ibctx, int cqe, ibv_comp_channel* channel, int) noexcept {
+    if (cqe < 1 || cqe > kMaxCqe) {
+        errno = EINVAL;
+        return nullptr;
+    }
+    std::shared_ptr<CompChannel> chan;
+    if (channel) {
+        chan = comp_channel_lookup(channel->fd);
+        if (!chan) {
+            // Not a channel uroce made (or one already closed).
+            errno = EINVAL;
+            return nullptr;
+        }
+    }
+    auto* cq = new (std::nothrow) UroceCq{};
+    if (!cq) {
+        errno = ENOMEM;
+        return nullptr;
+    }
+    auto* ctx = to_uctx(ibctx);
+    const uint64_t handle = reinterpret_cast<uint64_t>(&cq->vcq.cq);
+    try {
+        std::weak_ptr<CompChannel> weak = chan;
+        cq->queue = std::make_shared<transport::CompletionQueue>(
+            static_cast<uint32_t>(cqe),
+            [weak, handle] {
+                if (auto c = weak.lock()) c->notify(handle);
+            },
+            [ctx, handle] { post_async_event(ctx, IBV_EVENT_CQ_ERR, handle); });
+    } catch (...) {
+        delete cq;
+        errno = ENOMEM;
+        return nullptr;
+    }
+    cq->channel = std::move(chan);
+    cq->vcq.cq.cqe = cqe;
+    return &cq->vcq.cq;
+}
+
+int destroy_cq(ibv_cq* ibcq) noexcept {
+    auto* cq = to_ucq(ibcq);
+    if (cq->qp_refs.load() > 0) return EBUSY;
+    // Events already queued for this CQ must never reach the application.
+    if (cq->channel) cq->channel->purge(reinterpret_cast<uint64_t>(ibcq));
+    delete cq;
+    return 0;
+}
+
+int poll_cq(ibv_cq* ibcq, int n, ibv_wc* wc) noexcept {
+    if (n <= 0) return n < 0 ? -EINVAL : 0;
+    auto* cq = to_ucq(ibcq);
+    constexpr int kChunk = 32;
+    transport::Completion c[kChunk];
+    int total = 0;
+    while (total < n) {
+        const size_t want = static_cast<size_t>(std::min(kChunk, n - total));
+        const size_t got = cq->queue->poll(std::span(c, want));
+        for (size_t i = 0; i < got; ++i) {
+            ibv_wc& w = wc[total + static_cast<int>(i)];
+            w = ibv_wc{};
+            w.wr_id = c[i].wr_id;
+            w.status = wc_status(c[i].status);
+            w.opcode = wc_opcode(c[i].opcode);
+            w.vendor_err = 0;
+            w.byte_len = c[i].byte_len;
+            w.qp_num = c[i].qp_num;
+            w.src_qp = c[i].src_qp;
+            w.pkey_index = 0;
+            if (c[i].with_imm) {
+                w.wc_flags |= IBV_WC_WITH_IMM;
+                w.imm_data = htonl(c[i].imm);
+            }
+        }
+        total += static_cast<int>(got);
+        if (got < want) break;
+    }
+    return total;
+}
+
+int req_notify_cq(ibv_cq* ibcq, int solicited_only) noexcept {
+    to_ucq(ibcq)->queue->arm(solicited_only != 0);
+    return 0;
+}
+
+void cq_event(ibv_cq*) noexcept {}
+
+}  // namespace uroce::provider

@@ -1,0 +1,217 @@
+// Driver registration, device discovery and contexts.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <new>
+#include <string>
+
+#include "provider/comp_channel.h"
+#include "provider/objects.h"
+
+namespace uroce::provider {
+
+void print_counters(const ContextState& st, const char* device) noexcept;
+
+namespace {
+
+// The device's settings, which `uroce add` writes beside the sysfs files libibverbs reads.
+bool read_setting(const char* ibdev_path, const char* name, std::string& out) {
+    std::ifstream f(std::string(ibdev_path) + "/uroce/" + name);
+    if (!f) return false;
+    std::getline(f, out);
+    return !out.empty();
+}
+
+bool load_config(const char* ibdev_path, DeviceConfig& cfg) {
+    std::string ip, port, mtu, guid;
+    if (!read_setting(ibdev_path, "ipv4", ip)) return false;
+    in_addr a{};
+    if (inet_pton(AF_INET, ip.c_str(), &a) != 1) return false;
+    cfg.ipv4 = ntohl(a.s_addr);
+    if (read_setting(ibdev_path, "udp_port", port)) {
+        const long p = std::strtol(port.c_str(), nullptr, 10);
+        if (p < 1 || p > 65535) return false;
+        cfg.udp_port = static_cast<uint16_t>(p);
+    }
+    if (read_setting(ibdev_path, "mtu", mtu)) {
+        const long m = std::strtol(mtu.c_str(), nullptr, 10);
+        if (m != 256 && m != 512 && m != 1024 && m != 2048 && m != 4096) return false;
+        cfg.mtu = static_cast<uint32_t>(m);
+    }
+    std::ifstream g(std::string(ibdev_path) + "/node_guid");
+    if (g && std::getline(g, guid)) {
+        unsigned a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+        if (std::sscanf(guid.c_str(), "%x:%x:%x:%x", &a0, &a1, &a2, &a3) == 4)
+            cfg.node_guid = (uint64_t{a0} << 48) | (uint64_t{a1} << 32) | (uint64_t{a2} << 16) | a3;
+    }
+    return true;
+}
+
+bool match_device(verbs_sysfs_dev* sysfs_dev) {
+    // A uroce device is one whose registry entry carries our settings; the name is the
+    // user's choice, so it cannot be matched by pattern.
+    std::string ip;
+    return read_setting(sysfs_dev->ibdev_path, "ipv4", ip);
+}
+
+verbs_device* alloc_device(verbs_sysfs_dev* sysfs_dev) {
+    auto* dev = static_cast<UroceDevice*>(std::calloc(1, sizeof(UroceDevice)));
+    if (!dev) return nullptr;
+    if (!load_config(sysfs_dev->ibdev_path, dev->config)) {
+        std::fprintf(stderr, "uroce: %s: unreadable settings under %s/uroce\n",
+                     sysfs_dev->ibdev_name, sysfs_dev->ibdev_path);
+        std::free(dev);
+        return nullptr;
+    }
+    dev->vdev.core_support = UROCE_CORE_SUPPORT_OPTIONAL_MR_ACCESS;
+    return &dev->vdev;
+}
+
+void uninit_device(verbs_device* vdev) { std::free(reinterpret_cast<UroceDevice*>(vdev)); }
+
+void destroy_state(ContextState* st) {
+    if (!st) return;
+    if (st->engine && std::getenv("UROCE_STATS")) print_counters(*st, st->device->vdev.device.name);
+    st->engine.reset();  // stops the engine thread first: it may post async events
+    if (st->async_write_fd >= 0) ::close(st->async_write_fd);
+    if (st->cmd_fd >= 0) cmd_fd_unregister(st->cmd_fd);
+    delete st;
+}
+
+verbs_context* alloc_context(ibv_device* ibdev, int cmd_fd, void*) {
+    auto* dev = reinterpret_cast<UroceDevice*>(ibdev);
+    auto* ctx = reinterpret_cast<UroceContext*>(_verbs_init_and_alloc_context(
+        ibdev, cmd_fd, sizeof(UroceContext), reinterpret_cast<verbs_context*>(0),
+        UROCE_RDMA_DRIVER_UNKNOWN));
+    if (!ctx) return nullptr;
+    int err = 0;
+    auto* st = new (std::nothrow) ContextState;
+    if (!st) {
+        err = ENOMEM;
+        goto fail;
+    }
+    ctx->state = st;
+    st->device = dev;
+    {
+        transport::EngineConfig ec;
+        ec.ip = dev->config.ipv4;
+        ec.port = dev->config.udp_port;
+        ec.mtu = dev->config.mtu;
+        if (const char* spec = std::getenv("UROCE_FAULTS"); spec && *spec) {
+            std::string why;
+            auto faults = transport::parse_fault_config(spec, why);
+            if (!faults) {
+                std::fprintf(stderr, "uroce: UROCE_FAULTS: %s\n", why.c_str());
+                err = EINVAL;
+                goto fail;
+            }
+            ec.faults = *faults;
+        }
+        std::string why;
+        try {
+            st->engine = transport::Engine::create(ec, why, err);
+        } catch (const std::bad_alloc&) {
+            err = ENOMEM;
+        }
+        if (!st->engine) {
+            std::fprintf(stderr, "uroce: %s: %s\n", ibdev->name, why.c_str());
+            if (!err) err = ENOMEM;
+            goto fail;
+        }
+    }
+    {
+        // ibv_get_async_event reads fixed-size records from async_fd; a pipe carries them.
+        int fds[2];
+        if (::pipe2(fds, O_CLOEXEC) != 0) {
+            err = errno;
+            goto fail;
+        }
+        ::fcntl(fds[1], F_SETFL, O_NONBLOCK);
+        ctx->vctx.context.async_fd = fds[0];
+        st->async_write_fd = fds[1];
+    }
+    ctx->vctx.context.num_comp_vectors = 1;
+    // ibv_create_comp_channel talks to cmd_fd behind the provider's back; the hook
+    // answers it in this process.
+    if (comp_channel_hook_install() == 0 && cmd_fd_register(cmd_fd) == 0) st->cmd_fd = cmd_fd;
+    st->engine->set_async_handler([ctx](const transport::AsyncEvent& ev) {
+        ibv_event_type type = IBV_EVENT_QP_FATAL;
+        switch (ev.type) {
+            case transport::AsyncEventType::QpFatal: type = IBV_EVENT_QP_FATAL; break;
+            case transport::AsyncEventType::QpAccessError: type = IBV_EVENT_QP_ACCESS_ERR; break;
+            case transport::AsyncEventType::QpRequestError: type = IBV_EVENT_QP_REQ_ERR; break;
+            case transport::AsyncEventType::CommEstablished: type = IBV_EVENT_COMM_EST; break;
+            case transport::AsyncEventType::SqDrained: type = IBV_EVENT_SQ_DRAINED; break;
+        }
+        post_async_event(ctx, type, reinterpret_cast<uint64_t>(ev.qp_handle));
+    });
+    verbs_set_ops(&ctx->vctx, &kContextOps);
+    return &ctx->vctx;
+
+fail:
+    destroy_state(ctx->state);
+    ctx->state = nullptr;
+    verbs_uninit_context(&ctx->vctx);
+    std::free(ctx);
+    errno = err;
+    return nullptr;
+}
+
+}  // namespace
+
+void post_async_event(UroceContext* ctx, ibv_event_type type, uint64_t element) noexcept {
+    // The record libibverbs' ibv_get_async_event reads: element, event type, reserved.
+    struct {
+        uint64_t element;
+        uint32_t event_type;
+        uint32_t reserved;
+    } rec{element, static_cast<uint32_t>(type), 0};
+    static_assert(sizeof rec == 16);
+    // A full pipe means the application does not read its events; dropping one then is
+    // what a kernel's bounded event queue does too.
+    [[maybe_unused]] ssize_t n = ::write(ctx->state->async_write_fd, &rec, sizeof rec);
+}
+
+void async_event(ibv_context*, ibv_async_event*) noexcept {}
+
+void free_context(ibv_context* ibctx) noexcept {
+    auto* ctx = to_uctx(ibctx);
+    destroy_state(ctx->state);
+    ctx->state = nullptr;
+    verbs_uninit_context(&ctx->vctx);
+    std::free(ctx);
+}
+
+namespace {
+
+const verbs_match_ent kMatchTable[] = {{nullptr, {nullptr}, 0, 0, VERBS_MATCH_SENTINEL}};
+
+const verbs_device_ops kDeviceOps = {
+    .name = "uroce",
+    .match_min_abi_version = 1,
+    .match_max_abi_version = 1,
+    .match_table = kMatchTable,
+    .static_providers = nullptr,
+    .match_device = match_device,
+    .alloc_context = alloc_context,
+    .import_context = nullptr,
+    .alloc_device = alloc_device,
+    .uninit_device = uninit_device,
+};
+
+__attribute__((constructor)) void register_driver() { verbs_register_driver_34(&kDeviceOps); }
+
+}  // namespace
+
+bool is_uroce_context(ibv_context* c) noexcept {
+    return c && c->device &&
+           reinterpret_cast<verbs_device*>(c->device)->ops == &kDeviceOps;
+}
+
+}  // namespace uroce::provider

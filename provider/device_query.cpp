@@ -1,0 +1,89 @@
+// ibv_query_device(_ex) and ibv_query_port: what uroce's device and port offer.
+#include <arpa/inet.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+#include "provider/device_limits.h"
+#include "provider/objects.h"
+
+namespace uroce::provider {
+
+ibv_mtu mtu_enum(uint32_t bytes) {
+    switch (bytes) {
+        case 256: return IBV_MTU_256;
+        case 512: return IBV_MTU_512;
+        case 1024: return IBV_MTU_1024;
+        case 2048: return IBV_MTU_2048;
+        default: return IBV_MTU_4096;
+    }
+}
+
+uint32_t mtu_bytes(ibv_mtu mtu) { return 128u << static_cast<int>(mtu); }
+
+int query_device_ex(ibv_context* ibctx, const ibv_query_device_ex_input*,
+                    ibv_device_attr_ex* out, size_t attr_size) noexcept {
+    if (!out || attr_size < sizeof(ibv_device_attr)) return EINVAL;
+    const DeviceConfig& cfg = to_uctx(ibctx)->state->device->config;
+    ibv_device_attr_ex a{};
+    ibv_device_attr& d = a.orig_attr;
+    std::snprintf(d.fw_ver, sizeof d.fw_ver, "%s", "0.1.0");
+    d.node_guid = htobe64(cfg.node_guid);
+    d.sys_image_guid = d.node_guid;
+    d.max_mr_size = UINT64_MAX;
+    d.page_size_cap = 0xfffff000;
+    d.vendor_id = kVendorId;
+    d.vendor_part_id = kVendorPartId;
+    d.hw_ver = 1;
+    d.max_qp = kMaxQp;
+    d.max_qp_wr = kMaxQpWr;
+    d.device_cap_flags = IBV_DEVICE_RC_RNR_NAK_GEN | IBV_DEVICE_PORT_ACTIVE_EVENT |
+                         IBV_DEVICE_SYS_IMAGE_GUID;
+    d.max_sge = kMaxSge;
+    d.max_sge_rd = kMaxSge;
+    d.max_cq = kMaxCq;
+    d.max_cqe = kMaxCqe;
+    d.max_mr = kMaxMr;
+    d.max_pd = kMaxPd;
+    d.max_qp_rd_atom = kMaxRdAtomic;
+    d.max_qp_init_rd_atom = kMaxRdAtomic;
+    d.max_res_rd_atom = kMaxRdAtomic * kMaxQp;
+    d.atomic_cap = IBV_ATOMIC_NONE;
+    d.max_pkeys = 1;
+    d.local_ca_ack_delay = 15;
+    d.phys_port_cnt = 1;
+    std::memcpy(out, &a, std::min(attr_size, sizeof a));
+    if (attr_size > sizeof a) std::memset(reinterpret_cast<char*>(out) + sizeof a, 0, attr_size - sizeof a);
+    return 0;
+}
+
+int query_port(ibv_context* ibctx, uint8_t port, ibv_port_attr* attr) noexcept {
+    if (port != 1 || !attr) return EINVAL;
+    const DeviceConfig& cfg = to_uctx(ibctx)->state->device->config;
+    *attr = ibv_port_attr{};
+    attr->state = IBV_PORT_ACTIVE;
+    attr->max_mtu = IBV_MTU_4096;
+    attr->active_mtu = mtu_enum(cfg.mtu);
+    attr->gid_tbl_len = 1;
+    attr->port_cap_flags = 0;
+    attr->max_msg_sz = kMaxMessage;
+    attr->bad_pkey_cntr = 0;
+    attr->qkey_viol_cntr = 0;
+    attr->pkey_tbl_len = 1;
+    attr->lid = 0;
+    attr->sm_lid = 0;
+    attr->lmc = 0;
+    attr->max_vl_num = 1;
+    attr->sm_sl = 0;
+    attr->subnet_timeout = 0;
+    attr->init_type_reply = 0;
+    attr->active_width = 2;   // 4x
+    attr->active_speed = 32;  // EDR (25 Gb/s per lane)
+    attr->phys_state = 5;     // LinkUp
+    attr->link_layer = IBV_LINK_LAYER_ETHERNET;
+    return 0;
+}
+
+}  // namespace uroce::provider

@@ -1,0 +1,85 @@
+// Protection domains and memory regions.
+#include <cerrno>
+#include <new>
+
+#include "provider/objects.h"
+
+namespace uroce::provider {
+
+namespace {
+
+constexpr int kSupportedAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+                                 IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC |
+                                 IBV_ACCESS_RELAXED_ORDERING;
+
+uint32_t transport_access(int access) {
+    uint32_t a = 0;
+    if (access & IBV_ACCESS_LOCAL_WRITE) a |= transport::kLocalWrite;
+    if (access & IBV_ACCESS_REMOTE_WRITE) a |= transport::kRemoteWrite;
+    if (access & IBV_ACCESS_REMOTE_READ) a |= transport::kRemoteRead;
+    if (access & IBV_ACCESS_REMOTE_ATOMIC) a |= transport::kRemoteAtomic;
+    return a;
+}
+
+}  // namespace
+
+ibv_pd* alloc_pd(ibv_context* ibctx) noexcept {
+    auto* pd = new (std::nothrow) UrocePd{};
+    if (!pd) {
+        errno = ENOMEM;
+        return nullptr;
+    }
+    pd->id = to_uctx(ibctx)->state->next_pd.fetch_add(1);
+    pd->pd.handle = pd->id;
+    return &pd->pd;
+}
+
+int dealloc_pd(ibv_pd* pd) noexcept {
+    delete to_upd(pd);
+    return 0;
+}
+
+ibv_mr* reg_mr(ibv_pd* ibpd, void* addr, size_t length, uint64_t hca_va, int access) noexcept {
+    // The IBA: remote write or atomic access requires local write access.
+    if ((access & ~kSupportedAccess) ||
+        ((access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) &&
+         !(access & IBV_ACCESS_LOCAL_WRITE)) ||
+        (!addr && length)) {
+        errno = EINVAL;
+        return nullptr;
+    }
+    auto* mr = new (std::nothrow) UroceMr{};
+    if (!mr) {
+        errno = ENOMEM;
+        return nullptr;
+    }
+    auto* pd = to_upd(ibpd);
+    transport::MemoryKeys keys;
+    try {
+        keys = to_uctx(ibpd->context)
+                   ->state->engine->memory()
+                   .add(pd->id, reinterpret_cast<uint64_t>(addr), length, hca_va,
+                        transport_access(access));
+    } catch (...) {
+        delete mr;
+        errno = ENOMEM;
+        return nullptr;
+    }
+    mr->pd_id = pd->id;
+    mr->vmr.ibv_mr.lkey = keys.lkey;
+    mr->vmr.ibv_mr.rkey = keys.rkey;
+    mr->vmr.ibv_mr.handle = keys.lkey;
+    mr->vmr.mr_type = UROCE_MR_TYPE_MR;
+    mr->vmr.access = access;
+    return &mr->vmr.ibv_mr;
+}
+
+int dereg_mr(verbs_mr* vmr) noexcept {
+    auto* mr = reinterpret_cast<UroceMr*>(vmr);
+    // Takes effect at once: waits for accesses that passed their check to finish.
+    to_uctx(vmr->ibv_mr.context)->state->engine->memory().remove(vmr->ibv_mr.lkey);
+    delete mr;
+    return 0;
+}
+
+}  // namespace uroce::provider

@@ -1,0 +1,119 @@
+// The verbs objects uroce hands to libibverbs. Each starts with the structure libibverbs
+// knows (it only ever sees a pointer to that first member) and adds what the provider
+// needs; the transport objects behind them are owned through shared pointers.
+#pragma once
+
+#include <infiniband/verbs.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "provider/comp_channel.h"
+#include "transport/completion_queue.h"
+#include "transport/engine.h"
+#include "transport/rc_qp.h"
+#include "uroce/verbs_abi.h"
+
+namespace uroce::provider {
+
+// One uroce device, as the registry describes it (ibdev_path/uroce/*).
+struct DeviceConfig {
+    uint32_t ipv4 = 0;  // host order
+    uint16_t udp_port = 4791;
+    uint32_t mtu = 1024;
+    uint64_t node_guid = 0;  // as libibverbs shows it (host order value of the big-endian GUID)
+};
+
+struct UroceDevice {
+    verbs_device vdev;  // must be first
+    DeviceConfig config;
+};
+
+// What a context owns beyond libibverbs' part.
+struct ContextState {
+    UroceDevice* device = nullptr;
+    std::unique_ptr<transport::Engine> engine;
+    int async_write_fd = -1;
+    int cmd_fd = -1;
+    std::atomic<uint32_t> next_pd{1};
+};
+
+// libibverbs allocates this with calloc (through _verbs_init_and_alloc_context), so it
+// holds only plain members; the rest lives in ContextState.
+struct UroceContext {
+    verbs_context vctx;  // must be first
+    ContextState* state;
+};
+
+struct UrocePd {
+    ibv_pd pd;  // must be first
+    uint32_t id = 0;
+};
+
+struct UroceMr {
+    verbs_mr vmr;  // must be first
+    uint32_t pd_id = 0;
+};
+
+struct UroceCq {
+    verbs_cq vcq;  // must be first
+    std::shared_ptr<transport::CompletionQueue> queue;
+    std::shared_ptr<CompChannel> channel;
+    std::atomic<int> qp_refs{0};
+};
+
+struct UroceQp {
+    verbs_qp vqp;  // must be first
+    std::shared_ptr<transport::RcQp> rc;
+    UroceCq* send_cq = nullptr;
+    UroceCq* recv_cq = nullptr;
+    bool sq_sig_all = false;
+    std::mutex attr_mutex;  // guards attr (the verbs view of the attributes, for query)
+    ibv_qp_attr attr{};
+};
+
+// libibverbs hands out &vctx.context, which is the *last* member of verbs_context.
+inline UroceContext* to_uctx(ibv_context* c) {
+    return reinterpret_cast<UroceContext*>(reinterpret_cast<char*>(c) -
+                                           offsetof(UroceContext, vctx.context));
+}
+inline UrocePd* to_upd(ibv_pd* p) { return reinterpret_cast<UrocePd*>(p); }
+inline UroceCq* to_ucq(ibv_cq* c) { return reinterpret_cast<UroceCq*>(c); }
+inline UroceQp* to_uqp(ibv_qp* q) { return reinterpret_cast<UroceQp*>(q); }
+
+// Queues an affiliated or unaffiliated asynchronous event for ibv_get_async_event.
+void post_async_event(UroceContext* ctx, ibv_event_type type, uint64_t element) noexcept;
+
+// The operations table for contexts (ops.cpp).
+extern const verbs_context_ops kContextOps;
+
+// Verbs entry points (one file per object family).
+int query_device_ex(ibv_context*, const ibv_query_device_ex_input*, ibv_device_attr_ex*,
+                    size_t) noexcept;
+int query_port(ibv_context*, uint8_t, ibv_port_attr*) noexcept;
+void async_event(ibv_context*, ibv_async_event*) noexcept;
+void free_context(ibv_context*) noexcept;
+
+ibv_pd* alloc_pd(ibv_context*) noexcept;
+int dealloc_pd(ibv_pd*) noexcept;
+ibv_mr* reg_mr(ibv_pd*, void*, size_t, uint64_t, int) noexcept;
+int dereg_mr(verbs_mr*) noexcept;
+
+ibv_cq* create_cq(ibv_context*, int, ibv_comp_channel*, int) noexcept;
+int destroy_cq(ibv_cq*) noexcept;
+int poll_cq(ibv_cq*, int, ibv_wc*) noexcept;
+int req_notify_cq(ibv_cq*, int) noexcept;
+void cq_event(ibv_cq*) noexcept;
+
+ibv_qp* create_qp(ibv_pd*, ibv_qp_init_attr*) noexcept;
+int destroy_qp(ibv_qp*) noexcept;
+int modify_qp(ibv_qp*, ibv_qp_attr*, int) noexcept;
+int query_qp(ibv_qp*, ibv_qp_attr*, int, ibv_qp_init_attr*) noexcept;
+int post_send(ibv_qp*, ibv_send_wr*, ibv_send_wr**) noexcept;
+int post_recv(ibv_qp*, ibv_recv_wr*, ibv_recv_wr**) noexcept;
+
+}  // namespace uroce::provider

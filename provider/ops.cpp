@@ -1,0 +1,71 @@
+// The operations table libibverbs calls through, and uroce's exported counters.
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "provider/objects.h"
+#include "uroce/uroce.h"
+
+namespace uroce::provider {
+
+bool is_uroce_context(ibv_context* c) noexcept;
+
+namespace {
+
+// Entries left null keep libibverbs' defaults, which fail with EOPNOTSUPP.
+verbs_context_ops make_ops() {
+    verbs_context_ops o{};
+    o.alloc_pd = alloc_pd;
+    o.async_event = async_event;
+    o.cq_event = cq_event;
+    o.create_cq = create_cq;
+    o.create_qp = create_qp;
+    o.dealloc_pd = dealloc_pd;
+    o.dereg_mr = dereg_mr;
+    o.destroy_cq = destroy_cq;
+    o.destroy_qp = destroy_qp;
+    o.free_context = free_context;
+    o.modify_qp = modify_qp;
+    o.poll_cq = poll_cq;
+    o.post_recv = post_recv;
+    o.post_send = post_send;
+    o.query_device_ex = query_device_ex;
+    o.query_port = query_port;
+    o.query_qp = query_qp;
+    o.reg_mr = reg_mr;
+    o.req_notify_cq = req_notify_cq;
+    return o;
+}
+
+}  // namespace
+
+const verbs_context_ops kContextOps = make_ops();
+
+void print_counters(const ContextState& st, const char* device) noexcept {
+    const transport::EngineCounters& c = st.engine->counters();
+    std::fprintf(stderr, "uroce %s counters:", device);
+#define UROCE_PRINT(name) std::fprintf(stderr, " %s=%llu", #name, \
+                                       static_cast<unsigned long long>(c.name.load()));
+    UROCE_COUNTERS(UROCE_PRINT)
+#undef UROCE_PRINT
+    std::fprintf(stderr, "\n");
+}
+
+}  // namespace uroce::provider
+
+extern "C" __attribute__((visibility("default"))) int uroce_read_counter(ibv_context* ctx,
+                                                                          const char* name,
+                                                                          uint64_t* value) {
+    using namespace uroce::provider;
+    if (!is_uroce_context(ctx) || !name || !value) return EINVAL;
+    const auto& c = to_uctx(ctx)->state->engine->counters();
+#define UROCE_MATCH(n)                    \
+    if (std::strcmp(name, #n) == 0) {     \
+        *value = c.n.load();              \
+        return 0;                         \
+    }
+    UROCE_COUNTERS(UROCE_MATCH)
+#undef UROCE_MATCH
+    return ENOENT;
+}

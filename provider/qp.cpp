@@ -1,0 +1,258 @@
+// Queue pairs: creation, state changes, queries and posting work.
+#include <arpa/inet.h>
+#include <pthread.h>
+
+#include <cerrno>
+#include <cstring>
+#include <new>
+
+#include "provider/device_limits.h"
+#include "provider/objects.h"
+#include "provider/qp_modify.h"
+
+namespace uroce::provider {
+
+namespace {
+
+using transport::QpState;
+
+ibv_qp_state to_ibv(QpState s) {
+    switch (s) {
+        case QpState::Reset: return IBV_QPS_RESET;
+        case QpState::Init: return IBV_QPS_INIT;
+        case QpState::Rtr: return IBV_QPS_RTR;
+        case QpState::Rts: return IBV_QPS_RTS;
+        case QpState::Sqd: return IBV_QPS_SQD;
+        case QpState::Sqe: return IBV_QPS_SQE;
+        case QpState::Err: return IBV_QPS_ERR;
+    }
+    return IBV_QPS_ERR;
+}
+
+bool belongs(ibv_cq* cq, ibv_context* ctx) { return cq && cq->context == ctx; }
+
+}  // namespace
+
+ibv_qp* create_qp(ibv_pd* pd, ibv_qp_init_attr* init) noexcept {
+    if (!init) {
+        errno = EINVAL;
+        return nullptr;
+    }
+    if (init->qp_type != IBV_QPT_RC || init->srq) {
+        // UC, UD, XRC and shared receive queues come later.
+        errno = EOPNOTSUPP;
+        return nullptr;
+    }
+    ibv_qp_cap& cap = init->cap;
+    if (!belongs(init->send_cq, pd->context) || !belongs(init->recv_cq, pd->context) ||
+        cap.max_send_wr > static_cast<uint32_t>(kMaxQpWr) ||
+        cap.max_recv_wr > static_cast<uint32_t>(kMaxQpWr) ||
+        cap.max_send_sge > static_cast<uint32_t>(kMaxSge) ||
+        cap.max_recv_sge > static_cast<uint32_t>(kMaxSge) || cap.max_inline_data > kMaxInline) {
+        errno = EINVAL;
+        return nullptr;
+    }
+    auto* ctx = to_uctx(pd->context);
+    auto* qp = new (std::nothrow) UroceQp{};
+    if (!qp) {
+        errno = ENOMEM;
+        return nullptr;
+    }
+    // The queues hold what was asked for (at least one entry); every QP takes the device's
+    // SGE and inline limits, and the caller learns them through the written-back caps.
+    transport::QpCaps caps;
+    caps.max_send_wr = cap.max_send_wr ? cap.max_send_wr : 1;
+    caps.max_recv_wr = cap.max_recv_wr ? cap.max_recv_wr : 1;
+    caps.max_send_sge = kMaxSge;
+    caps.max_recv_sge = kMaxSge;
+    caps.max_inline_data = kMaxInline;
+    qp->send_cq = to_ucq(init->send_cq);
+    qp->recv_cq = to_ucq(init->recv_cq);
+    qp->sq_sig_all = init->sq_sig_all != 0;
+    transport::Engine& engine = *ctx->state->engine;
+    try {
+        const uint32_t qpn = engine.allocate_qpn();
+        qp->rc = std::make_shared<transport::RcQp>(engine, qpn, to_upd(pd)->id, caps,
+                                                   qp->send_cq->queue, qp->recv_cq->queue,
+                                                   &qp->vqp.qp);
+        engine.attach(qp->rc);
+    } catch (...) {
+        delete qp;
+        errno = ENOMEM;
+        return nullptr;
+    }
+    qp->send_cq->qp_refs.fetch_add(1);
+    qp->recv_cq->qp_refs.fetch_add(1);
+
+    // What libibverbs' kernel helpers would have filled in.
+    ibv_qp& q = qp->vqp.qp;
+    q.context = pd->context;
+    q.qp_context = init->qp_context;
+    q.pd = pd;
+    q.send_cq = init->send_cq;
+    q.recv_cq = init->recv_cq;
+    q.srq = nullptr;
+    q.handle = qp->rc->qpn();
+    q.qp_num = qp->rc->qpn();
+    q.state = IBV_QPS_RESET;
+    q.qp_type = IBV_QPT_RC;
+    q.events_completed = 0;
+    pthread_mutex_init(&q.mutex, nullptr);
+    pthread_cond_init(&q.cond, nullptr);
+
+    qp->attr.qp_state = IBV_QPS_RESET;
+    qp->attr.cur_qp_state = IBV_QPS_RESET;
+    qp->attr.path_mtu = mtu_enum(ctx->state->device->config.mtu);
+    qp->attr.path_mig_state = IBV_MIG_MIGRATED;
+    qp->attr.port_num = 1;
+
+    cap.max_send_wr = caps.max_send_wr;
+    cap.max_recv_wr = caps.max_recv_wr;
+    cap.max_send_sge = caps.max_send_sge;
+    cap.max_recv_sge = caps.max_recv_sge;
+    cap.max_inline_data = caps.max_inline_data;
+    qp->attr.cap = cap;
+    return &qp->vqp.qp;
+}
+
+int destroy_qp(ibv_qp* ibqp) noexcept {
+    auto* qp = to_uqp(ibqp);
+    to_uctx(ibqp->context)->state->engine->detach(qp->rc->qpn());
+    qp->rc.reset();
+    qp->send_cq->qp_refs.fetch_sub(1);
+    qp->recv_cq->qp_refs.fetch_sub(1);
+    pthread_cond_destroy(&ibqp->cond);
+    pthread_mutex_destroy(&ibqp->mutex);
+    delete qp;
+    return 0;
+}
+
+int modify_qp(ibv_qp* ibqp, ibv_qp_attr* attr, int mask) noexcept {
+    if (!attr) return EINVAL;
+    auto* qp = to_uqp(ibqp);
+    std::lock_guard lock(qp->attr_mutex);
+    const QpState current = qp->rc->state();
+    QpState next;
+    if (int err = check_modify(current, *attr, mask, next)) return err;
+    merge_attributes(qp->attr, *attr, mask);
+    if (next == QpState::Reset) {
+        // Back to the defaults a new QP has.
+        const ibv_qp_cap cap = qp->attr.cap;
+        const ibv_mtu mtu = mtu_enum(to_uctx(ibqp->context)->state->device->config.mtu);
+        qp->attr = ibv_qp_attr{};
+        qp->attr.cap = cap;
+        qp->attr.path_mtu = mtu;
+        qp->attr.port_num = 1;
+    }
+    qp->attr.qp_state = to_ibv(next);
+    qp->attr.cur_qp_state = to_ibv(next);
+    qp->attr.sq_draining = next == QpState::Sqd;
+    const uint32_t port_mtu = to_uctx(ibqp->context)->state->device->config.mtu;
+    qp->rc->modify(to_transport(qp->attr, port_mtu), next);
+    return 0;
+}
+
+int query_qp(ibv_qp* ibqp, ibv_qp_attr* attr, int, ibv_qp_init_attr* init) noexcept {
+    if (!attr || !init) return EINVAL;
+    auto* qp = to_uqp(ibqp);
+    {
+        std::lock_guard lock(qp->attr_mutex);
+        *attr = qp->attr;
+    }
+    // The transport may have moved the QP to ERR on its own.
+    const QpState s = qp->rc->state();
+    attr->qp_state = to_ibv(s);
+    attr->cur_qp_state = attr->qp_state;
+    attr->sq_draining = s == QpState::Sqd;
+    attr->cap.max_inline_data = kMaxInline;
+    *init = ibv_qp_init_attr{};
+    init->qp_context = ibqp->qp_context;
+    init->send_cq = ibqp->send_cq;
+    init->recv_cq = ibqp->recv_cq;
+    init->srq = nullptr;
+    init->cap = attr->cap;
+    init->qp_type = IBV_QPT_RC;
+    init->sq_sig_all = qp->sq_sig_all;
+    return 0;
+}
+
+int post_send(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexcept {
+    auto* qp = to_uqp(ibqp);
+    for (; wr; wr = wr->next) {
+        transport::SendWqe w;
+        int err = 0;
+        switch (wr->opcode) {
+            case IBV_WR_SEND: w.opcode = transport::SendOpcode::Send; break;
+            case IBV_WR_SEND_WITH_IMM: w.opcode = transport::SendOpcode::SendWithImm; break;
+            case IBV_WR_RDMA_WRITE: w.opcode = transport::SendOpcode::RdmaWrite; break;
+            case IBV_WR_RDMA_WRITE_WITH_IMM:
+                w.opcode = transport::SendOpcode::RdmaWriteWithImm;
+                break;
+            case IBV_WR_RDMA_READ: w.opcode = transport::SendOpcode::RdmaRead; break;
+            default: err = EINVAL; break;  // atomics, invalidate, bind: not yet
+        }
+        const bool is_inline = wr->send_flags & IBV_SEND_INLINE;
+        if (!err && (wr->num_sge < 0 || wr->num_sge > kMaxSge)) err = EINVAL;
+        if (!err && is_inline && w.opcode == transport::SendOpcode::RdmaRead) err = EINVAL;
+        uint64_t total = 0;
+        for (int i = 0; !err && i < wr->num_sge; ++i) total += wr->sg_list[i].length;
+        if (!err && (total > kMaxMessage || (is_inline && total > kMaxInline))) err = EINVAL;
+        if (err) {
+            *bad_wr = wr;
+            return err;
+        }
+        w.wr_id = wr->wr_id;
+        w.signaled = qp->sq_sig_all || (wr->send_flags & IBV_SEND_SIGNALED);
+        w.solicited = wr->send_flags & IBV_SEND_SOLICITED;
+        w.fence = wr->send_flags & IBV_SEND_FENCE;
+        w.is_inline = is_inline;
+        w.length = static_cast<uint32_t>(total);
+        if (is_inline) {
+            // Inline data is copied now, so the caller may reuse its buffer at once.
+            uint32_t off = 0;
+            for (int i = 0; i < wr->num_sge; ++i) {
+                std::memcpy(w.inline_data.data() + off,
+                            reinterpret_cast<const void*>(wr->sg_list[i].addr),
+                            wr->sg_list[i].length);
+                off += wr->sg_list[i].length;
+            }
+        } else {
+            w.sgl.count = static_cast<uint32_t>(wr->num_sge);
+            for (int i = 0; i < wr->num_sge; ++i)
+                w.sgl.sge[i] = {wr->sg_list[i].addr, wr->sg_list[i].length, wr->sg_list[i].lkey};
+        }
+        if (w.opcode != transport::SendOpcode::Send &&
+            w.opcode != transport::SendOpcode::SendWithImm) {
+            w.remote_addr = wr->wr.rdma.remote_addr;
+            w.rkey = wr->wr.rdma.rkey;
+        }
+        w.imm = ntohl(wr->imm_data);
+        if (int e = qp->rc->post_send(w)) {
+            *bad_wr = wr;
+            return e;
+        }
+    }
+    return 0;
+}
+
+int post_recv(ibv_qp* ibqp, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) noexcept {
+    auto* qp = to_uqp(ibqp);
+    for (; wr; wr = wr->next) {
+        if (wr->num_sge < 0 || wr->num_sge > kMaxSge) {
+            *bad_wr = wr;
+            return EINVAL;
+        }
+        transport::RecvWqe r;
+        r.wr_id = wr->wr_id;
+        r.sgl.count = static_cast<uint32_t>(wr->num_sge);
+        for (int i = 0; i < wr->num_sge; ++i)
+            r.sgl.sge[i] = {wr->sg_list[i].addr, wr->sg_list[i].length, wr->sg_list[i].lkey};
+        if (int e = qp->rc->post_recv(r)) {
+            *bad_wr = wr;
+            return e;
+        }
+    }
+    return 0;
+}
+
+}  // namespace uroce::provider

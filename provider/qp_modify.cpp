@@ -1,0 +1,173 @@
+// ibv_modify_qp: which attributes each RC state change requires and allows (IBA 11.2.5,
+// table 91 "QP state transition properties"), the checks on their values, and the
+// translation into the transport's attributes.
+#include <arpa/inet.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "provider/device_limits.h"
+#include "provider/objects.h"
+#include "provider/qp_modify.h"
+
+namespace uroce::provider {
+
+namespace {
+
+using transport::QpState;
+
+QpState to_state(ibv_qp_state s, bool& ok) {
+    ok = true;
+    switch (s) {
+        case IBV_QPS_RESET: return QpState::Reset;
+        case IBV_QPS_INIT: return QpState::Init;
+        case IBV_QPS_RTR: return QpState::Rtr;
+        case IBV_QPS_RTS: return QpState::Rts;
+        case IBV_QPS_SQD: return QpState::Sqd;
+        case IBV_QPS_SQE: return QpState::Sqe;
+        case IBV_QPS_ERR: return QpState::Err;
+        default: ok = false; return QpState::Err;
+    }
+}
+
+struct MaskRule {
+    QpState from, to;
+    int required;
+    int optional;
+};
+
+constexpr int kAltPath = IBV_QP_ALT_PATH;
+
+// RC rows of the IBA's transition table. Moves to RESET and ERR take no attributes.
+constexpr MaskRule kRules[] = {
+    {QpState::Reset, QpState::Init, IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS, 0},
+    {QpState::Init, QpState::Init, 0, IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS},
+    {QpState::Init, QpState::Rtr,
+     IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
+         IBV_QP_MIN_RNR_TIMER,
+     kAltPath | IBV_QP_ACCESS_FLAGS | IBV_QP_PKEY_INDEX},
+    {QpState::Rtr, QpState::Rts,
+     IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+         IBV_QP_MAX_QP_RD_ATOMIC,
+     IBV_QP_CUR_STATE | kAltPath | IBV_QP_ACCESS_FLAGS | IBV_QP_MIN_RNR_TIMER |
+         IBV_QP_PATH_MIG_STATE},
+    {QpState::Rts, QpState::Rts, 0,
+     IBV_QP_CUR_STATE | IBV_QP_ACCESS_FLAGS | kAltPath | IBV_QP_PATH_MIG_STATE |
+         IBV_QP_MIN_RNR_TIMER},
+    {QpState::Rts, QpState::Sqd, 0, IBV_QP_EN_SQD_ASYNC_NOTIFY},
+    {QpState::Sqd, QpState::Rts, 0,
+     IBV_QP_CUR_STATE | IBV_QP_ACCESS_FLAGS | kAltPath | IBV_QP_MIN_RNR_TIMER |
+         IBV_QP_PATH_MIG_STATE},
+    {QpState::Sqd, QpState::Sqd, 0,
+     IBV_QP_CUR_STATE | IBV_QP_AV | kAltPath | IBV_QP_ACCESS_FLAGS | IBV_QP_PKEY_INDEX |
+         IBV_QP_MIN_RNR_TIMER | IBV_QP_PATH_MIG_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+         IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC | IBV_QP_MAX_DEST_RD_ATOMIC},
+    {QpState::Sqe, QpState::Rts, 0, IBV_QP_CUR_STATE | IBV_QP_ACCESS_FLAGS},
+};
+
+// IPv4-mapped IPv6 address (::ffff:a.b.c.d), the only GID form this version routes.
+bool gid_to_ipv4(const ibv_gid& gid, uint32_t& ip) {
+    static const uint8_t kPrefix[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+    if (std::memcmp(gid.raw, kPrefix, sizeof kPrefix) != 0) return false;
+    uint32_t be;
+    std::memcpy(&be, gid.raw + 12, 4);
+    ip = ntohl(be);
+    return ip != 0;
+}
+
+}  // namespace
+
+int check_modify(QpState current, const ibv_qp_attr& attr, int mask, QpState& next) {
+    bool ok = true;
+    next = (mask & IBV_QP_STATE) ? to_state(attr.qp_state, ok) : current;
+    if (!ok) return EINVAL;
+    if ((mask & IBV_QP_CUR_STATE)) {
+        QpState claimed = to_state(attr.cur_qp_state, ok);
+        if (!ok || claimed != current) return EINVAL;
+    }
+    if (!transport::rc_transition_allowed(current, next)) return EINVAL;
+    const int attrs = mask & ~IBV_QP_STATE;
+    if (next == QpState::Reset || next == QpState::Err) {
+        return (attrs & ~IBV_QP_CUR_STATE) ? EINVAL : 0;
+    }
+    for (const MaskRule& r : kRules) {
+        if (r.from != current || r.to != next) continue;
+        if ((attrs & r.required) != r.required) return EINVAL;
+        if (attrs & ~(r.required | r.optional)) return EINVAL;
+        break;
+    }
+    // Values.
+    if ((mask & IBV_QP_PKEY_INDEX) && attr.pkey_index != 0) return EINVAL;
+    if ((mask & IBV_QP_PORT) && attr.port_num != 1) return EINVAL;
+    if ((mask & IBV_QP_ACCESS_FLAGS) &&
+        (attr.qp_access_flags & ~(IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+                                  IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC)))
+        return EINVAL;
+    if (mask & IBV_QP_AV) {
+        uint32_t ip;
+        // RoCE carries every packet in UDP/IP: the address vector needs a GRH.
+        if (!attr.ah_attr.is_global || attr.ah_attr.grh.sgid_index != 0 ||
+            !gid_to_ipv4(attr.ah_attr.grh.dgid, ip))
+            return EINVAL;
+        if (attr.ah_attr.port_num > 1) return EINVAL;
+    }
+    if (mask & IBV_QP_ALT_PATH) return EINVAL;  // no alternate paths on a single port
+    if ((mask & IBV_QP_PATH_MTU) && (attr.path_mtu < IBV_MTU_256 || attr.path_mtu > IBV_MTU_4096))
+        return EINVAL;
+    if ((mask & IBV_QP_DEST_QPN) && attr.dest_qp_num > 0xffffff) return EINVAL;
+    if ((mask & IBV_QP_RQ_PSN) && attr.rq_psn > 0xffffff) return EINVAL;
+    if ((mask & IBV_QP_SQ_PSN) && attr.sq_psn > 0xffffff) return EINVAL;
+    if ((mask & IBV_QP_MIN_RNR_TIMER) && attr.min_rnr_timer > 31) return EINVAL;
+    if ((mask & IBV_QP_TIMEOUT) && attr.timeout > 31) return EINVAL;
+    if ((mask & IBV_QP_RETRY_CNT) && attr.retry_cnt > 7) return EINVAL;
+    if ((mask & IBV_QP_RNR_RETRY) && attr.rnr_retry > 7) return EINVAL;
+    if ((mask & IBV_QP_MAX_QP_RD_ATOMIC) && attr.max_rd_atomic > kMaxRdAtomic) return EINVAL;
+    if ((mask & IBV_QP_MAX_DEST_RD_ATOMIC) && attr.max_dest_rd_atomic > kMaxRdAtomic)
+        return EINVAL;
+    if ((mask & IBV_QP_PATH_MIG_STATE) && attr.path_mig_state != IBV_MIG_MIGRATED &&
+        attr.path_mig_state != IBV_MIG_REARM && attr.path_mig_state != IBV_MIG_ARMED)
+        return EINVAL;
+    return 0;
+}
+
+void merge_attributes(ibv_qp_attr& stored, const ibv_qp_attr& a, int mask) {
+    if (mask & IBV_QP_PKEY_INDEX) stored.pkey_index = a.pkey_index;
+    if (mask & IBV_QP_PORT) stored.port_num = a.port_num;
+    if (mask & IBV_QP_ACCESS_FLAGS) stored.qp_access_flags = a.qp_access_flags;
+    if (mask & IBV_QP_AV) stored.ah_attr = a.ah_attr;
+    if (mask & IBV_QP_PATH_MTU) stored.path_mtu = a.path_mtu;
+    if (mask & IBV_QP_DEST_QPN) stored.dest_qp_num = a.dest_qp_num;
+    if (mask & IBV_QP_RQ_PSN) stored.rq_psn = a.rq_psn;
+    if (mask & IBV_QP_SQ_PSN) stored.sq_psn = a.sq_psn;
+    if (mask & IBV_QP_MAX_DEST_RD_ATOMIC) stored.max_dest_rd_atomic = a.max_dest_rd_atomic;
+    if (mask & IBV_QP_MAX_QP_RD_ATOMIC) stored.max_rd_atomic = a.max_rd_atomic;
+    if (mask & IBV_QP_MIN_RNR_TIMER) stored.min_rnr_timer = a.min_rnr_timer;
+    if (mask & IBV_QP_TIMEOUT) stored.timeout = a.timeout;
+    if (mask & IBV_QP_RETRY_CNT) stored.retry_cnt = a.retry_cnt;
+    if (mask & IBV_QP_RNR_RETRY) stored.rnr_retry = a.rnr_retry;
+    if (mask & IBV_QP_PATH_MIG_STATE) stored.path_mig_state = a.path_mig_state;
+    if (mask & IBV_QP_EN_SQD_ASYNC_NOTIFY) stored.en_sqd_async_notify = a.en_sqd_async_notify;
+}
+
+transport::QpAttributes to_transport(const ibv_qp_attr& a, uint32_t port_mtu) {
+    transport::QpAttributes t;
+    if (a.qp_access_flags & IBV_ACCESS_REMOTE_WRITE) t.access |= transport::kRemoteWrite;
+    if (a.qp_access_flags & IBV_ACCESS_REMOTE_READ) t.access |= transport::kRemoteRead;
+    if (a.qp_access_flags & IBV_ACCESS_REMOTE_ATOMIC) t.access |= transport::kRemoteAtomic;
+    gid_to_ipv4(a.ah_attr.grh.dgid, t.dst_ip);
+    t.dest_qpn = a.dest_qp_num;
+    // A path MTU above the port's is clamped, as hardware and rxe do (qperf asks for 2048).
+    const uint32_t path = a.path_mtu ? mtu_bytes(a.path_mtu) : port_mtu;
+    t.mtu = path < port_mtu ? path : port_mtu;
+    t.rq_psn = a.rq_psn;
+    t.sq_psn = a.sq_psn;
+    t.timeout = a.timeout;
+    t.retry_cnt = a.retry_cnt;
+    t.rnr_retry = a.rnr_retry;
+    t.min_rnr_timer = a.min_rnr_timer;
+    t.max_rd_atomic = a.max_rd_atomic ? a.max_rd_atomic : 1;
+    t.max_dest_rd_atomic = a.max_dest_rd_atomic;
+    return t;
+}
+
+}  // namespace uroce::provider

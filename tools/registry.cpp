@@ -1,0 +1,518 @@
+// The uroce device registry; layout and rules are documented in registry.h.
+#include "registry.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/file.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <unistd.h>
+
+#include <fmt/format.h>
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <cstdlib>
+#include <optional>
+#include <system_error>
+
+namespace uroce::registry {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+[[noreturn]] void fail(const std::string& msg) {
+    throw Error(Error::Kind::Failure, msg);
+}
+
+std::string errno_text(int err) {
+    return std::error_code(err, std::generic_category()).message();
+}
+
+bool is_permission_error(int err) {
+    return err == EPERM || err == EACCES || err == EROFS;
+}
+
+// Sets the umask for the lifetime of the object so that the tree is readable by
+// every user (clients need not run as root) whatever the caller's umask is.
+class UmaskGuard {
+  public:
+    explicit UmaskGuard(mode_t mask) : old_(::umask(mask)) {}
+    ~UmaskGuard() { ::umask(old_); }
+    UmaskGuard(const UmaskGuard&) = delete;
+    UmaskGuard& operator=(const UmaskGuard&) = delete;
+
+  private:
+    mode_t old_;
+};
+
+// An exclusive flock() on ROOT/.lock, so that concurrent `uroce add/del` calls
+// see each other's devices.
+class RootLock {
+  public:
+    explicit RootLock(const fs::path& root) {
+        const fs::path path = root / ".lock";
+        fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+        if (fd_ < 0) {
+            int err = errno;
+            fail(fmt::format("cannot open {}: {}; {}", path.string(), errno_text(err),
+                             is_permission_error(err)
+                                 ? "run as root or point UROCE_ROOT at a writable directory"
+                                 : "check the registry directory"));
+        }
+        while (::flock(fd_, LOCK_EX) != 0) {
+            if (errno != EINTR) {
+                int err = errno;
+                ::close(fd_);
+                fail(fmt::format("cannot lock {}: {}", path.string(), errno_text(err)));
+            }
+        }
+    }
+    ~RootLock() { ::close(fd_); }
+    RootLock(const RootLock&) = delete;
+    RootLock& operator=(const RootLock&) = delete;
+
+  private:
+    int fd_ = -1;
+};
+
+void make_dirs(const fs::path& dir) {
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    if (ec) {
+        fail(fmt::format("cannot create {}: {}; {}", dir.string(), ec.message(),
+                         is_permission_error(ec.value())
+                             ? "run as root or point UROCE_ROOT at a writable directory"
+                             : "check the registry directory"));
+    }
+}
+
+// Writes `content` + "\n" to a new file (replacing an existing one).
+void write_file(const fs::path& path, std::string_view content) {
+    std::string data(content);
+    data += '\n';
+    int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
+    if (fd < 0) fail(fmt::format("cannot create {}: {}", path.string(), errno_text(errno)));
+    size_t done = 0;
+    while (done < data.size()) {
+        ssize_t n = ::write(fd, data.data() + done, data.size() - done);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) {
+            int err = n < 0 ? errno : EIO;
+            ::close(fd);
+            fail(fmt::format("cannot write {}: {}", path.string(), errno_text(err)));
+        }
+        done += static_cast<size_t>(n);
+    }
+    if (::close(fd) != 0)
+        fail(fmt::format("cannot write {}: {}", path.string(), errno_text(errno)));
+}
+
+// Reads a small file and strips one trailing newline; nullopt if unreadable.
+std::optional<std::string> read_file(const fs::path& path) {
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return std::nullopt;
+    std::string out;
+    char buf[256];
+    for (;;) {
+        ssize_t n = ::read(fd, buf, sizeof buf);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) {
+            ::close(fd);
+            return std::nullopt;
+        }
+        if (n == 0) break;
+        out.append(buf, static_cast<size_t>(n));
+        if (out.size() > 4096) break;
+    }
+    ::close(fd);
+    if (!out.empty() && out.back() == '\n') out.pop_back();
+    return out;
+}
+
+template <typename T>
+bool parse_number(std::string_view text, T& out) {
+    auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), out);
+    return ec == std::errc() && ptr == text.data() + text.size() && !text.empty();
+}
+
+void remove_tree_quietly(const fs::path& path) {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+}
+
+// Renames `path` out of the way (to a dot name libibverbs skips) and deletes it.
+void remove_tree(const fs::path& path) {
+    std::error_code ec;
+    if (!fs::exists(fs::symlink_status(path, ec))) return;
+    fs::path doomed = path.parent_path() / fmt::format(".{}.del.{}", path.filename().string(),
+                                                       static_cast<long>(::getpid()));
+    remove_tree_quietly(doomed);
+    if (::rename(path.c_str(), doomed.c_str()) != 0) {
+        fail(fmt::format("cannot remove {}: {}", path.string(), errno_text(errno)));
+    }
+    fs::remove_all(doomed, ec);
+    if (ec) fail(fmt::format("cannot remove {}: {}", doomed.string(), ec.message()));
+}
+
+bool is_our_node(const struct stat& st) {
+    return S_ISCHR(st.st_mode) && major(st.st_rdev) == kNodeMajor &&
+           minor(st.st_rdev) == kNodeMinor;
+}
+
+std::string needs_root_message(const fs::path& node, const char* what, int err) {
+    return fmt::format(
+        "{} {} needs root (CAP_MKNOD): {}; run 'uroce' as root, or have root create it with "
+        "'mkdir -p {} && mknod -m 0666 {} c {} {}' and retry",
+        what, node.string(), errno_text(err), kDevDir, node.string(), kNodeMajor, kNodeMinor);
+}
+
+// Makes sure /dev/infiniband/<uverbs name> is char 1:3 with mode 0666.
+// Returns true if this call created it (so that a rollback removes it).
+bool ensure_dev_node(const std::string& name, std::vector<std::string>& warnings) {
+    const fs::path dir(kDevDir);
+    const fs::path node = dev_node_path(name);
+    if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
+        int err = errno;
+        if (is_permission_error(err)) fail(needs_root_message(node, "creating", err));
+        fail(fmt::format("cannot create {}: {}", dir.string(), errno_text(err)));
+    }
+    struct stat st {};
+    if (::lstat(node.c_str(), &st) == 0) {
+        if (!is_our_node(st)) {
+            fail(fmt::format("{} exists but is not char device {}:{}; remove it and retry",
+                             node.string(), kNodeMajor, kNodeMinor));
+        }
+        if ((st.st_mode & 07777) != 0666 && ::chmod(node.c_str(), 0666) != 0) {
+            warnings.push_back(fmt::format(
+                "{} has mode {:04o} and could not be made 0666 ({}); non-root clients may "
+                "fail to open the device",
+                node.string(), st.st_mode & 07777, errno_text(errno)));
+        }
+        return false;
+    }
+    if (::mknod(node.c_str(), S_IFCHR | 0666, makedev(kNodeMajor, kNodeMinor)) != 0) {
+        int err = errno;
+        if (is_permission_error(err)) fail(needs_root_message(node, "creating", err));
+        fail(fmt::format("cannot create {}: {}", node.string(), errno_text(err)));
+    }
+    // mknod() honours the umask.
+    if (::chmod(node.c_str(), 0666) != 0) {
+        int err = errno;
+        ::unlink(node.c_str());
+        fail(fmt::format("cannot chmod {}: {}", node.string(), errno_text(err)));
+    }
+    return true;
+}
+
+// Warns when the address is not local: the provider could not bind it.
+void check_address_is_local(const Ipv4& ip, std::vector<std::string>& warnings) {
+    int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return;
+    sockaddr_in sa{};
+    sa.sin_family = AF_INET;
+    std::copy(ip.begin(), ip.end(), reinterpret_cast<uint8_t*>(&sa.sin_addr.s_addr));
+    sa.sin_port = 0;
+    if (::bind(fd, reinterpret_cast<const sockaddr*>(&sa), sizeof sa) != 0 &&
+        errno == EADDRNOTAVAIL) {
+        warnings.push_back(fmt::format(
+            "{} is not an address of this host; the device is registered, but the provider "
+            "cannot use it until the address is configured on an interface",
+            format_ipv4(ip)));
+    }
+    ::close(fd);
+}
+
+}  // namespace
+
+std::string check_name(std::string_view name) {
+    if (name.empty()) return "device name must not be empty";
+    if (name.size() > kMaxNameLen) {
+        return fmt::format("device name '{}' is longer than {} characters; use a shorter name",
+                           name, kMaxNameLen);
+    }
+    for (char c : name) {
+        bool ok =
+            (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_';
+        if (!ok) {
+            return fmt::format(
+                "device name '{}' may only contain letters, digits and '_' (1 to {} characters)",
+                name, kMaxNameLen);
+        }
+    }
+    return {};
+}
+
+std::string check_mtu(int mtu) {
+    if (std::find(kValidMtus.begin(), kValidMtus.end(), mtu) != kValidMtus.end()) return {};
+    return fmt::format("MTU {} is not supported; use one of 256, 512, 1024, 2048, 4096", mtu);
+}
+
+std::string parse_ipv4(std::string_view text, Ipv4& out) {
+    const std::string s(text);
+    in_addr a4{};
+    if (::inet_pton(AF_INET, s.c_str(), &a4) != 1) {
+        in6_addr a6{};
+        if (::inet_pton(AF_INET6, s.c_str(), &a6) == 1 || s.find(':') != std::string::npos) {
+            return fmt::format(
+                "IPv6 addresses are not supported yet ('{}'); use an IPv4 address such as "
+                "127.0.0.1",
+                s);
+        }
+        return fmt::format(
+            "'{}' is not a valid IPv4 address; use dotted-quad form such as 127.0.0.1", s);
+    }
+    Ipv4 ip{};
+    std::copy_n(reinterpret_cast<const uint8_t*>(&a4.s_addr), 4, ip.begin());
+    if (ip == Ipv4{0, 0, 0, 0}) {
+        return "0.0.0.0 cannot be a device address; use the address of a local interface such as "
+               "127.0.0.1";
+    }
+    if (ip[0] >= 224) {
+        return fmt::format(
+            "{} is a multicast, broadcast or reserved address; use a unicast address of a local "
+            "interface",
+            s);
+    }
+    out = ip;
+    return {};
+}
+
+std::string format_ipv4(const Ipv4& ip) {
+    return fmt::format("{}.{}.{}.{}", ip[0], ip[1], ip[2], ip[3]);
+}
+
+uint64_t node_guid_for(const Ipv4& ip, uint16_t port) {
+    return (uint64_t{0x02} << 56) | (uint64_t{ip[0]} << 40) | (uint64_t{ip[1]} << 32) |
+           (uint64_t{ip[2]} << 24) | (uint64_t{ip[3]} << 16) | port;
+}
+
+std::string format_guid(uint64_t guid) {
+    return fmt::format("{:04x}:{:04x}:{:04x}:{:04x}", (guid >> 48) & 0xffff, (guid >> 32) & 0xffff,
+                       (guid >> 16) & 0xffff, guid & 0xffff);
+}
+
+std::string format_gid_sysfs(const Ipv4& ip) {
+    return fmt::format("0000:0000:0000:0000:0000:ffff:{:02x}{:02x}:{:02x}{:02x}", ip[0], ip[1],
+                       ip[2], ip[3]);
+}
+
+std::string format_gid_short(const Ipv4& ip) {
+    return "::ffff:" + format_ipv4(ip);
+}
+
+std::string uverbs_name(std::string_view device_name) {
+    return std::string(kUverbsPrefix) + std::string(device_name);
+}
+
+fs::path dev_node_path(std::string_view device_name) {
+    return fs::path(kDevDir) / uverbs_name(device_name);
+}
+
+fs::path root_from_env() {
+    const char* env = std::getenv("UROCE_ROOT");
+    fs::path root = (env != nullptr && *env != '\0') ? fs::path(env) : fs::path(kDefaultRoot);
+    root = fs::absolute(root).lexically_normal();
+    // "/a/b/" normalises to "/a/b/" (empty filename); drop it so SYSFS_PATH is clean.
+    if (root.has_relative_path() && !root.has_filename()) root = root.parent_path();
+    return root;
+}
+
+Registry::Registry(fs::path root) : root_(std::move(root)) {}
+
+fs::path Registry::verbs_class() const {
+    return root_ / "sys" / "class" / "infiniband_verbs";
+}
+fs::path Registry::ib_class() const {
+    return root_ / "sys" / "class" / "infiniband";
+}
+
+std::vector<std::string> Registry::add(const DeviceConfig& cfg) {
+    if (auto msg = check_name(cfg.name); !msg.empty()) throw Error(Error::Kind::Usage, msg);
+    if (auto msg = check_mtu(cfg.mtu); !msg.empty()) throw Error(Error::Kind::Usage, msg);
+    if (cfg.port == 0) throw Error(Error::Kind::Usage, "UDP port must be in 1..65535");
+
+    UmaskGuard umask_guard(022);
+    make_dirs(root_);
+    RootLock lock(root_);
+    make_dirs(verbs_class());
+    make_dirs(ib_class());
+
+    const std::string uverbs = uverbs_name(cfg.name);
+    const fs::path ib_dir = ib_class() / cfg.name;
+    const fs::path verbs_dir = verbs_class() / uverbs;
+    std::error_code ec;
+    if (fs::exists(fs::symlink_status(ib_dir, ec)) ||
+        fs::exists(fs::symlink_status(verbs_dir, ec))) {
+        fail(
+            fmt::format("device '{}' already exists in {}; pick another name or remove it with "
+                        "'uroce del {}'",
+                        cfg.name, root_.string(), cfg.name));
+    }
+    for (const auto& dev : list()) {
+        if (dev.config.ipv4 == cfg.ipv4 && dev.config.port == cfg.port) {
+            fail(
+                fmt::format("device '{}' already uses {}:{}; choose another --ip or --port, or "
+                            "remove it with 'uroce del {}'",
+                            dev.config.name, format_ipv4(cfg.ipv4), cfg.port, dev.config.name));
+        }
+    }
+
+    std::vector<std::string> warnings;
+    check_address_is_local(cfg.ipv4, warnings);
+
+    const fs::path abi = verbs_class() / "abi_version";
+    if (read_file(abi) != "6") write_file(abi, "6");
+
+    // Everything is built under dot names (libibverbs skips those) and renamed
+    // into place; the infiniband_verbs entry, which makes the device visible,
+    // comes last.
+    const fs::path ib_stage = ib_class() / fmt::format(".{}.new", cfg.name);
+    const fs::path verbs_stage = verbs_class() / fmt::format(".{}.new", uverbs);
+    bool ib_done = false;
+    bool node_created = false;
+    try {
+        remove_tree_quietly(ib_stage);
+        const std::string guid = format_guid(node_guid_for(cfg.ipv4, cfg.port));
+        const fs::path port_dir = ib_stage / "ports" / "1";
+        make_dirs(port_dir / "gids");
+        make_dirs(port_dir / "gid_attrs" / "types");
+        make_dirs(port_dir / "pkeys");
+        make_dirs(ib_stage / "uroce");
+        write_file(ib_stage / "node_type", "1: CA");
+        write_file(ib_stage / "node_guid", guid);
+        write_file(ib_stage / "sys_image_guid", guid);
+        write_file(ib_stage / "fw_ver", "0.1.0");
+        write_file(ib_stage / "board_id", "uroce");
+        write_file(ib_stage / "hca_type", "uroce");
+        write_file(port_dir / "gids" / "0", format_gid_sysfs(cfg.ipv4));
+        write_file(port_dir / "gid_attrs" / "types" / "0", "RoCE v2");
+        write_file(port_dir / "pkeys" / "0", "0xffff");
+        write_file(ib_stage / "uroce" / "ipv4", format_ipv4(cfg.ipv4));
+        write_file(ib_stage / "uroce" / "udp_port", std::to_string(cfg.port));
+        write_file(ib_stage / "uroce" / "mtu", std::to_string(cfg.mtu));
+        if (::rename(ib_stage.c_str(), ib_dir.c_str()) != 0) {
+            fail(fmt::format("cannot create {}: {}", ib_dir.string(), errno_text(errno)));
+        }
+        ib_done = true;
+
+        node_created = ensure_dev_node(cfg.name, warnings);
+
+        remove_tree_quietly(verbs_stage);
+        make_dirs(verbs_stage);
+        write_file(verbs_stage / "ibdev", cfg.name);
+        write_file(verbs_stage / "dev", fmt::format("{}:{}", kNodeMajor, kNodeMinor));
+        write_file(verbs_stage / "abi_version", "1");
+        if (::rename(verbs_stage.c_str(), verbs_dir.c_str()) != 0) {
+            fail(fmt::format("cannot create {}: {}", verbs_dir.string(), errno_text(errno)));
+        }
+    } catch (...) {
+        remove_tree_quietly(verbs_stage);
+        if (node_created) ::unlink(dev_node_path(cfg.name).c_str());
+        if (ib_done) remove_tree_quietly(ib_dir);
+        remove_tree_quietly(ib_stage);
+        throw;
+    }
+    return warnings;
+}
+
+void Registry::del(const std::string& name) {
+    if (auto msg = check_name(name); !msg.empty()) throw Error(Error::Kind::Usage, msg);
+    std::error_code ec;
+    if (!fs::is_directory(root_, ec)) {
+        fail(
+            fmt::format("no device '{}' in {} (the registry is empty); 'uroce list' shows the "
+                        "registered devices",
+                        name, root_.string()));
+    }
+    RootLock lock(root_);
+    const fs::path ib_dir = ib_class() / name;
+    const fs::path verbs_dir = verbs_class() / uverbs_name(name);
+    if (!fs::exists(fs::symlink_status(ib_dir, ec)) &&
+        !fs::exists(fs::symlink_status(verbs_dir, ec))) {
+        fail(fmt::format("no device '{}' in {}; 'uroce list' shows the registered devices", name,
+                         root_.string()));
+    }
+    // The node first: if that needs root, the registry is left untouched.
+    const fs::path node = dev_node_path(name);
+    struct stat st {};
+    if (::lstat(node.c_str(), &st) == 0 && is_our_node(st) && ::unlink(node.c_str()) != 0 &&
+        errno != ENOENT) {
+        int err = errno;
+        if (is_permission_error(err)) {
+            fail(fmt::format("removing {} needs root: {}; run 'uroce del {}' as root",
+                             node.string(), errno_text(err), name));
+        }
+        fail(fmt::format("cannot remove {}: {}", node.string(), errno_text(err)));
+    }
+    remove_tree(verbs_dir);
+    remove_tree(ib_dir);
+}
+
+std::vector<DeviceInfo> Registry::list(std::vector<std::string>* warnings) const {
+    std::vector<DeviceInfo> out;
+    std::error_code ec;
+    fs::directory_iterator it(ib_class(), ec);
+    if (ec) return out;
+    for (const auto& entry : it) {
+        const std::string name = entry.path().filename().string();
+        if (name.empty() || name[0] == '.') continue;
+        const fs::path dir = entry.path();
+        if (!fs::is_directory(dir / "uroce", ec)) continue;  // not one of ours
+        auto warn = [&](const std::string& why) {
+            if (warnings != nullptr) {
+                warnings->push_back(
+                    fmt::format("skipping device '{}' in {}: {}; remove it with "
+                                "'uroce del {}'",
+                                name, root_.string(), why, name));
+            }
+        };
+        DeviceInfo info;
+        info.config.name = name;
+        auto ip = read_file(dir / "uroce" / "ipv4");
+        auto port = read_file(dir / "uroce" / "udp_port");
+        auto mtu = read_file(dir / "uroce" / "mtu");
+        auto guid = read_file(dir / "node_guid");
+        if (!ip || !port || !mtu || !guid) {
+            warn("incomplete entry");
+            continue;
+        }
+        if (!parse_ipv4(*ip, info.config.ipv4).empty()) {
+            warn(fmt::format("bad uroce/ipv4 '{}'", *ip));
+            continue;
+        }
+        if (!parse_number(*port, info.config.port) || info.config.port == 0) {
+            warn(fmt::format("bad uroce/udp_port '{}'", *port));
+            continue;
+        }
+        if (!parse_number(*mtu, info.config.mtu) || !check_mtu(info.config.mtu).empty()) {
+            warn(fmt::format("bad uroce/mtu '{}'", *mtu));
+            continue;
+        }
+        info.node_guid = *guid;
+        if (warnings != nullptr) {
+            if (!fs::is_directory(verbs_class() / uverbs_name(name), ec)) {
+                warnings->push_back(
+                    fmt::format("device '{}': {} is missing, libibverbs will not see it; re-add it",
+                                name, (verbs_class() / uverbs_name(name)).string()));
+            }
+            struct stat st {};
+            if (::lstat(dev_node_path(name).c_str(), &st) != 0 || !is_our_node(st)) {
+                warnings->push_back(fmt::format(
+                    "device '{}': {} is missing; create it with 'mknod -m 0666 {} c {} {}'", name,
+                    dev_node_path(name).string(), dev_node_path(name).string(), kNodeMajor,
+                    kNodeMinor));
+            }
+        }
+        out.push_back(std::move(info));
+    }
+    std::sort(out.begin(), out.end(), [](const DeviceInfo& a, const DeviceInfo& b) {
+        return a.config.name < b.config.name;
+    });
+    return out;
+}
+
+}  // namespace uroce::registry

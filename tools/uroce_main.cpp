@@ -1,0 +1,366 @@
+// `uroce`: manages uroce devices and runs verbs programs against them.
+//
+//   uroce add NAME --ip ADDR [--mtu N] [--port P]   register a device
+//   uroce del NAME                                  remove it
+//   uroce list                                      one line per device
+//   uroce env                                       export lines for SYSFS_PATH / RDMAV_DRIVERS
+//   uroce run -- CMD ARGS...                        exec CMD with that environment
+//
+// Exit status: 0 success, 2 usage error, 1 any other error (`run`: the
+// command's own status, or 127/126 if it cannot be executed, like env(1)).
+
+// g++ 12 at -O2 reports a false "potential null pointer dereference" inside
+// libstdc++'s std::string as inlined into CLI11's detail::split(); the warning
+// is about library code, so it is silenced for this file only.
+#pragma GCC diagnostic ignored "-Wnull-dereference"
+
+#include <unistd.h>
+
+#include <fmt/format.h>
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <system_error>
+#include <vector>
+
+#include "registry.h"
+#include "uroce_tools_config.h"
+
+namespace fs = std::filesystem;
+namespace reg = uroce::registry;
+
+namespace {
+
+constexpr const char* kProviderFile = "liburoce-rdmav34.so";
+// libibverbs appends "-rdmav34.so" to an RDMAV_DRIVERS entry that contains '/'.
+constexpr const char* kProviderStem = "liburoce";
+
+constexpr int kExitFailure = 1;
+constexpr int kExitUsage = 2;
+
+void print_error(const std::string& who, const std::string& msg) {
+    std::fflush(stdout);
+    fmt::print(stderr, "{}: error: {}\n", who, msg);
+}
+
+void print_warnings(const std::string& who, const std::vector<std::string>& warnings) {
+    for (const auto& w : warnings) fmt::print(stderr, "{}: warning: {}\n", who, w);
+}
+
+// Single-quotes `s` for POSIX sh.
+std::string shell_quote(const std::string& s) {
+    std::string out = "'";
+    for (char c : s) {
+        if (c == '\'') {
+            out += "'\\''";
+        } else {
+            out += c;
+        }
+    }
+    out += '\'';
+    return out;
+}
+
+struct ProviderLookup {
+    std::optional<fs::path> dir;
+    std::vector<fs::path> tried;
+    bool from_env = false;
+};
+
+bool has_provider(const fs::path& dir) {
+    std::error_code ec;
+    return fs::is_regular_file(dir / kProviderFile, ec);
+}
+
+// UROCE_PROVIDER_DIR if set; otherwise next to this executable (Meson build
+// tree <build>/tools/uroce -> <build>/provider, installed <prefix>/bin/uroce ->
+// <prefix>/<libdir>/libibverbs), then the configured install directory.
+ProviderLookup find_provider() {
+    ProviderLookup r;
+    const char* env = std::getenv("UROCE_PROVIDER_DIR");
+    if (env != nullptr && *env != '\0') {
+        r.from_env = true;
+        fs::path dir = fs::absolute(env).lexically_normal();
+        r.tried.push_back(dir);
+        if (has_provider(dir)) r.dir = dir;
+        return r;
+    }
+    std::vector<fs::path> candidates;
+    std::error_code ec;
+    fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+    if (!ec) {
+        const fs::path exe_dir = exe.parent_path();
+        candidates.push_back((exe_dir.parent_path() / "provider").lexically_normal());
+        const fs::path rel =
+            fs::path(UROCE_INSTALL_PROVIDER_DIR).lexically_relative(fs::path(UROCE_INSTALL_BINDIR));
+        if (!rel.empty()) candidates.push_back((exe_dir / rel).lexically_normal());
+    }
+    candidates.push_back(fs::path(UROCE_INSTALL_PROVIDER_DIR).lexically_normal());
+    for (const auto& c : candidates) {
+        if (std::find(r.tried.begin(), r.tried.end(), c) != r.tried.end()) continue;
+        r.tried.push_back(c);
+        if (!r.dir && has_provider(c)) r.dir = c;
+    }
+    return r;
+}
+
+struct Environment {
+    std::string sysfs_path;
+    std::string rdmav_drivers;
+};
+
+// The variables libibverbs needs, or an error message.
+std::optional<Environment> client_environment(const std::string& who) {
+    ProviderLookup p = find_provider();
+    if (!p.dir) {
+        std::string tried;
+        for (const auto& t : p.tried) tried += (tried.empty() ? "" : ", ") + t.string();
+        print_error(who, fmt::format("the uroce provider {} was not found (looked in {}); {}",
+                                     kProviderFile, tried,
+                                     p.from_env ? "fix UROCE_PROVIDER_DIR"
+                                                : "build or install it, or set "
+                                                  "UROCE_PROVIDER_DIR to its directory"));
+        return std::nullopt;
+    }
+    const std::string drivers = (*p.dir / kProviderStem).string();
+    if (drivers.find_first_of(":;") != std::string::npos) {
+        print_error(who, fmt::format("the provider path {} contains ':' or ';', which "
+                                     "RDMAV_DRIVERS cannot express; move it elsewhere",
+                                     p.dir->string()));
+        return std::nullopt;
+    }
+    reg::Registry r(reg::root_from_env());
+    std::vector<std::string> warnings;
+    if (r.list(&warnings).empty()) {
+        warnings.push_back(
+            fmt::format("no devices are registered in {}; add one with 'uroce add NAME --ip ADDR'",
+                        r.root().string()));
+    }
+    print_warnings(who, warnings);
+    return Environment{r.sysfs_path().string(), drivers};
+}
+
+int cmd_add(const reg::DeviceConfig& cfg) {
+    reg::Registry r(reg::root_from_env());
+    print_warnings("uroce add", r.add(cfg));
+    return 0;
+}
+
+int cmd_del(const std::string& name) {
+    reg::Registry r(reg::root_from_env());
+    r.del(name);
+    return 0;
+}
+
+int cmd_list() {
+    reg::Registry r(reg::root_from_env());
+    std::vector<std::string> warnings;
+    auto devices = r.list(&warnings);
+    size_t name_w = 4;
+    for (const auto& d : devices) name_w = std::max(name_w, d.config.name.size());
+    for (const auto& d : devices) {
+        fmt::print("{:<{}}  {:<15}  {:>5}  {:>4}  {:<22}  {}\n", d.config.name, name_w,
+                   reg::format_ipv4(d.config.ipv4), d.config.port, d.config.mtu,
+                   reg::format_gid_short(d.config.ipv4), d.node_guid);
+    }
+    std::fflush(stdout);
+    print_warnings("uroce list", warnings);
+    return 0;
+}
+
+int cmd_env() {
+    auto env = client_environment("uroce env");
+    if (!env) return kExitFailure;
+    fmt::print("export SYSFS_PATH={}\n", shell_quote(env->sysfs_path));
+    fmt::print("export RDMAV_DRIVERS={}\n", shell_quote(env->rdmav_drivers));
+    return 0;
+}
+
+int cmd_run(const std::vector<std::string>& command) {
+    auto env = client_environment("uroce run");
+    if (!env) return kExitFailure;
+    if (::setenv("SYSFS_PATH", env->sysfs_path.c_str(), 1) != 0 ||
+        ::setenv("RDMAV_DRIVERS", env->rdmav_drivers.c_str(), 1) != 0) {
+        print_error("uroce run", "cannot set the environment (out of memory)");
+        return kExitFailure;
+    }
+    std::vector<char*> argv;
+    argv.reserve(command.size() + 1);
+    for (const auto& a : command) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    std::fflush(stdout);
+    ::execvp(argv[0], argv.data());
+    int err = errno;
+    print_error("uroce run", fmt::format("cannot execute '{}': {}", command[0],
+                                         std::error_code(err, std::generic_category()).message()));
+    return err == ENOENT ? 127 : 126;
+}
+
+// CLI11 validator for NAME.
+CLI::Validator name_validator() {
+    return CLI::Validator([](std::string& value) { return reg::check_name(value); }, "NAME",
+                          "device name");
+}
+
+CLI::Validator ipv4_validator() {
+    return CLI::Validator(
+        [](std::string& value) {
+            reg::Ipv4 ip;
+            return reg::parse_ipv4(value, ip);
+        },
+        "IPV4", "IPv4 address");
+}
+
+// Parses a decimal integer in [lo, hi] (CLI11's own checks would report
+// "abc" as out of range).
+bool parse_int(const std::string& text, long lo, long hi, long& out) {
+    if (text.empty() || text.size() > 9) return false;
+    for (char c : text) {
+        if (c < '0' || c > '9') return false;
+    }
+    out = std::stol(text);
+    return out >= lo && out <= hi;
+}
+
+CLI::Validator mtu_validator() {
+    return CLI::Validator(
+        [](std::string& value) -> std::string {
+            long mtu = 0;
+            if (!parse_int(value, 1, 1 << 20, mtu)) {
+                return fmt::format(
+                    "'{}' is not a supported MTU; use one of 256, 512, 1024, "
+                    "2048, 4096",
+                    value);
+            }
+            return reg::check_mtu(static_cast<int>(mtu));
+        },
+        "MTU", "path MTU");
+}
+
+CLI::Validator port_validator() {
+    return CLI::Validator(
+        [](std::string& value) -> std::string {
+            long port = 0;
+            if (!parse_int(value, 1, 65535, port)) {
+                return fmt::format("'{}' is not a UDP port; use a number in 1..65535", value);
+            }
+            return {};
+        },
+        "PORT", "UDP port");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    CLI::App app{
+        "uroce: manage devices of the uroce user-space RoCEv2 provider.\n"
+        "Devices live in a fake sysfs tree under $UROCE_ROOT (default /run/uroce) plus one node\n"
+        "/dev/infiniband/uverbs_uroce_NAME each; 'uroce run' or 'uroce env' point libibverbs at\n"
+        "them."};
+    app.name("uroce");
+    app.require_subcommand(1);
+    app.set_version_flag("--version", UROCE_VERSION);
+    app.footer(
+        "Environment:\n"
+        "  UROCE_ROOT          registry directory (default /run/uroce)\n"
+        "  UROCE_PROVIDER_DIR  directory holding liburoce-rdmav34.so (default: found next to\n"
+        "                      this program, else the install location)\n"
+        "Exit status: 0 success, 1 error, 2 usage error.\n"
+        "Run 'uroce COMMAND --help' for the options of a command.");
+
+    reg::DeviceConfig cfg;
+    std::string ip_text;
+    auto* add = app.add_subcommand("add", "Register a device (needs root for /dev/infiniband)");
+    add->add_option("NAME", cfg.name, "Device name: letters, digits and '_', 1 to 31 characters")
+        ->required()
+        ->check(name_validator());
+    add->add_option("--ip", ip_text, "IPv4 address the device sends from and listens on")
+        ->required()
+        ->check(ipv4_validator());
+    add->add_option("--mtu", cfg.mtu, "Path MTU: 256, 512, 1024, 2048 or 4096")
+        ->capture_default_str()
+        ->check(mtu_validator());
+    add->add_option("--port", cfg.port, "UDP port (1..65535)")
+        ->capture_default_str()
+        ->check(port_validator());
+
+    std::string del_name;
+    auto* del = app.add_subcommand("del", "Remove a device and its /dev node");
+    del->add_option("NAME", del_name, "Device name")->required()->check(name_validator());
+
+    auto* list =
+        app.add_subcommand("list", "List devices, one per line: NAME IPV4 PORT MTU GID NODE_GUID");
+
+    auto* env = app.add_subcommand(
+        "env", "Print 'export SYSFS_PATH=...' and 'export RDMAV_DRIVERS=...' for a shell");
+
+    std::vector<std::string> command;
+    auto* run = app.add_subcommand(
+        "run", "Run a command with SYSFS_PATH and RDMAV_DRIVERS set: uroce run -- CMD ARGS...");
+    run->add_option("command", command, "Command and its arguments (put '--' before them)")
+        ->required();
+    run->footer(
+        "SYSFS_PATH and RDMAV_DRIVERS are ignored by libibverbs in setuid programs.\n"
+        "Exit status: that of the command; 127 (not found) or 126 if it cannot be run.");
+
+    // An unknown first word would otherwise be reported as a missing subcommand.
+    if (argc > 1 && argv[1][0] != '-') {
+        const std::string first = argv[1];
+        bool known = false;
+        for (const auto* sub : app.get_subcommands({})) known = known || sub->get_name() == first;
+        if (!known) {
+            print_error("uroce",
+                        fmt::format("unknown command '{}'; commands are add, del, list, env, "
+                                    "run (see 'uroce --help')",
+                                    first));
+            return kExitUsage;
+        }
+    }
+
+    try {
+        app.parse(argc, argv);
+    } catch (const CLI::ParseError& e) {
+        if (e.get_exit_code() == static_cast<int>(CLI::ExitCodes::Success)) return app.exit(e);
+        std::string who = "uroce";
+        std::string hint = "uroce --help";
+        auto subs = app.get_subcommands();
+        if (!subs.empty()) {
+            who += " " + subs.front()->get_name();
+            hint = who + " --help";
+        }
+        std::string msg = e.what();
+        if (subs.empty() && e.get_exit_code() == static_cast<int>(CLI::ExitCodes::RequiredError)) {
+            msg = "a command is required: add, del, list, env or run";
+        }
+        if (!subs.empty() && subs.front() == run &&
+            e.get_exit_code() == static_cast<int>(CLI::ExitCodes::ExtrasError)) {
+            msg += "; put '--' before the command: uroce run -- CMD ARGS...";
+        }
+        print_error(who, fmt::format("{} (see '{}')", msg, hint));
+        return kExitUsage;
+    }
+
+    const std::string who = "uroce " + app.get_subcommands().front()->get_name();
+    try {
+        if (add->parsed()) {
+            reg::parse_ipv4(ip_text, cfg.ipv4);
+            return cmd_add(cfg);
+        }
+        if (del->parsed()) return cmd_del(del_name);
+        if (list->parsed()) return cmd_list();
+        if (env->parsed()) return cmd_env();
+        if (run->parsed()) return cmd_run(command);
+    } catch (const reg::Error& e) {
+        print_error(who, e.what());
+        return e.kind() == reg::Error::Kind::Usage ? kExitUsage : kExitFailure;
+    } catch (const std::exception& e) {
+        print_error(who, e.what());
+        return kExitFailure;
+    }
+    return kExitFailure;
+}

@@ -1,0 +1,81 @@
+#include "transport/completion_queue.h"
+
+#include <algorithm>
+
+namespace uroce::transport {
+
+CompletionQueue::CompletionQueue(uint32_t capacity, std::function<void()> on_event,
+                                 std::function<void()> on_overflow)
+    : capacity_(capacity), on_event_(std::move(on_event)), on_overflow_(std::move(on_overflow)) {}
+
+bool CompletionQueue::push(const Completion& c) {
+    bool fire = false;
+    bool overflow = false;
+    bool queued = false;
+    {
+        std::lock_guard lock(mutex_);
+        if (queue_.size() >= capacity_) {
+            // Report once per overrun, as hardware raises one CQ error event.
+            overflow = !overflowed_;
+            overflowed_ = true;
+        } else {
+            queue_.push_back(c);
+            queued = true;
+            if (arm_ == Arm::Next ||
+                (arm_ == Arm::Solicited && (c.solicited || c.status != WcStatus::Success))) {
+                arm_ = Arm::None;
+                fire = true;
+            }
+        }
+    }
+    if (overflow && on_overflow_) on_overflow_();
+    if (fire && on_event_) on_event_();
+    return queued;
+}
+
+size_t CompletionQueue::poll(std::span<Completion> out) {
+    std::lock_guard lock(mutex_);
+    const size_t n = std::min(out.size(), queue_.size());
+    for (size_t i = 0; i < n; ++i) {
+        out[i] = queue_.front();
+        queue_.pop_front();
+    }
+    if (n > 0) overflowed_ = false;
+    return n;
+}
+
+void CompletionQueue::arm(bool solicited_only) {
+    std::lock_guard lock(mutex_);
+    // A stronger arming is not weakened by a later solicited-only request.
+    if (arm_ == Arm::Next) return;
+    arm_ = solicited_only ? Arm::Solicited : Arm::Next;
+}
+
+size_t CompletionQueue::depth() const {
+    std::lock_guard lock(mutex_);
+    return queue_.size();
+}
+
+}  // namespace uroce::transport
+
+namespace uroce::transport {
+
+const char* to_string(WcStatus s) {
+    switch (s) {
+        case WcStatus::Success: return "success";
+        case WcStatus::LocLenErr: return "local length error";
+        case WcStatus::LocQpOpErr: return "local QP operation error";
+        case WcStatus::LocProtErr: return "local protection error";
+        case WcStatus::WrFlushErr: return "flushed";
+        case WcStatus::BadResp: return "bad response";
+        case WcStatus::RemInvReqErr: return "remote invalid request";
+        case WcStatus::RemAccessErr: return "remote access error";
+        case WcStatus::RemOpErr: return "remote operation error";
+        case WcStatus::RetryExcErr: return "retry count exceeded";
+        case WcStatus::RnrRetryExcErr: return "RNR retry count exceeded";
+        case WcStatus::GeneralErr: return "general error";
+    }
+    return "?";
+}
+
+}  // namespace uroce::transport

@@ -1,0 +1,45 @@
+// A completion queue: a bounded FIFO of completions that the transport fills and the
+// application drains, with the IBA's one-shot arming for completion events.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <span>
+
+#include "transport/work_request.h"
+
+namespace uroce::transport {
+
+class CompletionQueue {
+public:
+    // `on_event` runs (without the queue's lock) when an armed queue receives a completion
+    // that satisfies the arming; `on_overflow` when a completion finds the queue full.
+    CompletionQueue(uint32_t capacity, std::function<void()> on_event,
+                    std::function<void()> on_overflow);
+
+    // Adds a completion. Returns false (and reports an overflow) if the queue is full.
+    bool push(const Completion& c);
+
+    // Moves up to out.size() completions into out; returns how many.
+    size_t poll(std::span<Completion> out);
+
+    // Arms the queue for one event: on the next completion, or with `solicited_only`
+    // on the next solicited or unsuccessful one.
+    void arm(bool solicited_only);
+
+    uint32_t capacity() const { return capacity_; }
+    size_t depth() const;
+
+private:
+    const uint32_t capacity_;
+    std::function<void()> on_event_;
+    std::function<void()> on_overflow_;
+    mutable std::mutex mutex_;
+    std::deque<Completion> queue_;
+    enum class Arm { None, Next, Solicited } arm_ = Arm::None;
+    bool overflowed_ = false;
+};
+
+}  // namespace uroce::transport

@@ -1,0 +1,229 @@
+#include "transport/engine.h"
+
+#include <event2/thread.h>
+
+#include <algorithm>
+#include <cstring>
+#include <mutex>
+
+#include "uroce/icrc.h"
+
+namespace uroce::transport {
+
+namespace {
+
+constexpr size_t kRxBatch = 32;
+constexpr size_t kRxBufferBytes = 4096 + 256;
+// Datagrams handled per readable event before the loop gets to run timers.
+constexpr size_t kRxBudget = 512;
+
+std::once_flag g_libevent_threads;
+
+}  // namespace
+
+std::unique_ptr<Engine> Engine::create(const EngineConfig& config, std::string& error, int& err) {
+    // libevent needs its locking on before any base exists; it is process-wide and
+    // idempotent, so every engine asks for it once.
+    std::call_once(g_libevent_threads, [] { evthread_use_pthreads(); });
+    std::unique_ptr<Engine> e(new Engine(config));
+    if (e->socket_.fd() < 0) {
+        err = e->socket_.error();
+        error = std::string("cannot bind UDP ") + std::strerror(err);
+        return nullptr;
+    }
+    e->base_ = event_base_new();
+    if (!e->base_) {
+        err = ENOMEM;
+        error = "cannot create the event loop";
+        return nullptr;
+    }
+    e->rx_event_ = event_new(e->base_, e->socket_.fd(), EV_READ | EV_PERSIST, &Engine::on_readable,
+                             e.get());
+    if (!e->rx_event_ || event_add(e->rx_event_, nullptr) != 0) {
+        err = ENOMEM;
+        error = "cannot register the socket with the event loop";
+        return nullptr;
+    }
+    e->stop_event_ = event_new(
+        e->base_, -1, 0, [](evutil_socket_t, short, void* b) {
+            event_base_loopbreak(static_cast<event_base*>(b));
+        },
+        e->base_);
+    if (!e->stop_event_) {
+        err = ENOMEM;
+        error = "cannot create the event loop";
+        return nullptr;
+    }
+    e->thread_ = std::thread([eng = e.get()] { eng->run(); });
+    return e;
+}
+
+Engine::Engine(const EngineConfig& config)
+    : config_(config),
+      socket_(config.ip, config.port),
+      faults_(config.faults),
+      rx_buffers_(kRxBatch * kRxBufferBytes) {}
+
+Engine::~Engine() {
+    if (thread_.joinable()) {
+        event_active(stop_event_, 0, 0);
+        thread_.join();
+    }
+    {
+        // QPs still attached (an application that did not destroy them) go first: their
+        // timers belong to the base.
+        std::unique_lock lock(qps_mutex_);
+        qps_.clear();
+    }
+    touched_.clear();
+    if (rx_event_) event_free(rx_event_);
+    if (stop_event_) event_free(stop_event_);
+    if (base_) event_base_free(base_);
+}
+
+void Engine::run() {
+    // EVLOOP_NO_EXIT_ON_EMPTY: keep running while no timer is pending.
+    event_base_loop(base_, EVLOOP_NO_EXIT_ON_EMPTY);
+}
+
+void Engine::set_async_handler(std::function<void(const AsyncEvent&)> handler) {
+    std::lock_guard lock(async_mutex_);
+    async_handler_ = std::move(handler);
+}
+
+void Engine::post_async(const AsyncEvent& ev) {
+    std::lock_guard lock(async_mutex_);
+    if (async_handler_) async_handler_(ev);
+}
+
+uint32_t Engine::allocate_qpn() {
+    std::unique_lock lock(qps_mutex_);
+    for (;;) {
+        const uint32_t qpn = next_qpn_;
+        next_qpn_ = next_qpn_ >= wire::kQpnMask ? 0x11 : next_qpn_ + 1;
+        if (!qps_.contains(qpn)) return qpn;
+    }
+}
+
+void Engine::attach(const std::shared_ptr<RcQp>& qp) {
+    std::unique_lock lock(qps_mutex_);
+    qps_[qp->qpn()] = qp;
+}
+
+void Engine::detach(uint32_t qpn) {
+    std::shared_ptr<RcQp> keep;
+    {
+        std::unique_lock lock(qps_mutex_);
+        auto it = qps_.find(qpn);
+        if (it == qps_.end()) return;
+        keep = std::move(it->second);
+        qps_.erase(it);
+    }
+    // `keep` is released here, outside the table lock: the QP's destructor waits for a
+    // timer callback that may be running.
+}
+
+void Engine::transmit(const wire::Headers& h, std::span<const iovec> payload, uint32_t payload_len,
+                      uint32_t dst_ip) {
+    uint8_t hdr[wire::kMaxHeaderBytes];
+    wire::Headers out = h;
+    out.bth.pad = wire::pad_for(payload_len);
+    const size_t hlen = wire::build_headers(out, hdr);
+    if (hlen == 0) {
+        bump(counters_.tx_errors);
+        return;
+    }
+    static const uint8_t kZeros[4] = {0, 0, 0, 0};
+    iovec iov[kMaxSge + 4];
+    std::span<const uint8_t> pieces[kMaxSge + 4];
+    size_t n = 0;
+    iov[n] = {hdr, hlen};
+    pieces[n++] = {hdr, hlen};
+    for (const iovec& v : payload) {
+        if (v.iov_len == 0) continue;
+        iov[n] = v;
+        pieces[n++] = {static_cast<const uint8_t*>(v.iov_base), v.iov_len};
+    }
+    if (out.bth.pad) {
+        iov[n] = {const_cast<uint8_t*>(kZeros), out.bth.pad};
+        pieces[n++] = {kZeros, out.bth.pad};
+    }
+    const wire::Ipv4Flow flow{config_.ip, dst_ip, config_.port, config_.port};
+    const uint32_t crc = wire::icrc_ipv4(flow, wire::Ipv4Unseen{}, std::span(pieces, n));
+    uint8_t icrc[4] = {static_cast<uint8_t>(crc), static_cast<uint8_t>(crc >> 8),
+                       static_cast<uint8_t>(crc >> 16), static_cast<uint8_t>(crc >> 24)};
+    iov[n++] = {icrc, sizeof icrc};
+    if (faults_.drop_next()) {
+        bump(counters_.tx_dropped_fault);
+        return;
+    }
+    if (socket_.send(dst_ip, config_.port, std::span(iov, n)) != 0) {
+        bump(counters_.tx_errors);
+        return;
+    }
+    bump(counters_.tx_packets);
+}
+
+void Engine::on_readable(evutil_socket_t, short, void* arg) {
+    static_cast<Engine*>(arg)->receive_batch();
+}
+
+void Engine::receive_batch() {
+    UdpSocket::Datagram batch[kRxBatch];
+    size_t handled = 0;
+    while (handled < kRxBudget) {
+        for (size_t i = 0; i < kRxBatch; ++i)
+            batch[i] = {rx_buffers_.data() + i * kRxBufferBytes, kRxBufferBytes, 0, 0, 0};
+        const size_t got = socket_.receive(std::span(batch, kRxBatch));
+        if (got == 0) break;
+        for (size_t i = 0; i < got; ++i) {
+            auto qp = deliver({batch[i].data, batch[i].length}, batch[i].src_ip, batch[i].src_port);
+            if (qp && std::find(touched_.begin(), touched_.end(), qp) == touched_.end())
+                touched_.push_back(std::move(qp));
+        }
+        handled += got;
+        if (got < kRxBatch) break;
+    }
+    // ACK coalescing: one ACK per QP for everything this batch delivered.
+    for (auto& qp : touched_) qp->flush_ack();
+    touched_.clear();
+}
+
+std::shared_ptr<RcQp> Engine::deliver(std::span<const uint8_t> datagram, uint32_t src_ip,
+                                      uint16_t src_port) {
+    bump(counters_.rx_packets);
+    wire::ParsedPacket pkt;
+    if (wire::parse_packet(datagram, pkt) != wire::ParseError::None) {
+        bump(counters_.rx_malformed);
+        return nullptr;
+    }
+    const wire::Ipv4Flow flow{src_ip, config_.ip, src_port, config_.port};
+    switch (wire::icrc_verify_ipv4(flow, datagram)) {
+        case wire::IcrcCheck::Exact: break;
+        case wire::IcrcCheck::MatchesUnseenFields: bump(counters_.rx_icrc_unseen_fields); break;
+        case wire::IcrcCheck::Mismatch: bump(counters_.rx_bad_icrc); return nullptr;
+    }
+    // Only the default partition exists; the membership bit is not compared.
+    if ((pkt.h.bth.pkey & 0x7fff) != 0x7fff) {
+        bump(counters_.rx_bad_pkey);
+        return nullptr;
+    }
+    if ((pkt.h.bth.opcode >> 5) != static_cast<uint8_t>(wire::Transport::Rc)) {
+        bump(counters_.rx_unsupported);
+        return nullptr;
+    }
+    std::shared_ptr<RcQp> qp;
+    {
+        std::shared_lock lock(qps_mutex_);
+        auto it = qps_.find(pkt.h.bth.dest_qp);
+        if (it != qps_.end()) qp = it->second;
+    }
+    if (!qp) {
+        bump(counters_.rx_unknown_qp);
+        return nullptr;
+    }
+    qp->on_packet(pkt, src_ip);
+    return qp;
+}
+
+}  // namespace uroce::transport

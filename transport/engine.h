@@ -1,0 +1,101 @@
+// One device's protocol engine: its UDP socket, its queue pairs, its memory table and the
+// thread that receives packets and runs timers.
+//
+// Packets go out from whichever thread has something to send (an application thread in
+// post_send, or the engine thread answering a packet); packets come in only on the engine
+// thread, which runs a libevent loop until the engine is destroyed.
+#pragma once
+
+#include <event2/event.h>
+#include <sys/uio.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <shared_mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "transport/counters.h"
+#include "transport/fault_injector.h"
+#include "transport/memory_table.h"
+#include "transport/rc_qp.h"
+#include "transport/udp_socket.h"
+#include "uroce/wire.h"
+
+namespace uroce::transport {
+
+struct EngineConfig {
+    uint32_t ip = 0;  // host order
+    uint16_t port = wire::kRoceV2Port;
+    uint32_t mtu = 1024;  // the port's active MTU in bytes
+    FaultConfig faults;
+};
+
+struct AsyncEvent {
+    AsyncEventType type;
+    void* qp_handle;  // RcQp::user_handle()
+};
+
+class Engine {
+public:
+    // Binds the socket and starts the engine thread. Returns nullptr and sets `error`
+    // (with an errno in `err`) on failure.
+    static std::unique_ptr<Engine> create(const EngineConfig& config, std::string& error,
+                                          int& err);
+    ~Engine();
+    Engine(const Engine&) = delete;
+    Engine& operator=(const Engine&) = delete;
+
+    const EngineConfig& config() const { return config_; }
+    MemoryTable& memory() { return memory_; }
+    EngineCounters& counters() { return counters_; }
+    event_base* base() { return base_; }
+
+    // Called on the engine thread (or a posting thread) for affiliated asynchronous events.
+    void set_async_handler(std::function<void(const AsyncEvent&)> handler);
+    void post_async(const AsyncEvent& ev);
+
+    uint32_t allocate_qpn();
+    void attach(const std::shared_ptr<RcQp>& qp);
+    void detach(uint32_t qpn);
+
+    // Builds the headers, pad and ICRC around `payload` and sends the packet (unless the
+    // fault injector drops it).
+    void transmit(const wire::Headers& h, std::span<const iovec> payload, uint32_t payload_len,
+                  uint32_t dst_ip);
+
+private:
+    // Checks one received UDP payload and hands it to its QP; returns that QP.
+    std::shared_ptr<RcQp> deliver(std::span<const uint8_t> datagram, uint32_t src_ip,
+                                  uint16_t src_port);
+
+    explicit Engine(const EngineConfig& config);
+    static void on_readable(evutil_socket_t fd, short what, void* arg);
+    void receive_batch();
+    void run();
+
+    EngineConfig config_;
+    UdpSocket socket_;
+    FaultInjector faults_;
+    MemoryTable memory_;
+    EngineCounters counters_;
+    event_base* base_ = nullptr;
+    event* rx_event_ = nullptr;
+    event* stop_event_ = nullptr;  // activated to end the loop, even before it started
+    std::thread thread_;
+
+    std::shared_mutex qps_mutex_;
+    std::unordered_map<uint32_t, std::shared_ptr<RcQp>> qps_;
+    uint32_t next_qpn_ = 0x11;
+
+    std::mutex async_mutex_;
+    std::function<void(const AsyncEvent&)> async_handler_;
+
+    std::vector<uint8_t> rx_buffers_;
+    std::vector<std::shared_ptr<RcQp>> touched_;
+};
+
+}  // namespace uroce::transport

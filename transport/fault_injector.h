@@ -1,0 +1,39 @@
+// Deliberate packet loss for tests and protocol experiments, configured by UROCE_FAULTS.
+//
+//   UROCE_FAULTS="drop=0.05,seed=7"
+//
+// Each transmitted packet is dropped with probability `drop`. Decisions come from a
+// counter-based generator seeded by `seed`, so the same program with the same seed drops
+// the same packets (in the order it sends them).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace uroce::transport {
+
+struct FaultConfig {
+    double drop = 0.0;
+    uint64_t seed = 1;
+};
+
+// Parses a UROCE_FAULTS value. Returns nullopt and sets `error` on bad input.
+std::optional<FaultConfig> parse_fault_config(std::string_view spec, std::string& error);
+
+class FaultInjector {
+public:
+    explicit FaultInjector(const FaultConfig& config);
+    bool enabled() const { return threshold_ != 0; }
+    // True if the next transmitted packet is to be dropped.
+    bool drop_next();
+
+private:
+    uint64_t threshold_ = 0;  // drop when the 64-bit draw is below this
+    uint64_t seed_;
+    std::atomic<uint64_t> counter_{0};
+};
+
+}  // namespace uroce::transport

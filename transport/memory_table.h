@@ -1,0 +1,73 @@
+// Registered memory regions and the key checks that guard every access to them.
+//
+// A region is named by two 32-bit keys (lkey for local work requests, rkey for remote
+// access). Each check verifies that the key names a live region of the right protection
+// domain, that the whole byte range lies inside it and that it grants the access asked for.
+// Deregistration takes effect at once: a check that starts after deregister() returns
+// fails, and deregister() waits for accesses that already passed a check to finish.
+#pragma once
+
+#include <cstdint>
+#include <mutex>
+#include <optional>
+#include <shared_mutex>
+#include <unordered_map>
+
+namespace uroce::transport {
+
+// Access rights, with the meaning of the IBA (and of the verbs IBV_ACCESS_* flags).
+enum Access : uint32_t {
+    kLocalWrite = 1u << 0,
+    kRemoteWrite = 1u << 1,
+    kRemoteRead = 1u << 2,
+    kRemoteAtomic = 1u << 3,
+};
+
+struct MemoryKeys {
+    uint32_t lkey = 0;
+    uint32_t rkey = 0;
+};
+
+enum class KeyCheck { Ok, BadKey, WrongPd, OutOfBounds, NoAccess };
+const char* to_string(KeyCheck c);
+
+class MemoryTable {
+public:
+    // Registers [addr, addr+length) of protection domain `pd`, which remote requests
+    // address as [iova, iova+length). Keys are never reused while the table lives, so a
+    // stale key cannot name a new region.
+    MemoryKeys add(uint32_t pd, uint64_t addr, uint64_t length, uint64_t iova, uint32_t access);
+    bool remove(uint32_t lkey);
+
+    // A guard that keeps the table from changing while the caller touches the memory.
+    using ReadLock = std::shared_lock<std::shared_mutex>;
+    ReadLock lock_shared() const { return ReadLock(mutex_); }
+
+    // Callers hold lock_shared() across the check and the memory access it allows.
+    KeyCheck check_local(uint32_t lkey, uint32_t pd, uint64_t addr, uint64_t length,
+                         uint32_t access) const;
+    // `va` is in the region's iova space; on success `local` is the address in this process.
+    KeyCheck check_remote(uint32_t rkey, uint32_t pd, uint64_t va, uint64_t length,
+                          uint32_t access, uint64_t& local) const;
+
+    size_t size() const;
+
+private:
+    struct Region {
+        uint32_t pd;
+        uint64_t addr;
+        uint64_t length;
+        uint64_t iova;
+        uint32_t access;
+        uint32_t rkey;
+    };
+    static KeyCheck check(const Region* r, uint32_t pd, uint64_t base, uint64_t addr,
+                          uint64_t length, uint32_t access);
+
+    mutable std::shared_mutex mutex_;
+    std::unordered_map<uint32_t, Region> by_lkey_;
+    std::unordered_map<uint32_t, uint32_t> rkey_to_lkey_;
+    uint32_t next_index_ = 1;
+};
+
+}  // namespace uroce::transport

@@ -1,0 +1,297 @@
+// RC completer: ACKs, NAKs and READ responses retire send work requests, in order.
+#include <algorithm>
+#include <cstring>
+
+#include "transport/engine.h"
+#include "transport/psn.h"
+#include "transport/rc_qp.h"
+
+namespace uroce::transport {
+
+namespace {
+
+// IBA table 45: RNR NAK timer codes in microseconds (code 0 means 655.36 ms).
+constexpr uint32_t kRnrTimerUs[32] = {
+    655360, 10,    20,    30,    40,    60,    80,    120,   160,   240,   320,
+    480,    640,   960,   1280,  1920,  2560,  3840,  5120,  7680,  10240, 15360,
+    20480,  30720, 40960, 61440, 81920, 122880, 163840, 245760, 327680, 491520};
+
+WcOpcode wc_opcode_for(SendOpcode op) {
+    switch (op) {
+        case SendOpcode::Send:
+        case SendOpcode::SendWithImm: return WcOpcode::Send;
+        case SendOpcode::RdmaWrite:
+        case SendOpcode::RdmaWriteWithImm: return WcOpcode::RdmaWrite;
+        case SendOpcode::RdmaRead: return WcOpcode::RdmaRead;
+    }
+    return WcOpcode::Send;
+}
+
+WcStatus status_for_nak(uint8_t code) {
+    switch (static_cast<wire::NakCode>(code)) {
+        case wire::NakCode::InvalidRequest: return WcStatus::RemInvReqErr;
+        case wire::NakCode::RemoteAccessError: return WcStatus::RemAccessErr;
+        case wire::NakCode::RemoteOperationalError: return WcStatus::RemOpErr;
+        case wire::NakCode::InvalidRdRequest: return WcStatus::RemInvReqErr;
+        default: return WcStatus::BadResp;
+    }
+}
+
+}  // namespace
+
+void RcQp::complete_send(const SqEntry& e, WcStatus status) {
+    // Unsignaled requests complete silently unless they fail.
+    if (status == WcStatus::Success && !e.wqe.signaled) return;
+    Completion c;
+    c.wr_id = e.wqe.wr_id;
+    c.status = status;
+    c.opcode = wc_opcode_for(e.wqe.opcode);
+    c.byte_len = e.wqe.opcode == SendOpcode::RdmaRead ? e.wqe.length : 0;
+    c.qp_num = qpn_;
+    send_cq_->push(c);
+}
+
+void RcQp::retire_front(WcStatus status) {
+    SqEntry& e = sq_.front();
+    if (e.assigned && e.wqe.opcode == SendOpcode::RdmaRead && reads_outstanding_ > 0)
+        --reads_outstanding_;
+    complete_send(e, status);
+    sq_.pop_front();
+    if (send_index_ > 0)
+        --send_index_;
+    else
+        send_pkt_ = 0;
+}
+
+bool RcQp::has_outstanding() const { return !sq_.empty() && sq_.front().assigned; }
+
+uint32_t RcQp::oldest_unacked() const {
+    const SqEntry& e = sq_.front();
+    if (e.wqe.opcode == SendOpcode::RdmaRead) return psn_add(e.psn, e.read_pkts);
+    return psn_diff(una_psn_, e.psn) > 0 ? una_psn_ : e.psn;
+}
+
+// Everything up to and including `psn` has been executed by the responder.
+void RcQp::ack_through(uint32_t psn) {
+    bool progress = false;
+    while (has_outstanding()) {
+        SqEntry& e = sq_.front();
+        const uint32_t last = psn_add(e.psn, e.npkts - 1);
+        if (e.wqe.opcode == SendOpcode::RdmaRead) {
+            if (e.read_done) {
+                retire_front(WcStatus::Success);
+                progress = true;
+                continue;
+            }
+            // An ACK beyond a READ whose responses have not all come means they were
+            // lost: ask again for the rest.
+            if (!psn_before(psn, last)) {
+                rewind_to(psn_add(e.psn, e.read_pkts));
+                progress = true;
+            }
+            break;
+        }
+        if (psn_before(psn, e.psn)) break;
+        if (!psn_before(psn, last)) {
+            una_psn_ = psn_add(last, 1);
+            retire_front(WcStatus::Success);
+            progress = true;
+            continue;
+        }
+        if (psn_after(psn_add(psn, 1), una_psn_)) {
+            una_psn_ = psn_add(psn, 1);
+            progress = true;
+        }
+        break;
+    }
+    if (!has_outstanding()) una_psn_ = sq_.empty() || !sq_.front().assigned ? next_psn_ : una_psn_;
+    if (progress) {
+        retries_left_ = attrs_.retry_cnt;
+        last_rewind_psn_ = 0xffffffff;
+        restart_timer();
+        if (state_ == QpState::Sqd && !has_outstanding()) post_async(AsyncEventType::SqDrained);
+    }
+}
+
+void RcQp::on_response(const wire::ParsedPacket& pkt) {
+    const uint16_t flags = pkt.info->flags;
+    if (flags & wire::kRead) {
+        on_read_response(pkt);
+        pump();
+        return;
+    }
+    if (!(flags & wire::kAck)) {
+        bump(engine_.counters().rx_unsupported);
+        return;
+    }
+    const uint32_t psn = pkt.h.bth.psn;
+    // A response for a PSN we never sent is stale or bogus.
+    if (!has_outstanding() || psn_diff(psn, next_psn_) >= 0) return;
+    const wire::Aeth& aeth = pkt.h.aeth;
+    switch (aeth.type()) {
+        case wire::AckType::Ack:
+            ack_through(psn);
+            break;
+        case wire::AckType::RnrNak: {
+            bump(engine_.counters().rx_naks);
+            ack_through(psn_add(psn, kPsnMask));  // psn - 1
+            if (!has_outstanding()) break;
+            if (attrs_.rnr_retry != 7 && rnr_retries_left_-- <= 0) {
+                sq_.front().failed = WcStatus::RnrRetryExcErr;
+                enter_error();
+                return;
+            }
+            cancel_timer();
+            rnr_wait_ = true;
+            rnr_psn_ = psn;
+            start_timer(kRnrTimerUs[aeth.value() & 31]);
+            return;
+        }
+        case wire::AckType::Nak: {
+            bump(engine_.counters().rx_naks);
+            ack_through(psn_add(psn, kPsnMask));
+            if (aeth.value() == static_cast<uint8_t>(wire::NakCode::PsnSequenceError)) {
+                // Resend from the PSN the responder expects, once per PSN: the NAKs for
+                // a burst of out-of-order packets all name the same one.
+                if (has_outstanding() && psn != last_rewind_psn_) {
+                    last_rewind_psn_ = psn;
+                    rewind_to(psn);
+                }
+                break;
+            }
+            if (has_outstanding()) sq_.front().failed = status_for_nak(aeth.value());
+            enter_error();
+            return;
+        }
+        case wire::AckType::Reserved:
+            bump(engine_.counters().rx_malformed);
+            return;
+    }
+    pump();
+}
+
+void RcQp::on_read_response(const wire::ParsedPacket& pkt) {
+    const uint32_t psn = pkt.h.bth.psn;
+    // Responses imply the ACK of every request before the READ they answer.
+    ack_through(psn_add(psn, kPsnMask));
+    if (!has_outstanding()) return;
+    SqEntry& e = sq_.front();
+    if (e.wqe.opcode != SendOpcode::RdmaRead || e.read_done) return;
+    const uint32_t expected = psn_add(e.psn, e.read_pkts);
+    const int32_t d = psn_diff(psn, expected);
+    if (d < 0) return;  // a duplicate of a response we already have
+    if (d > 0) {
+        // A response went missing: ask for the rest right away, once per gap.
+        if (expected != last_rewind_psn_) {
+            last_rewind_psn_ = expected;
+            rewind_to(expected);
+        }
+        return;
+    }
+    const uint16_t flags = pkt.info->flags;
+    const bool first_expected = e.read_pkts == 0;
+    const bool is_first = flags & (wire::kFirst | wire::kOnly);
+    const bool is_last = flags & (wire::kLast | wire::kOnly);
+    const uint32_t remaining = e.wqe.length - e.read_bytes;
+    const uint32_t len = static_cast<uint32_t>(pkt.payload.size());
+    // A retried READ starts with a First/Only response even in mid-message.
+    const bool sequence_ok = first_expected ? is_first : true;
+    const bool length_ok = is_last ? len == remaining : (len == attrs_.mtu && len < remaining);
+    if (!sequence_ok || !length_ok) {
+        e.failed = WcStatus::BadResp;
+        enter_error();
+        return;
+    }
+    {
+        auto guard = engine_.memory().lock_shared();
+        uint32_t skip = e.read_bytes;
+        uint32_t done = 0;
+        for (uint32_t i = 0; i < e.wqe.sgl.count && done < len; ++i) {
+            const Sge& s = e.wqe.sgl.sge[i];
+            if (skip >= s.length) {
+                skip -= s.length;
+                continue;
+            }
+            const uint32_t take = std::min(len - done, s.length - skip);
+            if (engine_.memory().check_local(s.lkey, pd_, s.addr + skip, take, kLocalWrite) !=
+                KeyCheck::Ok) {
+                e.failed = WcStatus::LocProtErr;
+                enter_error();
+                return;
+            }
+            std::memcpy(reinterpret_cast<void*>(s.addr + skip), pkt.payload.data() + done, take);
+            done += take;
+            skip = 0;
+        }
+    }
+    e.read_bytes += len;
+    e.read_pkts = is_last ? e.npkts : e.read_pkts + 1;
+    retries_left_ = attrs_.retry_cnt;
+    last_rewind_psn_ = 0xffffffff;
+    if (is_last) {
+        e.read_done = true;
+        una_psn_ = psn_add(e.psn, e.npkts);
+        ack_through(psn_add(e.psn, e.npkts - 1));
+    } else {
+        restart_timer();
+    }
+}
+
+void RcQp::timer_trampoline(evutil_socket_t, short, void* arg) {
+    static_cast<RcQp*>(arg)->on_timer();
+}
+
+void RcQp::on_timer() {
+    std::lock_guard lock(mutex_);
+    // The timer may have been cancelled or pushed back while this callback waited for
+    // the lock (cancelling never waits for a running callback, to avoid a deadlock).
+    if (!timer_armed_ || std::chrono::steady_clock::now() < timer_deadline_) return;
+    timer_armed_ = false;
+    if (state_ != QpState::Rts && state_ != QpState::Sqd) return;
+    if (rnr_wait_) {
+        rnr_wait_ = false;
+        if (has_outstanding()) rewind_to(rnr_psn_);
+        pump();
+        return;
+    }
+    if (!has_outstanding()) return;
+    bump(engine_.counters().retransmit_timeouts);
+    if (retries_left_-- <= 0) {
+        sq_.front().failed = WcStatus::RetryExcErr;
+        enter_error();
+        return;
+    }
+    last_rewind_psn_ = 0xffffffff;
+    rewind_to(oldest_unacked());
+    pump();
+    arm_timer();
+}
+
+void RcQp::arm_timer() {
+    if (timer_armed_ || attrs_.timeout == 0 || !has_outstanding()) return;
+    // 4.096 us * 2^timeout, as the IBA defines the local ACK timeout.
+    start_timer((4096ull << attrs_.timeout) / 1000);
+}
+
+void RcQp::start_timer(uint64_t us) {
+    timer_deadline_ = std::chrono::steady_clock::now() + std::chrono::microseconds(us);
+    timeval tv{static_cast<time_t>(us / 1000000), static_cast<suseconds_t>(us % 1000000)};
+    evtimer_add(timer_, &tv);
+    timer_armed_ = true;
+}
+
+void RcQp::restart_timer() {
+    if (rnr_wait_) return;
+    cancel_timer();
+    arm_timer();
+}
+
+void RcQp::cancel_timer() {
+    if (timer_armed_) {
+        event_del_noblock(timer_);
+        timer_armed_ = false;
+    }
+    rnr_wait_ = false;
+}
+
+}  // namespace uroce::transport

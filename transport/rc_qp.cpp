@@ -1,0 +1,183 @@
+#include "transport/rc_qp.h"
+
+#include "transport/engine.h"
+#include "transport/psn.h"
+
+namespace uroce::transport {
+
+RcQp::RcQp(Engine& engine, uint32_t qpn, uint32_t pd, const QpCaps& caps,
+           std::shared_ptr<CompletionQueue> send_cq, std::shared_ptr<CompletionQueue> recv_cq,
+           void* user_handle)
+    : engine_(engine),
+      qpn_(qpn),
+      pd_(pd),
+      caps_(caps),
+      send_cq_(std::move(send_cq)),
+      recv_cq_(std::move(recv_cq)),
+      user_handle_(user_handle) {
+    timer_ = evtimer_new(engine_.base(), &RcQp::timer_trampoline, this);
+}
+
+RcQp::~RcQp() {
+    // event_free waits for a callback running on the engine thread to return; the mutex
+    // is not held here, so that callback can finish.
+    if (timer_) event_free(timer_);
+}
+
+QpState RcQp::state() const {
+    std::lock_guard lock(mutex_);
+    return state_;
+}
+
+QpAttributes RcQp::attributes() const {
+    std::lock_guard lock(mutex_);
+    return attrs_;
+}
+
+void RcQp::modify(const QpAttributes& attrs, QpState next) {
+    std::lock_guard lock(mutex_);
+    const QpState prev = state_;
+    attrs_ = attrs;
+    if (next == prev && next != QpState::Sqd) return;
+    switch (next) {
+        case QpState::Reset:
+            cancel_timer();
+            sq_.clear();
+            rq_.clear();
+            send_index_ = 0;
+            send_pkt_ = 0;
+            reads_outstanding_ = 0;
+            in_message_ = InMessage::None;
+            recv_taken_ = false;
+            ack_pending_ = false;
+            nak_sent_ = false;
+            got_first_packet_ = false;
+            msn_ = 0;
+            break;
+        case QpState::Rtr:
+            epsn_ = attrs_.rq_psn & kPsnMask;
+            break;
+        case QpState::Rts:
+            if (prev == QpState::Rtr) {
+                next_psn_ = attrs_.sq_psn & kPsnMask;
+                una_psn_ = next_psn_;
+            }
+            retries_left_ = attrs_.retry_cnt;
+            rnr_retries_left_ = attrs_.rnr_retry;
+            break;
+        case QpState::Err:
+            state_ = QpState::Err;
+            flush_all();
+            return;
+        default:
+            break;
+    }
+    state_ = next;
+    if (next == QpState::Rts) pump();
+    if (next == QpState::Sqd && !has_outstanding()) post_async(AsyncEventType::SqDrained);
+}
+
+int RcQp::post_send(const SendWqe& wqe) {
+    std::lock_guard lock(mutex_);
+    switch (state_) {
+        case QpState::Reset:
+        case QpState::Init:
+        case QpState::Rtr:
+            return EINVAL;
+        default:
+            break;
+    }
+    if (sq_.size() >= caps_.max_send_wr) return ENOMEM;
+    if (state_ == QpState::Err) {
+        SqEntry e;
+        e.wqe = wqe;
+        complete_send(e, WcStatus::WrFlushErr);
+        return 0;
+    }
+    sq_.push_back(SqEntry{wqe});
+    if (state_ == QpState::Rts) pump();
+    return 0;
+}
+
+int RcQp::post_recv(const RecvWqe& wqe) {
+    std::lock_guard lock(mutex_);
+    if (state_ == QpState::Reset) return EINVAL;
+    if (rq_.size() >= caps_.max_recv_wr) return ENOMEM;
+    if (state_ == QpState::Err) {
+        Completion c;
+        c.wr_id = wqe.wr_id;
+        c.status = WcStatus::WrFlushErr;
+        c.opcode = WcOpcode::Recv;
+        c.qp_num = qpn_;
+        recv_cq_->push(c);
+        return 0;
+    }
+    rq_.push_back(wqe);
+    return 0;
+}
+
+void RcQp::on_packet(const wire::ParsedPacket& pkt, uint32_t src_ip) {
+    std::lock_guard lock(mutex_);
+    if (src_ip != attrs_.dst_ip) {
+        bump(engine_.counters().rx_wrong_peer);
+        return;
+    }
+    const uint16_t flags = pkt.info->flags;
+    if (flags & wire::kRequest) {
+        if (state_ == QpState::Reset || state_ == QpState::Init || state_ == QpState::Err) {
+            bump(engine_.counters().rx_wrong_state);
+            return;
+        }
+        if (!got_first_packet_) {
+            got_first_packet_ = true;
+            if (state_ == QpState::Rtr) post_async(AsyncEventType::CommEstablished);
+        }
+        on_request(pkt);
+    } else {
+        if (state_ != QpState::Rts && state_ != QpState::Sqd) {
+            bump(engine_.counters().rx_wrong_state);
+            return;
+        }
+        on_response(pkt);
+    }
+}
+
+void RcQp::enter_error() {
+    if (state_ == QpState::Err) return;
+    state_ = QpState::Err;
+    flush_all();
+}
+
+void RcQp::flush_all() {
+    cancel_timer();
+    // Every outstanding work request completes, signaled or not, as the IBA requires of
+    // a QP in the error state.
+    while (!sq_.empty()) {
+        const WcStatus failed = sq_.front().failed;
+        complete_send(sq_.front(), failed != WcStatus::Success ? failed : WcStatus::WrFlushErr);
+        sq_.pop_front();
+    }
+    send_index_ = 0;
+    send_pkt_ = 0;
+    reads_outstanding_ = 0;
+    while (!rq_.empty()) {
+        Completion c;
+        c.wr_id = rq_.front().wr_id;
+        c.status = WcStatus::WrFlushErr;
+        c.opcode = WcOpcode::Recv;
+        c.qp_num = qpn_;
+        recv_cq_->push(c);
+        rq_.pop_front();
+    }
+    recv_taken_ = false;
+    in_message_ = InMessage::None;
+    ack_pending_ = false;
+}
+
+void RcQp::transmit(const wire::Headers& h, std::span<const iovec> payload, uint32_t payload_len) {
+    engine_.transmit(h, payload, payload_len, attrs_.dst_ip);
+}
+
+void RcQp::post_async(AsyncEventType type) { engine_.post_async(AsyncEvent{type, user_handle_}); }
+
+}  // namespace uroce::transport

@@ -1,0 +1,186 @@
+// A reliable-connected queue pair: the IBA RC transport for one connection.
+//
+// The work splits the way the IBA (and the kernel's rxe) splits it:
+//   - the requester turns send work requests into request packets, owns the PSN window,
+//     and goes back to the oldest unacknowledged PSN when asked to (rc_requester.cpp);
+//   - the completer reads ACKs, NAKs and READ responses, retires work requests in order
+//     and writes their completions, and runs the retransmission timer (rc_completer.cpp);
+//   - the responder executes incoming requests after the PSN, opcode-sequence and key
+//     checks, and answers with coalesced ACKs, NAKs and READ responses (rc_responder.cpp).
+// State changes, flushing and the timer live in rc_qp.cpp.
+//
+// Threads: the application's threads post work and modify the QP; the engine thread
+// delivers packets and timer expiries. One mutex per QP serialises all of them.
+#pragma once
+
+#include <event2/event.h>
+#include <sys/uio.h>
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <span>
+
+#include "transport/completion_queue.h"
+#include "transport/qp_state.h"
+#include "transport/work_request.h"
+#include "uroce/wire.h"
+
+namespace uroce::transport {
+
+class Engine;
+
+// Connection attributes, set by modify (the provider validates them first).
+struct QpAttributes {
+    uint32_t access = 0;         // Access bits the QP grants to remote requests
+    uint32_t dst_ip = 0;         // peer address, host order
+    uint32_t dest_qpn = 0;
+    uint32_t mtu = 1024;         // path MTU in bytes
+    uint32_t rq_psn = 0;         // first PSN expected from the peer
+    uint32_t sq_psn = 0;         // first PSN this QP sends
+    uint8_t timeout = 14;        // 4.096 us * 2^timeout; 0 waits forever
+    uint8_t retry_cnt = 7;
+    uint8_t rnr_retry = 7;       // 7 retries forever
+    uint8_t min_rnr_timer = 12;  // IBA RNR timer code sent in our RNR NAKs
+    uint8_t max_rd_atomic = 1;   // READs this QP may have outstanding
+    uint8_t max_dest_rd_atomic = 1;
+};
+
+struct QpCaps {
+    uint32_t max_send_wr = 0;
+    uint32_t max_recv_wr = 0;
+    uint32_t max_send_sge = 0;
+    uint32_t max_recv_sge = 0;
+    uint32_t max_inline_data = 0;
+};
+
+enum class AsyncEventType { QpFatal, QpAccessError, QpRequestError, CommEstablished, SqDrained };
+
+class RcQp : public std::enable_shared_from_this<RcQp> {
+public:
+    RcQp(Engine& engine, uint32_t qpn, uint32_t pd, const QpCaps& caps,
+         std::shared_ptr<CompletionQueue> send_cq, std::shared_ptr<CompletionQueue> recv_cq,
+         void* user_handle);
+    ~RcQp();
+    RcQp(const RcQp&) = delete;
+    RcQp& operator=(const RcQp&) = delete;
+
+    uint32_t qpn() const { return qpn_; }
+    uint32_t pd() const { return pd_; }
+    void* user_handle() const { return user_handle_; }
+    const QpCaps& caps() const { return caps_; }
+
+    // --- called by the provider (application threads) ---
+    QpState state() const;
+    QpAttributes attributes() const;
+    // Applies `attrs` and moves to `next` (the provider has checked the transition).
+    void modify(const QpAttributes& attrs, QpState next);
+    // 0, or an errno: EINVAL in a state that takes no work, ENOMEM when the queue is full.
+    int post_send(const SendWqe& wqe);
+    int post_recv(const RecvWqe& wqe);
+
+    // --- called by the engine thread ---
+    void on_packet(const wire::ParsedPacket& pkt, uint32_t src_ip);
+    // Sends the ACK that packets of the last receive batch asked for, if any.
+    void flush_ack();
+    uint32_t peer_ip() const { return attrs_.dst_ip; }
+
+private:
+    struct SqEntry {
+        SendWqe wqe;
+        bool assigned = false;  // PSNs given out
+        uint32_t psn = 0;       // first PSN
+        uint32_t npkts = 0;     // PSNs the request consumes
+        uint32_t read_bytes = 0;  // READ: bytes of response received
+        uint32_t read_pkts = 0;
+        bool read_done = false;
+        WcStatus failed = WcStatus::Success;  // set when this request itself failed
+    };
+
+    // requester (rc_requester.cpp)
+    void pump();
+    bool send_request_packet(SqEntry& e, uint32_t pkt_index);
+    bool send_read_request(SqEntry& e);
+    uint32_t packets_for(const SqEntry& e) const;
+    void rewind_to(uint32_t psn);
+    bool gather(const SqEntry& e, uint32_t offset, uint32_t len, std::span<iovec> iov,
+                size_t& niov) const;
+
+    // completer (rc_completer.cpp)
+    void on_response(const wire::ParsedPacket& pkt);
+    void on_read_response(const wire::ParsedPacket& pkt);
+    void ack_through(uint32_t psn);
+    void retire_front(WcStatus status);
+    void complete_send(const SqEntry& e, WcStatus status);
+    void on_timer();
+    void arm_timer();
+    void restart_timer();
+    void cancel_timer();
+    void start_timer(uint64_t us);
+    bool has_outstanding() const;
+    uint32_t oldest_unacked() const;
+    static void timer_trampoline(evutil_socket_t, short, void* arg);
+
+    // responder (rc_responder.cpp)
+    void on_request(const wire::ParsedPacket& pkt);
+    void execute_read(const wire::ParsedPacket& pkt, bool duplicate);
+    bool scatter_to_recv(std::span<const uint8_t> data);
+    void send_ack(uint32_t psn, uint8_t syndrome);
+    void responder_error(wire::NakCode code, uint32_t psn, AsyncEventType event);
+    void complete_recv(WcStatus status, uint32_t byte_len, bool with_imm, uint32_t imm,
+                       bool solicited, WcOpcode opcode);
+
+    // rc_qp.cpp
+    void enter_error();
+    void flush_all();
+    void transmit(const wire::Headers& h, std::span<const iovec> payload, uint32_t payload_len);
+    void post_async(AsyncEventType type);
+
+    Engine& engine_;
+    const uint32_t qpn_;
+    const uint32_t pd_;
+    const QpCaps caps_;
+    const std::shared_ptr<CompletionQueue> send_cq_;
+    const std::shared_ptr<CompletionQueue> recv_cq_;
+    void* const user_handle_;
+
+    mutable std::mutex mutex_;
+    QpState state_ = QpState::Reset;
+    QpAttributes attrs_;
+
+    // requester / completer
+    std::deque<SqEntry> sq_;
+    size_t send_index_ = 0;      // sq_ entry being transmitted
+    uint32_t send_pkt_ = 0;      // its next packet
+    uint32_t next_psn_ = 0;      // PSN the next new request gets
+    uint32_t una_psn_ = 0;       // oldest PSN not yet acknowledged
+    uint32_t reads_outstanding_ = 0;
+    int retries_left_ = 7;
+    int rnr_retries_left_ = 7;
+    bool rnr_wait_ = false;      // the timer is an RNR back-off, not a retransmission timeout
+    uint32_t rnr_psn_ = 0;
+    bool timer_armed_ = false;
+    uint32_t last_rewind_psn_ = 0xffffffff;
+    event* timer_ = nullptr;
+    std::chrono::steady_clock::time_point timer_deadline_{};
+
+    // responder
+    std::deque<RecvWqe> rq_;
+    uint32_t epsn_ = 0;          // expected request PSN
+    uint32_t msn_ = 0;           // message sequence number
+    bool nak_sent_ = false;      // a sequence NAK for epsn_ is out
+    bool ack_pending_ = false;
+    enum class InMessage { None, Send, Write } in_message_ = InMessage::None;
+    bool recv_taken_ = false;    // rq_.front() belongs to the SEND in progress
+    uint32_t recv_offset_ = 0;
+    uint64_t write_va_ = 0;
+    uint32_t write_rkey_ = 0;
+    uint32_t write_left_ = 0;
+    uint32_t write_total_ = 0;
+    bool got_first_packet_ = false;
+};
+
+}  // namespace uroce::transport

@@ -1,0 +1,185 @@
+// RC requester: send work requests become request packets.
+#include <algorithm>
+
+#include "transport/engine.h"
+#include "transport/psn.h"
+#include "transport/rc_qp.h"
+
+namespace uroce::transport {
+
+namespace {
+
+// Request packets in flight before the requester waits for ACKs: enough to keep a
+// loopback path busy, small enough not to overrun the peer's socket buffer.
+constexpr uint32_t kSendWindow = 512;
+// Ask for an ACK at least this often inside long messages so the window keeps moving.
+constexpr uint32_t kAckRequestInterval = 64;
+
+struct OpcodeSet {
+    wire::Opcode first, middle, last, only, last_imm, only_imm;
+};
+constexpr OpcodeSet kSendOps{wire::Opcode::RcSendFirst,   wire::Opcode::RcSendMiddle,
+                             wire::Opcode::RcSendLast,    wire::Opcode::RcSendOnly,
+                             wire::Opcode::RcSendLastImm, wire::Opcode::RcSendOnlyImm};
+constexpr OpcodeSet kWriteOps{wire::Opcode::RcWriteFirst,   wire::Opcode::RcWriteMiddle,
+                              wire::Opcode::RcWriteLast,    wire::Opcode::RcWriteOnly,
+                              wire::Opcode::RcWriteLastImm, wire::Opcode::RcWriteOnlyImm};
+
+}  // namespace
+
+uint32_t RcQp::packets_for(const SqEntry& e) const {
+    const uint32_t mtu = attrs_.mtu;
+    return std::max<uint32_t>(1, (e.wqe.length + mtu - 1) / mtu);
+}
+
+bool RcQp::gather(const SqEntry& e, uint32_t offset, uint32_t len, std::span<iovec> iov,
+                  size_t& niov) const {
+    niov = 0;
+    if (len == 0) return true;
+    if (e.wqe.is_inline) {
+        iov[niov++] = {const_cast<uint8_t*>(e.wqe.inline_data.data()) + offset, len};
+        return true;
+    }
+    const MemoryTable& mem = engine_.memory();
+    uint32_t skip = offset;
+    for (uint32_t i = 0; i < e.wqe.sgl.count && len > 0; ++i) {
+        const Sge& s = e.wqe.sgl.sge[i];
+        if (skip >= s.length) {
+            skip -= s.length;
+            continue;
+        }
+        const uint32_t take = std::min(len, s.length - skip);
+        if (mem.check_local(s.lkey, pd_, s.addr + skip, take, 0) != KeyCheck::Ok) return false;
+        iov[niov++] = {reinterpret_cast<void*>(s.addr + skip), take};
+        len -= take;
+        skip = 0;
+    }
+    return len == 0;
+}
+
+bool RcQp::send_request_packet(SqEntry& e, uint32_t pkt_index) {
+    const bool is_send =
+        e.wqe.opcode == SendOpcode::Send || e.wqe.opcode == SendOpcode::SendWithImm;
+    const bool with_imm = e.wqe.opcode == SendOpcode::SendWithImm ||
+                          e.wqe.opcode == SendOpcode::RdmaWriteWithImm;
+    const OpcodeSet& ops = is_send ? kSendOps : kWriteOps;
+    const uint32_t mtu = attrs_.mtu;
+    const bool first = pkt_index == 0;
+    const bool last = pkt_index + 1 == e.npkts;
+    const uint32_t offset = pkt_index * mtu;
+    const uint32_t len = std::min(mtu, e.wqe.length - std::min(e.wqe.length, offset));
+
+    wire::Headers h;
+    wire::Opcode op;
+    if (first && last)
+        op = with_imm ? ops.only_imm : ops.only;
+    else if (first)
+        op = ops.first;
+    else if (last)
+        op = with_imm ? ops.last_imm : ops.last;
+    else
+        op = ops.middle;
+    h.bth.opcode = static_cast<uint8_t>(op);
+    h.bth.dest_qp = attrs_.dest_qpn;
+    h.bth.psn = psn_add(e.psn, pkt_index);
+    h.bth.solicited = last && e.wqe.solicited;
+    h.bth.ack_req = last || ((pkt_index + 1) % kAckRequestInterval == 0);
+    if (first && !is_send) h.reth = {e.wqe.remote_addr, e.wqe.rkey, e.wqe.length};
+    if (last && with_imm) h.imm = e.wqe.imm;
+
+    auto guard = engine_.memory().lock_shared();
+    iovec iov[kMaxSge];
+    size_t niov = 0;
+    if (!gather(e, offset, len, iov, niov)) return false;
+    transmit(h, std::span(iov, niov), len);
+    return true;
+}
+
+bool RcQp::send_read_request(SqEntry& e) {
+    wire::Headers h;
+    h.bth.opcode = static_cast<uint8_t>(wire::Opcode::RcReadRequest);
+    h.bth.dest_qp = attrs_.dest_qpn;
+    // A retried READ asks only for what has not arrived yet (IBA 9.7.4.1.6).
+    h.bth.psn = psn_add(e.psn, e.read_pkts);
+    h.bth.ack_req = true;
+    h.reth = {e.wqe.remote_addr + e.read_bytes, e.wqe.rkey, e.wqe.length - e.read_bytes};
+    // The local buffer must be writable before we ask for data to land in it.
+    {
+        auto guard = engine_.memory().lock_shared();
+        uint32_t left = e.wqe.length;
+        for (uint32_t i = 0; i < e.wqe.sgl.count && left > 0; ++i) {
+            const Sge& s = e.wqe.sgl.sge[i];
+            const uint32_t take = std::min(left, s.length);
+            if (engine_.memory().check_local(s.lkey, pd_, s.addr, take, kLocalWrite) !=
+                KeyCheck::Ok)
+                return false;
+            left -= take;
+        }
+    }
+    transmit(h, {}, 0);
+    return true;
+}
+
+// Sends what the window allows, starting at send_index_/send_pkt_.
+void RcQp::pump() {
+    if (state_ != QpState::Rts || rnr_wait_) return;
+    bool sent = false;
+    while (send_index_ < sq_.size()) {
+        SqEntry& e = sq_[send_index_];
+        if (!e.assigned) {
+            // A new request: fences and the READ limit apply only before it first goes out.
+            if (e.wqe.fence && reads_outstanding_ > 0) break;
+            if (e.wqe.opcode == SendOpcode::RdmaRead && reads_outstanding_ >= attrs_.max_rd_atomic)
+                break;
+            if (psn_diff(next_psn_, una_psn_) >= static_cast<int32_t>(kSendWindow)) break;
+            e.assigned = true;
+            e.psn = next_psn_;
+            e.npkts = packets_for(e);
+            next_psn_ = psn_add(next_psn_, e.npkts);
+            if (e.wqe.opcode == SendOpcode::RdmaRead) ++reads_outstanding_;
+            send_pkt_ = 0;
+        }
+        const uint32_t psn = psn_add(e.psn, send_pkt_);
+        if (psn_diff(psn, una_psn_) >= static_cast<int32_t>(kSendWindow)) break;
+        bool ok;
+        if (e.wqe.opcode == SendOpcode::RdmaRead) {
+            ok = send_read_request(e);
+            send_pkt_ = e.npkts;
+        } else {
+            ok = send_request_packet(e, send_pkt_);
+            ++send_pkt_;
+        }
+        if (!ok) {
+            // The local key check failed: this request completes with a protection error
+            // and the QP stops, flushing the rest, as the IBA prescribes.
+            e.failed = WcStatus::LocProtErr;
+            enter_error();
+            return;
+        }
+        sent = true;
+        if (send_pkt_ >= e.npkts) {
+            ++send_index_;
+            send_pkt_ = 0;
+        }
+    }
+    if (sent) arm_timer();
+}
+
+// Go back N: send everything again from `psn`, the oldest PSN the responder lacks.
+void RcQp::rewind_to(uint32_t psn) {
+    for (size_t i = 0; i < sq_.size(); ++i) {
+        SqEntry& e = sq_[i];
+        if (!e.assigned) break;
+        const int32_t d = psn_diff(psn, e.psn);
+        if (d < 0 || d >= static_cast<int32_t>(e.npkts)) continue;
+        if (i < send_index_ || (i == send_index_ && send_pkt_ > static_cast<uint32_t>(d))) {
+            send_index_ = i;
+            send_pkt_ = e.wqe.opcode == SendOpcode::RdmaRead ? 0 : static_cast<uint32_t>(d);
+            bump(engine_.counters().retransmitted_packets,
+                 static_cast<uint64_t>(psn_diff(next_psn_, psn)));
+        }
+        return;
+    }
+}
+
+}  // namespace uroce::transport

@@ -1,0 +1,196 @@
+// The RoCEv2 ICRC over IPv4, and its verification by a receiver that cannot see the IPv4
+// identification and flags.
+#include "uroce/icrc.h"
+
+#include <isa-l/crc.h>
+
+#include <algorithm>
+#include <array>
+
+#include "uroce/wire.h"
+
+namespace uroce::wire {
+namespace {
+
+// Masked pseudo-header: 8 bytes of ones, the IPv4 header, the UDP header.
+constexpr size_t kOnesBytes = 8;
+constexpr size_t kIpv4Bytes = 20;
+constexpr size_t kUdpBytes = 8;
+constexpr size_t kPseudoBytes = kOnesBytes + kIpv4Bytes + kUdpBytes;
+// Offsets in the CRC'd message of the unseen IPv4 fields: identification (2 bytes) and
+// flags/fragment offset (first byte holds the flags).
+constexpr size_t kIdOffset = kOnesBytes + 4;
+constexpr size_t kFlagsOffset = kOnesBytes + 6;
+constexpr uint16_t kDontFragment = 0x4000;
+constexpr size_t kBthReservedByte = 4;
+
+void put16(uint8_t* p, uint32_t v) {
+    p[0] = static_cast<uint8_t>(v >> 8);
+    p[1] = static_cast<uint8_t>(v);
+}
+void put32(uint8_t* p, uint32_t v) {
+    put16(p, v >> 16);
+    put16(p + 2, v);
+}
+
+// Fills the pseudo-header for a UDP payload of `udp_len` bytes (ICRC included).
+void fill_pseudo_header(uint8_t* p, const Ipv4Flow& flow, const Ipv4Unseen& unseen,
+                        size_t udp_len) {
+    std::fill_n(p, kOnesBytes, uint8_t{0xff});
+    uint8_t* ip = p + kOnesBytes;
+    ip[0] = 0x45;  // version 4, IHL 5: the ICRC has no room for options
+    ip[1] = 0xff;  // TOS: masked
+    put16(ip + 2, static_cast<uint32_t>(kIpv4Bytes + kUdpBytes + udp_len));
+    put16(ip + 4, unseen.identification);
+    put16(ip + 6, unseen.dont_fragment ? kDontFragment : 0);
+    ip[8] = 0xff;  // TTL: masked
+    ip[9] = 17;    // UDP
+    ip[10] = ip[11] = 0xff;  // header checksum: masked
+    put32(ip + 12, flow.src_ip);
+    put32(ip + 16, flow.dst_ip);
+    uint8_t* udp = ip + kIpv4Bytes;
+    put16(udp, flow.src_port);
+    put16(udp + 2, flow.dst_port);
+    put16(udp + 4, static_cast<uint32_t>(kUdpBytes + udp_len));
+    udp[6] = udp[7] = 0xff;  // checksum: masked
+}
+
+// --- GF(2) polynomial arithmetic modulo the CRC-32 polynomial P ----------------------------
+//
+// Values are in the CRC's reflected representation: bit 31 holds the coefficient of x^0,
+// bit 0 that of x^31. Multiplying by x is then a right shift, and x^32 reduces to the low
+// terms of P, which are 0xEDB88320.
+constexpr uint32_t kPoly = 0xEDB88320u;
+constexpr uint32_t kOne = 0x80000000u;  // the polynomial 1
+
+constexpr uint32_t times_x(uint32_t a) { return (a & 1) ? (a >> 1) ^ kPoly : a >> 1; }
+
+// x is invertible because P has a constant term: add P to clear the x^0 coefficient, then
+// every term moves down one degree (a left shift) and P's x^32 lands on x^31 (bit 0).
+constexpr uint32_t times_x_inverse(uint32_t a) {
+    return (a & kOne) ? ((a ^ kPoly) << 1) | 1u : a << 1;
+}
+
+constexpr uint32_t multiply(uint32_t a, uint32_t b) {
+    uint32_t product = 0;
+    for (uint32_t bit = kOne; bit != 0; bit >>= 1) {  // x^0, x^1, ... of a
+        if (a & bit) product ^= b;
+        b = times_x(b);  // b * x^k for the next k
+    }
+    return product;
+}
+
+static_assert(times_x(times_x_inverse(kOne)) == kOne);
+static_assert(multiply(times_x(kOne), times_x_inverse(kOne)) == kOne);
+
+// kInversePowers[i] = x^-(2^i) mod P, so x^-e is a product over the set bits of e.
+constexpr std::array<uint32_t, 32> make_inverse_powers() {
+    std::array<uint32_t, 32> t{};
+    t[0] = times_x_inverse(kOne);
+    for (size_t i = 1; i < t.size(); ++i) t[i] = multiply(t[i - 1], t[i - 1]);
+    return t;
+}
+constexpr std::array<uint32_t, 32> kInversePowers = make_inverse_powers();
+
+uint32_t x_to_minus(uint64_t e) {
+    uint32_t r = kOne;
+    for (size_t i = 0; e != 0; ++i, e >>= 1) {
+        if (e & 1) r = multiply(r, kInversePowers[i]);
+    }
+    return r;
+}
+
+// Why verification is a single multiplication:
+//
+// The CRC is affine over GF(2): for two messages of the same length that differ by d,
+// crc(m ^ d) = crc(m) ^ L(d), where L is the CRC with zero initial value and no final xor,
+// i.e. L(d) = d(x) * x^32 mod P with the message's first bit as its highest coefficient.
+//
+// The message we compute (identification 0, DF set) and the one the sender computed differ
+// only inside the three bytes at kIdOffset..kFlagsOffset. Call that 24-bit difference D(x);
+// in the whole message it sits multiplied by x^s, s = the number of bits after the window,
+// so  received ^ computed = D(x) * x^(s+32) mod P.  Since x is invertible modulo P and D has
+// degree below 32, D is recovered exactly as (received ^ computed) * x^-(s+32) mod P. The
+// packet is explained by some unseen-field value iff D touches only the identification bits
+// and the DF bit (reserved and MF bits and the fragment offset are taken to be zero).
+//
+// This is the same question as asking whether the delta lies in the span of the 17
+// single-bit "basis deltas" (the Gaussian-elimination formulation): multiplying by x^s is an
+// invertible linear map, and after undoing it the basis deltas are the monomials of D, which
+// are already in echelon form. So no elimination is needed, and it costs one power of x^-1
+// (a few 32-step multiplications), not a search over 2^17 values.
+//
+// In the reflected representation the window's byte k, bit j (LSB first, the order the CRC
+// consumes them) is the coefficient of x^(23 - 8k - j), i.e. bit 8 + 8k + j of D: D is the
+// little-endian difference of the three bytes, shifted left by 8.
+constexpr uint32_t kUnseenWindowMask =
+    (0xffffu | uint32_t{kDontFragment >> 8} << 16) << 8;  // identification bytes + DF
+constexpr size_t kWindowEndOffset = kFlagsOffset + 1;
+static_assert(kFlagsOffset == kIdOffset + 2, "the window is three consecutive bytes");
+
+}  // namespace
+
+uint32_t icrc_ipv4(const Ipv4Flow& flow, const Ipv4Unseen& unseen,
+                   std::span<const std::span<const uint8_t>> pieces) {
+    size_t roce_len = 0;
+    for (const auto& piece : pieces) roce_len += piece.size();
+
+    // The pseudo-header and the BTH go through one buffer, so the BTH reserved byte can be
+    // masked even when the BTH is split across pieces.
+    std::array<uint8_t, kPseudoBytes + kBthBytes> head;
+    fill_pseudo_header(head.data(), flow, unseen, roce_len + kIcrcBytes);
+    size_t bth_len = 0;
+    for (const auto& piece : pieces) {
+        const size_t n = std::min(piece.size(), kBthBytes - bth_len);
+        std::copy_n(piece.data(), n, head.data() + kPseudoBytes + bth_len);
+        bth_len += n;
+        if (bth_len == kBthBytes) break;
+    }
+    if (bth_len > kBthReservedByte) head[kPseudoBytes + kBthReservedByte] = 0xff;
+
+    uint32_t crc = crc32_gzip_refl(0, head.data(), kPseudoBytes + bth_len);
+    size_t skip = bth_len;
+    for (const auto& piece : pieces) {
+        const size_t n = std::min(piece.size(), skip);
+        skip -= n;
+        if (piece.size() > n) crc = crc32_gzip_refl(crc, piece.data() + n, piece.size() - n);
+    }
+    return crc;
+}
+
+uint32_t icrc_ipv4(const Ipv4Flow& flow, const Ipv4Unseen& unseen,
+                   std::span<const uint8_t> roce) {
+    return icrc_ipv4(flow, unseen, std::span<const std::span<const uint8_t>>(&roce, 1));
+}
+
+const char* to_string(IcrcCheck c) {
+    switch (c) {
+        case IcrcCheck::Exact:
+            return "exact";
+        case IcrcCheck::MatchesUnseenFields:
+            return "matches for some IPv4 identification/flags";
+        case IcrcCheck::Mismatch:
+            return "mismatch";
+    }
+    return "invalid IcrcCheck";
+}
+
+IcrcCheck icrc_verify_ipv4(const Ipv4Flow& flow, std::span<const uint8_t> udp_payload) {
+    if (udp_payload.size() < kIcrcBytes) return IcrcCheck::Mismatch;
+    const size_t roce_len = udp_payload.size() - kIcrcBytes;
+    const uint8_t* c = udp_payload.data() + roce_len;
+    const uint32_t received =
+        uint32_t{c[0]} | uint32_t{c[1]} << 8 | uint32_t{c[2]} << 16 | uint32_t{c[3]} << 24;
+
+    const uint32_t computed = icrc_ipv4(flow, Ipv4Unseen{}, udp_payload.first(roce_len));
+    const uint32_t delta = received ^ computed;
+    if (delta == 0) return IcrcCheck::Exact;
+
+    const uint64_t message_bits = 8 * (uint64_t{kPseudoBytes} + roce_len);
+    const uint64_t bits_after_window = message_bits - 8 * kWindowEndOffset;
+    const uint32_t window = multiply(delta, x_to_minus(bits_after_window + 32));
+    return (window & ~kUnseenWindowMask) == 0 ? IcrcCheck::MatchesUnseenFields
+                                              : IcrcCheck::Mismatch;
+}
+
+}  // namespace uroce::wire

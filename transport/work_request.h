@@ -1,0 +1,83 @@
+// Work requests and completions as the transport sees them: the verbs structures translated
+// into plain values, with no libibverbs types.
+#pragma once
+
+#include <array>
+#include <cstdint>
+
+namespace uroce::transport {
+
+inline constexpr uint32_t kMaxSge = 16;
+inline constexpr uint32_t kMaxInlineData = 256;
+
+struct Sge {
+    uint64_t addr = 0;
+    uint32_t length = 0;
+    uint32_t lkey = 0;
+};
+
+struct SgeList {
+    std::array<Sge, kMaxSge> sge{};
+    uint32_t count = 0;
+
+    uint64_t total_length() const {
+        uint64_t n = 0;
+        for (uint32_t i = 0; i < count; ++i) n += sge[i].length;
+        return n;
+    }
+};
+
+enum class SendOpcode : uint8_t { Send, SendWithImm, RdmaWrite, RdmaWriteWithImm, RdmaRead };
+
+enum class WcStatus : uint8_t {
+    Success,
+    LocLenErr,
+    LocQpOpErr,
+    LocProtErr,
+    WrFlushErr,
+    BadResp,
+    RemInvReqErr,
+    RemAccessErr,
+    RemOpErr,
+    RetryExcErr,
+    RnrRetryExcErr,
+    GeneralErr,
+};
+
+enum class WcOpcode : uint8_t { Send, RdmaWrite, RdmaRead, Recv, RecvRdmaWithImm };
+
+struct SendWqe {
+    uint64_t wr_id = 0;
+    SendOpcode opcode = SendOpcode::Send;
+    bool signaled = true;
+    bool solicited = false;
+    bool fence = false;
+    bool is_inline = false;
+    SgeList sgl;                                  // unless is_inline
+    std::array<uint8_t, kMaxInlineData> inline_data{};
+    uint32_t length = 0;                          // total message length
+    uint64_t remote_addr = 0;
+    uint32_t rkey = 0;
+    uint32_t imm = 0;                             // ImmDt as carried on the wire (host order)
+};
+
+struct RecvWqe {
+    uint64_t wr_id = 0;
+    SgeList sgl;
+};
+
+struct Completion {
+    uint64_t wr_id = 0;
+    WcStatus status = WcStatus::Success;
+    WcOpcode opcode = WcOpcode::Send;
+    uint32_t byte_len = 0;
+    uint32_t qp_num = 0;
+    uint32_t src_qp = 0;
+    bool with_imm = false;
+    bool solicited = false;
+    uint32_t imm = 0;  // host order, as parsed from ImmDt
+};
+
+const char* to_string(WcStatus s);
+
+}  // namespace uroce::transport
