@@ -95,6 +95,8 @@ int destroy_cq(ibv_cq* ibcq) noexcept {
 int poll_cq(ibv_cq* ibcq, int n, ibv_wc* wc) noexcept {
     if (n <= 0) return n < 0 ? -EINVAL : 0;
     auto* cq = to_ucq(ibcq);
+    // An empty queue: do the receive work here rather than wait for the engine thread.
+    if (cq->queue->depth() == 0) to_uctx(ibcq->context)->state->engine->progress();
     constexpr int kChunk = 32;
     transport::Completion c[kChunk];
     int total = 0;

@@ -165,7 +165,14 @@ void Engine::transmit(const wire::Headers& h, std::span<const iovec> payload, ui
 }
 
 void Engine::on_readable(evutil_socket_t, short, void* arg) {
-    static_cast<Engine*>(arg)->receive_batch();
+    auto* e = static_cast<Engine*>(arg);
+    std::lock_guard lock(e->rx_mutex_);
+    e->receive_batch();
+}
+
+void Engine::progress() {
+    std::unique_lock lock(rx_mutex_, std::try_to_lock);
+    if (lock.owns_lock()) receive_batch();
 }
 
 void Engine::receive_batch() {

@@ -245,7 +245,17 @@ void RcQp::on_timer() {
     std::lock_guard lock(mutex_);
     // The timer may have been cancelled or pushed back while this callback waited for
     // the lock (cancelling never waits for a running callback, to avoid a deadlock).
-    if (!timer_armed_ || std::chrono::steady_clock::now() < timer_deadline_) return;
+    if (!timer_armed_) return;
+    // libevent measures from its cached loop time, so a timer may fire a little before our
+    // own deadline: wait out the rest.
+    const auto now = std::chrono::steady_clock::now();
+    if (now < timer_deadline_) {
+        const auto left =
+            std::chrono::duration_cast<std::chrono::microseconds>(timer_deadline_ - now).count();
+        timeval tv{static_cast<time_t>(left / 1000000), static_cast<suseconds_t>(left % 1000000)};
+        evtimer_add(timer_, &tv);
+        return;
+    }
     timer_armed_ = false;
     if (state_ != QpState::Rts && state_ != QpState::Sqd) return;
     if (rnr_wait_) {

@@ -158,6 +158,7 @@ void RcQp::on_request(const wire::ParsedPacket& pkt) {
         }
         return;
     }
+    nak_sent_ = false;
 
     const bool starts = flags & (wire::kFirst | wire::kOnly);
     const bool ends = flags & (wire::kLast | wire::kOnly);
