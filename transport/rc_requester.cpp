@@ -9,11 +9,11 @@ namespace uroce::transport {
 
 namespace {
 
-// Request packets in flight before the requester waits for ACKs: enough to keep a
-// loopback path busy, small enough not to overrun the peer's socket buffer.
-constexpr uint32_t kSendWindow = 512;
+// Bytes in flight before the requester waits for ACKs: enough to keep a loopback path
+// busy, small enough that one loss (go-back-N) does not cost a flood of resends.
+constexpr uint32_t kSendWindowBytes = 256 * 1024;
 // Ask for an ACK at least this often inside long messages so the window keeps moving.
-constexpr uint32_t kAckRequestInterval = 64;
+constexpr uint32_t kAckRequestInterval = 16;
 
 struct OpcodeSet {
     wire::Opcode first, middle, last, only, last_imm, only_imm;
@@ -123,6 +123,7 @@ bool RcQp::send_read_request(SqEntry& e) {
 // Sends what the window allows, starting at send_index_/send_pkt_.
 void RcQp::pump() {
     if (state_ != QpState::Rts || rnr_wait_) return;
+    const int32_t window = static_cast<int32_t>(std::max<uint32_t>(16, kSendWindowBytes / attrs_.mtu));
     bool sent = false;
     while (send_index_ < sq_.size()) {
         SqEntry& e = sq_[send_index_];
@@ -131,7 +132,7 @@ void RcQp::pump() {
             if (e.wqe.fence && reads_outstanding_ > 0) break;
             if (e.wqe.opcode == SendOpcode::RdmaRead && reads_outstanding_ >= attrs_.max_rd_atomic)
                 break;
-            if (psn_diff(next_psn_, una_psn_) >= static_cast<int32_t>(kSendWindow)) break;
+            if (psn_diff(next_psn_, una_psn_) >= window) break;
             e.assigned = true;
             e.psn = next_psn_;
             e.npkts = packets_for(e);
@@ -140,7 +141,7 @@ void RcQp::pump() {
             send_pkt_ = 0;
         }
         const uint32_t psn = psn_add(e.psn, send_pkt_);
-        if (psn_diff(psn, una_psn_) >= static_cast<int32_t>(kSendWindow)) break;
+        if (psn_diff(psn, una_psn_) >= window) break;
         bool ok;
         if (e.wqe.opcode == SendOpcode::RdmaRead) {
             ok = send_read_request(e);

@@ -43,8 +43,8 @@ void fill_pseudo_header(uint8_t* p, const Ipv4Flow& flow, const Ipv4Unseen& unse
     put16(ip + 2, static_cast<uint32_t>(kIpv4Bytes + kUdpBytes + udp_len));
     put16(ip + 4, unseen.identification);
     put16(ip + 6, unseen.dont_fragment ? kDontFragment : 0);
-    ip[8] = 0xff;  // TTL: masked
-    ip[9] = 17;    // UDP
+    ip[8] = 0xff;            // TTL: masked
+    ip[9] = 17;              // UDP
     ip[10] = ip[11] = 0xff;  // header checksum: masked
     put32(ip + 12, flow.src_ip);
     put32(ip + 16, flow.dst_ip);
@@ -63,7 +63,9 @@ void fill_pseudo_header(uint8_t* p, const Ipv4Flow& flow, const Ipv4Unseen& unse
 constexpr uint32_t kPoly = 0xEDB88320u;
 constexpr uint32_t kOne = 0x80000000u;  // the polynomial 1
 
-constexpr uint32_t times_x(uint32_t a) { return (a & 1) ? (a >> 1) ^ kPoly : a >> 1; }
+constexpr uint32_t times_x(uint32_t a) {
+    return (a & 1) ? (a >> 1) ^ kPoly : a >> 1;
+}
 
 // x is invertible because P has a constant term: add P to clear the x^0 coefficient, then
 // every term moves down one degree (a left shift) and P's x^32 lands on x^31 (bit 0).
@@ -123,8 +125,8 @@ uint32_t x_to_minus(uint64_t e) {
 // In the reflected representation the window's byte k, bit j (LSB first, the order the CRC
 // consumes them) is the coefficient of x^(23 - 8k - j), i.e. bit 8 + 8k + j of D: D is the
 // little-endian difference of the three bytes, shifted left by 8.
-constexpr uint32_t kUnseenWindowMask =
-    (0xffffu | uint32_t{kDontFragment >> 8} << 16) << 8;  // identification bytes + DF
+constexpr uint32_t kUnseenWindowMask = (0xffffu | uint32_t{kDontFragment >> 8} << 16)
+                                       << 8;  // identification bytes + DF
 constexpr size_t kWindowEndOffset = kFlagsOffset + 1;
 static_assert(kFlagsOffset == kIdOffset + 2, "the window is three consecutive bytes");
 
@@ -158,8 +160,7 @@ uint32_t icrc_ipv4(const Ipv4Flow& flow, const Ipv4Unseen& unseen,
     return crc;
 }
 
-uint32_t icrc_ipv4(const Ipv4Flow& flow, const Ipv4Unseen& unseen,
-                   std::span<const uint8_t> roce) {
+uint32_t icrc_ipv4(const Ipv4Flow& flow, const Ipv4Unseen& unseen, std::span<const uint8_t> roce) {
     return icrc_ipv4(flow, unseen, std::span<const std::span<const uint8_t>>(&roce, 1));
 }
 

@@ -121,18 +121,15 @@ static_assert(rows_are_consistent());
 
 // Every value of the Opcode enum has a row.
 constexpr bool covers_enum() {
-    for (Opcode op : {Opcode::RcSendFirst,         Opcode::RcSendMiddle,
-                      Opcode::RcSendLast,          Opcode::RcSendLastImm,
-                      Opcode::RcSendOnly,          Opcode::RcSendOnlyImm,
-                      Opcode::RcWriteFirst,        Opcode::RcWriteMiddle,
-                      Opcode::RcWriteLast,         Opcode::RcWriteLastImm,
-                      Opcode::RcWriteOnly,         Opcode::RcWriteOnlyImm,
-                      Opcode::RcReadRequest,       Opcode::RcReadResponseFirst,
-                      Opcode::RcReadResponseMiddle, Opcode::RcReadResponseLast,
-                      Opcode::RcReadResponseOnly,  Opcode::RcAcknowledge,
-                      Opcode::RcAtomicAcknowledge, Opcode::RcCompareSwap,
-                      Opcode::RcFetchAdd,          Opcode::RcSendLastInv,
-                      Opcode::RcSendOnlyInv}) {
+    for (Opcode op :
+         {Opcode::RcSendFirst,         Opcode::RcSendMiddle,        Opcode::RcSendLast,
+          Opcode::RcSendLastImm,       Opcode::RcSendOnly,          Opcode::RcSendOnlyImm,
+          Opcode::RcWriteFirst,        Opcode::RcWriteMiddle,       Opcode::RcWriteLast,
+          Opcode::RcWriteLastImm,      Opcode::RcWriteOnly,         Opcode::RcWriteOnlyImm,
+          Opcode::RcReadRequest,       Opcode::RcReadResponseFirst, Opcode::RcReadResponseMiddle,
+          Opcode::RcReadResponseLast,  Opcode::RcReadResponseOnly,  Opcode::RcAcknowledge,
+          Opcode::RcAtomicAcknowledge, Opcode::RcCompareSwap,       Opcode::RcFetchAdd,
+          Opcode::RcSendLastInv,       Opcode::RcSendOnlyInv}) {
         if (kTable[static_cast<uint8_t>(op)].name == nullptr) return false;
     }
     return true;

@@ -8,9 +8,15 @@ namespace {
 
 // Big-endian loads and stores. Byte-at-a-time so they work on any alignment; the compiler
 // turns them into a load and a bswap.
-uint32_t load24(const uint8_t* p) { return uint32_t{p[0]} << 16 | uint32_t{p[1]} << 8 | p[2]; }
-uint32_t load32(const uint8_t* p) { return uint32_t{p[0]} << 24 | load24(p + 1); }
-uint64_t load64(const uint8_t* p) { return uint64_t{load32(p)} << 32 | load32(p + 4); }
+uint32_t load24(const uint8_t* p) {
+    return uint32_t{p[0]} << 16 | uint32_t{p[1]} << 8 | p[2];
+}
+uint32_t load32(const uint8_t* p) {
+    return uint32_t{p[0]} << 24 | load24(p + 1);
+}
+uint64_t load64(const uint8_t* p) {
+    return uint64_t{load32(p)} << 32 | load32(p + 4);
+}
 
 void store16(uint8_t* p, uint32_t v) {
     p[0] = static_cast<uint8_t>(v >> 8);

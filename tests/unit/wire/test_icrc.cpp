@@ -80,7 +80,7 @@ uint32_t icrc_by_hand(const Ipv4Flow& flow, uint16_t id, uint16_t flags_word,
 // deltas are measured as differences of real ICRCs (no polynomial arithmetic), and the
 // question is settled by Gaussian elimination over GF(2).
 class ReferenceVerifier {
-public:
+  public:
     ReferenceVerifier(const Ipv4Flow& flow, std::span<const uint8_t> roce) : flow_(flow) {
         const uint32_t base = icrc_ipv4(flow, Ipv4Unseen{}, roce);
         for (int bit = 0; bit < 16; ++bit) {
@@ -98,7 +98,7 @@ public:
         return reduce(delta) == 0 ? IcrcCheck::MatchesUnseenFields : IcrcCheck::Mismatch;
     }
 
-private:
+  private:
     uint32_t reduce(uint32_t v) const {
         for (int b = 31; b >= 0; --b) {
             if ((v >> b & 1) && pivot_[static_cast<size_t>(b)] != 0) {
@@ -170,8 +170,7 @@ TEST_CASE("icrc_ipv4 with the captured identification and DF gives every capture
     }
 }
 
-TEST_CASE("icrc_ipv4 agrees with a bitwise CRC-32 of the documented pseudo-header",
-          "[icrc]") {
+TEST_CASE("icrc_ipv4 agrees with a bitwise CRC-32 of the documented pseudo-header", "[icrc]") {
     std::mt19937 rng(99);
     for (const CapturedPacket* cp : samples()) {
         CAPTURE(cp->capture, cp->frame);
@@ -207,9 +206,8 @@ TEST_CASE("icrc_ipv4 does not depend on how the packet is split into pieces", "[
         for (size_t a = 0; a <= 13; ++a) {
             for (size_t b = a; b <= 14; ++b) {
                 CAPTURE(a, b);
-                const std::span<const uint8_t> three[] = {roce.first(a), {},
-                                                          roce.subspan(a, b - a), {},
-                                                          roce.subspan(b)};
+                const std::span<const uint8_t> three[] = {
+                    roce.first(a), {}, roce.subspan(a, b - a), {}, roce.subspan(b)};
                 REQUIRE(icrc_ipv4(cp->flow, cp->unseen, three) == want);
             }
         }

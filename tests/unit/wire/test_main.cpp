@@ -7,8 +7,8 @@
 #endif
 
 #define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
 #include <pcap/pcap.h>
+#include <catch2/catch.hpp>
 
 #include <algorithm>
 #include <cstdlib>
@@ -26,7 +26,9 @@ constexpr size_t kEthernetBytes = 14;
 constexpr uint16_t kEtherTypeIpv4 = 0x0800;
 constexpr uint8_t kIpProtoUdp = 17;
 
-uint16_t be16(const uint8_t* p) { return static_cast<uint16_t>(p[0] << 8 | p[1]); }
+uint16_t be16(const uint8_t* p) {
+    return static_cast<uint16_t>(p[0] << 8 | p[1]);
+}
 uint32_t be32(const uint8_t* p) {
     return uint32_t{p[0]} << 24 | uint32_t{p[1]} << 16 | uint32_t{p[2]} << 8 | p[3];
 }

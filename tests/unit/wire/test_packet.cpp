@@ -64,49 +64,109 @@ struct Expected {
 // and each capture's last packet. The payload length is the UDP length less 8, the header
 // bytes tshark saw, the pad count and the ICRC.
 constexpr Expected kExpected[] = {
-    {"rc_atomic_cas", 1, "op=13 se=0 m=0 pad=0 pkey=ffff qp=000011 a=1 psn=eb28d7 atomic=0000557e44361000/0000022e/0000000000000000/0000000000000000 len=0"},
-    {"rc_atomic_cas", 2, "op=12 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=eb28d7 aeth=1f/000001 aack=55c36b3bce5665f0 len=0"},
-    {"rc_atomic_cas", 3, "op=13 se=0 m=0 pad=0 pkey=ffff qp=000011 a=1 psn=eb28d8 atomic=0000557e44361040/0000022e/0000000000000000/0000000000000000 len=0"},
-    {"rc_atomic_cas", 4, "op=13 se=0 m=0 pad=0 pkey=ffff qp=000011 a=1 psn=eb28d9 atomic=0000557e44361080/0000022e/0000000000000000/0000000000000000 len=0"},
-    {"rc_atomic_cas", 5, "op=12 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=eb28d8 aeth=1f/000002 aack=f86270a1f738a731 len=0"},
-    {"rc_atomic_cas", 6, "op=12 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=eb28d9 aeth=1f/000003 aack=dafedd1980316cf7 len=0"},
-    {"rc_atomic_cas", 7, "op=13 se=0 m=0 pad=0 pkey=ffff qp=000011 a=1 psn=eb28da atomic=0000557e443610c0/0000022e/0000000000000000/0000000000000000 len=0"},
-    {"rc_atomic_cas", 8, "op=12 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=eb28da aeth=1f/000004 aack=5bb6e9815b195dbc len=0"},
-    {"rc_atomic_cas", 9, "op=13 se=0 m=0 pad=0 pkey=ffff qp=000011 a=1 psn=eb28db atomic=0000557e44361100/0000022e/0000000000000000/0000000000000000 len=0"},
-    {"rc_atomic_cas", 10, "op=12 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=eb28db aeth=1f/000005 aack=babc931572ec6e82 len=0"},
-    {"rc_atomic_fadd", 1, "op=14 se=0 m=0 pad=0 pkey=ffff qp=000011 a=1 psn=22c9d7 atomic=0000555b120c5000/000002fc/0000000000000001/0000000000000000 len=0"},
-    {"rc_atomic_fadd", 2, "op=12 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=22c9d7 aeth=1f/000001 aack=742e1501db312932 len=0"},
-    {"rc_atomic_fadd", 3, "op=14 se=0 m=0 pad=0 pkey=ffff qp=000011 a=1 psn=22c9d8 atomic=0000555b120c5040/000002fc/0000000000000001/0000000000000000 len=0"},
-    {"rc_atomic_fadd", 4, "op=12 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=22c9d8 aeth=1f/000002 aack=e7f0f8fd2483d569 len=0"},
-    {"rc_atomic_fadd", 5, "op=14 se=0 m=0 pad=0 pkey=ffff qp=000011 a=1 psn=22c9d9 atomic=0000555b120c5080/000002fc/0000000000000001/0000000000000000 len=0"},
-    {"rc_atomic_fadd", 6, "op=14 se=0 m=0 pad=0 pkey=ffff qp=000011 a=1 psn=22c9da atomic=0000555b120c50c0/000002fc/0000000000000001/0000000000000000 len=0"},
-    {"rc_atomic_fadd", 7, "op=14 se=0 m=0 pad=0 pkey=ffff qp=000011 a=1 psn=22c9db atomic=0000555b120c5100/000002fc/0000000000000001/0000000000000000 len=0"},
-    {"rc_atomic_fadd", 8, "op=12 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=22c9d9 aeth=1f/000003 aack=bd8893d87d685ba6 len=0"},
-    {"rc_atomic_fadd", 9, "op=12 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=22c9da aeth=1f/000004 aack=468c3b3d3aeb285e len=0"},
-    {"rc_atomic_fadd", 10, "op=12 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=22c9db aeth=1f/000005 aack=79b0c1cff671a1e3 len=0"},
-    {"rc_read", 1, "op=0c se=0 m=0 pad=0 pkey=ffff qp=000011 a=1 psn=06ae43 reth=000055b3b58cb710/00000265/10000 len=0"},
-    {"rc_read", 2, "op=0d se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=06ae43 aeth=1f/000001 len=1024"},
+    {"rc_atomic_cas", 1,
+     "op=13 se=0 m=0 pad=0 pkey=ffff qp=000011 a=1 psn=eb28d7 "
+     "atomic=0000557e44361000/0000022e/0000000000000000/0000000000000000 len=0"},
+    {"rc_atomic_cas", 2,
+     "op=12 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=eb28d7 aeth=1f/000001 aack=55c36b3bce5665f0 "
+     "len=0"},
+    {"rc_atomic_cas", 3,
+     "op=13 se=0 m=0 pad=0 pkey=ffff qp=000011 a=1 psn=eb28d8 "
+     "atomic=0000557e44361040/0000022e/0000000000000000/0000000000000000 len=0"},
+    {"rc_atomic_cas", 4,
+     "op=13 se=0 m=0 pad=0 pkey=ffff qp=000011 a=1 psn=eb28d9 "
+     "atomic=0000557e44361080/0000022e/0000000000000000/0000000000000000 len=0"},
+    {"rc_atomic_cas", 5,
+     "op=12 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=eb28d8 aeth=1f/000002 aack=f86270a1f738a731 "
+     "len=0"},
+    {"rc_atomic_cas", 6,
+     "op=12 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=eb28d9 aeth=1f/000003 aack=dafedd1980316cf7 "
+     "len=0"},
+    {"rc_atomic_cas", 7,
+     "op=13 se=0 m=0 pad=0 pkey=ffff qp=000011 a=1 psn=eb28da "
+     "atomic=0000557e443610c0/0000022e/0000000000000000/0000000000000000 len=0"},
+    {"rc_atomic_cas", 8,
+     "op=12 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=eb28da aeth=1f/000004 aack=5bb6e9815b195dbc "
+     "len=0"},
+    {"rc_atomic_cas", 9,
+     "op=13 se=0 m=0 pad=0 pkey=ffff qp=000011 a=1 psn=eb28db "
+     "atomic=0000557e44361100/0000022e/0000000000000000/0000000000000000 len=0"},
+    {"rc_atomic_cas", 10,
+     "op=12 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=eb28db aeth=1f/000005 aack=babc931572ec6e82 "
+     "len=0"},
+    {"rc_atomic_fadd", 1,
+     "op=14 se=0 m=0 pad=0 pkey=ffff qp=000011 a=1 psn=22c9d7 "
+     "atomic=0000555b120c5000/000002fc/0000000000000001/0000000000000000 len=0"},
+    {"rc_atomic_fadd", 2,
+     "op=12 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=22c9d7 aeth=1f/000001 aack=742e1501db312932 "
+     "len=0"},
+    {"rc_atomic_fadd", 3,
+     "op=14 se=0 m=0 pad=0 pkey=ffff qp=000011 a=1 psn=22c9d8 "
+     "atomic=0000555b120c5040/000002fc/0000000000000001/0000000000000000 len=0"},
+    {"rc_atomic_fadd", 4,
+     "op=12 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=22c9d8 aeth=1f/000002 aack=e7f0f8fd2483d569 "
+     "len=0"},
+    {"rc_atomic_fadd", 5,
+     "op=14 se=0 m=0 pad=0 pkey=ffff qp=000011 a=1 psn=22c9d9 "
+     "atomic=0000555b120c5080/000002fc/0000000000000001/0000000000000000 len=0"},
+    {"rc_atomic_fadd", 6,
+     "op=14 se=0 m=0 pad=0 pkey=ffff qp=000011 a=1 psn=22c9da "
+     "atomic=0000555b120c50c0/000002fc/0000000000000001/0000000000000000 len=0"},
+    {"rc_atomic_fadd", 7,
+     "op=14 se=0 m=0 pad=0 pkey=ffff qp=000011 a=1 psn=22c9db "
+     "atomic=0000555b120c5100/000002fc/0000000000000001/0000000000000000 len=0"},
+    {"rc_atomic_fadd", 8,
+     "op=12 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=22c9d9 aeth=1f/000003 aack=bd8893d87d685ba6 "
+     "len=0"},
+    {"rc_atomic_fadd", 9,
+     "op=12 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=22c9da aeth=1f/000004 aack=468c3b3d3aeb285e "
+     "len=0"},
+    {"rc_atomic_fadd", 10,
+     "op=12 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=22c9db aeth=1f/000005 aack=79b0c1cff671a1e3 "
+     "len=0"},
+    {"rc_read", 1,
+     "op=0c se=0 m=0 pad=0 pkey=ffff qp=000011 a=1 psn=06ae43 reth=000055b3b58cb710/00000265/10000 "
+     "len=0"},
+    {"rc_read", 2,
+     "op=0d se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=06ae43 aeth=1f/000001 len=1024"},
     {"rc_read", 3, "op=0e se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=06ae44 len=1024"},
     {"rc_read", 4, "op=0e se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=06ae45 len=1024"},
     {"rc_read", 5, "op=0e se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=06ae46 len=1024"},
-    {"rc_read", 6, "op=0c se=0 m=0 pad=0 pkey=ffff qp=000011 a=1 psn=06ae4d reth=000055b3b58cb710/00000265/10000 len=0"},
-    {"rc_read", 7, "op=0c se=0 m=0 pad=0 pkey=ffff qp=000011 a=1 psn=06ae57 reth=000055b3b58cb710/00000265/10000 len=0"},
-    {"rc_read", 8, "op=0c se=0 m=0 pad=0 pkey=ffff qp=000011 a=1 psn=06ae61 reth=000055b3b58cb710/00000265/10000 len=0"},
-    {"rc_read", 9, "op=0c se=0 m=0 pad=0 pkey=ffff qp=000011 a=1 psn=06ae6b reth=000055b3b58cb710/00000265/10000 len=0"},
+    {"rc_read", 6,
+     "op=0c se=0 m=0 pad=0 pkey=ffff qp=000011 a=1 psn=06ae4d reth=000055b3b58cb710/00000265/10000 "
+     "len=0"},
+    {"rc_read", 7,
+     "op=0c se=0 m=0 pad=0 pkey=ffff qp=000011 a=1 psn=06ae57 reth=000055b3b58cb710/00000265/10000 "
+     "len=0"},
+    {"rc_read", 8,
+     "op=0c se=0 m=0 pad=0 pkey=ffff qp=000011 a=1 psn=06ae61 reth=000055b3b58cb710/00000265/10000 "
+     "len=0"},
+    {"rc_read", 9,
+     "op=0c se=0 m=0 pad=0 pkey=ffff qp=000011 a=1 psn=06ae6b reth=000055b3b58cb710/00000265/10000 "
+     "len=0"},
     {"rc_read", 10, "op=0e se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=06ae47 len=1024"},
     {"rc_read", 11, "op=0e se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=06ae48 len=1024"},
     {"rc_read", 12, "op=0e se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=06ae49 len=1024"},
     {"rc_read", 13, "op=0e se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=06ae4a len=1024"},
     {"rc_read", 14, "op=0e se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=06ae4b len=1024"},
-    {"rc_read", 15, "op=0f se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=06ae4c aeth=1f/000001 len=784"},
-    {"rc_read", 16, "op=0d se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=06ae4d aeth=1f/000002 len=1024"},
-    {"rc_read", 25, "op=0f se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=06ae56 aeth=1f/000002 len=784"},
-    {"rc_read", 26, "op=0d se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=06ae57 aeth=1f/000003 len=1024"},
-    {"rc_read", 35, "op=0f se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=06ae60 aeth=1f/000003 len=784"},
-    {"rc_read", 36, "op=0d se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=06ae61 aeth=1f/000004 len=1024"},
-    {"rc_read", 45, "op=0f se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=06ae6a aeth=1f/000004 len=784"},
-    {"rc_read", 46, "op=0d se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=06ae6b aeth=1f/000005 len=1024"},
-    {"rc_read", 55, "op=0f se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=06ae74 aeth=1f/000005 len=784"},
+    {"rc_read", 15,
+     "op=0f se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=06ae4c aeth=1f/000001 len=784"},
+    {"rc_read", 16,
+     "op=0d se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=06ae4d aeth=1f/000002 len=1024"},
+    {"rc_read", 25,
+     "op=0f se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=06ae56 aeth=1f/000002 len=784"},
+    {"rc_read", 26,
+     "op=0d se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=06ae57 aeth=1f/000003 len=1024"},
+    {"rc_read", 35,
+     "op=0f se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=06ae60 aeth=1f/000003 len=784"},
+    {"rc_read", 36,
+     "op=0d se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=06ae61 aeth=1f/000004 len=1024"},
+    {"rc_read", 45,
+     "op=0f se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=06ae6a aeth=1f/000004 len=784"},
+    {"rc_read", 46,
+     "op=0d se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=06ae6b aeth=1f/000005 len=1024"},
+    {"rc_read", 55,
+     "op=0f se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=06ae74 aeth=1f/000005 len=784"},
     {"rc_send_10000", 1, "op=00 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=72e329 len=1024"},
     {"rc_send_10000", 2, "op=01 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=72e32a len=1024"},
     {"rc_send_10000", 3, "op=01 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=72e32b len=1024"},
@@ -117,35 +177,49 @@ constexpr Expected kExpected[] = {
     {"rc_send_10000", 8, "op=01 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=72e330 len=1024"},
     {"rc_send_10000", 9, "op=01 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=72e331 len=1024"},
     {"rc_send_10000", 10, "op=02 se=0 m=0 pad=0 pkey=ffff qp=000011 a=1 psn=72e332 len=784"},
-    {"rc_send_10000", 11, "op=11 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=72e332 aeth=1f/000001 len=0"},
+    {"rc_send_10000", 11,
+     "op=11 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=72e332 aeth=1f/000001 len=0"},
     {"rc_send_10000", 12, "op=00 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=2be368 len=1024"},
     {"rc_send_10000", 21, "op=02 se=0 m=0 pad=0 pkey=ffff qp=000011 a=1 psn=2be371 len=784"},
-    {"rc_send_10000", 22, "op=11 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=2be371 aeth=1f/000001 len=0"},
+    {"rc_send_10000", 22,
+     "op=11 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=2be371 aeth=1f/000001 len=0"},
     {"rc_send_10000", 23, "op=00 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=72e333 len=1024"},
     {"rc_send_10000", 32, "op=02 se=0 m=0 pad=0 pkey=ffff qp=000011 a=1 psn=72e33c len=784"},
-    {"rc_send_10000", 33, "op=11 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=72e33c aeth=1f/000002 len=0"},
+    {"rc_send_10000", 33,
+     "op=11 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=72e33c aeth=1f/000002 len=0"},
     {"rc_send_10000", 34, "op=00 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=2be372 len=1024"},
     {"rc_send_10000", 43, "op=02 se=0 m=0 pad=0 pkey=ffff qp=000011 a=1 psn=2be37b len=784"},
-    {"rc_send_10000", 44, "op=11 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=2be37b aeth=1f/000002 len=0"},
+    {"rc_send_10000", 44,
+     "op=11 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=2be37b aeth=1f/000002 len=0"},
     {"rc_send_10000", 45, "op=00 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=72e33d len=1024"},
     {"rc_send_10000", 54, "op=02 se=0 m=0 pad=0 pkey=ffff qp=000011 a=1 psn=72e346 len=784"},
-    {"rc_send_10000", 55, "op=11 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=72e346 aeth=1f/000003 len=0"},
+    {"rc_send_10000", 55,
+     "op=11 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=72e346 aeth=1f/000003 len=0"},
     {"rc_send_10000", 56, "op=00 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=2be37c len=1024"},
     {"rc_send_10000", 65, "op=02 se=0 m=0 pad=0 pkey=ffff qp=000011 a=1 psn=2be385 len=784"},
-    {"rc_send_10000", 66, "op=11 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=2be385 aeth=1f/000003 len=0"},
+    {"rc_send_10000", 66,
+     "op=11 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=2be385 aeth=1f/000003 len=0"},
     {"rc_send_64", 1, "op=04 se=0 m=0 pad=0 pkey=ffff qp=000011 a=1 psn=d3e54a len=64"},
-    {"rc_send_64", 2, "op=11 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=d3e54a aeth=1f/000001 len=0"},
+    {"rc_send_64", 2,
+     "op=11 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=d3e54a aeth=1f/000001 len=0"},
     {"rc_send_64", 3, "op=04 se=0 m=0 pad=0 pkey=ffff qp=000011 a=1 psn=d5c098 len=64"},
-    {"rc_send_64", 4, "op=11 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=d5c098 aeth=1f/000001 len=0"},
+    {"rc_send_64", 4,
+     "op=11 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=d5c098 aeth=1f/000001 len=0"},
     {"rc_send_64", 5, "op=04 se=0 m=0 pad=0 pkey=ffff qp=000011 a=1 psn=d3e54b len=64"},
-    {"rc_send_64", 6, "op=11 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=d3e54b aeth=1f/000002 len=0"},
+    {"rc_send_64", 6,
+     "op=11 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=d3e54b aeth=1f/000002 len=0"},
     {"rc_send_64", 7, "op=04 se=0 m=0 pad=0 pkey=ffff qp=000011 a=1 psn=d5c099 len=64"},
-    {"rc_send_64", 8, "op=11 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=d5c099 aeth=1f/000002 len=0"},
+    {"rc_send_64", 8,
+     "op=11 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=d5c099 aeth=1f/000002 len=0"},
     {"rc_send_64", 9, "op=04 se=0 m=0 pad=0 pkey=ffff qp=000011 a=1 psn=d3e54c len=64"},
-    {"rc_send_64", 10, "op=11 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=d3e54c aeth=1f/000003 len=0"},
+    {"rc_send_64", 10,
+     "op=11 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=d3e54c aeth=1f/000003 len=0"},
     {"rc_send_64", 11, "op=04 se=0 m=0 pad=0 pkey=ffff qp=000011 a=1 psn=d5c09a len=64"},
-    {"rc_send_64", 12, "op=11 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=d5c09a aeth=1f/000003 len=0"},
-    {"rc_write", 1, "op=06 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=972810 reth=000055cb75d4d710/000002c4/10000 len=1024"},
+    {"rc_send_64", 12,
+     "op=11 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=d5c09a aeth=1f/000003 len=0"},
+    {"rc_write", 1,
+     "op=06 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=972810 reth=000055cb75d4d710/000002c4/10000 "
+     "len=1024"},
     {"rc_write", 2, "op=07 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=972811 len=1024"},
     {"rc_write", 3, "op=07 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=972812 len=1024"},
     {"rc_write", 4, "op=07 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=972813 len=1024"},
@@ -155,20 +229,35 @@ constexpr Expected kExpected[] = {
     {"rc_write", 8, "op=07 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=972817 len=1024"},
     {"rc_write", 9, "op=07 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=972818 len=1024"},
     {"rc_write", 10, "op=08 se=0 m=0 pad=0 pkey=ffff qp=000011 a=1 psn=972819 len=784"},
-    {"rc_write", 11, "op=06 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=97281a reth=000055cb75d4d710/000002c4/10000 len=1024"},
+    {"rc_write", 11,
+     "op=06 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=97281a reth=000055cb75d4d710/000002c4/10000 "
+     "len=1024"},
     {"rc_write", 20, "op=08 se=0 m=0 pad=0 pkey=ffff qp=000011 a=1 psn=972823 len=784"},
-    {"rc_write", 21, "op=06 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=972824 reth=000055cb75d4d710/000002c4/10000 len=1024"},
+    {"rc_write", 21,
+     "op=06 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=972824 reth=000055cb75d4d710/000002c4/10000 "
+     "len=1024"},
     {"rc_write", 30, "op=08 se=0 m=0 pad=0 pkey=ffff qp=000011 a=1 psn=97282d len=784"},
-    {"rc_write", 31, "op=06 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=97282e reth=000055cb75d4d710/000002c4/10000 len=1024"},
+    {"rc_write", 31,
+     "op=06 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=97282e reth=000055cb75d4d710/000002c4/10000 "
+     "len=1024"},
     {"rc_write", 40, "op=08 se=0 m=0 pad=0 pkey=ffff qp=000011 a=1 psn=972837 len=784"},
-    {"rc_write", 41, "op=06 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=972838 reth=000055cb75d4d710/000002c4/10000 len=1024"},
+    {"rc_write", 41,
+     "op=06 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=972838 reth=000055cb75d4d710/000002c4/10000 "
+     "len=1024"},
     {"rc_write", 50, "op=08 se=0 m=0 pad=0 pkey=ffff qp=000011 a=1 psn=972841 len=784"},
-    {"rc_write", 51, "op=11 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=972819 aeth=1f/000001 len=0"},
-    {"rc_write", 52, "op=11 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=972823 aeth=1f/000002 len=0"},
-    {"rc_write", 53, "op=11 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=97282d aeth=1f/000003 len=0"},
-    {"rc_write", 54, "op=11 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=972837 aeth=1f/000004 len=0"},
-    {"rc_write", 55, "op=11 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=972841 aeth=1f/000005 len=0"},
-    {"rc_write_imm", 1, "op=06 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=0012ed reth=000055a484e263a0/000002cc/10000 len=1024"},
+    {"rc_write", 51,
+     "op=11 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=972819 aeth=1f/000001 len=0"},
+    {"rc_write", 52,
+     "op=11 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=972823 aeth=1f/000002 len=0"},
+    {"rc_write", 53,
+     "op=11 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=97282d aeth=1f/000003 len=0"},
+    {"rc_write", 54,
+     "op=11 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=972837 aeth=1f/000004 len=0"},
+    {"rc_write", 55,
+     "op=11 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=972841 aeth=1f/000005 len=0"},
+    {"rc_write_imm", 1,
+     "op=06 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=0012ed reth=000055a484e263a0/000002cc/10000 "
+     "len=1024"},
     {"rc_write_imm", 2, "op=07 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=0012ee len=1024"},
     {"rc_write_imm", 3, "op=07 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=0012ef len=1024"},
     {"rc_write_imm", 4, "op=07 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=0012f0 len=1024"},
@@ -177,9 +266,13 @@ constexpr Expected kExpected[] = {
     {"rc_write_imm", 7, "op=07 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=0012f3 len=1024"},
     {"rc_write_imm", 8, "op=07 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=0012f4 len=1024"},
     {"rc_write_imm", 9, "op=07 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=0012f5 len=1024"},
-    {"rc_write_imm", 10, "op=09 se=0 m=0 pad=0 pkey=ffff qp=000011 a=1 psn=0012f6 imm=00001000 len=784"},
-    {"rc_write_imm", 11, "op=06 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=0012f7 reth=000055a484e263a0/000002cc/10000 len=1024"},
-    {"rc_write_imm", 20, "op=09 se=0 m=0 pad=0 pkey=ffff qp=000011 a=1 psn=001300 imm=00001001 len=784"},
+    {"rc_write_imm", 10,
+     "op=09 se=0 m=0 pad=0 pkey=ffff qp=000011 a=1 psn=0012f6 imm=00001000 len=784"},
+    {"rc_write_imm", 11,
+     "op=06 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=0012f7 reth=000055a484e263a0/000002cc/10000 "
+     "len=1024"},
+    {"rc_write_imm", 20,
+     "op=09 se=0 m=0 pad=0 pkey=ffff qp=000011 a=1 psn=001300 imm=00001001 len=784"},
     {"rc_write_imm", 21, "op=00 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=001301 len=1024"},
     {"rc_write_imm", 22, "op=01 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=001302 len=1024"},
     {"rc_write_imm", 23, "op=01 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=001303 len=1024"},
@@ -189,43 +282,76 @@ constexpr Expected kExpected[] = {
     {"rc_write_imm", 27, "op=01 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=001307 len=1024"},
     {"rc_write_imm", 28, "op=01 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=001308 len=1024"},
     {"rc_write_imm", 29, "op=01 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=001309 len=1024"},
-    {"rc_write_imm", 30, "op=03 se=0 m=0 pad=0 pkey=ffff qp=000011 a=1 psn=00130a imm=00002000 len=784"},
+    {"rc_write_imm", 30,
+     "op=03 se=0 m=0 pad=0 pkey=ffff qp=000011 a=1 psn=00130a imm=00002000 len=784"},
     {"rc_write_imm", 31, "op=00 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=00130b len=1024"},
-    {"rc_write_imm", 40, "op=03 se=0 m=0 pad=0 pkey=ffff qp=000011 a=1 psn=001314 imm=00002001 len=784"},
-    {"rc_write_imm", 41, "op=11 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=0012f6 aeth=1f/000001 len=0"},
-    {"rc_write_imm", 42, "op=11 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=001300 aeth=1f/000002 len=0"},
-    {"rc_write_imm", 43, "op=11 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=00130a aeth=1f/000003 len=0"},
-    {"rc_write_imm", 44, "op=11 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=001314 aeth=1f/000004 len=0"},
-    {"rc_write_rdmacm", 1, "op=64 se=0 m=0 pad=0 pkey=ffff qp=000001 a=1 psn=000000 deth=80010000/000001 len=256"},
-    {"rc_write_rdmacm", 2, "op=64 se=0 m=0 pad=0 pkey=ffff qp=000001 a=1 psn=000000 deth=80010000/000001 len=256"},
-    {"rc_write_rdmacm", 3, "op=64 se=0 m=0 pad=0 pkey=ffff qp=000001 a=1 psn=000001 deth=80010000/000001 len=256"},
+    {"rc_write_imm", 40,
+     "op=03 se=0 m=0 pad=0 pkey=ffff qp=000011 a=1 psn=001314 imm=00002001 len=784"},
+    {"rc_write_imm", 41,
+     "op=11 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=0012f6 aeth=1f/000001 len=0"},
+    {"rc_write_imm", 42,
+     "op=11 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=001300 aeth=1f/000002 len=0"},
+    {"rc_write_imm", 43,
+     "op=11 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=00130a aeth=1f/000003 len=0"},
+    {"rc_write_imm", 44,
+     "op=11 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=001314 aeth=1f/000004 len=0"},
+    {"rc_write_rdmacm", 1,
+     "op=64 se=0 m=0 pad=0 pkey=ffff qp=000001 a=1 psn=000000 deth=80010000/000001 len=256"},
+    {"rc_write_rdmacm", 2,
+     "op=64 se=0 m=0 pad=0 pkey=ffff qp=000001 a=1 psn=000000 deth=80010000/000001 len=256"},
+    {"rc_write_rdmacm", 3,
+     "op=64 se=0 m=0 pad=0 pkey=ffff qp=000001 a=1 psn=000001 deth=80010000/000001 len=256"},
     {"rc_write_rdmacm", 4, "op=04 se=0 m=0 pad=0 pkey=ffff qp=000011 a=1 psn=168009 len=16"},
-    {"rc_write_rdmacm", 5, "op=11 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=168009 aeth=1f/000001 len=0"},
+    {"rc_write_rdmacm", 5,
+     "op=11 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=168009 aeth=1f/000001 len=0"},
     {"rc_write_rdmacm", 6, "op=04 se=0 m=0 pad=0 pkey=ffff qp=000011 a=1 psn=3d3f2a len=16"},
-    {"rc_write_rdmacm", 7, "op=11 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=3d3f2a aeth=1f/000001 len=0"},
+    {"rc_write_rdmacm", 7,
+     "op=11 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=3d3f2a aeth=1f/000001 len=0"},
     {"rc_write_rdmacm", 8, "op=04 se=0 m=0 pad=0 pkey=ffff qp=000011 a=1 psn=16800a len=4"},
-    {"rc_write_rdmacm", 9, "op=11 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=16800a aeth=1f/000002 len=0"},
+    {"rc_write_rdmacm", 9,
+     "op=11 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=16800a aeth=1f/000002 len=0"},
     {"rc_write_rdmacm", 10, "op=04 se=0 m=0 pad=0 pkey=ffff qp=000011 a=1 psn=3d3f2b len=4"},
-    {"rc_write_rdmacm", 11, "op=11 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=3d3f2b aeth=1f/000002 len=0"},
+    {"rc_write_rdmacm", 11,
+     "op=11 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=3d3f2b aeth=1f/000002 len=0"},
     {"rc_write_rdmacm", 12, "op=04 se=0 m=0 pad=0 pkey=ffff qp=000011 a=1 psn=16800b len=4"},
-    {"rc_write_rdmacm", 13, "op=11 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=16800b aeth=1f/000003 len=0"},
+    {"rc_write_rdmacm", 13,
+     "op=11 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=16800b aeth=1f/000003 len=0"},
     {"rc_write_rdmacm", 14, "op=04 se=0 m=0 pad=0 pkey=ffff qp=000011 a=1 psn=3d3f2c len=4"},
-    {"rc_write_rdmacm", 15, "op=11 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=3d3f2c aeth=1f/000003 len=0"},
+    {"rc_write_rdmacm", 15,
+     "op=11 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=3d3f2c aeth=1f/000003 len=0"},
     {"rc_write_rdmacm", 16, "op=04 se=0 m=0 pad=2 pkey=ffff qp=000011 a=1 psn=16800c len=2"},
-    {"rc_write_rdmacm", 17, "op=11 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=16800c aeth=1f/000004 len=0"},
+    {"rc_write_rdmacm", 17,
+     "op=11 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=16800c aeth=1f/000004 len=0"},
     {"rc_write_rdmacm", 18, "op=04 se=0 m=0 pad=2 pkey=ffff qp=000011 a=1 psn=3d3f2d len=2"},
-    {"rc_write_rdmacm", 19, "op=11 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=3d3f2d aeth=1f/000004 len=0"},
-    {"rc_write_rdmacm", 24, "op=64 se=0 m=0 pad=0 pkey=ffff qp=000001 a=1 psn=000002 deth=80010000/000001 len=256"},
-    {"rc_write_rdmacm", 25, "op=64 se=0 m=0 pad=0 pkey=ffff qp=000001 a=1 psn=000001 deth=80010000/000001 len=256"},
-    {"rc_write_rdmacm", 26, "op=64 se=0 m=0 pad=0 pkey=ffff qp=000001 a=1 psn=000003 deth=80010000/000001 len=256"},
-    {"rc_write_rdmacm", 43, "op=0a se=0 m=0 pad=0 pkey=ffff qp=000012 a=1 psn=675837 reth=00005580c732d000/00000371/1024 len=1024"},
-    {"rc_write_rdmacm", 44, "op=0a se=0 m=0 pad=0 pkey=ffff qp=000012 a=1 psn=675838 reth=00005580c732d400/00000371/1024 len=1024"},
-    {"rc_write_rdmacm", 45, "op=0a se=0 m=0 pad=0 pkey=ffff qp=000012 a=1 psn=675839 reth=00005580c732d800/00000371/1024 len=1024"},
-    {"rc_write_rdmacm", 46, "op=0a se=0 m=0 pad=0 pkey=ffff qp=000012 a=1 psn=67583a reth=00005580c732dc00/00000371/1024 len=1024"},
-    {"rc_write_rdmacm", 47, "op=0a se=0 m=0 pad=0 pkey=ffff qp=000012 a=1 psn=67583b reth=00005580c732d000/00000371/1024 len=1024"},
-    {"rc_write_rdmacm", 81, "op=64 se=0 m=0 pad=0 pkey=ffff qp=000001 a=1 psn=000004 deth=80010000/000001 len=256"},
-    {"rc_write_rdmacm", 82, "op=64 se=0 m=0 pad=0 pkey=ffff qp=000001 a=1 psn=000002 deth=80010000/000001 len=256"},
-    {"rc_write_rdmacm", 86, "op=64 se=0 m=0 pad=0 pkey=ffff qp=000001 a=1 psn=000004 deth=80010000/000001 len=256"},
+    {"rc_write_rdmacm", 19,
+     "op=11 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=3d3f2d aeth=1f/000004 len=0"},
+    {"rc_write_rdmacm", 24,
+     "op=64 se=0 m=0 pad=0 pkey=ffff qp=000001 a=1 psn=000002 deth=80010000/000001 len=256"},
+    {"rc_write_rdmacm", 25,
+     "op=64 se=0 m=0 pad=0 pkey=ffff qp=000001 a=1 psn=000001 deth=80010000/000001 len=256"},
+    {"rc_write_rdmacm", 26,
+     "op=64 se=0 m=0 pad=0 pkey=ffff qp=000001 a=1 psn=000003 deth=80010000/000001 len=256"},
+    {"rc_write_rdmacm", 43,
+     "op=0a se=0 m=0 pad=0 pkey=ffff qp=000012 a=1 psn=675837 reth=00005580c732d000/00000371/1024 "
+     "len=1024"},
+    {"rc_write_rdmacm", 44,
+     "op=0a se=0 m=0 pad=0 pkey=ffff qp=000012 a=1 psn=675838 reth=00005580c732d400/00000371/1024 "
+     "len=1024"},
+    {"rc_write_rdmacm", 45,
+     "op=0a se=0 m=0 pad=0 pkey=ffff qp=000012 a=1 psn=675839 reth=00005580c732d800/00000371/1024 "
+     "len=1024"},
+    {"rc_write_rdmacm", 46,
+     "op=0a se=0 m=0 pad=0 pkey=ffff qp=000012 a=1 psn=67583a reth=00005580c732dc00/00000371/1024 "
+     "len=1024"},
+    {"rc_write_rdmacm", 47,
+     "op=0a se=0 m=0 pad=0 pkey=ffff qp=000012 a=1 psn=67583b reth=00005580c732d000/00000371/1024 "
+     "len=1024"},
+    {"rc_write_rdmacm", 81,
+     "op=64 se=0 m=0 pad=0 pkey=ffff qp=000001 a=1 psn=000004 deth=80010000/000001 len=256"},
+    {"rc_write_rdmacm", 82,
+     "op=64 se=0 m=0 pad=0 pkey=ffff qp=000001 a=1 psn=000002 deth=80010000/000001 len=256"},
+    {"rc_write_rdmacm", 86,
+     "op=64 se=0 m=0 pad=0 pkey=ffff qp=000001 a=1 psn=000004 deth=80010000/000001 len=256"},
     {"uc_send", 1, "op=20 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=e2a476 len=1024"},
     {"uc_send", 2, "op=21 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=e2a477 len=1024"},
     {"uc_send", 3, "op=21 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=e2a478 len=1024"},
@@ -246,7 +372,9 @@ constexpr Expected kExpected[] = {
     {"uc_send", 20, "op=22 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=e2a481 len=1024"},
     {"uc_send", 21, "op=20 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=b8ea3e len=1024"},
     {"uc_send", 24, "op=22 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=b8ea41 len=1024"},
-    {"uc_write", 1, "op=26 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=03ca1c reth=0000565353797710/0000026f/10000 len=1024"},
+    {"uc_write", 1,
+     "op=26 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=03ca1c reth=0000565353797710/0000026f/10000 "
+     "len=1024"},
     {"uc_write", 2, "op=27 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=03ca1d len=1024"},
     {"uc_write", 3, "op=27 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=03ca1e len=1024"},
     {"uc_write", 4, "op=27 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=03ca1f len=1024"},
@@ -256,20 +384,34 @@ constexpr Expected kExpected[] = {
     {"uc_write", 8, "op=27 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=03ca23 len=1024"},
     {"uc_write", 9, "op=27 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=03ca24 len=1024"},
     {"uc_write", 10, "op=28 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=03ca25 len=784"},
-    {"uc_write", 11, "op=26 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=03ca26 reth=0000565353797710/0000026f/10000 len=1024"},
+    {"uc_write", 11,
+     "op=26 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=03ca26 reth=0000565353797710/0000026f/10000 "
+     "len=1024"},
     {"uc_write", 20, "op=28 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=03ca2f len=784"},
-    {"uc_write", 21, "op=26 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=03ca30 reth=0000565353797710/0000026f/10000 len=1024"},
+    {"uc_write", 21,
+     "op=26 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=03ca30 reth=0000565353797710/0000026f/10000 "
+     "len=1024"},
     {"uc_write", 30, "op=28 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=03ca39 len=784"},
-    {"uc_write", 31, "op=26 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=03ca3a reth=0000565353797710/0000026f/10000 len=1024"},
+    {"uc_write", 31,
+     "op=26 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=03ca3a reth=0000565353797710/0000026f/10000 "
+     "len=1024"},
     {"uc_write", 40, "op=28 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=03ca43 len=784"},
-    {"uc_write", 41, "op=26 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=03ca44 reth=0000565353797710/0000026f/10000 len=1024"},
+    {"uc_write", 41,
+     "op=26 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=03ca44 reth=0000565353797710/0000026f/10000 "
+     "len=1024"},
     {"uc_write", 50, "op=28 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=03ca4d len=784"},
-    {"ud_send", 1, "op=64 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=b387d8 deth=11111111/000011 len=1024"},
-    {"ud_send", 2, "op=64 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=f50208 deth=11111111/000011 len=1024"},
-    {"ud_send", 3, "op=64 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=b387d9 deth=11111111/000011 len=1024"},
-    {"ud_send", 4, "op=64 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=f50209 deth=11111111/000011 len=1024"},
-    {"ud_send", 5, "op=64 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=b387da deth=11111111/000011 len=1024"},
-    {"ud_send", 6, "op=64 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=f5020a deth=11111111/000011 len=1024"},
+    {"ud_send", 1,
+     "op=64 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=b387d8 deth=11111111/000011 len=1024"},
+    {"ud_send", 2,
+     "op=64 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=f50208 deth=11111111/000011 len=1024"},
+    {"ud_send", 3,
+     "op=64 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=b387d9 deth=11111111/000011 len=1024"},
+    {"ud_send", 4,
+     "op=64 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=f50209 deth=11111111/000011 len=1024"},
+    {"ud_send", 5,
+     "op=64 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=b387da deth=11111111/000011 len=1024"},
+    {"ud_send", 6,
+     "op=64 se=0 m=0 pad=0 pkey=ffff qp=000011 a=0 psn=f5020a deth=11111111/000011 len=1024"},
 };
 
 // The names Wireshark's Info column gives. Those of opcodes the captures hold were read from
@@ -316,13 +458,13 @@ constexpr std::pair<uint8_t, const char*> kWiresharkNames[] = {
 };
 
 constexpr Opcode kAllOpcodes[] = {
-    Opcode::RcSendFirst,         Opcode::RcSendMiddle,         Opcode::RcSendLast,
-    Opcode::RcSendLastImm,       Opcode::RcSendOnly,           Opcode::RcSendOnlyImm,
-    Opcode::RcWriteFirst,        Opcode::RcWriteMiddle,        Opcode::RcWriteLast,
-    Opcode::RcWriteLastImm,      Opcode::RcWriteOnly,          Opcode::RcWriteOnlyImm,
-    Opcode::RcReadRequest,       Opcode::RcReadResponseFirst,  Opcode::RcReadResponseMiddle,
-    Opcode::RcReadResponseLast,  Opcode::RcReadResponseOnly,   Opcode::RcAcknowledge,
-    Opcode::RcAtomicAcknowledge, Opcode::RcCompareSwap,        Opcode::RcFetchAdd,
+    Opcode::RcSendFirst,         Opcode::RcSendMiddle,        Opcode::RcSendLast,
+    Opcode::RcSendLastImm,       Opcode::RcSendOnly,          Opcode::RcSendOnlyImm,
+    Opcode::RcWriteFirst,        Opcode::RcWriteMiddle,       Opcode::RcWriteLast,
+    Opcode::RcWriteLastImm,      Opcode::RcWriteOnly,         Opcode::RcWriteOnlyImm,
+    Opcode::RcReadRequest,       Opcode::RcReadResponseFirst, Opcode::RcReadResponseMiddle,
+    Opcode::RcReadResponseLast,  Opcode::RcReadResponseOnly,  Opcode::RcAcknowledge,
+    Opcode::RcAtomicAcknowledge, Opcode::RcCompareSwap,       Opcode::RcFetchAdd,
     Opcode::RcSendLastInv,       Opcode::RcSendOnlyInv,
 };
 
@@ -330,7 +472,7 @@ constexpr Opcode kAllOpcodes[] = {
 size_t extension_bytes(uint16_t headers) {
     size_t n = 0;
     const std::pair<uint16_t, size_t> sizes[] = {
-        {kHasReth, 16}, {kHasAeth, 4}, {kHasImm, 4}, {kHasIeth, 4},
+        {kHasReth, 16}, {kHasAeth, 4},       {kHasImm, 4},          {kHasIeth, 4},
         {kHasDeth, 8},  {kHasAtomicEth, 28}, {kHasAtomicAckEth, 8},
     };
     for (const auto& [bit, bytes] : sizes) {
@@ -351,8 +493,8 @@ std::vector<uint8_t> make_packet(const Headers& h, std::span<const uint8_t> payl
     pkt.resize(n);
     pkt.insert(pkt.end(), payload.begin(), payload.end());
     pkt.insert(pkt.end(), h.bth.pad, uint8_t{0});
-    const uint32_t icrc = icrc_ipv4(Ipv4Flow{0x0a000001, 0x0a000002, 0xc000, kRoceV2Port},
-                                    Ipv4Unseen{}, pkt);
+    const uint32_t icrc =
+        icrc_ipv4(Ipv4Flow{0x0a000001, 0x0a000002, 0xc000, kRoceV2Port}, Ipv4Unseen{}, pkt);
     for (int i = 0; i < 4; ++i) pkt.push_back(static_cast<uint8_t>(icrc >> (8 * i)));
     return pkt;
 }
@@ -440,8 +582,8 @@ TEST_CASE("every captured packet parses", "[wire][parse][captures]") {
     const auto& packets = all_packets();
     // The captures the README describes, with their packet counts.
     const std::map<std::string, size_t> known = {
-        {"rc_atomic_cas", 10}, {"rc_atomic_fadd", 10}, {"rc_read", 55},
-        {"rc_send_10000", 66}, {"rc_send_64", 12},     {"rc_write", 55},
+        {"rc_atomic_cas", 10}, {"rc_atomic_fadd", 10},  {"rc_read", 55},
+        {"rc_send_10000", 66}, {"rc_send_64", 12},      {"rc_write", 55},
         {"rc_write_imm", 44},  {"rc_write_rdmacm", 86}, {"uc_send", 24},
         {"uc_write", 50},      {"ud_send", 6},
     };
@@ -502,13 +644,11 @@ TEST_CASE("captured fields decode to what tshark shows", "[wire][parse][captures
     CHECK(p.h.deth.src_qp == 0x11);
     CHECK(p.payload.size() == 1024);
 
-    REQUIRE(parse_packet(wiretest::find_packet("rc_write_rdmacm", 1).udp, p) ==
-            ParseError::None);
+    REQUIRE(parse_packet(wiretest::find_packet("rc_write_rdmacm", 1).udp, p) == ParseError::None);
     CHECK(p.h.bth.dest_qp == 1);  // CM MADs go to QP1
     CHECK(p.h.deth.qkey == 0x80010000);
 
-    REQUIRE(parse_packet(wiretest::find_packet("rc_write_rdmacm", 16).udp, p) ==
-            ParseError::None);
+    REQUIRE(parse_packet(wiretest::find_packet("rc_write_rdmacm", 16).udp, p) == ParseError::None);
     CHECK(p.h.bth.pad == 2);
     CHECK(p.payload.size() == 2);
 }
@@ -701,8 +841,8 @@ TEST_CASE("every ParseError is produced by some input", "[wire][parse][errors]")
         CHECK(parse(ack) == ParseError::PadTooLarge);
     }
     SECTION("payload on opcodes that carry none") {
-        for (Opcode op : {Opcode::RcAcknowledge, Opcode::RcReadRequest,
-                          Opcode::RcAtomicAcknowledge, Opcode::RcCompareSwap}) {
+        for (Opcode op : {Opcode::RcAcknowledge, Opcode::RcReadRequest, Opcode::RcAtomicAcknowledge,
+                          Opcode::RcCompareSwap}) {
             CAPTURE(static_cast<int>(op));
             std::vector<uint8_t> pkt = make_packet(headers_for(op), {});
             CHECK(parse(pkt) == ParseError::None);
@@ -713,9 +853,9 @@ TEST_CASE("every ParseError is produced by some input", "[wire][parse][errors]")
 
     // Every value has a distinct name.
     std::set<std::string> names;
-    for (ParseError e : {ParseError::None, ParseError::TooShort, ParseError::UnknownOpcode,
-                         ParseError::BadVersion, ParseError::PadTooLarge,
-                         ParseError::PayloadNotAllowed}) {
+    for (ParseError e :
+         {ParseError::None, ParseError::TooShort, ParseError::UnknownOpcode, ParseError::BadVersion,
+          ParseError::PadTooLarge, ParseError::PayloadNotAllowed}) {
         REQUIRE(to_string(e) != nullptr);
         names.insert(to_string(e));
     }
@@ -738,7 +878,8 @@ TEST_CASE("truncated and mangled packets never crash", "[wire][parse][errors]") 
         for (size_t len = 0; len <= cp->udp.size(); ++len) {
             CAPTURE(len);
             // An exact-size copy, so the sanitizer build catches any read past the end.
-            const std::vector<uint8_t> buf(cp->udp.begin(), cp->udp.begin() + static_cast<long>(len));
+            const std::vector<uint8_t> buf(cp->udp.begin(),
+                                           cp->udp.begin() + static_cast<long>(len));
             ParsedPacket p;
             const ParseError e = parse_packet(buf, p);
             if (e == ParseError::None) {

@@ -1,0 +1,87 @@
+// Test scaffolding for the integration tests: real devices made by the real `uroce` command,
+// the real libibverbs loading the real provider, real UDP on loopback.
+#pragma once
+
+#include <infiniband/verbs.h>
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace uroce::test {
+
+// Devices registered for this test process (see test_main.cpp).
+struct TestDevices {
+    std::string a, b, c;           // names
+    std::string ip_a, ip_b, ip_c;  // their addresses
+    uint16_t port = 4791;
+};
+const TestDevices& devices();
+
+// Runs `uroce ARGS` and returns its exit status (output discarded unless `out` is given).
+int run_uroce(const std::vector<std::string>& args, std::string* out = nullptr);
+
+ibv_context* open_device(const std::string& name);
+
+// Reads one of the provider's counters (uroce_read_counter through dlsym).
+uint64_t counter(ibv_context* ctx, const char* name);
+
+struct QpOptions {
+    int access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+    uint8_t timeout = 14;
+    uint8_t retry_cnt = 7;
+    uint8_t rnr_retry = 7;
+    uint8_t min_rnr_timer = 1;
+    uint32_t max_send_wr = 256;
+    uint32_t max_recv_wr = 256;
+    ibv_mtu mtu = IBV_MTU_4096;
+};
+
+// One side of a connection: context, PD, CQ (shared by send and receive), RC QP.
+struct Endpoint {
+    ibv_context* ctx = nullptr;
+    ibv_pd* pd = nullptr;
+    ibv_cq* cq = nullptr;
+    ibv_qp* qp = nullptr;
+    ibv_comp_channel* channel = nullptr;
+    ibv_gid gid{};
+
+    explicit Endpoint(const std::string& device, const QpOptions& opt = {},
+                      bool with_channel = false);
+    ~Endpoint();
+    Endpoint(const Endpoint&) = delete;
+    Endpoint& operator=(const Endpoint&) = delete;
+
+    ibv_qp_state state();
+};
+
+// INIT -> RTR -> RTS on both sides, each pointing at the other.
+void connect(Endpoint& a, Endpoint& b, const QpOptions& opt = {});
+void to_rts(Endpoint& local, uint32_t remote_qpn, const ibv_gid& remote_gid,
+            const QpOptions& opt);
+
+// Polls until `n` completions arrived or `limit` passed; returns what arrived.
+std::vector<ibv_wc> wait_completions(ibv_cq* cq, size_t n,
+                                     std::chrono::milliseconds limit = std::chrono::seconds(20));
+
+// A registered buffer.
+struct Buffer {
+    std::vector<uint8_t> bytes;
+    ibv_mr* mr = nullptr;
+    Buffer(ibv_pd* pd, size_t size, int access);
+    ~Buffer();
+    Buffer(const Buffer&) = delete;
+    Buffer& operator=(const Buffer&) = delete;
+    uint64_t addr() const { return reinterpret_cast<uint64_t>(bytes.data()); }
+};
+
+int post_rdma(ibv_qp* qp, ibv_wr_opcode op, const Buffer& local, size_t offset, size_t len,
+              uint64_t remote_addr, uint32_t rkey, uint64_t wr_id, bool signaled = true);
+int post_send_msg(ibv_qp* qp, const Buffer& local, size_t offset, size_t len, uint64_t wr_id,
+                  bool signaled = true);
+int post_recv_buf(ibv_qp* qp, const Buffer& local, size_t offset, size_t len, uint64_t wr_id);
+
+void fill_pattern(uint8_t* p, size_t n, uint64_t seed);
+
+}  // namespace uroce::test

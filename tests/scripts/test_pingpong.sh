@@ -1,0 +1,170 @@
+#!/usr/bin/env bash
+# Unmodified rdma-core ibv_rc_pingpong (and ibv_devices / ibv_devinfo) over
+# uroce devices on loopback.
+#
+#   test_pingpong.sh PATH_TO_UROCE
+#
+# Needs root (uroce add makes /dev/infiniband nodes); otherwise skips (exit 77).
+# Devices live on 127.0.X.1..4 with X picked from 41 up so that no UDP socket
+# already uses it; the TCP port of each pingpong comes from a range derived
+# from the PID. Every pingpong runs with UROCE_STATS=1 so that the transport
+# counters can be checked: rx_bad_icrc=0 always; with UROCE_FAULTS=drop=0.05
+# tx_dropped_fault>0 and retransmit_timeouts+rx_naks>0 (recovery really ran).
+# Set PINGPONG_QUICK=1 to cut the 10,000-iteration runs to 1,000.
+# Last line: "N passed, M failed"; exit 1 if M > 0.
+set -u
+# shellcheck source=lib.sh
+source "$(dirname "$(readlink -f "$0")")/lib.sh"
+lib_init "$@"
+
+for tool in ibv_rc_pingpong ibv_devices ibv_devinfo ss timeout; do
+    if ! command -v "$tool" >/dev/null; then
+        skip "$tool is not installed"
+        finish
+    fi
+done
+require_root "ibv_rc_pingpong over uroce"
+
+T0=$SECONDS
+OCT=$(pick_octet 41) || echo "# warning: every 127.0.41..60.* block has UDP sockets; using 127.0.$OCT"
+A="pp$$a"
+B="pp$$b"
+C="pp$$c"
+D="pp$$d"
+IP_A="127.0.$OCT.1"
+IP_B="127.0.$OCT.2"
+IP_C="127.0.$OCT.3"
+IP_D="127.0.$OCT.4"
+add_device "$A" "$IP_A" || finish
+add_device "$B" "$IP_B" --mtu 4096 || finish
+add_device "$C" "$IP_C" --mtu 4096 || finish
+add_device "$D" "$IP_D" --mtu 256 || finish
+
+LONG=10000
+[[ -n ${PINGPONG_QUICK:-} ]] && LONG=1000
+
+# ---------------------------------------------------- ibv_devices, ibv_devinfo
+guid_of() { "$UROCE" list 2>/dev/null | awk -v n="$1" '$1 == n { print $6 }'; }
+
+"$UROCE" run -- timeout 20 ibv_devices >"$WORK/devices.out" 2>"$WORK/devices.err"
+expect_eq "ibv_devices exits 0" 0 "$?"
+for n in "$A" "$B" "$C" "$D"; do
+    g=$(guid_of "$n" | tr -d :)
+    if [[ -z $g ]]; then
+        not_ok "uroce list shows $n" "$("$UROCE" list 2>&1)"
+        continue
+    fi
+    expect_file_match "ibv_devices lists $n with node GUID $g" "^[[:space:]]*$n[[:space:]]+$g[[:space:]]*$" "$WORK/devices.out"
+done
+
+# check_devinfo NAME IP MTU
+check_devinfo() {
+    local name=$1 ip=$2 mtu=$3 out guid code
+    case $mtu in 256) code=1 ;; 512) code=2 ;; 1024) code=3 ;; 2048) code=4 ;; 4096) code=5 ;; esac
+    out=$("$UROCE" run -- timeout 20 ibv_devinfo -v -d "$name" 2>&1)
+    expect_eq "ibv_devinfo -v -d $name exits 0" 0 "$?"
+    guid=$(guid_of "$name")
+    expect_match "$name: hca_id" "^hca_id:[[:space:]]+$name\$" "$out"
+    expect_match "$name: node_guid $guid" "^[[:space:]]+node_guid:[[:space:]]+$guid\$" "$out"
+    expect_match "$name: one port" "^[[:space:]]+phys_port_cnt:[[:space:]]+1\$" "$out"
+    expect_match "$name: PORT_ACTIVE" "^[[:space:]]+state:[[:space:]]+PORT_ACTIVE \(4\)\$" "$out"
+    expect_match "$name: link_layer Ethernet" "^[[:space:]]+link_layer:[[:space:]]+Ethernet\$" "$out"
+    expect_match "$name: active_mtu $mtu" "^[[:space:]]+active_mtu:[[:space:]]+$mtu \($code\)\$" "$out"
+    expect_match "$name: GID[0] ::ffff:$ip, RoCE v2" "^[[:space:]]+GID\[  0\]:[[:space:]]+::ffff:${ip//./\\.}, RoCE v2\$" "$out"
+    expect_eq "$name: exactly one GID" 1 "$(grep -c 'GID\[' <<<"$out")"
+}
+check_devinfo "$A" "$IP_A" 1024
+check_devinfo "$B" "$IP_B" 4096
+check_devinfo "$D" "$IP_D" 256
+out=$("$UROCE" run -- timeout 20 ibv_devinfo -l 2>&1)
+for n in "$A" "$B" "$C" "$D"; do
+    expect_match "ibv_devinfo -l lists $n" "^[[:space:]]*$n\$" "$out"
+done
+
+# ------------------------------------------------------------------ pingpong
+
+SUMMARY=()
+
+# pingpong LABEL FAULTS SERVER_DEV CLIENT_DEV CLIENT_IP ITERS PINGPONG_ARGS...
+# FAULTS is a UROCE_FAULTS value or "-" for none.
+pingpong() {
+    local label=$1 faults=$2 sdev=$3 cdev=$4 sip=$5 iters=$6
+    shift 6
+    local port envs=(UROCE_STATS=1) secs=90 side file dev v
+    port=$(free_tcp_port) || { not_ok "$label: no free TCP port"; return; }
+    [[ $faults != - ]] && envs+=("UROCE_FAULTS=$faults")
+    run_pair "$label" "$port" "$secs" "${envs[@]}" \
+        -- ibv_rc_pingpong -d "$sdev" -g 0 -p "$port" -n "$iters" "$@" \
+        -- ibv_rc_pingpong -d "$cdev" -g 0 -p "$port" -n "$iters" "$@" "$sip"
+    SUMMARY+=("$(printf '%-34s %7ss  %s' "$label" "$PAIR_SECS" "$(grep -ho '[0-9.]* usec/iter' "$CLI_OUT" | head -n1)")")
+    expect_pair_ok "$label" || return
+    for side in server client; do
+        if [[ $side == server ]]; then file=$SRV_OUT dev=$sdev; else file=$CLI_OUT dev=$cdev; fi
+        expect_file_match "$label: $side prints '$iters iters in'" "^$iters iters in [0-9.]+ seconds" "$file"
+        file=${file%.out}.err
+        v=$(counter_value "$file" "$dev" rx_bad_icrc)
+        if [[ -z $v ]]; then
+            not_ok "$label: $side prints the UROCE_STATS counters of $dev" "$(tail -n 5 "$file")"
+            continue
+        fi
+        expect_eq "$label: $side rx_bad_icrc=0" 0 "$v"
+        expect_eq "$label: $side rx_malformed=0" 0 "$(counter_value "$file" "$dev" rx_malformed)"
+        # Without faults loopback loses nothing, but a loaded machine can delay a
+        # packet past the retransmission timer: worth a note, not a failure.
+        v=$(counter_value "$file" "$dev" retransmitted_packets)
+        if [[ $faults == - && ${v:-0} -ne 0 ]]; then
+            echo "# note: $label: $side retransmitted $v packets without injected loss"
+        fi
+    done
+    if [[ $faults != - ]]; then
+        local sdrop cdrop recov=0 c
+        sdrop=$(counter_value "$SRV_ERR" "$sdev" tx_dropped_fault)
+        cdrop=$(counter_value "$CLI_ERR" "$cdev" tx_dropped_fault)
+        for c in retransmit_timeouts rx_naks; do
+            recov=$((recov + $(counter_value "$SRV_ERR" "$sdev" $c) + $(counter_value "$CLI_ERR" "$cdev" $c)))
+        done
+        if [[ ${sdrop:-0} -gt 0 && ${cdrop:-0} -gt 0 ]]; then
+            ok "$label: both sides dropped packets (tx_dropped_fault $sdrop, $cdrop)"
+        else
+            not_ok "$label: both sides dropped packets" "$(counters_line "$SRV_ERR" "$sdev")" "$(counters_line "$CLI_ERR" "$cdev")"
+        fi
+        if [[ $recov -gt 0 ]]; then
+            ok "$label: recovery ran (retransmit_timeouts + rx_naks = $recov)"
+        else
+            not_ok "$label: recovery ran (retransmit_timeouts + rx_naks > 0)" "$(counters_line "$SRV_ERR" "$sdev")" "$(counters_line "$CLI_ERR" "$cdev")"
+        fi
+        echo "#   $(counters_line "$SRV_ERR" "$sdev")"
+        echo "#   $(counters_line "$CLI_ERR" "$cdev")"
+    fi
+}
+
+# Polling mode (ibv_rc_pingpong's default), device A (MTU 1024) <-> B (MTU 4096), path MTU 1024.
+pingpong "poll -s 1 -n $LONG" - "$A" "$B" "$IP_A" "$LONG" -s 1
+pingpong "poll -s 64" - "$A" "$B" "$IP_A" 1000 -s 64
+pingpong "poll -s 1024" - "$A" "$B" "$IP_A" 1000 -s 1024
+pingpong "poll -s 4096" - "$A" "$B" "$IP_A" 1000 -s 4096
+pingpong "poll -s 16384" - "$A" "$B" "$IP_A" 1000 -s 16384
+pingpong "poll -s 65536" - "$A" "$B" "$IP_A" 1000 -s 65536
+# Completion-channel mode (-e).
+pingpong "event -s 1" - "$A" "$B" "$IP_A" 1000 -e -s 1
+pingpong "event -s 64 -n $LONG" - "$A" "$B" "$IP_A" "$LONG" -e -s 64
+pingpong "event -s 1024" - "$A" "$B" "$IP_A" 1000 -e -s 1024
+pingpong "event -s 4096 -n $LONG" - "$A" "$B" "$IP_A" "$LONG" -e -s 4096
+pingpong "event -s 16384" - "$A" "$B" "$IP_A" 1000 -e -s 16384
+pingpong "event -s 65536" - "$A" "$B" "$IP_A" 1000 -e -s 65536
+# Path MTU 4096 between the two MTU-4096 devices, the other direction of roles.
+pingpong "poll -m 4096 -s 65536 (B<-C)" - "$B" "$C" "$IP_B" 1000 -m 4096 -s 65536
+pingpong "event -m 4096 -s 4096 (C<-B)" - "$C" "$B" "$IP_C" 1000 -e -m 4096 -s 4096
+
+# 5% of the packets each side sends are dropped.
+pingpong "drop5% poll -s 1" drop=0.05,seed=1 "$A" "$B" "$IP_A" 200 -s 1
+pingpong "drop5% poll -s 4096" drop=0.05,seed=2 "$A" "$B" "$IP_A" 200 -s 4096
+pingpong "drop5% event -s 1024" drop=0.05,seed=3 "$A" "$B" "$IP_A" 200 -e -s 1024
+pingpong "drop5% poll -s 65536" drop=0.05,seed=4 "$A" "$B" "$IP_A" 200 -s 65536
+pingpong "drop5% event -s 65536" drop=0.05,seed=5 "$A" "$B" "$IP_A" 200 -e -s 65536
+pingpong "drop5% -m 4096 -s 65536" drop=0.05,seed=6 "$B" "$C" "$IP_B" 200 -m 4096 -s 65536
+
+echo "# ---------------------------------------------- summary (wall time, client usec/iter)"
+for line in "${SUMMARY[@]}"; do echo "# $line"; done
+echo "# total time $((SECONDS - T0)) s"
+finish
