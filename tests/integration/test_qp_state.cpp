@@ -1,0 +1,304 @@
+// The RC state machine, attribute masks, flushing and the reliability engine's failures.
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <cerrno>
+#include <thread>
+#include <cstring>
+
+#include "tests/integration/verbs_fixture.h"
+
+using namespace uroce::test;
+
+namespace {
+
+constexpr int kAll = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+constexpr int kInitMask = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS;
+constexpr int kRtrMask = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+                         IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
+constexpr int kRtsMask = IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+                         IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC;
+
+ibv_qp_attr init_attr() {
+    ibv_qp_attr a{};
+    a.qp_state = IBV_QPS_INIT;
+    a.port_num = 1;
+    a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE;
+    return a;
+}
+
+ibv_qp_attr rtr_attr(const Endpoint& peer) {
+    ibv_qp_attr a{};
+    a.qp_state = IBV_QPS_RTR;
+    a.path_mtu = IBV_MTU_1024;
+    a.dest_qp_num = peer.qp->qp_num;
+    a.max_dest_rd_atomic = 1;
+    a.min_rnr_timer = 12;
+    a.ah_attr.is_global = 1;
+    a.ah_attr.grh.dgid = peer.gid;
+    a.ah_attr.port_num = 1;
+    return a;
+}
+
+ibv_qp_attr rts_attr() {
+    ibv_qp_attr a{};
+    a.qp_state = IBV_QPS_RTS;
+    a.timeout = 14;
+    a.retry_cnt = 7;
+    a.rnr_retry = 7;
+    a.max_rd_atomic = 1;
+    return a;
+}
+
+}  // namespace
+
+TEST_CASE("modify_qp enforces the IBA attribute masks", "[qp]") {
+    Endpoint a(devices().a), b(devices().b);
+    ibv_qp_attr attr = init_attr();
+    CHECK(a.state() == IBV_QPS_RESET);
+    // RESET -> INIT without the access flags, or with an attribute INIT does not take.
+    CHECK(ibv_modify_qp(a.qp, &attr, kInitMask & ~IBV_QP_ACCESS_FLAGS) == EINVAL);
+    CHECK(ibv_modify_qp(a.qp, &attr, kInitMask | IBV_QP_SQ_PSN) == EINVAL);
+    // Skipping a state.
+    attr = rts_attr();
+    CHECK(ibv_modify_qp(a.qp, &attr, kRtsMask) == EINVAL);
+    CHECK(a.state() == IBV_QPS_RESET);
+    attr = init_attr();
+    attr.port_num = 2;
+    CHECK(ibv_modify_qp(a.qp, &attr, kInitMask) == EINVAL);
+    attr = init_attr();
+    REQUIRE(ibv_modify_qp(a.qp, &attr, kInitMask) == 0);
+    CHECK(a.state() == IBV_QPS_INIT);
+    // INIT -> INIT with optional attributes only.
+    attr.qp_access_flags = kAll & ~IBV_ACCESS_LOCAL_WRITE;
+    CHECK(ibv_modify_qp(a.qp, &attr, IBV_QP_ACCESS_FLAGS) == 0);
+
+    attr = rtr_attr(b);
+    CHECK(ibv_modify_qp(a.qp, &attr, kRtrMask & ~IBV_QP_DEST_QPN) == EINVAL);
+    CHECK(ibv_modify_qp(a.qp, &attr, kRtrMask | IBV_QP_SQ_PSN) == EINVAL);
+    ibv_qp_attr no_grh = attr;
+    no_grh.ah_attr.is_global = 0;  // RoCE needs a GRH
+    CHECK(ibv_modify_qp(a.qp, &no_grh, kRtrMask) == EINVAL);
+    ibv_qp_attr bad_cur = attr;
+    bad_cur.cur_qp_state = IBV_QPS_RTS;
+    CHECK(ibv_modify_qp(a.qp, &bad_cur, kRtrMask | IBV_QP_CUR_STATE) == EINVAL);
+    REQUIRE(ibv_modify_qp(a.qp, &attr, kRtrMask) == 0);
+    CHECK(a.state() == IBV_QPS_RTR);
+    // RTR -> RTR is no transition.
+    CHECK(ibv_modify_qp(a.qp, &attr, IBV_QP_MIN_RNR_TIMER) == EINVAL);
+
+    attr = rts_attr();
+    attr.retry_cnt = 8;
+    CHECK(ibv_modify_qp(a.qp, &attr, kRtsMask) == EINVAL);
+    attr = rts_attr();
+    CHECK(ibv_modify_qp(a.qp, &attr, kRtsMask & ~IBV_QP_TIMEOUT) == EINVAL);
+    REQUIRE(ibv_modify_qp(a.qp, &attr, kRtsMask) == 0);
+    CHECK(a.state() == IBV_QPS_RTS);
+
+    // RTS <-> SQD, then ERR and RESET.
+    attr = {};
+    attr.qp_state = IBV_QPS_SQD;
+    CHECK(ibv_modify_qp(a.qp, &attr, IBV_QP_STATE) == 0);
+    CHECK(a.state() == IBV_QPS_SQD);
+    attr.qp_state = IBV_QPS_RTS;
+    CHECK(ibv_modify_qp(a.qp, &attr, IBV_QP_STATE) == 0);
+    attr.qp_state = IBV_QPS_ERR;
+    CHECK(ibv_modify_qp(a.qp, &attr, IBV_QP_STATE | IBV_QP_TIMEOUT) == EINVAL);
+    CHECK(ibv_modify_qp(a.qp, &attr, IBV_QP_STATE) == 0);
+    CHECK(a.state() == IBV_QPS_ERR);
+    attr.qp_state = IBV_QPS_RTS;
+    CHECK(ibv_modify_qp(a.qp, &attr, IBV_QP_STATE) == EINVAL);
+    attr.qp_state = IBV_QPS_RESET;
+    CHECK(ibv_modify_qp(a.qp, &attr, IBV_QP_STATE) == 0);
+    CHECK(a.state() == IBV_QPS_RESET);
+}
+
+TEST_CASE("query_qp returns the attributes and capabilities in force", "[qp]") {
+    Endpoint a(devices().a), b(devices().b);
+    QpOptions opt;
+    opt.timeout = 12;
+    opt.retry_cnt = 5;
+    connect(a, b, opt);
+    ibv_qp_attr attr{};
+    ibv_qp_init_attr init{};
+    REQUIRE(ibv_query_qp(a.qp, &attr, IBV_QP_STATE | IBV_QP_CAP, &init) == 0);
+    CHECK(attr.qp_state == IBV_QPS_RTS);
+    CHECK(attr.dest_qp_num == b.qp->qp_num);
+    CHECK(attr.timeout == 12);
+    CHECK(attr.retry_cnt == 5);
+    CHECK(attr.path_mtu == IBV_MTU_4096);
+    CHECK(attr.cap.max_send_wr >= 256);
+    CHECK(attr.cap.max_send_sge >= 4);
+    CHECK(attr.cap.max_inline_data >= 64);
+    CHECK(init.cap.max_send_wr == attr.cap.max_send_wr);
+    CHECK(init.qp_type == IBV_QPT_RC);
+    CHECK(init.send_cq == a.cq);
+    CHECK(std::memcmp(&attr.ah_attr.grh.dgid, &b.gid, sizeof b.gid) == 0);
+}
+
+TEST_CASE("posting in a state that takes no work fails with EINVAL", "[qp]") {
+    Endpoint a(devices().a), b(devices().b);
+    Buffer buf(a.pd, 4096, kAll);
+    CHECK(post_recv_buf(a.qp, buf, 0, 64, 1) == EINVAL);  // RESET
+    ibv_qp_attr attr = init_attr();
+    REQUIRE(ibv_modify_qp(a.qp, &attr, kInitMask) == 0);
+    CHECK(post_send_msg(a.qp, buf, 0, 64, 1) == EINVAL);  // INIT
+    CHECK(post_recv_buf(a.qp, buf, 0, 64, 1) == 0);       // receives may be posted in INIT
+    attr = rtr_attr(b);
+    REQUIRE(ibv_modify_qp(a.qp, &attr, kRtrMask) == 0);
+    CHECK(post_send_msg(a.qp, buf, 0, 64, 1) == EINVAL);  // RTR
+    // Malformed requests.
+    ibv_sge sge{buf.addr(), 16, buf.mr->lkey};
+    ibv_send_wr wr{};
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.opcode = IBV_WR_ATOMIC_FETCH_AND_ADD;  // not offered: atomic_cap is NONE
+    ibv_send_wr* bad = nullptr;
+    attr = rts_attr();
+    REQUIRE(ibv_modify_qp(a.qp, &attr, kRtsMask) == 0);
+    CHECK(ibv_post_send(a.qp, &wr, &bad) == EINVAL);
+    CHECK(bad == &wr);
+    wr.opcode = IBV_WR_SEND;
+    wr.num_sge = 17;
+    CHECK(ibv_post_send(a.qp, &wr, &bad) == EINVAL);
+}
+
+TEST_CASE("moving to ERR flushes every outstanding work request", "[qp]") {
+    Endpoint a(devices().a), b(devices().b);
+    connect(a, b);
+    Buffer buf(a.pd, 65536, kAll);
+    for (int i = 0; i < 10; ++i) REQUIRE(post_recv_buf(a.qp, buf, i * 64, 64, 100 + i) == 0);
+    ibv_qp_attr attr{};
+    attr.qp_state = IBV_QPS_ERR;
+    REQUIRE(ibv_modify_qp(a.qp, &attr, IBV_QP_STATE) == 0);
+    auto wcs = wait_completions(a.cq, 10);
+    REQUIRE(wcs.size() == 10);
+    for (int i = 0; i < 10; ++i) {
+        CHECK(wcs[i].wr_id == 100u + i);
+        CHECK(wcs[i].status == IBV_WC_WR_FLUSH_ERR);
+    }
+    // Work posted in ERR completes at once, flushed, signaled or not.
+    REQUIRE(post_send_msg(a.qp, buf, 0, 64, 7, false) == 0);
+    REQUIRE(post_recv_buf(a.qp, buf, 0, 64, 8) == 0);
+    wcs = wait_completions(a.cq, 2);
+    REQUIRE(wcs.size() == 2);
+    CHECK(wcs[0].status == IBV_WC_WR_FLUSH_ERR);
+    CHECK(wcs[1].status == IBV_WC_WR_FLUSH_ERR);
+}
+
+TEST_CASE("retry exhaustion completes with RETRY_EXC_ERR and moves the QP to ERR", "[qp][retry]") {
+    QpOptions opt;
+    opt.timeout = 8;  // ~1 ms per try
+    opt.retry_cnt = 2;
+    Endpoint a(devices().a, opt), b(devices().b, opt);
+    connect(a, b, opt);
+    Buffer buf(a.pd, 4096, kAll);
+    Buffer remote(b.pd, 4096, kAll);
+    // The peer vanishes: nothing will ever be acknowledged.
+    REQUIRE(ibv_destroy_qp(b.qp) == 0);
+    b.qp = nullptr;
+    REQUIRE(post_rdma(a.qp, IBV_WR_RDMA_WRITE, buf, 0, 100, remote.addr(), remote.mr->rkey, 9) == 0);
+    REQUIRE(post_send_msg(a.qp, buf, 0, 10, 10) == 0);
+    auto wcs = wait_completions(a.cq, 2, std::chrono::seconds(10));
+    REQUIRE(wcs.size() == 2);
+    CHECK(wcs[0].wr_id == 9);
+    CHECK(wcs[0].status == IBV_WC_RETRY_EXC_ERR);
+    CHECK(wcs[1].status == IBV_WC_WR_FLUSH_ERR);
+    CHECK(a.state() == IBV_QPS_ERR);
+    CHECK(counter(a.ctx, "retransmit_timeouts") >= 3);
+    CHECK(counter(b.ctx, "rx_unknown_qp") >= 3);
+}
+
+TEST_CASE("a SEND without a posted receive is retried after RNR NAKs", "[qp][rnr]") {
+    QpOptions opt;
+    opt.min_rnr_timer = 1;  // 10 us
+    SECTION("and succeeds once a receive is posted") {
+        Endpoint a(devices().a, opt), b(devices().b, opt);
+        connect(a, b, opt);
+        Buffer sbuf(a.pd, 4096, kAll), rbuf(b.pd, 4096, kAll);
+        fill_pattern(sbuf.bytes.data(), 4096, 3);
+        REQUIRE(post_send_msg(a.qp, sbuf, 0, 3000, 1) == 0);
+        const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+        while (counter(b.ctx, "tx_rnr_naks") == 0 && std::chrono::steady_clock::now() < end)
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        REQUIRE(counter(b.ctx, "tx_rnr_naks") > 0);
+        REQUIRE(post_recv_buf(b.qp, rbuf, 0, 4096, 2) == 0);
+        auto wcs = wait_completions(a.cq, 1);
+        REQUIRE(wcs.size() == 1);
+        CHECK(wcs[0].status == IBV_WC_SUCCESS);
+        auto r = wait_completions(b.cq, 1);
+        REQUIRE(r.size() == 1);
+        CHECK(r[0].byte_len == 3000);
+        CHECK(std::memcmp(sbuf.bytes.data(), rbuf.bytes.data(), 3000) == 0);
+    }
+    SECTION("and fails with RNR_RETRY_EXC_ERR when the retries run out") {
+        opt.rnr_retry = 2;
+        Endpoint a(devices().a, opt), b(devices().b, opt);
+        connect(a, b, opt);
+        Buffer sbuf(a.pd, 4096, kAll);
+        REQUIRE(post_send_msg(a.qp, sbuf, 0, 100, 1) == 0);
+        auto wcs = wait_completions(a.cq, 1);
+        REQUIRE(wcs.size() == 1);
+        CHECK(wcs[0].status == IBV_WC_RNR_RETRY_EXC_ERR);
+        CHECK(a.state() == IBV_QPS_ERR);
+    }
+}
+
+TEST_CASE("a message longer than the receive buffer fails on both sides", "[qp]") {
+    Endpoint a(devices().a), b(devices().b);
+    connect(a, b);
+    Buffer sbuf(a.pd, 8192, kAll), rbuf(b.pd, 8192, kAll);
+    std::memset(rbuf.bytes.data(), 0x5a, rbuf.bytes.size());
+    REQUIRE(post_recv_buf(b.qp, rbuf, 0, 100, 2) == 0);
+    REQUIRE(post_send_msg(a.qp, sbuf, 0, 101, 1) == 0);
+    auto wcs = wait_completions(a.cq, 1);
+    REQUIRE(wcs.size() == 1);
+    CHECK(wcs[0].status == IBV_WC_REM_INV_REQ_ERR);
+    auto r = wait_completions(b.cq, 1);
+    REQUIRE(r.size() == 1);
+    CHECK(r[0].status == IBV_WC_LOC_LEN_ERR);
+    CHECK(b.state() == IBV_QPS_ERR);
+    // Nothing beyond the posted buffer was touched.
+    CHECK(std::all_of(rbuf.bytes.begin() + 100, rbuf.bytes.end(), [](uint8_t v) { return v == 0x5a; }));
+}
+
+TEST_CASE("destroying a CQ still used by a QP fails with EBUSY", "[qp]") {
+    Endpoint a(devices().a);
+    CHECK(ibv_destroy_cq(a.cq) == EBUSY);
+}
+
+TEST_CASE("UD, UC and SRQ QPs are refused cleanly for now", "[qp]") {
+    Endpoint a(devices().a);
+    ibv_qp_init_attr init{};
+    init.send_cq = a.cq;
+    init.recv_cq = a.cq;
+    init.cap.max_send_wr = init.cap.max_recv_wr = 1;
+    init.cap.max_send_sge = init.cap.max_recv_sge = 1;
+    init.qp_type = IBV_QPT_UD;
+    errno = 0;
+    CHECK(ibv_create_qp(a.pd, &init) == nullptr);
+    CHECK(errno == EOPNOTSUPP);
+    init.qp_type = IBV_QPT_RC;
+    init.cap.max_inline_data = 100000;
+    CHECK(ibv_create_qp(a.pd, &init) == nullptr);
+    CHECK(errno == EINVAL);
+}
+
+TEST_CASE("contexts and QPs open and close repeatedly", "[qp][lifecycle]") {
+    for (int i = 0; i < 20; ++i) {
+        Endpoint a(devices().a), b(devices().b);
+        connect(a, b);
+        Buffer sbuf(a.pd, 4096, kAll), rbuf(b.pd, 4096, kAll);
+        REQUIRE(post_rdma(a.qp, IBV_WR_RDMA_WRITE, sbuf, 0, 4096, rbuf.addr(), rbuf.mr->rkey, 1) == 0);
+        REQUIRE(wait_completions(a.cq, 1).size() == 1);
+        // A second QP on the same context, created and destroyed.
+        ibv_qp_init_attr init{};
+        init.send_cq = a.cq;
+        init.recv_cq = a.cq;
+        init.qp_type = IBV_QPT_RC;
+        init.cap.max_send_wr = init.cap.max_recv_wr = 4;
+        init.cap.max_send_sge = init.cap.max_recv_sge = 1;
+        ibv_qp* extra = ibv_create_qp(a.pd, &init);
+        REQUIRE(extra);
+        REQUIRE(ibv_destroy_qp(extra) == 0);
+    }
+}
