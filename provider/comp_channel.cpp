@@ -16,13 +16,13 @@ namespace uroce::provider {
 namespace {
 
 class Lock {
-public:
+  public:
     explicit Lock(pthread_mutex_t* mutex) noexcept : mutex_(mutex) { pthread_mutex_lock(mutex_); }
     ~Lock() { pthread_mutex_unlock(mutex_); }
     Lock(const Lock&) = delete;
     Lock& operator=(const Lock&) = delete;
 
-private:
+  private:
     pthread_mutex_t* mutex_;
 };
 
@@ -50,7 +50,7 @@ void discard_available(int fd, size_t count) noexcept {
 std::shared_ptr<CompChannel> CompChannel::create() noexcept {
     int pair[2];
     if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) != 0) return nullptr;
-    struct stat st{};
+    struct stat st {};
     const int reader = fcntl(pair[0], F_DUPFD_CLOEXEC, 0);
     if (reader < 0 || fstat(pair[0], &st) != 0) {
         close_quietly(reader);
@@ -167,9 +167,9 @@ size_t CompChannel::pending() const noexcept {
 bool CompChannel::is_open_as(int fd) const noexcept {
     if (fd < 0) return false;
     const int saved = errno;
-    struct stat st{};
-    const bool same = fstat(fd, &st) == 0 && S_ISSOCK(st.st_mode) && st.st_dev == dev_ &&
-                      st.st_ino == ino_;
+    struct stat st {};
+    const bool same =
+        fstat(fd, &st) == 0 && S_ISSOCK(st.st_mode) && st.st_dev == dev_ && st.st_ino == ino_;
     errno = saved;
     return same;
 }

@@ -58,7 +58,7 @@ void cmd_fd_unregister(int cmd_fd) noexcept;
 // One completion channel. Shared by the registry (until libibverbs closes its fd) and by
 // every CQ attached to it; the fds are closed when the last reference goes.
 class CompChannel {
-public:
+  public:
     // A new channel, not registered anywhere. nullptr with errno set on failure.
     static std::shared_ptr<CompChannel> create() noexcept;
     ~CompChannel();
@@ -94,7 +94,7 @@ public:
     // The app-visible fd was closed: later notify() calls are ignored.
     void mark_closed() noexcept;
 
-private:
+  private:
     CompChannel() = default;
     void consume_bytes(size_t count) noexcept;  // needs mutex_
     void trim_bytes() noexcept;                 // needs mutex_

@@ -8,7 +8,9 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <memory>
 #include <mutex>
+#include <new>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -37,7 +39,7 @@ Registry* registry() noexcept {
 std::atomic<size_t> g_tracked{0};
 
 class RegistryLock {
-public:
+  public:
     // Only once registry() returned non-null (tracking() true or checked by the caller).
     RegistryLock() noexcept : registry_(*registry()) { pthread_mutex_lock(&registry_.mutex); }
     ~RegistryLock() {
@@ -49,11 +51,13 @@ public:
     RegistryLock& operator=(const RegistryLock&) = delete;
     Registry* operator->() const noexcept { return &registry_; }
 
-private:
+  private:
     Registry& registry_;
 };
 
-bool tracking() noexcept { return g_tracked.load(std::memory_order_acquire) != 0; }
+bool tracking() noexcept {
+    return g_tracked.load(std::memory_order_acquire) != 0;
+}
 
 bool is_cmd_fd(int fd) noexcept {
     RegistryLock r;
@@ -168,8 +172,12 @@ int hook_close(int fd) noexcept {
 
 // ---- installation -------------------------------------------------------------------------
 
-void fork_prepare() noexcept { pthread_mutex_lock(&registry()->mutex); }
-void fork_release() noexcept { pthread_mutex_unlock(&registry()->mutex); }
+void fork_prepare() noexcept {
+    pthread_mutex_lock(&registry()->mutex);
+}
+void fork_release() noexcept {
+    pthread_mutex_unlock(&registry()->mutex);
+}
 
 struct Hook {
     const char* symbol;

@@ -12,6 +12,11 @@
 namespace uroce::provider::got {
 namespace {
 
+using Addr = ElfW(Addr);
+using Sxword = ElfW(Sxword);
+using Sym = ElfW(Sym);
+using Rela = ElfW(Rela);
+
 #if defined(__x86_64__)
 constexpr bool kSupported = true;
 constexpr uint32_t kRelJumpSlot = R_X86_64_JUMP_SLOT;
@@ -48,13 +53,13 @@ bool describe(const dl_phdr_info& info, LoadedObject* out) noexcept {
     object.lo = UINTPTR_MAX;
     const uintptr_t page = page_size();
     for (size_t i = 0; i < info.dlpi_phnum; ++i) {
-        const ElfW(Phdr)& ph = info.dlpi_phdr[i];
+        const Phdr& ph = info.dlpi_phdr[i];
         const uintptr_t start = info.dlpi_addr + ph.p_vaddr;
         if (ph.p_type == PT_LOAD) {
             if (start < object.lo) object.lo = start;
             if (start + ph.p_memsz > object.hi) object.hi = start + ph.p_memsz;
         } else if (ph.p_type == PT_DYNAMIC) {
-            object.dynamic = reinterpret_cast<const ElfW(Dyn)*>(start);
+            object.dynamic = reinterpret_cast<const Dyn*>(start);
         } else if (ph.p_type == PT_GNU_RELRO) {
             // The loader protects whole pages only: both ends rounded down.
             object.relro_lo = align_down(start, page);
@@ -71,13 +76,13 @@ struct DynamicInfo {
     const char* strtab = nullptr;
     size_t strsz = 0;
     const uint8_t* symtab = nullptr;
-    size_t syment = sizeof(ElfW(Sym));
+    size_t syment = sizeof(Sym);
     const uint8_t* jmprel = nullptr;
     size_t pltrelsz = 0;
-    ElfW(Sxword) pltrel = DT_RELA;
+    Sxword pltrel = DT_RELA;
     const uint8_t* rela = nullptr;
     size_t relasz = 0;
-    size_t relaent = sizeof(ElfW(Rela));
+    size_t relaent = sizeof(Rela);
     bool has_soname = false;
     size_t soname = 0;
     bool bind_now = false;
@@ -88,7 +93,7 @@ struct DynamicInfo {
 // outside the mapped range, so the two cannot be confused unless the bias is 0, where they
 // coincide.
 template <typename T>
-const T* dyn_pointer(const LoadedObject& object, ElfW(Addr) value) noexcept {
+const T* dyn_pointer(const LoadedObject& object, Addr value) noexcept {
     const uintptr_t address = inside(object, value) ? value : object.base + value;
     return reinterpret_cast<const T*>(address);
 }
@@ -99,30 +104,53 @@ bool read_dynamic(const LoadedObject& object, DynamicInfo* out) noexcept {
     // A dynamic section is a few dozen entries; the bound only guards against garbage.
     constexpr size_t kMaxEntries = 4096;
     size_t i = 0;
-    for (const ElfW(Dyn)* d = object.dynamic; d->d_tag != DT_NULL && i < kMaxEntries; ++d, ++i) {
+    for (const Dyn* d = object.dynamic; d->d_tag != DT_NULL && i < kMaxEntries; ++d, ++i) {
         switch (d->d_tag) {
-            case DT_STRTAB: info.strtab = dyn_pointer<char>(object, d->d_un.d_ptr); break;
-            case DT_STRSZ: info.strsz = d->d_un.d_val; break;
-            case DT_SYMTAB: info.symtab = dyn_pointer<uint8_t>(object, d->d_un.d_ptr); break;
-            case DT_SYMENT: info.syment = d->d_un.d_val; break;
-            case DT_JMPREL: info.jmprel = dyn_pointer<uint8_t>(object, d->d_un.d_ptr); break;
-            case DT_PLTRELSZ: info.pltrelsz = d->d_un.d_val; break;
-            case DT_PLTREL: info.pltrel = static_cast<ElfW(Sxword)>(d->d_un.d_val); break;
-            case DT_RELA: info.rela = dyn_pointer<uint8_t>(object, d->d_un.d_ptr); break;
-            case DT_RELASZ: info.relasz = d->d_un.d_val; break;
-            case DT_RELAENT: info.relaent = d->d_un.d_val; break;
+            case DT_STRTAB:
+                info.strtab = dyn_pointer<char>(object, d->d_un.d_ptr);
+                break;
+            case DT_STRSZ:
+                info.strsz = d->d_un.d_val;
+                break;
+            case DT_SYMTAB:
+                info.symtab = dyn_pointer<uint8_t>(object, d->d_un.d_ptr);
+                break;
+            case DT_SYMENT:
+                info.syment = d->d_un.d_val;
+                break;
+            case DT_JMPREL:
+                info.jmprel = dyn_pointer<uint8_t>(object, d->d_un.d_ptr);
+                break;
+            case DT_PLTRELSZ:
+                info.pltrelsz = d->d_un.d_val;
+                break;
+            case DT_PLTREL:
+                info.pltrel = static_cast<Sxword>(d->d_un.d_val);
+                break;
+            case DT_RELA:
+                info.rela = dyn_pointer<uint8_t>(object, d->d_un.d_ptr);
+                break;
+            case DT_RELASZ:
+                info.relasz = d->d_un.d_val;
+                break;
+            case DT_RELAENT:
+                info.relaent = d->d_un.d_val;
+                break;
             case DT_SONAME:
                 info.has_soname = true;
                 info.soname = d->d_un.d_val;
                 break;
-            case DT_BIND_NOW: info.bind_now = true; break;
+            case DT_BIND_NOW:
+                info.bind_now = true;
+                break;
             case DT_FLAGS:
                 if ((d->d_un.d_val & DF_BIND_NOW) != 0) info.bind_now = true;
                 break;
             case DT_FLAGS_1:
                 if ((d->d_un.d_val & DF_1_NOW) != 0) info.bind_now = true;
                 break;
-            default: break;
+            default:
+                break;
         }
     }
     if (info.strtab == nullptr) return false;
@@ -147,7 +175,7 @@ struct AnchorSearch {
 int anchor_callback(dl_phdr_info* info, size_t, void* data) noexcept {
     auto* search = static_cast<AnchorSearch*>(data);
     for (size_t i = 0; i < info->dlpi_phnum; ++i) {
-        const ElfW(Phdr)& ph = info->dlpi_phdr[i];
+        const Phdr& ph = info->dlpi_phdr[i];
         const uintptr_t start = info->dlpi_addr + ph.p_vaddr;
         if (ph.p_type == PT_LOAD && search->anchor >= start &&
             search->anchor < start + ph.p_memsz) {
@@ -178,16 +206,16 @@ int soname_callback(dl_phdr_info* info, size_t, void* data) noexcept {
 // Adds the slots of one relocation table that import `symbol`.
 void scan_relocations(const LoadedObject& object, const DynamicInfo& info, const uint8_t* table,
                       size_t size, const char* symbol, ImportSlots* out) noexcept {
-    if (table == nullptr || info.symtab == nullptr || info.relaent < sizeof(ElfW(Rela)) ||
-        info.syment < sizeof(ElfW(Sym))) {
+    if (table == nullptr || info.symtab == nullptr || info.relaent < sizeof(Rela) ||
+        info.syment < sizeof(Sym)) {
         return;
     }
-    for (size_t offset = 0; offset + sizeof(ElfW(Rela)) <= size; offset += info.relaent) {
-        const auto* rel = reinterpret_cast<const ElfW(Rela)*>(table + offset);
+    for (size_t offset = 0; offset + sizeof(Rela) <= size; offset += info.relaent) {
+        const auto* rel = reinterpret_cast<const Rela*>(table + offset);
         const uint32_t type = static_cast<uint32_t>(ELF64_R_TYPE(rel->r_info));
         const size_t sym_index = ELF64_R_SYM(rel->r_info);
         if ((type != kRelJumpSlot && type != kRelGlobDat) || sym_index == 0) continue;
-        const auto* sym = reinterpret_cast<const ElfW(Sym)*>(info.symtab + sym_index * info.syment);
+        const auto* sym = reinterpret_cast<const Sym*>(info.symtab + sym_index * info.syment);
         if (sym->st_name >= info.strsz || strcmp(info.strtab + sym->st_name, symbol) != 0) {
             continue;
         }
@@ -207,7 +235,7 @@ void scan_relocations(const LoadedObject& object, const DynamicInfo& info, const
 int loader_protection(const LoadedObject& object, uintptr_t page, uintptr_t address) noexcept {
     if (page >= object.relro_lo && page < object.relro_hi) return PROT_READ;
     for (size_t i = 0; i < object.phnum; ++i) {
-        const ElfW(Phdr)& ph = object.phdr[i];
+        const Phdr& ph = object.phdr[i];
         const uintptr_t start = object.base + ph.p_vaddr;
         if (ph.p_type != PT_LOAD || address < start || address >= start + ph.p_memsz) continue;
         int prot = 0;
@@ -235,7 +263,9 @@ int find_object_by_soname(const char* soname_prefix, LoadedObject* out) noexcept
     return search.found ? 0 : ENOENT;
 }
 
-const char* soname(const LoadedObject& object) noexcept { return dynamic_soname(object); }
+const char* soname(const LoadedObject& object) noexcept {
+    return dynamic_soname(object);
+}
 
 int find_import_slots(const LoadedObject& object, const char* symbol, ImportSlots* out) noexcept {
     *out = ImportSlots{};

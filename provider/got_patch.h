@@ -21,16 +21,19 @@
 
 namespace uroce::provider::got {
 
+using Phdr = ElfW(Phdr);
+using Dyn = ElfW(Dyn);
+
 // A loaded object, found through an address inside one of its segments.
 struct LoadedObject {
-    uintptr_t base = 0;       // load bias (dlpi_addr)
-    uintptr_t lo = 0;         // lowest address of its PT_LOAD segments
-    uintptr_t hi = 0;         // one past the highest
-    uintptr_t relro_lo = 0;   // PT_GNU_RELRO, page-aligned as the loader protects it
-    uintptr_t relro_hi = 0;   // (empty when the object has no RELRO)
-    const ElfW(Phdr)* phdr = nullptr;
+    uintptr_t base = 0;      // load bias (dlpi_addr)
+    uintptr_t lo = 0;        // lowest address of its PT_LOAD segments
+    uintptr_t hi = 0;        // one past the highest
+    uintptr_t relro_lo = 0;  // PT_GNU_RELRO, page-aligned as the loader protects it
+    uintptr_t relro_hi = 0;  // (empty when the object has no RELRO)
+    const Phdr* phdr = nullptr;
     size_t phnum = 0;
-    const ElfW(Dyn)* dynamic = nullptr;
+    const Dyn* dynamic = nullptr;
 };
 
 // Finds the loaded object whose PT_LOAD segments contain `anchor`. 0, or ENOENT.
@@ -73,7 +76,9 @@ void* current_target(const LoadedObject& object, const ImportSlots& slots,
 int store_import_slots(const LoadedObject& object, const ImportSlots& slots, void* value) noexcept;
 
 // The value a slot holds now (acquire load).
-inline void* load_slot(void** slot) noexcept { return __atomic_load_n(slot, __ATOMIC_ACQUIRE); }
+inline void* load_slot(void** slot) noexcept {
+    return __atomic_load_n(slot, __ATOMIC_ACQUIRE);
+}
 
 }  // namespace uroce::provider::got
 

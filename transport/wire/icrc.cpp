@@ -64,7 +64,7 @@ constexpr uint32_t kPoly = 0xEDB88320u;
 constexpr uint32_t kOne = 0x80000000u;  // the polynomial 1
 
 constexpr uint32_t times_x(uint32_t a) {
-    return (a & 1) ? (a >> 1) ^ kPoly : a >> 1;
+    return (a >> 1) ^ (kPoly & (0u - (a & 1)));
 }
 
 // x is invertible because P has a constant term: add P to clear the x^0 coefficient, then
@@ -73,11 +73,12 @@ constexpr uint32_t times_x_inverse(uint32_t a) {
     return (a & kOne) ? ((a ^ kPoly) << 1) | 1u : a << 1;
 }
 
+// Shift-and-add, without branches on the data.
 constexpr uint32_t multiply(uint32_t a, uint32_t b) {
     uint32_t product = 0;
-    for (uint32_t bit = kOne; bit != 0; bit >>= 1) {  // x^0, x^1, ... of a
-        if (a & bit) product ^= b;
-        b = times_x(b);  // b * x^k for the next k
+    for (int k = 31; k >= 0; --k) {  // a's coefficients of x^0, x^1, ...
+        product ^= b & (0u - (a >> k & 1));
+        b = times_x(b);  // b * x^(next power)
     }
     return product;
 }
@@ -86,13 +87,13 @@ static_assert(times_x(times_x_inverse(kOne)) == kOne);
 static_assert(multiply(times_x(kOne), times_x_inverse(kOne)) == kOne);
 
 // kInversePowers[i] = x^-(2^i) mod P, so x^-e is a product over the set bits of e.
-constexpr std::array<uint32_t, 32> make_inverse_powers() {
-    std::array<uint32_t, 32> t{};
+constexpr std::array<uint32_t, 64> make_inverse_powers() {
+    std::array<uint32_t, 64> t{};
     t[0] = times_x_inverse(kOne);
     for (size_t i = 1; i < t.size(); ++i) t[i] = multiply(t[i - 1], t[i - 1]);
     return t;
 }
-constexpr std::array<uint32_t, 32> kInversePowers = make_inverse_powers();
+constexpr std::array<uint32_t, 64> kInversePowers = make_inverse_powers();
 
 uint32_t x_to_minus(uint64_t e) {
     uint32_t r = kOne;
@@ -100,6 +101,30 @@ uint32_t x_to_minus(uint64_t e) {
         if (e & 1) r = multiply(r, kInversePowers[i]);
     }
     return r;
+}
+
+// The exponents verification needs are whole bytes, and a UDP payload is under 64 KiB, so
+// x^-(8k) comes from two 1 KiB tables and one multiplication instead of a dozen:
+//   kLowBytes[i] = x^-(8i),  kHighBytes[j] = x^-(8 * 256j).
+constexpr size_t kLowCount = 256;
+constexpr size_t kHighCount = 257;  // k reaches 65535 + the pseudo-header's share
+
+template <size_t N>
+constexpr std::array<uint32_t, N> make_geometric(uint32_t step) {
+    std::array<uint32_t, N> t{};
+    t[0] = kOne;
+    for (size_t i = 1; i < N; ++i) t[i] = multiply(t[i - 1], step);
+    return t;
+}
+constexpr uint32_t kXMinus8 = kInversePowers[3];
+constexpr std::array<uint32_t, kLowCount> kLowBytes = make_geometric<kLowCount>(kXMinus8);
+constexpr std::array<uint32_t, kHighCount> kHighBytes =
+    make_geometric<kHighCount>(kInversePowers[11]);  // x^-(8 * 256) = x^-(2^11)
+static_assert(multiply(kLowBytes[255], kXMinus8) == kHighBytes[1]);
+
+uint32_t x_to_minus_bytes(uint64_t k) {
+    if (k >= kLowCount * kHighCount) return x_to_minus(8 * k);
+    return multiply(kLowBytes[k % kLowCount], kHighBytes[k / kLowCount]);
 }
 
 // Why verification is a single multiplication:
@@ -120,7 +145,7 @@ uint32_t x_to_minus(uint64_t e) {
 // single-bit "basis deltas" (the Gaussian-elimination formulation): multiplying by x^s is an
 // invertible linear map, and after undoing it the basis deltas are the monomials of D, which
 // are already in echelon form. So no elimination is needed, and it costs one power of x^-1
-// (a few 32-step multiplications), not a search over 2^17 values.
+// (table lookups and two 32-step multiplications), not a search over 2^17 values.
 //
 // In the reflected representation the window's byte k, bit j (LSB first, the order the CRC
 // consumes them) is the coefficient of x^(23 - 8k - j), i.e. bit 8 + 8k + j of D: D is the
@@ -187,9 +212,9 @@ IcrcCheck icrc_verify_ipv4(const Ipv4Flow& flow, std::span<const uint8_t> udp_pa
     const uint32_t delta = received ^ computed;
     if (delta == 0) return IcrcCheck::Exact;
 
-    const uint64_t message_bits = 8 * (uint64_t{kPseudoBytes} + roce_len);
-    const uint64_t bits_after_window = message_bits - 8 * kWindowEndOffset;
-    const uint32_t window = multiply(delta, x_to_minus(bits_after_window + 32));
+    // s + 32 in bytes: what follows the window in the message, plus the CRC's own 32 bits.
+    const uint64_t bytes_after_window = kPseudoBytes + uint64_t{roce_len} - kWindowEndOffset;
+    const uint32_t window = multiply(delta, x_to_minus_bytes(bytes_after_window + 4));
     return (window & ~kUnseenWindowMask) == 0 ? IcrcCheck::MatchesUnseenFields
                                               : IcrcCheck::Mismatch;
 }

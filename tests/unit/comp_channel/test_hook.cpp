@@ -37,7 +37,9 @@ using uroce::test::wait_until;
 namespace {
 
 std::atomic<int> g_cq_events{0};
-void count_cq_event(ibv_cq*) { g_cq_events.fetch_add(1); }
+void count_cq_event(ibv_cq*) {
+    g_cq_events.fetch_add(1);
+}
 
 got::LoadedObject libibverbs() {
     got::LoadedObject object;
@@ -86,17 +88,17 @@ bool patch_before_install(const char* symbol, Fn replacement, Fn* next) {
         return false;
     }
     *next = reinterpret_cast<Fn>(got::current_target(object, slots, symbol));
-    return *next != nullptr && got::store_import_slots(object, slots,
-                                                       reinterpret_cast<void*>(replacement)) == 0;
+    return *next != nullptr &&
+           got::store_import_slots(object, slots, reinterpret_cast<void*>(replacement)) == 0;
 }
 
-const bool g_earlier_patched = patch_before_install("write", earlier_write,
-                                                    &g_earlier_write_next) &&
-                               patch_before_install("read", earlier_read, &g_earlier_read_next);
+const bool g_earlier_patched =
+    patch_before_install("write", earlier_write, &g_earlier_write_next) &&
+    patch_before_install("read", earlier_read, &g_earlier_read_next);
 
 // A context as a provider's alloc_context would build it, without a device.
 class FakeContext {
-public:
+  public:
     FakeContext() {
         REQUIRE(comp_channel_hook_install() == 0);
         device_.ops = &device_ops_;
@@ -127,7 +129,7 @@ public:
         context_ = nullptr;
     }
 
-private:
+  private:
     verbs_device_ops device_ops_{};
     verbs_device device_{};
     int cmd_fd_ = -1;
@@ -153,7 +155,9 @@ struct FakeCq {
     ibv_cq cq{};
 };
 
-bool fd_is_open(int fd) { return fcntl(fd, F_GETFD) != -1; }
+bool fd_is_open(int fd) {
+    return fcntl(fd, F_GETFD) != -1;
+}
 
 int count_open_fds() {
     DIR* dir = opendir("/proc/self/fd");
@@ -234,7 +238,7 @@ TEST_CASE("other fds pass straight through libibverbs' write, read and close", "
     CHECK(ibv_read(pipe_fds[0], buf, sizeof buf) == 5);
     CHECK(std::string(buf, 5) == "hello");
     CHECK(ibv_close(pipe_fds[1]) == 0);
-    CHECK(ibv_read(pipe_fds[0], buf, sizeof buf) == 0);  // EOF
+    CHECK(ibv_read(pipe_fds[0], buf, sizeof buf) == 0);   // EOF
     CHECK(g_earlier_writes.load() == writes_before + 1);  // chained to the earlier patch
     CHECK(g_earlier_reads.load() == reads_before + 2);
     CHECK(ibv_close(pipe_fds[0]) == 0);
@@ -284,8 +288,7 @@ TEST_CASE("the command handler checks the layout as the kernel does", "[hook]") 
     CHECK_FALSE(comp_channel_lookup(fd));
 }
 
-TEST_CASE("ibv_create_comp_channel, ibv_get_cq_event and ibv_destroy_comp_channel work",
-          "[hook]") {
+TEST_CASE("ibv_create_comp_channel, ibv_get_cq_event and ibv_destroy_comp_channel work", "[hook]") {
     FakeContext ctx;
     ibv_comp_channel* channel = ibv_create_comp_channel(ctx.context());
     REQUIRE(channel != nullptr);

@@ -21,13 +21,15 @@ bool wait_until(Predicate done, std::chrono::milliseconds limit = std::chrono::s
 }
 
 inline std::atomic<int> g_signals_seen{0};
-inline void count_signal(int) { g_signals_seen.fetch_add(1); }
+inline void count_signal(int) {
+    g_signals_seen.fetch_add(1);
+}
 
 // Installs count_signal for `signo` (with or without SA_RESTART) for the scope's lifetime.
 class ScopedHandler {
-public:
+  public:
     ScopedHandler(int signo, bool restart) : signo_(signo) {
-        struct sigaction action{};
+        struct sigaction action {};
         action.sa_handler = count_signal;
         sigemptyset(&action.sa_mask);
         action.sa_flags = restart ? SA_RESTART : 0;
@@ -37,9 +39,9 @@ public:
     ScopedHandler(const ScopedHandler&) = delete;
     ScopedHandler& operator=(const ScopedHandler&) = delete;
 
-private:
+  private:
     int signo_;
-    struct sigaction previous_{};
+    struct sigaction previous_ {};
 };
 
 }  // namespace uroce::test

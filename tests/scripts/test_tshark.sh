@@ -1,0 +1,301 @@
+#!/usr/bin/env bash
+# What uroce puts on the wire, as Wireshark sees it.
+#
+#   test_tshark.sh PATH_TO_UROCE
+#
+# Captures UDP port 4791 on `lo` (only our 127.0.X.0/24 block, so that parallel
+# tests do not mix in) with dumpcap while ibv_rc_pingpong (SEND), ib_write_bw /
+# ib_write_lat (RDMA WRITE) and ib_read_bw / ib_read_lat (RDMA READ) run with
+# small sizes, then decodes the capture with tshark and checks that:
+#   - every packet decodes as RoCEv2 (infiniband in frame.protocols) with
+#     Wireshark's default port table, and the same with an explicit -d;
+#   - the expected RC opcodes all appear;
+#   - there is no malformed packet and no expert info of severity error;
+#   - RETH DMA lengths are the message sizes;
+#   - (python3) the ICRC of every packet is right and FIRST/MIDDLE packets carry
+#     exactly one path MTU (1024) of payload. Wireshark 4.0 does not check the
+#     ICRC (no status field; see `tshark -G fields | grep -i icrc`), so this
+#     script computes it; the checker first proves itself on the Linux rxe
+#     reference captures (../shared/roce-captures) when they are there, and on
+#     a copy of our capture with one flipped bit.
+# Capturing needs root: otherwise everything is skipped (exit 77).
+# Last line: "N passed, M failed"; exit 1 if M > 0.
+set -u
+# shellcheck source=lib.sh
+source "$(dirname "$(readlink -f "$0")")/lib.sh"
+lib_init "$@"
+SCRIPT_DIR=$(dirname "$(readlink -f "$0")")
+
+for tool in tshark dumpcap ibv_rc_pingpong ib_write_bw ib_write_lat ib_read_bw ib_read_lat ss timeout; do
+    if ! command -v "$tool" >/dev/null; then
+        skip "$tool is not installed"
+        finish
+    fi
+done
+require_root "capturing on lo"
+
+T0=$SECONDS
+OCT=$(pick_octet 43) || echo "# warning: every 127.0.43..62.* block has UDP sockets; using 127.0.$OCT"
+A="ts$$a"
+B="ts$$b"
+IP_A="127.0.$OCT.1"
+IP_B="127.0.$OCT.2"
+PMTU=1024
+add_device "$A" "$IP_A" || finish
+add_device "$B" "$IP_B" || finish
+
+PCAP="$WORK/uroce.pcap"
+# tshark (and dumpcap) warn on stderr about running as root; keep that out.
+tsh() { tshark "$@" 2>>"$WORK/tshark.err"; }
+
+# ------------------------------------------------------------------ capture
+dumpcap -i lo -f "udp port 4791 and net 127.0.$OCT.0/24" -B 64 -P -w "$PCAP" \
+    >"$WORK/dumpcap.out" 2>"$WORK/dumpcap.err" &
+DUMPCAP=$!
+BG_PIDS+=("$DUMPCAP")
+started=0
+for ((i = 0; i < 300; i++)); do
+    if grep -q "^Capturing on" "$WORK/dumpcap.err"; then started=1; break; fi
+    kill -0 "$DUMPCAP" 2>/dev/null || break
+    sleep 0.05
+done
+if [[ $started -ne 1 ]]; then
+    not_ok "dumpcap starts capturing on lo" "$(cat "$WORK/dumpcap.err")"
+    finish
+fi
+ok "dumpcap captures on lo"
+sleep 0.3  # "Capturing on" comes just before the capture loop starts
+
+# traffic LABEL KIND PROGRAM ARGS...: server on A, client on B.
+traffic() {
+    local label=$1 kind=$2 prog=$3 port
+    shift 3
+    port=$(free_tcp_port) || { not_ok "$label: no free TCP port"; return; }
+    if [[ $kind == pingpong ]]; then
+        run_pair "$label" "$port" 60 UROCE_STATS=1 \
+            -- "$prog" -d "$A" -g 0 -p "$port" "$@" \
+            -- "$prog" -d "$B" -g 0 -p "$port" "$@" "$IP_A"
+    else
+        run_pair "$label" "$port" 60 UROCE_STATS=1 \
+            -- "$prog" -d "$A" -x 0 -p "$port" "$@" \
+            -- "$prog" -d "$B" -x 0 -p "$port" "$@" "$IP_A"
+    fi
+    expect_pair_ok "$label"
+    local v
+    v=$(counter_value "$SRV_ERR" "$A" rx_bad_icrc)/$(counter_value "$CLI_ERR" "$B" rx_bad_icrc)
+    expect_eq "$label: rx_bad_icrc=0 on both sides" "0/0" "$v"
+}
+
+traffic "pingpong -s 64" pingpong ibv_rc_pingpong -s 64 -n 10         # SEND Only
+traffic "pingpong -s 4096" pingpong ibv_rc_pingpong -s 4096 -n 10     # SEND First/Middle/Last
+traffic "ib_write_bw -s 8192" perftest ib_write_bw -s 8192 -n 20      # WRITE First/Middle/Last
+traffic "ib_write_lat -s 64" perftest ib_write_lat -s 64 -n 20        # WRITE Only
+traffic "ib_read_bw -s 8192" perftest ib_read_bw -s 8192 -n 20        # READ Request, Response First/Middle/Last
+traffic "ib_read_lat -s 64" perftest ib_read_lat -s 64 -n 20          # READ Response Only
+
+sleep 0.3
+kill -INT "$DUMPCAP" 2>/dev/null
+for ((i = 0; i < 100; i++)); do
+    kill -0 "$DUMPCAP" 2>/dev/null || break
+    sleep 0.1
+done
+kill -KILL "$DUMPCAP" 2>/dev/null
+wait "$DUMPCAP"
+echo "# $(grep -i "received/dropped" "$WORK/dumpcap.err")"
+if grep -Eq "received/dropped on interface .*: [0-9]+/0 " "$WORK/dumpcap.err"; then
+    ok "dumpcap dropped no packets"
+else
+    not_ok "dumpcap dropped no packets" "$(cat "$WORK/dumpcap.err")"
+fi
+
+# ------------------------------------------------------------------- decode
+TOTAL=$(tsh -r "$PCAP" -T fields -e frame.number | wc -l)
+echo "# $TOTAL packets captured"
+if [[ $TOTAL -lt 100 ]]; then
+    not_ok "the capture holds the traffic (>= 100 packets)" "got $TOTAL" "$(cat "$WORK/dumpcap.err" "$WORK/tshark.err")"
+    finish
+fi
+ok "the capture holds the traffic ($TOTAL packets)"
+
+if tsh -G decodes | grep -Pq '^udp\.port\t4791\tinfiniband$'; then
+    ok "Wireshark decodes UDP port 4791 as InfiniBand (RoCEv2) by default"
+else
+    not_ok "Wireshark decodes UDP port 4791 as InfiniBand (RoCEv2) by default" "$(tsh -G decodes | grep 4791)"
+fi
+
+# not_ib [TSHARK ARGS...]: frames whose protocols lack infiniband.
+not_ib() {
+    tsh -r "$PCAP" "$@" -T fields -e frame.number -e frame.protocols | awk -F'\t' '$2 !~ /(^|:)infiniband(:|$)/'
+}
+out=$(not_ib)
+expect_eq "every packet decodes as RoCEv2 (infiniband in frame.protocols)" "" "$(head -n 5 <<<"$out")"
+out=$(not_ib -d udp.port==4791,infiniband)
+expect_eq "every packet decodes as RoCEv2 with -d udp.port==4791,infiniband" "" "$(head -n 5 <<<"$out")"
+out=$(tsh -r "$PCAP" -T fields -e frame.number -e ip.proto -e udp.dstport | awk -F'\t' '$2 != 17 || $3 != 4791')
+expect_eq "every packet is UDP to port 4791" "" "$(head -n 5 <<<"$out")"
+
+out=$(tsh -r "$PCAP" -Y "_ws.malformed || _ws.expert.severity >= error")
+expect_eq "no malformed packets, no expert errors" "" "$(head -n 10 <<<"$out")"
+out=$(tsh -r "$PCAP" -Y "_ws.expert" -T fields -e _ws.expert.message | sort | uniq -c)
+[[ -n $out ]] && echo "# expert infos (below error):" && sed 's/^/#   /' <<<"$out"
+
+declare -A OPNAME=(
+    [0]="RC SEND First" [1]="RC SEND Middle" [2]="RC SEND Last" [4]="RC SEND Only"
+    [6]="RC RDMA WRITE First" [7]="RC RDMA WRITE Middle" [8]="RC RDMA WRITE Last" [10]="RC RDMA WRITE Only"
+    [12]="RC RDMA READ Request" [13]="RC RDMA READ Response First" [14]="RC RDMA READ Response Middle"
+    [15]="RC RDMA READ Response Last" [16]="RC RDMA READ Response Only" [17]="RC Acknowledge"
+)
+tsh -r "$PCAP" -T fields -e infiniband.bth.opcode | sort -n | uniq -c >"$WORK/opcodes"
+echo "# opcodes (count opcode):"
+sed 's/^/#   /' "$WORK/opcodes"
+for op in 0 1 2 4 6 7 8 10 12 13 14 15 16 17; do
+    n=$(awk -v o="$op" '$2 == o { print $1 }' "$WORK/opcodes")
+    if [[ ${n:-0} -gt 0 ]]; then
+        ok "opcode $op (${OPNAME[$op]}) appears ($n packets)"
+    else
+        not_ok "opcode $op (${OPNAME[$op]}) appears"
+    fi
+done
+out=$(awk '$2 !~ /^(0|1|2|4|6|7|8|10|12|13|14|15|16|17)$/' "$WORK/opcodes")
+expect_eq "no opcode other than the expected RC ones" "" "$out"
+
+# RETH DMA lengths: WRITE First/Only and READ Request carry the message size.
+out=$(tsh -r "$PCAP" -Y "infiniband.bth.opcode == 6" -T fields -e infiniband.reth.dmalen | sort -u | paste -sd' ')
+expect_eq "RETH DMA length of WRITE First is 8192" 8192 "$out"
+out=$(tsh -r "$PCAP" -Y "infiniband.bth.opcode == 12" -T fields -e infiniband.reth.dmalen | sort -nu | paste -sd' ')
+expect_eq "RETH DMA lengths of READ Requests are 64 (ib_read_lat) and 8192 (ib_read_bw)" "64 8192" "$out"
+out=$(tsh -r "$PCAP" -Y "infiniband.bth.opcode == 10" -T fields -e infiniband.reth.dmalen | sort -u | paste -sd' ')
+expect_eq "RETH DMA length of WRITE Only is 64" 64 "$out"
+out=$(tsh -r "$PCAP" -Y "infiniband.bth.opcode == 17" -T fields -e infiniband.aeth.syndrome.opcode | sort -u | paste -sd' ')
+expect_eq "every Acknowledge is a positive ACK (AETH opcode 0)" 0 "$out"
+out=$(tsh -r "$PCAP" -T fields -e infiniband.bth.p_key -e infiniband.bth.tver | sort -u | paste -sd' ')
+expect_eq "P_Key 0xffff and transport version 0 everywhere" "65535	0" "$out"
+
+# -------------------------------------------------------------------- ICRC
+if ! command -v python3 >/dev/null; then
+    skip "ICRC and payload-size check: python3 is not installed"
+else
+    cat >"$WORK/check_icrc.py" <<'EOF'
+# check_icrc.py [--pmtu N] [--flip] PCAP...: checks the RoCEv2 ICRC of every
+# UDP/4791 packet of classic pcap files (Ethernet link type). With --pmtu, also
+# that FIRST/MIDDLE packets carry exactly N payload bytes and no pad. With
+# --flip, writes nothing, but flips one payload bit of the first packet in
+# memory first (the check must then fail). Exit 0 only if all is good.
+import struct, sys, zlib
+
+args = sys.argv[1:]
+pmtu = None
+flip = False
+while args and args[0].startswith('--'):
+    if args[0] == '--pmtu':
+        pmtu = int(args[1]); args = args[2:]
+    elif args[0] == '--flip':
+        flip = True; args = args[1:]
+    else:
+        raise SystemExit('unknown option ' + args[0])
+
+def packets(path):
+    with open(path, 'rb') as f:
+        data = f.read()
+    magic = data[:4]
+    if magic in (b'\xd4\xc3\xb2\xa1', b'\x4d\x3c\xb2\xa1'):
+        e = '<'
+    elif magic in (b'\xa1\xb2\xc3\xd4', b'\xa1\xb2\x3c\x4d'):
+        e = '>'
+    else:
+        raise SystemExit(path + ': not a classic pcap file')
+    link = struct.unpack(e + 'I', data[20:24])[0]
+    if link != 1:
+        raise SystemExit('%s: link type %d, want 1 (Ethernet)' % (path, link))
+    off, n = 24, 0
+    while off + 16 <= len(data):
+        incl, orig = struct.unpack(e + 'II', data[off + 8:off + 16])
+        n += 1
+        yield n, bytearray(data[off + 16:off + 16 + incl]), incl == orig
+        off += 16 + incl
+
+# Extra header bytes after the BTH, per RC opcode.
+EXTRA = {0: 0, 1: 0, 2: 0, 3: 4, 4: 0, 5: 4, 6: 16, 7: 0, 8: 0, 9: 4, 10: 16, 11: 20,
+         12: 16, 13: 4, 14: 0, 15: 4, 16: 4, 17: 4, 18: 12, 19: 28, 20: 28}
+FIRST_MIDDLE = {0, 1, 6, 7, 13, 14}
+bad = total = 0
+
+def complain(msg):
+    global bad
+    bad += 1
+    if bad <= 10:
+        print(msg)
+
+for path in args:
+    for n, fr, whole in packets(path):
+        if len(fr) < 34 or fr[12:14] != b'\x08\x00':
+            continue
+        ip = fr[14:]
+        ihl = (ip[0] & 15) * 4
+        if ip[9] != 17:
+            continue
+        udp = ip[ihl:]
+        if struct.unpack('>H', udp[2:4])[0] != 4791:
+            continue
+        total += 1
+        ulen = struct.unpack('>H', udp[4:6])[0]
+        if not whole or ulen > len(udp) or ulen < 8 + 12 + 4:
+            complain('%s #%d: truncated or too short' % (path, n))
+            continue
+        if flip and total == 1:
+            udp[ulen - 5] ^= 0x01
+        iph = bytearray(ip[:ihl]); iph[1] = 0xff; iph[8] = 0xff; iph[10:12] = b'\xff\xff'
+        uh = bytearray(udp[:8]); uh[6:8] = b'\xff\xff'
+        body = bytearray(udp[8:ulen - 4]); body[4] = 0xff
+        want = zlib.crc32(b'\xff' * 8 + bytes(iph) + bytes(uh) + bytes(body)) & 0xffffffff
+        got = int.from_bytes(udp[ulen - 4:ulen], 'little')
+        if want != got:
+            complain('%s #%d: ICRC %08x, computed %08x (IP id %d)'
+                     % (path, n, got, want, struct.unpack('>H', ip[4:6])[0]))
+        op = udp[8]
+        pad = (udp[9] >> 4) & 3
+        if pmtu is not None and op in EXTRA:
+            payload = ulen - 8 - 12 - EXTRA[op] - 4
+            if (payload) % 4:
+                complain('%s #%d: opcode %d: payload+pad %d is not a multiple of 4' % (path, n, op, payload))
+            if op in FIRST_MIDDLE and (payload != pmtu or pad):
+                complain('%s #%d: opcode %d carries %d bytes (pad %d), want %d'
+                         % (path, n, op, payload, pad, pmtu))
+print('icrc: %d packets, %d bad' % (total, bad))
+sys.exit(1 if bad or not total else 0)
+EOF
+    REFS="$SCRIPT_DIR/../../../shared/roce-captures"
+    checker_ok=1
+    if compgen -G "$REFS/*.pcap" >/dev/null; then
+        if out=$(python3 "$WORK/check_icrc.py" "$REFS"/*.pcap 2>&1); then
+            ok "ICRC checker accepts the rxe reference captures ($out)"
+        else
+            checker_ok=0
+            not_ok "ICRC checker accepts the rxe reference captures" "$out"
+        fi
+    else
+        echo "# no rxe reference captures at $REFS: checker not cross-checked"
+    fi
+    if python3 "$WORK/check_icrc.py" --flip "$PCAP" >/dev/null 2>&1; then
+        checker_ok=0
+        not_ok "ICRC checker rejects a flipped payload bit"
+    else
+        ok "ICRC checker rejects a flipped payload bit"
+    fi
+    if [[ $checker_ok -eq 1 ]]; then
+        if out=$(python3 "$WORK/check_icrc.py" --pmtu "$PMTU" "$PCAP" 2>&1); then
+            ok "every packet has a correct ICRC and FIRST/MIDDLE carry $PMTU bytes ($(tail -n1 <<<"$out"))"
+        else
+            IFS=$'\n' read -r -d '' -a lines <<<"$out"
+            not_ok "every packet has a correct ICRC and FIRST/MIDDLE carry $PMTU bytes" "${lines[@]}"
+        fi
+    else
+        skip "ICRC of our capture: the checker failed its own checks"
+    fi
+fi
+
+if [[ -n ${TSHARK_KEEP_PCAP:-} ]]; then
+    cp "$PCAP" "$TSHARK_KEEP_PCAP" && echo "# capture copied to $TSHARK_KEEP_PCAP"
+fi
+echo "# total time $((SECONDS - T0)) s"
+finish

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Installs what building and testing uroce needs, from Debian 12's own packages.
+set -euo pipefail
+packages=(
+  g++ meson ninja-build pkg-config
+  libibverbs-dev libevent-dev libisal-dev libcli11-dev libfmt-dev libpcap-dev catch2
+  ibverbs-utils perftest tshark iproute2 procps
+)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  if [[ $(id -u) -ne 0 ]]; then
+    echo "setup: missing packages: ${missing[*]}; run as root (or install them) first" >&2
+    exit 1
+  fi
+  echo "setup: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  # tshark asks whether non-root users may capture; the default (no) is fine.
+  echo "wireshark-common wireshark-common/install-setuid boolean false" | debconf-set-selections
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi

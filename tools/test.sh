@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# The whole test suite: install, build (normal and ASan+UBSan), run every test.
+set -euo pipefail
+top=$(cd "$(dirname "$0")/.." && pwd)
+"$top/tools/setup.sh"
+jobs=$(nproc)
+
+echo "== build"
+[[ -f "$top/build/build.ninja" ]] || meson setup "$top/build" "$top" >/dev/null
+ninja -C "$top/build" >/dev/null
+echo "== build with AddressSanitizer and UndefinedBehaviorSanitizer"
+[[ -f "$top/build-asan/build.ninja" ]] ||
+  meson setup "$top/build-asan" "$top" -Db_sanitize=address,undefined -Db_lundef=false >/dev/null
+ninja -C "$top/build-asan" >/dev/null
+
+status=0
+echo "== tests"
+meson test -C "$top/build" --num-processes "$jobs" --print-errorlogs || status=1
+echo "== tests under ASan/UBSan (unit, cli, integration)"
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+  meson test -C "$top/build-asan" --suite unit --suite cli --suite integration \
+    --num-processes "$jobs" --print-errorlogs || status=1
+
+# One closing line for the whole run, counted from both test logs.
+python3 - "$top/build/meson-logs/testlog.json" "$top/build-asan/meson-logs/testlog.json" <<'PY'
+import json, sys
+passed = failed = skipped = 0
+for path in sys.argv[1:]:
+    try:
+        lines = open(path).read().splitlines()
+    except OSError:
+        continue
+    for line in lines:
+        r = json.loads(line).get("result", "")
+        if r == "OK": passed += 1
+        elif r in ("SKIP",): skipped += 1
+        else: failed += 1
+print(f"{passed} passed, {failed} failed, {skipped} skipped")
+PY
+exit $status
