@@ -1,0 +1,151 @@
+// Completion channels created through libibverbs' own ibv_create_comp_channel (which the
+// provider answers in-process), completion events, and the asynchronous event fd.
+#include <fcntl.h>
+#include <poll.h>
+
+#include <catch2/catch.hpp>
+#include <cerrno>
+#include <cstring>
+#include <memory>
+
+#include "tests/integration/verbs_fixture.h"
+
+using namespace uroce::test;
+
+namespace {
+constexpr int kAll = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+
+bool readable(int fd, int ms) {
+    pollfd p{fd, POLLIN, 0};
+    return ::poll(&p, 1, ms) == 1 && (p.revents & POLLIN);
+}
+}  // namespace
+
+TEST_CASE("completion events arrive on a channel made by ibv_create_comp_channel", "[events]") {
+    Endpoint a(devices().a, {}, true), b(devices().b, {}, true);
+    connect(a, b);
+    Buffer sbuf(a.pd, 4096, kAll), rbuf(b.pd, 4096, kAll);
+    REQUIRE(a.channel->fd >= 0);
+    REQUIRE(b.channel->fd != a.channel->fd);
+
+    // Nothing armed, nothing pending: a non-blocking read says EAGAIN.
+    const int flags = ::fcntl(b.channel->fd, F_GETFL);
+    REQUIRE(::fcntl(b.channel->fd, F_SETFL, flags | O_NONBLOCK) == 0);
+    ibv_cq* ev_cq = nullptr;
+    void* ev_ctx = nullptr;
+    errno = 0;
+    CHECK(ibv_get_cq_event(b.channel, &ev_cq, &ev_ctx) == -1);
+    CHECK(errno == EAGAIN);
+    REQUIRE(::fcntl(b.channel->fd, F_SETFL, flags) == 0);
+
+    for (int round = 0; round < 20; ++round) {
+        REQUIRE(ibv_req_notify_cq(b.cq, 0) == 0);
+        REQUIRE(post_recv_buf(b.qp, rbuf, 0, 4096, round) == 0);
+        REQUIRE(post_send_msg(a.qp, sbuf, 0, 100, round) == 0);
+        REQUIRE(readable(b.channel->fd, 5000));
+        REQUIRE(ibv_get_cq_event(b.channel, &ev_cq, &ev_ctx) == 0);
+        CHECK(ev_cq == b.cq);
+        ibv_ack_cq_events(ev_cq, 1);
+        auto wcs = wait_completions(b.cq, 1);
+        REQUIRE(wcs.size() == 1);
+        CHECK(wcs[0].wr_id == static_cast<uint64_t>(round));
+        REQUIRE(wait_completions(a.cq, 1).size() == 1);
+    }
+    // Unarmed: a completion makes no event.
+    REQUIRE(post_recv_buf(b.qp, rbuf, 0, 4096, 99) == 0);
+    REQUIRE(post_send_msg(a.qp, sbuf, 0, 100, 99) == 0);
+    REQUIRE(wait_completions(b.cq, 1).size() == 1);
+    CHECK_FALSE(readable(b.channel->fd, 50));
+}
+
+TEST_CASE("solicited-only arming wakes only for solicited completions", "[events]") {
+    Endpoint a(devices().a), b(devices().b, {}, true);
+    connect(a, b);
+    Buffer sbuf(a.pd, 4096, kAll), rbuf(b.pd, 4096, kAll);
+    REQUIRE(ibv_req_notify_cq(b.cq, 1) == 0);
+    REQUIRE(post_recv_buf(b.qp, rbuf, 0, 1024, 1) == 0);
+    REQUIRE(post_recv_buf(b.qp, rbuf, 1024, 1024, 2) == 0);
+    REQUIRE(post_send_msg(a.qp, sbuf, 0, 10, 1) == 0);
+    REQUIRE(wait_completions(b.cq, 1).size() == 1);
+    CHECK_FALSE(readable(b.channel->fd, 50));
+    ibv_sge sge{sbuf.addr(), 10, sbuf.mr->lkey};
+    ibv_send_wr wr{};
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.opcode = IBV_WR_SEND;
+    wr.send_flags = IBV_SEND_SOLICITED | IBV_SEND_SIGNALED;
+    ibv_send_wr* bad = nullptr;
+    REQUIRE(ibv_post_send(a.qp, &wr, &bad) == 0);
+    REQUIRE(readable(b.channel->fd, 5000));
+    ibv_cq* ev_cq = nullptr;
+    void* ev_ctx = nullptr;
+    REQUIRE(ibv_get_cq_event(b.channel, &ev_cq, &ev_ctx) == 0);
+    CHECK(ev_cq == b.cq);
+    ibv_ack_cq_events(ev_cq, 1);
+}
+
+TEST_CASE("a destroyed CQ's pending events never surface", "[events]") {
+    ibv_context* ctx = open_device(devices().a);
+    ibv_comp_channel* ch = ibv_create_comp_channel(ctx);
+    REQUIRE(ch);
+    ibv_cq* cq1 = ibv_create_cq(ctx, 16, nullptr, ch, 0);
+    ibv_cq* cq2 = ibv_create_cq(ctx, 16, nullptr, ch, 0);
+    REQUIRE(cq1);
+    REQUIRE(cq2);
+    // A channel with CQs attached cannot go away.
+    CHECK(ibv_destroy_comp_channel(ch) == EBUSY);
+    {
+        ibv_pd* pd = ibv_alloc_pd(ctx);
+        ibv_qp_init_attr init{};
+        init.send_cq = cq1;
+        init.recv_cq = cq2;
+        init.qp_type = IBV_QPT_RC;
+        init.cap.max_send_wr = init.cap.max_recv_wr = 4;
+        init.cap.max_send_sge = init.cap.max_recv_sge = 1;
+        ibv_qp* qp = ibv_create_qp(pd, &init);
+        REQUIRE(qp);
+        // Moving to ERR flushes a posted receive: a completion on cq2, and on cq1 after a
+        // flushed send. Arm both first.
+        REQUIRE(ibv_req_notify_cq(cq1, 0) == 0);
+        REQUIRE(ibv_req_notify_cq(cq2, 0) == 0);
+        auto bufp = std::make_unique<Buffer>(pd, 64, kAll);
+        Buffer& buf = *bufp;
+        ibv_qp_attr attr{};
+        attr.qp_state = IBV_QPS_INIT;
+        attr.port_num = 1;
+        REQUIRE(ibv_modify_qp(qp, &attr, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
+                                             IBV_QP_ACCESS_FLAGS) == 0);
+        REQUIRE(post_recv_buf(qp, buf, 0, 64, 1) == 0);
+        attr.qp_state = IBV_QPS_ERR;
+        REQUIRE(ibv_modify_qp(qp, &attr, IBV_QP_STATE) == 0);
+        REQUIRE(post_send_msg(qp, buf, 0, 8, 2) == 0);
+        REQUIRE(readable(ch->fd, 5000));
+        REQUIRE(ibv_destroy_qp(qp) == 0);
+        bufp.reset();
+        ibv_dealloc_pd(pd);
+    }
+    // Both CQs have an event queued; cq1's is discarded with it.
+    REQUIRE(ibv_destroy_cq(cq1) == 0);
+    ibv_cq* ev_cq = nullptr;
+    void* ev_ctx = nullptr;
+    REQUIRE(ibv_get_cq_event(ch, &ev_cq, &ev_ctx) == 0);
+    CHECK(ev_cq == cq2);
+    ibv_ack_cq_events(ev_cq, 1);
+    CHECK_FALSE(readable(ch->fd, 50));
+    REQUIRE(ibv_destroy_cq(cq2) == 0);
+    CHECK(ibv_destroy_comp_channel(ch) == 0);
+    ibv_close_device(ctx);
+}
+
+TEST_CASE("the asynchronous event fd is pollable and non-blocking on request", "[events]") {
+    ibv_context* ctx = open_device(devices().a);
+    REQUIRE(ctx->async_fd >= 0);
+    const int flags = ::fcntl(ctx->async_fd, F_GETFL);
+    REQUIRE(::fcntl(ctx->async_fd, F_SETFL, flags | O_NONBLOCK) == 0);
+    CHECK_FALSE(readable(ctx->async_fd, 10));
+    ibv_async_event ev{};
+    errno = 0;
+    CHECK(ibv_get_async_event(ctx, &ev) == -1);
+    CHECK(errno == EAGAIN);
+    ibv_close_device(ctx);
+}

@@ -1,0 +1,162 @@
+// Packets that must not be accepted: malformed, corrupted, from the wrong peer, for a QP
+// that does not exist. Each is dropped and counted, and the connection keeps working.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "tests/integration/verbs_fixture.h"
+#include "uroce/icrc.h"
+#include "uroce/wire.h"
+
+using namespace uroce::test;
+namespace wire = uroce::wire;
+
+namespace {
+
+constexpr int kAll = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+
+uint32_t ip_of(const std::string& s) {
+    in_addr a{};
+    inet_pton(AF_INET, s.c_str(), &a);
+    return ntohl(a.s_addr);
+}
+
+// A UDP socket on `from_ip` (any port) that sends to a device's RoCEv2 port.
+struct Injector {
+    int fd;
+    uint32_t src_ip;
+    uint16_t src_port = 0;
+    explicit Injector(const std::string& from_ip) : src_ip(ip_of(from_ip)) {
+        fd = ::socket(AF_INET, SOCK_DGRAM, 0);
+        int pmtu = IP_PMTUDISC_DO;  // id 0 and DF, like uroce itself
+        ::setsockopt(fd, IPPROTO_IP, IP_MTU_DISCOVER, &pmtu, sizeof pmtu);
+        sockaddr_in sa{};
+        sa.sin_family = AF_INET;
+        sa.sin_addr.s_addr = htonl(src_ip);
+        REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0);
+        socklen_t len = sizeof sa;
+        ::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
+        src_port = ntohs(sa.sin_port);
+    }
+    ~Injector() { ::close(fd); }
+    void send(const std::string& to_ip, const std::vector<uint8_t>& pkt) const {
+        sockaddr_in sa{};
+        sa.sin_family = AF_INET;
+        sa.sin_addr.s_addr = htonl(ip_of(to_ip));
+        sa.sin_port = htons(devices().port);
+        REQUIRE(::sendto(fd, pkt.data(), pkt.size(), 0, reinterpret_cast<sockaddr*>(&sa),
+                         sizeof sa) == static_cast<ssize_t>(pkt.size()));
+    }
+    // A well-formed packet with a correct ICRC for this sender and `to_ip`.
+    std::vector<uint8_t> packet(const wire::Headers& h, const std::string& to_ip,
+                                size_t payload = 0) const {
+        std::vector<uint8_t> out(wire::kMaxHeaderBytes);
+        wire::Headers hh = h;
+        hh.bth.pad = wire::pad_for(payload);
+        const size_t hl = wire::build_headers(hh, out.data());
+        REQUIRE(hl > 0);
+        out.resize(hl + payload + hh.bth.pad, 0x42);
+        const wire::Ipv4Flow flow{src_ip, ip_of(to_ip), src_port, devices().port};
+        const uint32_t crc = wire::icrc_ipv4(flow, wire::Ipv4Unseen{}, out);
+        for (int i = 0; i < 4; ++i) out.push_back(static_cast<uint8_t>(crc >> (8 * i)));
+        return out;
+    }
+};
+
+// Waits (bounded) until `name` on ctx reaches at least `want`.
+bool wait_counter(ibv_context* ctx, const char* name, uint64_t want) {
+    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while (std::chrono::steady_clock::now() < end) {
+        if (counter(ctx, name) >= want) return true;
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    return false;
+}
+
+}  // namespace
+
+TEST_CASE("hostile packets are dropped and counted; the connection keeps working", "[packets]") {
+    Endpoint a(devices().a), b(devices().b);
+    connect(a, b);
+    Buffer src(a.pd, 8192, kAll), dst(b.pd, 8192, kAll);
+    std::memset(dst.bytes.data(), 0, dst.bytes.size());
+
+    // A valid-looking RDMA WRITE aimed at b's QP and region.
+    wire::Headers w;
+    w.bth.opcode = static_cast<uint8_t>(wire::Opcode::RcWriteOnly);
+    w.bth.dest_qp = b.qp->qp_num;
+    w.bth.psn = 0x123;  // the PSN b expects next
+    w.bth.ack_req = true;
+    w.reth = {dst.addr(), dst.mr->rkey, 64};
+
+    SECTION("from an address that is not the QP's peer") {
+        Injector stranger(devices().ip_c);
+        const uint64_t before = counter(b.ctx, "rx_wrong_peer");
+        stranger.send(devices().ip_b, stranger.packet(w, devices().ip_b, 64));
+        REQUIRE(wait_counter(b.ctx, "rx_wrong_peer", before + 1));
+        CHECK(std::all_of(dst.bytes.begin(), dst.bytes.end(), [](uint8_t v) { return v == 0; }));
+    }
+    SECTION("with a corrupted ICRC or payload") {
+        Injector peer(devices().ip_a);  // the right address, another port: still a stranger's bytes
+        auto pkt = peer.packet(w, devices().ip_b, 64);
+        const uint64_t before = counter(b.ctx, "rx_bad_icrc");
+        auto bad_crc = pkt;
+        bad_crc.back() ^= 0x01;
+        peer.send(devices().ip_b, bad_crc);
+        auto bad_payload = pkt;
+        bad_payload[wire::kBthBytes + wire::kRethBytes + 5] ^= 0x80;
+        peer.send(devices().ip_b, bad_payload);
+        REQUIRE(wait_counter(b.ctx, "rx_bad_icrc", before + 2));
+        CHECK(std::all_of(dst.bytes.begin(), dst.bytes.end(), [](uint8_t v) { return v == 0; }));
+    }
+    SECTION("malformed: truncated, unknown opcode, bad version, bad pad") {
+        Injector peer(devices().ip_a);
+        const uint64_t before = counter(b.ctx, "rx_malformed");
+        auto pkt = peer.packet(w, devices().ip_b, 64);
+        peer.send(devices().ip_b, std::vector<uint8_t>(pkt.begin(), pkt.begin() + 7));
+        peer.send(devices().ip_b, std::vector<uint8_t>(pkt.begin(), pkt.begin() + 20));
+        auto unknown = pkt;
+        unknown[0] = 0x1f;  // reserved RC opcode
+        peer.send(devices().ip_b, unknown);
+        auto version = pkt;
+        version[1] |= 0x0f;  // TVer != 0
+        peer.send(devices().ip_b, version);
+        peer.send(devices().ip_b, {});
+        REQUIRE(wait_counter(b.ctx, "rx_malformed", before + 5));
+    }
+    SECTION("for a QP that does not exist, or with a foreign P_Key") {
+        Injector peer(devices().ip_a);
+        wire::Headers h = w;
+        h.bth.dest_qp = 0xabcdef;
+        const uint64_t unknown = counter(b.ctx, "rx_unknown_qp");
+        peer.send(devices().ip_b, peer.packet(h, devices().ip_b, 64));
+        REQUIRE(wait_counter(b.ctx, "rx_unknown_qp", unknown + 1));
+        h = w;
+        h.bth.pkey = 0x8001;
+        const uint64_t pkey = counter(b.ctx, "rx_bad_pkey");
+        peer.send(devices().ip_b, peer.packet(h, devices().ip_b, 64));
+        REQUIRE(wait_counter(b.ctx, "rx_bad_pkey", pkey + 1));
+        h = w;
+        h.bth.opcode = 0x64;  // UD SEND ONLY: no UD QPs yet
+        const uint64_t unsupported = counter(b.ctx, "rx_unsupported");
+        peer.send(devices().ip_b, peer.packet(h, devices().ip_b, 0));
+        REQUIRE(wait_counter(b.ctx, "rx_unsupported", unsupported + 1));
+    }
+
+    // Whatever was thrown at it, the real connection still carries data.
+    fill_pattern(src.bytes.data(), 4096, 8);
+    REQUIRE(post_rdma(a.qp, IBV_WR_RDMA_WRITE, src, 0, 4096, dst.addr(), dst.mr->rkey, 1) == 0);
+    auto wcs = wait_completions(a.cq, 1);
+    REQUIRE(wcs.size() == 1);
+    CHECK(wcs[0].status == IBV_WC_SUCCESS);
+    CHECK(std::memcmp(src.bytes.data(), dst.bytes.data(), 4096) == 0);
+    CHECK(a.state() == IBV_QPS_RTS);
+    CHECK(b.state() == IBV_QPS_RTS);
+}
