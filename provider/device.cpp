@@ -77,7 +77,8 @@ void uninit_device(verbs_device* vdev) { std::free(reinterpret_cast<UroceDevice*
 
 void destroy_state(ContextState* st) {
     if (!st) return;
-    if (st->engine && std::getenv("UROCE_STATS")) print_counters(*st, st->device->vdev.device.name);
+    if (const char* v = std::getenv("UROCE_STATS"); st->engine && v && *v && std::strcmp(v, "0") != 0)
+        print_counters(*st, st->device->vdev.device.name);
     st->engine.reset();  // stops the engine thread first: it may post async events
     if (st->async_write_fd >= 0) ::close(st->async_write_fd);
     if (st->cmd_fd >= 0) cmd_fd_unregister(st->cmd_fd);
@@ -139,7 +140,18 @@ verbs_context* alloc_context(ibv_device* ibdev, int cmd_fd, void*) {
     ctx->vctx.context.num_comp_vectors = 1;
     // ibv_create_comp_channel talks to cmd_fd behind the provider's back; the hook
     // answers it in this process.
-    if (comp_channel_hook_install() == 0 && cmd_fd_register(cmd_fd) == 0) st->cmd_fd = cmd_fd;
+    if (comp_channel_hook_install() == 0 && cmd_fd_register(cmd_fd) == 0) {
+        st->cmd_fd = cmd_fd;
+    } else {
+        // Without the hook, libibverbs' write would "succeed" on our /dev/null-like node
+        // and hand back a garbage fd. /dev/full makes that write fail (ENOSPC), so channel
+        // creation fails cleanly, while ioctl still says ENOTTY for the GID fallbacks.
+        const int full = ::open("/dev/full", O_RDWR | O_CLOEXEC);
+        if (full >= 0) {
+            ::dup3(full, cmd_fd, O_CLOEXEC);
+            ::close(full);
+        }
+    }
     st->engine->set_async_handler([ctx](const transport::AsyncEvent& ev) {
         ibv_event_type type = IBV_EVENT_QP_FATAL;
         switch (ev.type) {

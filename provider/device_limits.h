@@ -22,7 +22,8 @@ inline constexpr int kMaxCqe = 65536;
 inline constexpr int kMaxMr = 1 << 20;
 inline constexpr int kMaxPd = 1 << 16;
 inline constexpr int kMaxRdAtomic = 16;
-inline constexpr uint32_t kMaxMessage = 1u << 31;
+// 1 GiB: even at a 256-byte MTU one message spans less than half the PSN space.
+inline constexpr uint32_t kMaxMessage = 1u << 30;
 
 ibv_mtu mtu_enum(uint32_t bytes);
 uint32_t mtu_bytes(ibv_mtu mtu);

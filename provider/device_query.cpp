@@ -39,8 +39,7 @@ int query_device_ex(ibv_context* ibctx, const ibv_query_device_ex_input*,
     d.hw_ver = 1;
     d.max_qp = kMaxQp;
     d.max_qp_wr = kMaxQpWr;
-    d.device_cap_flags = IBV_DEVICE_RC_RNR_NAK_GEN | IBV_DEVICE_PORT_ACTIVE_EVENT |
-                         IBV_DEVICE_SYS_IMAGE_GUID;
+    d.device_cap_flags = IBV_DEVICE_RC_RNR_NAK_GEN | IBV_DEVICE_SYS_IMAGE_GUID;
     d.max_sge = kMaxSge;
     d.max_sge_rd = kMaxSge;
     d.max_cq = kMaxCq;

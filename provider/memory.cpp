@@ -35,12 +35,16 @@ ibv_pd* alloc_pd(ibv_context* ibctx) noexcept {
 }
 
 int dealloc_pd(ibv_pd* pd) noexcept {
+    if (to_upd(pd)->users.load() > 0) return EBUSY;
     delete to_upd(pd);
     return 0;
 }
 
 ibv_mr* reg_mr(ibv_pd* ibpd, void* addr, size_t length, uint64_t hca_va, int access) noexcept {
     // The IBA: remote write or atomic access requires local write access.
+    // Optional flags are hints a provider may ignore (libibverbs passes them because we
+    // said we handle them).
+    access &= ~IBV_ACCESS_OPTIONAL_RANGE;
     if ((access & ~kSupportedAccess) ||
         ((access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) &&
          !(access & IBV_ACCESS_LOCAL_WRITE)) ||
@@ -66,6 +70,7 @@ ibv_mr* reg_mr(ibv_pd* ibpd, void* addr, size_t length, uint64_t hca_va, int acc
         return nullptr;
     }
     mr->pd_id = pd->id;
+    pd->users.fetch_add(1);
     mr->vmr.ibv_mr.lkey = keys.lkey;
     mr->vmr.ibv_mr.rkey = keys.rkey;
     mr->vmr.ibv_mr.handle = keys.lkey;
@@ -78,6 +83,7 @@ int dereg_mr(verbs_mr* vmr) noexcept {
     auto* mr = reinterpret_cast<UroceMr*>(vmr);
     // Takes effect at once: waits for accesses that passed their check to finish.
     to_uctx(vmr->ibv_mr.context)->state->engine->memory().remove(vmr->ibv_mr.lkey);
+    to_upd(vmr->ibv_mr.pd)->users.fetch_sub(1);
     delete mr;
     return 0;
 }

@@ -52,6 +52,7 @@ struct UroceContext {
 struct UrocePd {
     ibv_pd pd;  // must be first
     uint32_t id = 0;
+    std::atomic<int> users{0};  // MRs and QPs in this PD
 };
 
 struct UroceMr {

@@ -81,6 +81,7 @@ ibv_qp* create_qp(ibv_pd* pd, ibv_qp_init_attr* init) noexcept {
         errno = ENOMEM;
         return nullptr;
     }
+    to_upd(pd)->users.fetch_add(1);
     qp->send_cq->qp_refs.fetch_add(1);
     qp->recv_cq->qp_refs.fetch_add(1);
 
@@ -119,6 +120,7 @@ int destroy_qp(ibv_qp* ibqp) noexcept {
     auto* qp = to_uqp(ibqp);
     to_uctx(ibqp->context)->state->engine->detach(qp->rc->qpn());
     qp->rc.reset();
+    to_upd(ibqp->pd)->users.fetch_sub(1);
     qp->send_cq->qp_refs.fetch_sub(1);
     qp->recv_cq->qp_refs.fetch_sub(1);
     pthread_cond_destroy(&ibqp->cond);
@@ -148,8 +150,7 @@ int modify_qp(ibv_qp* ibqp, ibv_qp_attr* attr, int mask) noexcept {
     qp->attr.cur_qp_state = to_ibv(next);
     qp->attr.sq_draining = next == QpState::Sqd;
     const uint32_t port_mtu = to_uctx(ibqp->context)->state->device->config.mtu;
-    qp->rc->modify(to_transport(qp->attr, port_mtu), next);
-    return 0;
+    return qp->rc->modify(to_transport(qp->attr, port_mtu), current, next);
 }
 
 int query_qp(ibv_qp* ibqp, ibv_qp_attr* attr, int, ibv_qp_init_attr* init) noexcept {

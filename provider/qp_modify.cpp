@@ -156,9 +156,9 @@ transport::QpAttributes to_transport(const ibv_qp_attr& a, uint32_t port_mtu) {
     if (a.qp_access_flags & IBV_ACCESS_REMOTE_ATOMIC) t.access |= transport::kRemoteAtomic;
     gid_to_ipv4(a.ah_attr.grh.dgid, t.dst_ip);
     t.dest_qpn = a.dest_qp_num;
-    // A path MTU above the port's is clamped, as hardware and rxe do (qperf asks for 2048).
-    const uint32_t path = a.path_mtu ? mtu_bytes(a.path_mtu) : port_mtu;
-    t.mtu = path < port_mtu ? path : port_mtu;
+    // The path MTU is taken as the application sets it (both ends must agree on it, as they
+    // segment and check by it); the port's MTU is only its default.
+    t.mtu = a.path_mtu ? mtu_bytes(a.path_mtu) : port_mtu;
     t.rq_psn = a.rq_psn;
     t.sq_psn = a.sq_psn;
     t.timeout = a.timeout;
@@ -167,6 +167,7 @@ transport::QpAttributes to_transport(const ibv_qp_attr& a, uint32_t port_mtu) {
     t.min_rnr_timer = a.min_rnr_timer;
     t.max_rd_atomic = a.max_rd_atomic ? a.max_rd_atomic : 1;
     t.max_dest_rd_atomic = a.max_dest_rd_atomic;
+    t.sqd_notify = a.en_sqd_async_notify != 0;
     return t;
 }
 

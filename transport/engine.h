@@ -2,8 +2,9 @@
 // thread that receives packets and runs timers.
 //
 // Packets go out from whichever thread has something to send (an application thread in
-// post_send, or the engine thread answering a packet); packets come in only on the engine
-// thread, which runs a libevent loop until the engine is destroyed.
+// post_send, or the engine thread answering a packet). Packets come in on the engine thread,
+// which runs a libevent loop (socket and timers) until the engine is destroyed, or on an
+// application thread that polls an empty CQ (progress()); a mutex keeps it to one at a time.
 #pragma once
 
 #include <event2/event.h>

@@ -11,7 +11,7 @@ inline constexpr uint32_t kPsnMask = kPsnModulus - 1;
 
 constexpr uint32_t psn_add(uint32_t psn, uint32_t n) { return (psn + n) & kPsnMask; }
 
-// a - b as a signed distance in (-2^23, 2^23].
+// a - b as a signed distance in [-2^23, 2^23).
 constexpr int32_t psn_diff(uint32_t a, uint32_t b) {
     return static_cast<int32_t>(((a - b) & kPsnMask) << 8) >> 8;
 }

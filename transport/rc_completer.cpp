@@ -107,9 +107,11 @@ void RcQp::ack_through(uint32_t psn) {
     if (!has_outstanding()) una_psn_ = sq_.empty() || !sq_.front().assigned ? next_psn_ : una_psn_;
     if (progress) {
         retries_left_ = attrs_.retry_cnt;
+        rnr_retries_left_ = attrs_.rnr_retry;
         last_rewind_psn_ = 0xffffffff;
         restart_timer();
-        if (state_ == QpState::Sqd && !has_outstanding()) post_async(AsyncEventType::SqDrained);
+        if (state_ == QpState::Sqd && !has_outstanding() && attrs_.sqd_notify)
+            post_async(AsyncEventType::SqDrained);
     }
 }
 
@@ -159,7 +161,9 @@ void RcQp::on_response(const wire::ParsedPacket& pkt) {
                 }
                 break;
             }
-            if (has_outstanding()) sq_.front().failed = status_for_nak(aeth.value());
+            // A late NAK for a PSN already retired says nothing about the current request.
+            if (!has_outstanding() || psn_before(psn, sq_.front().psn)) break;
+            sq_.front().failed = status_for_nak(aeth.value());
             enter_error();
             return;
         }

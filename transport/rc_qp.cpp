@@ -34,11 +34,12 @@ QpAttributes RcQp::attributes() const {
     return attrs_;
 }
 
-void RcQp::modify(const QpAttributes& attrs, QpState next) {
+int RcQp::modify(const QpAttributes& attrs, QpState expected, QpState next) {
     std::lock_guard lock(mutex_);
     const QpState prev = state_;
+    if (prev != expected && next != QpState::Reset && next != QpState::Err) return EINVAL;
     attrs_ = attrs;
-    if (next == prev && next != QpState::Sqd) return;
+    if (next == prev && next != QpState::Sqd) return 0;
     switch (next) {
         case QpState::Reset:
             cancel_timer();
@@ -61,6 +62,7 @@ void RcQp::modify(const QpAttributes& attrs, QpState next) {
             if (prev == QpState::Rtr) {
                 next_psn_ = attrs_.sq_psn & kPsnMask;
                 una_psn_ = next_psn_;
+                sent_high_ = next_psn_;
             }
             retries_left_ = attrs_.retry_cnt;
             rnr_retries_left_ = attrs_.rnr_retry;
@@ -68,13 +70,15 @@ void RcQp::modify(const QpAttributes& attrs, QpState next) {
         case QpState::Err:
             state_ = QpState::Err;
             flush_all();
-            return;
+            return 0;
         default:
             break;
     }
     state_ = next;
     if (next == QpState::Rts) pump();
-    if (next == QpState::Sqd && !has_outstanding()) post_async(AsyncEventType::SqDrained);
+    if (next == QpState::Sqd && !has_outstanding() && attrs_.sqd_notify)
+        post_async(AsyncEventType::SqDrained);
+    return 0;
 }
 
 int RcQp::post_send(const SendWqe& wqe) {

@@ -9,8 +9,9 @@
 //     checks, and answers with coalesced ACKs, NAKs and READ responses (rc_responder.cpp).
 // State changes, flushing and the timer live in rc_qp.cpp.
 //
-// Threads: the application's threads post work and modify the QP; the engine thread
-// delivers packets and timer expiries. One mutex per QP serialises all of them.
+// Threads: the application's threads post work and modify the QP; the engine thread (or a
+// polling application thread, see Engine::progress) delivers packets, and the engine thread
+// runs timer expiries. One mutex per QP serialises all of them.
 #pragma once
 
 #include <event2/event.h>
@@ -47,6 +48,7 @@ struct QpAttributes {
     uint8_t min_rnr_timer = 12;  // IBA RNR timer code sent in our RNR NAKs
     uint8_t max_rd_atomic = 1;   // READs this QP may have outstanding
     uint8_t max_dest_rd_atomic = 1;
+    bool sqd_notify = false;     // raise SqDrained when the send queue has drained in SQD
 };
 
 struct QpCaps {
@@ -76,8 +78,9 @@ public:
     // --- called by the provider (application threads) ---
     QpState state() const;
     QpAttributes attributes() const;
-    // Applies `attrs` and moves to `next` (the provider has checked the transition).
-    void modify(const QpAttributes& attrs, QpState next);
+    // Applies `attrs` and moves to `next` (the provider has checked the transition from
+    // `expected`). EINVAL if the QP left `expected` meanwhile (the transport moved it to ERR).
+    int modify(const QpAttributes& attrs, QpState expected, QpState next);
     // 0, or an errno: EINVAL in a state that takes no work, ENOMEM when the queue is full.
     int post_send(const SendWqe& wqe);
     int post_recv(const RecvWqe& wqe);
@@ -127,7 +130,7 @@ private:
     // responder (rc_responder.cpp)
     void on_request(const wire::ParsedPacket& pkt);
     void execute_read(const wire::ParsedPacket& pkt, bool duplicate);
-    bool scatter_to_recv(std::span<const uint8_t> data);
+    WcStatus scatter_to_recv(std::span<const uint8_t> data);
     void send_ack(uint32_t psn, uint8_t syndrome);
     void responder_error(wire::NakCode code, uint32_t psn, AsyncEventType event);
     void complete_recv(WcStatus status, uint32_t byte_len, bool with_imm, uint32_t imm,
@@ -157,6 +160,7 @@ private:
     uint32_t send_pkt_ = 0;      // its next packet
     uint32_t next_psn_ = 0;      // PSN the next new request gets
     uint32_t una_psn_ = 0;       // oldest PSN not yet acknowledged
+    uint32_t sent_high_ = 0;     // PSN after the highest request packet sent
     uint32_t reads_outstanding_ = 0;
     int retries_left_ = 7;
     int rnr_retries_left_ = 7;

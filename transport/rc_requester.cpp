@@ -122,12 +122,14 @@ bool RcQp::send_read_request(SqEntry& e) {
 
 // Sends what the window allows, starting at send_index_/send_pkt_.
 void RcQp::pump() {
-    if (state_ != QpState::Rts || rnr_wait_) return;
+    // SQD finishes (and retransmits) what was started but starts nothing new.
+    if ((state_ != QpState::Rts && state_ != QpState::Sqd) || rnr_wait_) return;
     const int32_t window = static_cast<int32_t>(std::max<uint32_t>(16, kSendWindowBytes / attrs_.mtu));
     bool sent = false;
     while (send_index_ < sq_.size()) {
         SqEntry& e = sq_[send_index_];
         if (!e.assigned) {
+            if (state_ == QpState::Sqd) break;
             // A new request: fences and the READ limit apply only before it first goes out.
             if (e.wqe.fence && reads_outstanding_ > 0) break;
             if (e.wqe.opcode == SendOpcode::RdmaRead && reads_outstanding_ >= attrs_.max_rd_atomic)
@@ -158,6 +160,10 @@ void RcQp::pump() {
             return;
         }
         sent = true;
+        if (psn_before(psn, sent_high_))
+            bump(engine_.counters().retransmitted_packets);
+        else
+            sent_high_ = psn_add(psn, 1);
         if (send_pkt_ >= e.npkts) {
             ++send_index_;
             send_pkt_ = 0;
@@ -176,8 +182,6 @@ void RcQp::rewind_to(uint32_t psn) {
         if (i < send_index_ || (i == send_index_ && send_pkt_ > static_cast<uint32_t>(d))) {
             send_index_ = i;
             send_pkt_ = e.wqe.opcode == SendOpcode::RdmaRead ? 0 : static_cast<uint32_t>(d);
-            bump(engine_.counters().retransmitted_packets,
-                 static_cast<uint64_t>(psn_diff(next_psn_, psn)));
         }
         return;
     }

@@ -68,11 +68,11 @@ void RcQp::responder_error(wire::NakCode code, uint32_t psn, AsyncEventType even
     enter_error();
 }
 
-bool RcQp::scatter_to_recv(std::span<const uint8_t> data) {
+WcStatus RcQp::scatter_to_recv(std::span<const uint8_t> data) {
     const RecvWqe& r = rq_.front();
     if (recv_offset_ + data.size() > r.sgl.total_length()) {
         complete_recv(WcStatus::LocLenErr, recv_offset_, false, 0, false, WcOpcode::Recv);
-        return false;
+        return WcStatus::LocLenErr;
     }
     auto guard = engine_.memory().lock_shared();
     uint32_t skip = recv_offset_;
@@ -88,14 +88,14 @@ bool RcQp::scatter_to_recv(std::span<const uint8_t> data) {
         if (engine_.memory().check_local(s.lkey, pd_, s.addr + skip, take, kLocalWrite) !=
             KeyCheck::Ok) {
             complete_recv(WcStatus::LocProtErr, recv_offset_, false, 0, false, WcOpcode::Recv);
-            return false;
+            return WcStatus::LocProtErr;
         }
         std::memcpy(reinterpret_cast<void*>(s.addr + skip), data.data() + done, take);
         done += take;
         skip = 0;
     }
     recv_offset_ += static_cast<uint32_t>(data.size());
-    return true;
+    return WcStatus::Success;
 }
 
 void RcQp::execute_read(const wire::ParsedPacket& pkt, bool duplicate) {
@@ -142,9 +142,9 @@ void RcQp::on_request(const wire::ParsedPacket& pkt) {
         // Already executed: answer again without executing again, except a READ, which
         // is read anew (its responses may be what got lost).
         bump(engine_.counters().rx_duplicate);
-        if (flags & wire::kRead)
-            execute_read(pkt, true);
-        else
+        if (flags & wire::kRead) {
+            if (attrs_.access & kRemoteRead) execute_read(pkt, true);
+        } else
             ack_pending_ = true;
         return;
     }
@@ -172,6 +172,11 @@ void RcQp::on_request(const wire::ParsedPacket& pkt) {
         responder_error(wire::NakCode::InvalidRequest, psn, AsyncEventType::QpRequestError);
         return;
     }
+    if (pkt.info->headers & wire::kHasIeth) {
+        // SEND with Invalidate needs memory windows / invalidation, which come later.
+        responder_error(wire::NakCode::InvalidRequest, psn, AsyncEventType::QpRequestError);
+        return;
+    }
     const bool with_imm = pkt.info->headers & wire::kHasImm;
     const uint32_t len = static_cast<uint32_t>(pkt.payload.size());
 
@@ -191,8 +196,14 @@ void RcQp::on_request(const wire::ParsedPacket& pkt) {
             responder_error(wire::NakCode::InvalidRequest, psn, AsyncEventType::QpRequestError);
             return;
         }
-        if (!scatter_to_recv(pkt.payload)) {
-            responder_error(wire::NakCode::InvalidRequest, psn, AsyncEventType::QpRequestError);
+        if (const WcStatus s = scatter_to_recv(pkt.payload); s != WcStatus::Success) {
+            // Too long for the receive buffer is the requester's error; a bad receive
+            // buffer is ours.
+            if (s == WcStatus::LocLenErr)
+                responder_error(wire::NakCode::InvalidRequest, psn, AsyncEventType::QpRequestError);
+            else
+                responder_error(wire::NakCode::RemoteOperationalError, psn,
+                                AsyncEventType::QpFatal);
             return;
         }
         epsn_ = psn_add(epsn_, 1);

@@ -48,6 +48,14 @@ lib_init() {
     echo "# UROCE_ROOT: $UROCE_ROOT"
 }
 
+# forget_pid PID: PID has been waited for (reaped); never signal it again, as
+# the number may now belong to an unrelated process.
+forget_pid() {
+    local keep=() p
+    for p in "${BG_PIDS[@]}"; do [[ $p != "$1" ]] && keep+=("$p"); done
+    BG_PIDS=("${keep[@]}")
+}
+
 lib_cleanup() {
     [[ $LIB_CLEANED -eq 1 ]] && return
     LIB_CLEANED=1
@@ -141,10 +149,10 @@ finish() {
     exit 0
 }
 
-# require_root WHAT: if not root, counts WHAT as skipped and finishes.
+# require_root WHAT [WHY]: if not root, counts WHAT as skipped and finishes.
 require_root() {
     if [[ $EUID -ne 0 ]]; then
-        skip "$1: needs root (uroce add makes /dev/infiniband nodes)"
+        skip "$1: needs root (${2:-uroce add makes /dev/infiniband nodes})"
         finish
     fi
 }
@@ -245,7 +253,7 @@ run_pair() {
     CLI_ERR="$WORK/$label.client.err"
     SRV_RC=-1
     CLI_RC=-1
-    local t0=$SECONDS start_ns
+    local start_ns
     start_ns=$(date +%s%N)
     env "${envs[@]}" timeout -k 5 "$secs" "$UROCE" run -- "${srv[@]}" >"$SRV_OUT" 2>"$SRV_ERR" &
     local spid=$!
@@ -257,8 +265,13 @@ run_pair() {
     fi
     local attempt
     for ((attempt = 1; attempt <= 3; attempt++)); do
-        env "${envs[@]}" timeout -k 5 "$secs" "$UROCE" run -- "${cli[@]}" >"$CLI_OUT" 2>"$CLI_ERR"
+        # In the background so that a signal to this script is handled at once.
+        env "${envs[@]}" timeout -k 5 "$secs" "$UROCE" run -- "${cli[@]}" >"$CLI_OUT" 2>"$CLI_ERR" &
+        local cpid=$!
+        BG_PIDS+=("$cpid")
+        wait "$cpid"
         CLI_RC=$?
+        forget_pid "$cpid"
         # Retry only a failed connect (nothing exchanged yet) while the server waits.
         if [[ $CLI_RC -ne 0 ]] && grep -qiE "couldn't connect|unable to connect|connection refused" "$CLI_OUT" "$CLI_ERR" \
             && kill -0 "$spid" 2>/dev/null && wait_listen "$port" 5 "$spid"; then
@@ -277,8 +290,8 @@ run_pair() {
     if kill -0 "$spid" 2>/dev/null; then kill -KILL "$spid" 2>/dev/null; fi
     wait "$spid"
     SRV_RC=$?
+    forget_pid "$spid"
     PAIR_SECS=$(awk -v a="$start_ns" -v b="$(date +%s%N)" 'BEGIN { printf "%.2f", (b - a) / 1e9 }')
-    : "$t0"
 }
 
 # pair_detail: lines describing the last run_pair, for not_ok.

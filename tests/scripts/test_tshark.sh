@@ -32,7 +32,7 @@ for tool in tshark dumpcap ibv_rc_pingpong ib_write_bw ib_write_lat ib_read_bw i
         finish
     fi
 done
-require_root "capturing on lo"
+require_root "capturing on lo" "uroce add makes /dev/infiniband nodes; dumpcap captures"
 
 T0=$SECONDS
 OCT=$(pick_octet 43) || echo "# warning: every 127.0.43..62.* block has UDP sockets; using 127.0.$OCT"
@@ -101,6 +101,7 @@ for ((i = 0; i < 100; i++)); do
 done
 kill -KILL "$DUMPCAP" 2>/dev/null
 wait "$DUMPCAP"
+forget_pid "$DUMPCAP"
 echo "# $(grep -i "received/dropped" "$WORK/dumpcap.err")"
 if grep -Eq "received/dropped on interface .*: [0-9]+/0 " "$WORK/dumpcap.err"; then
     ok "dumpcap dropped no packets"
@@ -137,7 +138,10 @@ expect_eq "every packet is UDP to port 4791" "" "$(head -n 5 <<<"$out")"
 out=$(tsh -r "$PCAP" -Y "_ws.malformed || _ws.expert.severity >= error")
 expect_eq "no malformed packets, no expert errors" "" "$(head -n 10 <<<"$out")"
 out=$(tsh -r "$PCAP" -Y "_ws.expert" -T fields -e _ws.expert.message | sort | uniq -c)
-[[ -n $out ]] && echo "# expert infos (below error):" && sed 's/^/#   /' <<<"$out"
+if [[ -n $out ]]; then
+    echo "# expert infos (below error):"
+    while IFS= read -r l; do echo "#   $l"; done <<<"$out"
+fi
 
 declare -A OPNAME=(
     [0]="RC SEND First" [1]="RC SEND Middle" [2]="RC SEND Last" [4]="RC SEND Only"

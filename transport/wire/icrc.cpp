@@ -127,7 +127,7 @@ uint32_t x_to_minus_bytes(uint64_t k) {
     return multiply(kLowBytes[k % kLowCount], kHighBytes[k / kLowCount]);
 }
 
-// Why verification is a single multiplication:
+// Why verification needs no search:
 //
 // The CRC is affine over GF(2): for two messages of the same length that differ by d,
 // crc(m ^ d) = crc(m) ^ L(d), where L is the CRC with zero initial value and no final xor,
@@ -150,8 +150,8 @@ uint32_t x_to_minus_bytes(uint64_t k) {
 // In the reflected representation the window's byte k, bit j (LSB first, the order the CRC
 // consumes them) is the coefficient of x^(23 - 8k - j), i.e. bit 8 + 8k + j of D: D is the
 // little-endian difference of the three bytes, shifted left by 8.
-constexpr uint32_t kUnseenWindowMask = (0xffffu | uint32_t{kDontFragment >> 8} << 16)
-                                       << 8;  // identification bytes + DF
+// The identification's two bytes and the DF bit of the flags byte:
+constexpr uint32_t kUnseenWindowMask = (0xffffu | uint32_t{kDontFragment >> 8} << 16) << 8;
 constexpr size_t kWindowEndOffset = kFlagsOffset + 1;
 static_assert(kFlagsOffset == kIdOffset + 2, "the window is three consecutive bytes");
 

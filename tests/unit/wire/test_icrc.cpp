@@ -305,6 +305,42 @@ TEST_CASE("single-bit corruption of a packet is a Mismatch", "[icrc][verify]") {
     CHECK(flips > 100000);
 }
 
+TEST_CASE("verification holds at every packet length", "[icrc][verify]") {
+    // Lengths around the verifier's table boundaries (256-byte steps) up to the largest UDP
+    // payload, with random contents and random unseen fields.
+    std::mt19937 rng(2024);
+    const Ipv4Flow flow{0xc0a84d02, 0xc0a84d03, 0xc001, kRoceV2Port};
+    std::vector<size_t> lengths;
+    for (size_t n = 0; n < 600; ++n) lengths.push_back(n);
+    for (size_t n : {767u, 768u, 769u, 1500u, 4096u, 9000u, 65279u, 65280u, 65535u - 8u}) {
+        lengths.push_back(n);
+    }
+    for (size_t udp_len : lengths) {
+        if (udp_len < 4) continue;
+        CAPTURE(udp_len);
+        std::vector<uint8_t> udp(udp_len);
+        for (auto& b : udp) b = static_cast<uint8_t>(rng());
+        const ReferenceVerifier ref(flow, roce_of(udp));
+        REQUIRE(ref.rank() == 17);
+
+        store_icrc(udp, icrc_ipv4(flow, Ipv4Unseen{}, roce_of(udp)));
+        CHECK(icrc_verify_ipv4(flow, udp) == IcrcCheck::Exact);
+        Ipv4Unseen u{static_cast<uint16_t>(rng() | 1), (rng() & 1) != 0};
+        store_icrc(udp, icrc_ipv4(flow, u, roce_of(udp)));
+        CHECK(icrc_verify_ipv4(flow, udp) == IcrcCheck::MatchesUnseenFields);
+        for (int i = 0; i < 8; ++i) {
+            const size_t byte = rng() % udp.size();
+            const auto mask = static_cast<uint8_t>(1u << (rng() % 8));
+            udp[byte] ^= mask;
+            CHECK(icrc_verify_ipv4(flow, udp) == ref.verify(udp));
+            udp[byte] ^= mask;
+        }
+        // A random ICRC is almost never explained (2^17 of 2^32 values are).
+        store_icrc(udp, static_cast<uint32_t>(rng()));
+        CHECK(icrc_verify_ipv4(flow, udp) == ref.verify(udp));
+    }
+}
+
 TEST_CASE("the blind single-bit corruptions are explained by an identification value",
           "[icrc][verify]") {
     // Shows that the accepted corruption at byte 173 is no bug of the span check: brute force
@@ -317,6 +353,22 @@ TEST_CASE("the blind single-bit corruptions are explained by an identification v
     const std::vector<Ipv4Unseen> found = brute_force(cp.flow, udp);
     REQUIRE(found.size() == 1);
     CHECK(found[0].identification != cp.unseen.identification);
+
+    // Every listed position, in a packet long enough to hold them all, by the reference.
+    const Ipv4Flow flow{0x0a000001, 0x0a000002, 0xc000, kRoceV2Port};
+    std::vector<uint8_t> big(4096, 0x5a);
+    store_icrc(big, icrc_ipv4(flow, Ipv4Unseen{0x4242, true}, roce_of(big)));
+    const ReferenceVerifier ref(flow, roce_of(big));
+    for (const auto& [offset, mask] : kBlindBits) {
+        CAPTURE(offset);
+        big[offset] ^= mask;
+        CHECK(icrc_verify_ipv4(flow, big) == IcrcCheck::MatchesUnseenFields);
+        CHECK(ref.verify(big) == IcrcCheck::MatchesUnseenFields);
+        big[offset] ^= mask;
+        big[offset + 1] ^= mask;  // a neighbour is caught
+        CHECK(icrc_verify_ipv4(flow, big) == IcrcCheck::Mismatch);
+        big[offset + 1] ^= mask;
+    }
 }
 
 TEST_CASE("a wrong address or port is a Mismatch", "[icrc][verify]") {
