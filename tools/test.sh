@@ -10,7 +10,8 @@ echo "== build"
 ninja -C "$top/build" >/dev/null
 echo "== build with AddressSanitizer and UndefinedBehaviorSanitizer"
 [[ -f "$top/build-asan/build.ninja" ]] ||
-  meson setup "$top/build-asan" "$top" -Db_sanitize=address,undefined -Db_lundef=false >/dev/null
+  meson setup "$top/build-asan" "$top" -Db_sanitize=address,undefined -Db_lundef=false \
+    -Dbuildtype=debug >/dev/null
 ninja -C "$top/build-asan" >/dev/null
 
 status=0

@@ -84,10 +84,14 @@ void RcQp::ack_through(uint32_t psn) {
                 continue;
             }
             // An ACK beyond a READ whose responses have not all come means they were
-            // lost: ask again for the rest.
-            if (!psn_before(psn, last)) {
-                rewind_to(psn_add(e.psn, e.read_pkts));
-                progress = true;
+            // lost: ask again for the rest (once until the timer runs out).
+            if (!psn_before(psn, last) && !e.read_gap_retried) {
+                e.read_gap_retried = true;
+                if (!send_read_request(e)) {
+                    e.failed = WcStatus::LocProtErr;
+                    enter_error();
+                    return;
+                }
             }
             break;
         }
@@ -185,10 +189,17 @@ void RcQp::on_read_response(const wire::ParsedPacket& pkt) {
     const int32_t d = psn_diff(psn, expected);
     if (d < 0) return;  // a duplicate of a response we already have
     if (d > 0) {
-        // A response went missing: ask for the rest right away, once per gap.
-        if (expected != last_rewind_psn_) {
-            last_rewind_psn_ = expected;
-            rewind_to(expected);
+        // A response went missing: ask for the rest right away, but only once until the
+        // timer runs out. Responses of the earlier request are still arriving and each one
+        // would look like a new gap; answering every one with a new request makes the
+        // responder replay the READ again and again.
+        // Only this READ is asked for again: the requests after it were not lost.
+        if (!e.read_gap_retried) {
+            e.read_gap_retried = true;
+            if (!send_read_request(e)) {
+                e.failed = WcStatus::LocProtErr;
+                enter_error();
+            }
         }
         return;
     }
@@ -276,6 +287,7 @@ void RcQp::on_timer() {
         return;
     }
     last_rewind_psn_ = 0xffffffff;
+    sq_.front().read_gap_retried = false;
     rewind_to(oldest_unacked());
     pump();
     arm_timer();

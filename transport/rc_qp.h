@@ -100,6 +100,7 @@ private:
         uint32_t read_bytes = 0;  // READ: bytes of response received
         uint32_t read_pkts = 0;
         bool read_done = false;
+        bool read_gap_retried = false;  // a missing response was already asked for again
         WcStatus failed = WcStatus::Success;  // set when this request itself failed
     };
 

@@ -26,6 +26,7 @@ done
 require_root "perftest over uroce"
 
 T0=$SECONDS
+LOAD0=$(cut -d' ' -f1 /proc/loadavg)
 ITERS=${PERFTEST_ITERS:-1000}
 OCT=$(pick_octet 42) || echo "# warning: every 127.0.42..61.* block has UDP sockets; using 127.0.$OCT"
 A="pt$$a"
@@ -90,7 +91,12 @@ done
 
 rev=$(git -C "$(dirname "$(readlink -f "$0")")" describe --always --dirty 2>/dev/null || echo unknown)
 echo "# ------------------------------------------------------------------ perftest summary"
-echo "# uroce $rev, $(date -u +%Y-%m-%dT%H:%MZ), $(nproc) CPUs, load $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "# $UROCE (scripts at $rev), $(date -u +%Y-%m-%dT%H:%MZ), $(nproc) CPUs, load $LOAD0 before, $(cut -d' ' -f1 /proc/loadavg) after"
+if awk -v l="$LOAD0" -v n="$(nproc)" 'BEGIN { exit !(l > n / 2) }'; then
+    echo "# warning: the machine was busy before the test: busy-polling peers starve the"
+    echo "#          engine threads and latencies round up to scheduler ticks (4 ms); these"
+    echo "#          figures are not a baseline"
+fi
 echo "# defaults except -d -x 0 -p -n $ITERS; client side figures; MTU 1024"
 printf '# %-13s %7s %6s %14s %14s %12s\n' test bytes iters "BW avg[MB/s]" "BW peak[MB/s]" "rate[Mpps]"
 for r in "${BW_ROWS[@]}"; do echo "# $r"; done

@@ -10,6 +10,9 @@
 # from the PID. Every pingpong runs with UROCE_STATS=1 so that the transport
 # counters can be checked: rx_bad_icrc=0 always; with UROCE_FAULTS=drop=0.05
 # tx_dropped_fault>0 and retransmit_timeouts+rx_naks>0 (recovery really ran).
+# A lossy run that ends in ibv_rc_pingpong's own teardown race (one side done
+# and gone, the other's last SEND never acknowledged: "retry counter exceeded")
+# is run again with another seed, at most twice, with a "# note:" line.
 # Set PINGPONG_QUICK=1 to cut the 10,000-iteration runs to 1,000.
 # Last line: "N passed, M failed"; exit 1 if M > 0.
 set -u
@@ -85,6 +88,21 @@ done
 
 SUMMARY=()
 
+# teardown_race ITERS: after run_pair, true if one side completed its ITERS
+# iterations and the other failed only with a transport retry error.
+teardown_race() {
+    local iters=$1
+    if [[ $SRV_RC -ne 0 && $CLI_RC -eq 0 ]] && grep -q "^$iters iters in" "$CLI_OUT" \
+        && grep -q "retry counter exceeded" "$SRV_ERR"; then
+        return 0
+    fi
+    if [[ $CLI_RC -ne 0 && $SRV_RC -eq 0 ]] && grep -q "^$iters iters in" "$SRV_OUT" \
+        && grep -q "retry counter exceeded" "$CLI_ERR"; then
+        return 0
+    fi
+    return 1
+}
+
 # pingpong LABEL FAULTS SERVER_DEV CLIENT_DEV CLIENT_IP ITERS PINGPONG_ARGS...
 # FAULTS is a UROCE_FAULTS value or "-" for none.
 pingpong() {
@@ -92,17 +110,35 @@ pingpong() {
     shift 6
     # Polling-mode pingpong slows down a lot on a loaded 2-CPU machine: allow
     # for it, the timeout is only there to catch hangs.
-    local port envs=(UROCE_STATS=1) secs=$((90 + iters / 100)) side file dev v
-    port=$(free_tcp_port) || { not_ok "$label: no free TCP port"; return; }
-    [[ $faults != - ]] && envs+=("UROCE_FAULTS=$faults")
-    run_pair "$label" "$port" "$secs" "${envs[@]}" \
-        -- ibv_rc_pingpong -d "$sdev" -g 0 -p "$port" -n "$iters" "$@" \
-        -- ibv_rc_pingpong -d "$cdev" -g 0 -p "$port" -n "$iters" "$@" "$sip"
+    local port envs secs=$((90 + iters / 100)) side file dev v attempt f=$faults
+    for ((attempt = 1; attempt <= 3; attempt++)); do
+        port=$(free_tcp_port) || { not_ok "$label: no free TCP port"; return; }
+        envs=(UROCE_STATS=1)
+        [[ $f != - ]] && envs+=("UROCE_FAULTS=$f")
+        run_pair "$label" "$port" "$secs" "${envs[@]}" \
+            -- ibv_rc_pingpong -d "$sdev" -g 0 -p "$port" -n "$iters" "$@" \
+            -- ibv_rc_pingpong -d "$cdev" -g 0 -p "$port" -n "$iters" "$@" "$sip"
+        # Under loss, ibv_rc_pingpong has a teardown race that no transport can
+        # avoid: a side that has everything it needs exits, and if the ACK of
+        # the other side's last message was lost, the retransmission finds no
+        # QP and the other side ends with "retry counter exceeded". Recognise
+        # exactly that (one side complete, the other failing that way) and run
+        # again with another seed; anything else is a failure.
+        if [[ $f != - ]] && teardown_race "$iters"; then
+            echo "# note: $label (UROCE_FAULTS=$f): the peer exited before re-acknowledging the last message (teardown race); running again with another seed"
+            f=${f/seed=/seed=10}
+            continue
+        fi
+        break
+    done
     SUMMARY+=("$(printf '%-34s %7ss  %s' "$label" "$PAIR_SECS" "$(grep -ho '[0-9.]* usec/iter' "$CLI_OUT" | head -n1)")")
     expect_pair_ok "$label" || return
     for side in server client; do
         if [[ $side == server ]]; then file=$SRV_OUT dev=$sdev; else file=$CLI_OUT dev=$cdev; fi
         expect_file_match "$label: $side prints '$iters iters in'" "^$iters iters in [0-9.]+ seconds" "$file"
+        if grep -qi "invalid data" "$file" "${file%.out}.err"; then
+            not_ok "$label: $side: -c found invalid data" "$(grep -i "invalid data" "$file" "${file%.out}.err" | head -n 3)"
+        fi
         file=${file%.out}.err
         v=$(counter_value "$file" "$dev" rx_bad_icrc)
         if [[ -z $v ]]; then
@@ -141,30 +177,31 @@ pingpong() {
 }
 
 # Polling mode (ibv_rc_pingpong's default), device A (MTU 1024) <-> B (MTU 4096), path MTU 1024.
+# -c makes ibv_rc_pingpong check the received buffer.
 pingpong "poll -s 1 -n $LONG" - "$A" "$B" "$IP_A" "$LONG" -s 1
 pingpong "poll -s 64" - "$A" "$B" "$IP_A" 1000 -s 64
 pingpong "poll -s 1024" - "$A" "$B" "$IP_A" 1000 -s 1024
 pingpong "poll -s 4096" - "$A" "$B" "$IP_A" 1000 -s 4096
-pingpong "poll -s 16384" - "$A" "$B" "$IP_A" 1000 -s 16384
-pingpong "poll -s 65536" - "$A" "$B" "$IP_A" 1000 -s 65536
+pingpong "poll -s 16384" - "$A" "$B" "$IP_A" 1000 -s 16384 -c
+pingpong "poll -s 65536" - "$A" "$B" "$IP_A" 1000 -s 65536 -c
 # Completion-channel mode (-e).
 pingpong "event -s 1" - "$A" "$B" "$IP_A" 1000 -e -s 1
 pingpong "event -s 64 -n $LONG" - "$A" "$B" "$IP_A" "$LONG" -e -s 64
 pingpong "event -s 1024" - "$A" "$B" "$IP_A" 1000 -e -s 1024
 pingpong "event -s 4096 -n $LONG" - "$A" "$B" "$IP_A" "$LONG" -e -s 4096
-pingpong "event -s 16384" - "$A" "$B" "$IP_A" 1000 -e -s 16384
-pingpong "event -s 65536" - "$A" "$B" "$IP_A" 1000 -e -s 65536
+pingpong "event -s 16384" - "$A" "$B" "$IP_A" 1000 -e -s 16384 -c
+pingpong "event -s 65536" - "$A" "$B" "$IP_A" 1000 -e -s 65536 -c
 # Path MTU 4096 between the two MTU-4096 devices, the other direction of roles.
-pingpong "poll -m 4096 -s 65536 (B<-C)" - "$B" "$C" "$IP_B" 1000 -m 4096 -s 65536
+pingpong "poll -m 4096 -s 65536 (B<-C)" - "$B" "$C" "$IP_B" 1000 -m 4096 -s 65536 -c
 pingpong "event -m 4096 -s 4096 (C<-B)" - "$C" "$B" "$IP_C" 1000 -e -m 4096 -s 4096
 
 # 5% of the packets each side sends are dropped.
-pingpong "drop5% poll -s 1" drop=0.05,seed=1 "$A" "$B" "$IP_A" 200 -s 1
-pingpong "drop5% poll -s 4096" drop=0.05,seed=2 "$A" "$B" "$IP_A" 200 -s 4096
-pingpong "drop5% event -s 1024" drop=0.05,seed=3 "$A" "$B" "$IP_A" 200 -e -s 1024
-pingpong "drop5% poll -s 65536" drop=0.05,seed=4 "$A" "$B" "$IP_A" 200 -s 65536
-pingpong "drop5% event -s 65536" drop=0.05,seed=5 "$A" "$B" "$IP_A" 200 -e -s 65536
-pingpong "drop5% -m 4096 -s 65536" drop=0.05,seed=6 "$B" "$C" "$IP_B" 200 -m 4096 -s 65536
+pingpong "drop5% poll -s 1" drop=0.05,seed=1 "$A" "$B" "$IP_A" 200 -s 1 -c
+pingpong "drop5% poll -s 4096" drop=0.05,seed=2 "$A" "$B" "$IP_A" 200 -s 4096 -c
+pingpong "drop5% event -s 1024" drop=0.05,seed=3 "$A" "$B" "$IP_A" 200 -e -s 1024 -c
+pingpong "drop5% poll -s 65536" drop=0.05,seed=4 "$A" "$B" "$IP_A" 200 -s 65536 -c
+pingpong "drop5% event -s 65536" drop=0.05,seed=5 "$A" "$B" "$IP_A" 200 -e -s 65536 -c
+pingpong "drop5% -m 4096 -s 65536" drop=0.05,seed=6 "$B" "$C" "$IP_B" 200 -m 4096 -s 65536 -c
 
 echo "# ---------------------------------------------- summary (wall time, client usec/iter)"
 for line in "${SUMMARY[@]}"; do echo "# $line"; done

@@ -1,5 +1,5 @@
 // The RoCEv2 ICRC over IPv4, and its verification by a receiver that cannot see the IPv4
-// identification and flags.
+// identification and flags (it takes DF to be set and solves for the identification).
 #include "uroce/icrc.h"
 
 #include <isa-l/crc.h>
@@ -138,20 +138,35 @@ uint32_t x_to_minus_bytes(uint64_t k) {
 // in the whole message it sits multiplied by x^s, s = the number of bits after the window,
 // so  received ^ computed = D(x) * x^(s+32) mod P.  Since x is invertible modulo P and D has
 // degree below 32, D is recovered exactly as (received ^ computed) * x^-(s+32) mod P. The
-// packet is explained by some unseen-field value iff D touches only the identification bits
-// and the DF bit (reserved and MF bits and the fragment offset are taken to be zero).
+// packet is explained by some identification value iff D touches only the 16 identification
+// bits: the flags byte must be the one we computed with, DF set and the reserved and MF bits
+// clear (the fragment offset, like the rest of the header, is taken to be zero).
 //
-// This is the same question as asking whether the delta lies in the span of the 17
+// This is the same question as asking whether the delta lies in the span of the 16
 // single-bit "basis deltas" (the Gaussian-elimination formulation): multiplying by x^s is an
 // invertible linear map, and after undoing it the basis deltas are the monomials of D, which
 // are already in echelon form. So no elimination is needed, and it costs one power of x^-1
-// (table lookups and two 32-step multiplications), not a search over 2^17 values.
+// (table lookups and two 32-step multiplications), not a search over 2^16 values.
+//
+// Why DF is fixed rather than a 17th unknown. Each accepted unknown bit widens the set of CRC
+// deltas taken for "unseen fields", and a single flipped bit of the packet can produce one of
+// them: a flip k bits after the window changes the CRC by x^(s+32-k), i.e. D = x^-k mod P,
+// so it passes iff x^-k mod P touches only accepted bits of the window. With DF accepted too,
+// that happens for UDP payload byte 173, bit 0x08 (and byte 1834, bit 0x40): every packet
+// longer than 177 bytes had a single-bit corruption that always passed. With the 16
+// identification bits alone the nearest such position is byte 26744, bit 0x40, far beyond
+// any RoCE packet (the largest MTU is 4096; uroce drops datagrams over 4352 bytes). Requiring
+// DF costs nothing: RoCEv2 packets must not be fragmented, and the senders we meet, the
+// kernel's rxe and uroce itself, set DF on every packet. A packet explained only with DF clear
+// is a Mismatch. The positions depend only on CRC-32 and the header layout, not on the packet
+// contents or length (the ICRC's own bits continue the sequence); tests/unit/wire/test_icrc.cpp
+// searches for them.
 //
 // In the reflected representation the window's byte k, bit j (LSB first, the order the CRC
 // consumes them) is the coefficient of x^(23 - 8k - j), i.e. bit 8 + 8k + j of D: D is the
 // little-endian difference of the three bytes, shifted left by 8.
-// The identification's two bytes and the DF bit of the flags byte:
-constexpr uint32_t kUnseenWindowMask = (0xffffu | uint32_t{kDontFragment >> 8} << 16) << 8;
+// Only the identification's two bytes (window bytes 0 and 1) may differ:
+constexpr uint32_t kUnseenWindowMask = 0xffffu << 8;
 constexpr size_t kWindowEndOffset = kFlagsOffset + 1;
 static_assert(kFlagsOffset == kIdOffset + 2, "the window is three consecutive bytes");
 
@@ -194,7 +209,7 @@ const char* to_string(IcrcCheck c) {
         case IcrcCheck::Exact:
             return "exact";
         case IcrcCheck::MatchesUnseenFields:
-            return "matches for some IPv4 identification/flags";
+            return "matches for some IPv4 identification (DF set)";
         case IcrcCheck::Mismatch:
             return "mismatch";
     }
