@@ -8,8 +8,9 @@
 //
 // A receiver on a UDP socket sees the addresses, ports and lengths of the IP and UDP
 // headers, but not the IPv4 identification field or the flags, both of which the ICRC
-// covers. icrc_verify_ipv4() therefore accepts a packet when some value of those
-// unseen fields explains the received ICRC; see docs/wire-format.md.
+// covers. icrc_verify_ipv4() therefore requires DF set (RoCEv2 packets are never
+// fragmented; rxe and uroce set DF) and accepts a packet when some identification value
+// explains the received ICRC; see docs/wire-format.md.
 #pragma once
 
 #include <cstddef>
@@ -26,7 +27,8 @@ struct Ipv4Flow {
     uint16_t dst_port = 0;
 };
 
-// The IPv4 fields the ICRC covers that a UDP receiver cannot see.
+// The IPv4 fields the ICRC covers that a UDP receiver cannot see. icrc_ipv4() computes with
+// any value; icrc_verify_ipv4() only accepts dont_fragment == true.
 struct Ipv4Unseen {
     uint16_t identification = 0;
     bool dont_fragment = true;
@@ -40,13 +42,17 @@ uint32_t icrc_ipv4(const Ipv4Flow& flow, const Ipv4Unseen& unseen,
 uint32_t icrc_ipv4(const Ipv4Flow& flow, const Ipv4Unseen& unseen, std::span<const uint8_t> roce);
 
 enum class IcrcCheck {
-    Exact,              // matches with the header fields uroce itself sends (id 0, DF)
-    MatchesUnseenFields,  // matches for some identification/flags value (e.g. the kernel's rxe)
-    Mismatch,           // no value of the unseen fields explains it: corrupted
+    Exact,                // matches with the header fields uroce itself sends (id 0, DF)
+    MatchesUnseenFields,  // matches for some identification value, with DF set (the kernel's rxe)
+    Mismatch,             // no identification value with DF set explains it: corrupted
 };
 const char* to_string(IcrcCheck c);
 
-// Check the ICRC carried in the last four bytes of `udp_payload`.
+// Check the ICRC carried in the last four bytes of `udp_payload`, for a packet sent with DF set
+// and no other IPv4 flag or fragment offset. A packet whose ICRC only some identification with
+// DF clear explains is a Mismatch. A random corruption is accepted with probability 2^-16; no
+// single-bit corruption is accepted (except in BTH byte 4, which the ICRC masks) in a UDP
+// payload of up to 26744 bytes.
 IcrcCheck icrc_verify_ipv4(const Ipv4Flow& flow, std::span<const uint8_t> udp_payload);
 
 }  // namespace uroce::wire
