@@ -14,18 +14,30 @@ namespace {
 ibv_wc_status wc_status(transport::WcStatus s) {
     using S = transport::WcStatus;
     switch (s) {
-        case S::Success: return IBV_WC_SUCCESS;
-        case S::LocLenErr: return IBV_WC_LOC_LEN_ERR;
-        case S::LocQpOpErr: return IBV_WC_LOC_QP_OP_ERR;
-        case S::LocProtErr: return IBV_WC_LOC_PROT_ERR;
-        case S::WrFlushErr: return IBV_WC_WR_FLUSH_ERR;
-        case S::BadResp: return IBV_WC_BAD_RESP_ERR;
-        case S::RemInvReqErr: return IBV_WC_REM_INV_REQ_ERR;
-        case S::RemAccessErr: return IBV_WC_REM_ACCESS_ERR;
-        case S::RemOpErr: return IBV_WC_REM_OP_ERR;
-        case S::RetryExcErr: return IBV_WC_RETRY_EXC_ERR;
-        case S::RnrRetryExcErr: return IBV_WC_RNR_RETRY_EXC_ERR;
-        case S::GeneralErr: return IBV_WC_GENERAL_ERR;
+        case S::Success:
+            return IBV_WC_SUCCESS;
+        case S::LocLenErr:
+            return IBV_WC_LOC_LEN_ERR;
+        case S::LocQpOpErr:
+            return IBV_WC_LOC_QP_OP_ERR;
+        case S::LocProtErr:
+            return IBV_WC_LOC_PROT_ERR;
+        case S::WrFlushErr:
+            return IBV_WC_WR_FLUSH_ERR;
+        case S::BadResp:
+            return IBV_WC_BAD_RESP_ERR;
+        case S::RemInvReqErr:
+            return IBV_WC_REM_INV_REQ_ERR;
+        case S::RemAccessErr:
+            return IBV_WC_REM_ACCESS_ERR;
+        case S::RemOpErr:
+            return IBV_WC_REM_OP_ERR;
+        case S::RetryExcErr:
+            return IBV_WC_RETRY_EXC_ERR;
+        case S::RnrRetryExcErr:
+            return IBV_WC_RNR_RETRY_EXC_ERR;
+        case S::GeneralErr:
+            return IBV_WC_GENERAL_ERR;
     }
     return IBV_WC_GENERAL_ERR;
 }
@@ -33,11 +45,16 @@ ibv_wc_status wc_status(transport::WcStatus s) {
 ibv_wc_opcode wc_opcode(transport::WcOpcode op) {
     using O = transport::WcOpcode;
     switch (op) {
-        case O::Send: return IBV_WC_SEND;
-        case O::RdmaWrite: return IBV_WC_RDMA_WRITE;
-        case O::RdmaRead: return IBV_WC_RDMA_READ;
-        case O::Recv: return IBV_WC_RECV;
-        case O::RecvRdmaWithImm: return IBV_WC_RECV_RDMA_WITH_IMM;
+        case O::Send:
+            return IBV_WC_SEND;
+        case O::RdmaWrite:
+            return IBV_WC_RDMA_WRITE;
+        case O::RdmaRead:
+            return IBV_WC_RDMA_READ;
+        case O::Recv:
+            return IBV_WC_RECV;
+        case O::RecvRdmaWithImm:
+            return IBV_WC_RECV_RDMA_WITH_IMM;
     }
     return IBV_WC_SEND;
 }

@@ -73,11 +73,14 @@ verbs_device* alloc_device(verbs_sysfs_dev* sysfs_dev) {
     return &dev->vdev;
 }
 
-void uninit_device(verbs_device* vdev) { std::free(reinterpret_cast<UroceDevice*>(vdev)); }
+void uninit_device(verbs_device* vdev) {
+    std::free(reinterpret_cast<UroceDevice*>(vdev));
+}
 
 void destroy_state(ContextState* st) {
     if (!st) return;
-    if (const char* v = std::getenv("UROCE_STATS"); st->engine && v && *v && std::strcmp(v, "0") != 0)
+    if (const char* v = std::getenv("UROCE_STATS");
+        st->engine && v && *v && std::strcmp(v, "0") != 0)
         print_counters(*st, st->device->vdev.device.name);
     st->engine.reset();  // stops the engine thread first: it may post async events
     if (st->async_write_fd >= 0) ::close(st->async_write_fd);
@@ -155,11 +158,21 @@ verbs_context* alloc_context(ibv_device* ibdev, int cmd_fd, void*) {
     st->engine->set_async_handler([ctx](const transport::AsyncEvent& ev) {
         ibv_event_type type = IBV_EVENT_QP_FATAL;
         switch (ev.type) {
-            case transport::AsyncEventType::QpFatal: type = IBV_EVENT_QP_FATAL; break;
-            case transport::AsyncEventType::QpAccessError: type = IBV_EVENT_QP_ACCESS_ERR; break;
-            case transport::AsyncEventType::QpRequestError: type = IBV_EVENT_QP_REQ_ERR; break;
-            case transport::AsyncEventType::CommEstablished: type = IBV_EVENT_COMM_EST; break;
-            case transport::AsyncEventType::SqDrained: type = IBV_EVENT_SQ_DRAINED; break;
+            case transport::AsyncEventType::QpFatal:
+                type = IBV_EVENT_QP_FATAL;
+                break;
+            case transport::AsyncEventType::QpAccessError:
+                type = IBV_EVENT_QP_ACCESS_ERR;
+                break;
+            case transport::AsyncEventType::QpRequestError:
+                type = IBV_EVENT_QP_REQ_ERR;
+                break;
+            case transport::AsyncEventType::CommEstablished:
+                type = IBV_EVENT_COMM_EST;
+                break;
+            case transport::AsyncEventType::SqDrained:
+                type = IBV_EVENT_SQ_DRAINED;
+                break;
         }
         post_async_event(ctx, type, reinterpret_cast<uint64_t>(ev.qp_handle));
     });
@@ -217,13 +230,14 @@ const verbs_device_ops kDeviceOps = {
     .uninit_device = uninit_device,
 };
 
-__attribute__((constructor)) void register_driver() { verbs_register_driver_34(&kDeviceOps); }
+__attribute__((constructor)) void register_driver() {
+    verbs_register_driver_34(&kDeviceOps);
+}
 
 }  // namespace
 
 bool is_uroce_context(ibv_context* c) noexcept {
-    return c && c->device &&
-           reinterpret_cast<verbs_device*>(c->device)->ops == &kDeviceOps;
+    return c && c->device && reinterpret_cast<verbs_device*>(c->device)->ops == &kDeviceOps;
 }
 
 }  // namespace uroce::provider

@@ -13,18 +13,25 @@ namespace uroce::provider {
 
 ibv_mtu mtu_enum(uint32_t bytes) {
     switch (bytes) {
-        case 256: return IBV_MTU_256;
-        case 512: return IBV_MTU_512;
-        case 1024: return IBV_MTU_1024;
-        case 2048: return IBV_MTU_2048;
-        default: return IBV_MTU_4096;
+        case 256:
+            return IBV_MTU_256;
+        case 512:
+            return IBV_MTU_512;
+        case 1024:
+            return IBV_MTU_1024;
+        case 2048:
+            return IBV_MTU_2048;
+        default:
+            return IBV_MTU_4096;
     }
 }
 
-uint32_t mtu_bytes(ibv_mtu mtu) { return 128u << static_cast<int>(mtu); }
+uint32_t mtu_bytes(ibv_mtu mtu) {
+    return 128u << static_cast<int>(mtu);
+}
 
-int query_device_ex(ibv_context* ibctx, const ibv_query_device_ex_input*,
-                    ibv_device_attr_ex* out, size_t attr_size) noexcept {
+int query_device_ex(ibv_context* ibctx, const ibv_query_device_ex_input*, ibv_device_attr_ex* out,
+                    size_t attr_size) noexcept {
     if (!out || attr_size < sizeof(ibv_device_attr)) return EINVAL;
     const DeviceConfig& cfg = to_uctx(ibctx)->state->device->config;
     ibv_device_attr_ex a{};
@@ -54,7 +61,8 @@ int query_device_ex(ibv_context* ibctx, const ibv_query_device_ex_input*,
     d.local_ca_ack_delay = 15;
     d.phys_port_cnt = 1;
     std::memcpy(out, &a, std::min(attr_size, sizeof a));
-    if (attr_size > sizeof a) std::memset(reinterpret_cast<char*>(out) + sizeof a, 0, attr_size - sizeof a);
+    if (attr_size > sizeof a)
+        std::memset(reinterpret_cast<char*>(out) + sizeof a, 0, attr_size - sizeof a);
     return 0;
 }
 

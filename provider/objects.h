@@ -82,9 +82,15 @@ inline UroceContext* to_uctx(ibv_context* c) {
     return reinterpret_cast<UroceContext*>(reinterpret_cast<char*>(c) -
                                            offsetof(UroceContext, vctx.context));
 }
-inline UrocePd* to_upd(ibv_pd* p) { return reinterpret_cast<UrocePd*>(p); }
-inline UroceCq* to_ucq(ibv_cq* c) { return reinterpret_cast<UroceCq*>(c); }
-inline UroceQp* to_uqp(ibv_qp* q) { return reinterpret_cast<UroceQp*>(q); }
+inline UrocePd* to_upd(ibv_pd* p) {
+    return reinterpret_cast<UrocePd*>(p);
+}
+inline UroceCq* to_ucq(ibv_cq* c) {
+    return reinterpret_cast<UroceCq*>(c);
+}
+inline UroceQp* to_uqp(ibv_qp* q) {
+    return reinterpret_cast<UroceQp*>(q);
+}
 
 // Queues an affiliated or unaffiliated asynchronous event for ibv_get_async_event.
 void post_async_event(UroceContext* ctx, ibv_event_type type, uint64_t element) noexcept;

@@ -45,8 +45,8 @@ const verbs_context_ops kContextOps = make_ops();
 void print_counters(const ContextState& st, const char* device) noexcept {
     const transport::EngineCounters& c = st.engine->counters();
     std::fprintf(stderr, "uroce %s counters:", device);
-#define UROCE_PRINT(name) std::fprintf(stderr, " %s=%llu", #name, \
-                                       static_cast<unsigned long long>(c.name.load()));
+#define UROCE_PRINT(name) \
+    std::fprintf(stderr, " %s=%llu", #name, static_cast<unsigned long long>(c.name.load()));
     UROCE_COUNTERS(UROCE_PRINT)
 #undef UROCE_PRINT
     std::fprintf(stderr, "\n");
@@ -55,15 +55,15 @@ void print_counters(const ContextState& st, const char* device) noexcept {
 }  // namespace uroce::provider
 
 extern "C" __attribute__((visibility("default"))) int uroce_read_counter(ibv_context* ctx,
-                                                                          const char* name,
-                                                                          uint64_t* value) {
+                                                                         const char* name,
+                                                                         uint64_t* value) {
     using namespace uroce::provider;
     if (!is_uroce_context(ctx) || !name || !value) return EINVAL;
     const auto& c = to_uctx(ctx)->state->engine->counters();
-#define UROCE_MATCH(n)                    \
-    if (std::strcmp(name, #n) == 0) {     \
-        *value = c.n.load();              \
-        return 0;                         \
+#define UROCE_MATCH(n)                \
+    if (std::strcmp(name, #n) == 0) { \
+        *value = c.n.load();          \
+        return 0;                     \
     }
     UROCE_COUNTERS(UROCE_MATCH)
 #undef UROCE_MATCH

@@ -18,18 +18,27 @@ using transport::QpState;
 
 ibv_qp_state to_ibv(QpState s) {
     switch (s) {
-        case QpState::Reset: return IBV_QPS_RESET;
-        case QpState::Init: return IBV_QPS_INIT;
-        case QpState::Rtr: return IBV_QPS_RTR;
-        case QpState::Rts: return IBV_QPS_RTS;
-        case QpState::Sqd: return IBV_QPS_SQD;
-        case QpState::Sqe: return IBV_QPS_SQE;
-        case QpState::Err: return IBV_QPS_ERR;
+        case QpState::Reset:
+            return IBV_QPS_RESET;
+        case QpState::Init:
+            return IBV_QPS_INIT;
+        case QpState::Rtr:
+            return IBV_QPS_RTR;
+        case QpState::Rts:
+            return IBV_QPS_RTS;
+        case QpState::Sqd:
+            return IBV_QPS_SQD;
+        case QpState::Sqe:
+            return IBV_QPS_SQE;
+        case QpState::Err:
+            return IBV_QPS_ERR;
     }
     return IBV_QPS_ERR;
 }
 
-bool belongs(ibv_cq* cq, ibv_context* ctx) { return cq && cq->context == ctx; }
+bool belongs(ibv_cq* cq, ibv_context* ctx) {
+    return cq && cq->context == ctx;
+}
 
 }  // namespace
 
@@ -72,9 +81,8 @@ ibv_qp* create_qp(ibv_pd* pd, ibv_qp_init_attr* init) noexcept {
     transport::Engine& engine = *ctx->state->engine;
     try {
         const uint32_t qpn = engine.allocate_qpn();
-        qp->rc = std::make_shared<transport::RcQp>(engine, qpn, to_upd(pd)->id, caps,
-                                                   qp->send_cq->queue, qp->recv_cq->queue,
-                                                   &qp->vqp.qp);
+        qp->rc = std::make_shared<transport::RcQp>(
+            engine, qpn, to_upd(pd)->id, caps, qp->send_cq->queue, qp->recv_cq->queue, &qp->vqp.qp);
         engine.attach(qp->rc);
     } catch (...) {
         delete qp;
@@ -183,14 +191,24 @@ int post_send(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexcept {
         transport::SendWqe w;
         int err = 0;
         switch (wr->opcode) {
-            case IBV_WR_SEND: w.opcode = transport::SendOpcode::Send; break;
-            case IBV_WR_SEND_WITH_IMM: w.opcode = transport::SendOpcode::SendWithImm; break;
-            case IBV_WR_RDMA_WRITE: w.opcode = transport::SendOpcode::RdmaWrite; break;
+            case IBV_WR_SEND:
+                w.opcode = transport::SendOpcode::Send;
+                break;
+            case IBV_WR_SEND_WITH_IMM:
+                w.opcode = transport::SendOpcode::SendWithImm;
+                break;
+            case IBV_WR_RDMA_WRITE:
+                w.opcode = transport::SendOpcode::RdmaWrite;
+                break;
             case IBV_WR_RDMA_WRITE_WITH_IMM:
                 w.opcode = transport::SendOpcode::RdmaWriteWithImm;
                 break;
-            case IBV_WR_RDMA_READ: w.opcode = transport::SendOpcode::RdmaRead; break;
-            default: err = EINVAL; break;  // atomics, invalidate, bind: not yet
+            case IBV_WR_RDMA_READ:
+                w.opcode = transport::SendOpcode::RdmaRead;
+                break;
+            default:
+                err = EINVAL;
+                break;  // atomics, invalidate, bind: not yet
         }
         const bool is_inline = wr->send_flags & IBV_SEND_INLINE;
         if (!err && (wr->num_sge < 0 || wr->num_sge > kMaxSge)) err = EINVAL;

@@ -19,14 +19,23 @@ using transport::QpState;
 QpState to_state(ibv_qp_state s, bool& ok) {
     ok = true;
     switch (s) {
-        case IBV_QPS_RESET: return QpState::Reset;
-        case IBV_QPS_INIT: return QpState::Init;
-        case IBV_QPS_RTR: return QpState::Rtr;
-        case IBV_QPS_RTS: return QpState::Rts;
-        case IBV_QPS_SQD: return QpState::Sqd;
-        case IBV_QPS_SQE: return QpState::Sqe;
-        case IBV_QPS_ERR: return QpState::Err;
-        default: ok = false; return QpState::Err;
+        case IBV_QPS_RESET:
+            return QpState::Reset;
+        case IBV_QPS_INIT:
+            return QpState::Init;
+        case IBV_QPS_RTR:
+            return QpState::Rtr;
+        case IBV_QPS_RTS:
+            return QpState::Rts;
+        case IBV_QPS_SQD:
+            return QpState::Sqd;
+        case IBV_QPS_SQE:
+            return QpState::Sqe;
+        case IBV_QPS_ERR:
+            return QpState::Err;
+        default:
+            ok = false;
+            return QpState::Err;
     }
 }
 
@@ -47,8 +56,7 @@ constexpr MaskRule kRules[] = {
          IBV_QP_MIN_RNR_TIMER,
      kAltPath | IBV_QP_ACCESS_FLAGS | IBV_QP_PKEY_INDEX},
     {QpState::Rtr, QpState::Rts,
-     IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
-         IBV_QP_MAX_QP_RD_ATOMIC,
+     IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC,
      IBV_QP_CUR_STATE | kAltPath | IBV_QP_ACCESS_FLAGS | IBV_QP_MIN_RNR_TIMER |
          IBV_QP_PATH_MIG_STATE},
     {QpState::Rts, QpState::Rts, 0,
@@ -122,8 +130,7 @@ int check_modify(QpState current, const ibv_qp_attr& attr, int mask, QpState& ne
     if ((mask & IBV_QP_RETRY_CNT) && attr.retry_cnt > 7) return EINVAL;
     if ((mask & IBV_QP_RNR_RETRY) && attr.rnr_retry > 7) return EINVAL;
     if ((mask & IBV_QP_MAX_QP_RD_ATOMIC) && attr.max_rd_atomic > kMaxRdAtomic) return EINVAL;
-    if ((mask & IBV_QP_MAX_DEST_RD_ATOMIC) && attr.max_dest_rd_atomic > kMaxRdAtomic)
-        return EINVAL;
+    if ((mask & IBV_QP_MAX_DEST_RD_ATOMIC) && attr.max_dest_rd_atomic > kMaxRdAtomic) return EINVAL;
     if ((mask & IBV_QP_PATH_MIG_STATE) && attr.path_mig_state != IBV_MIG_MIGRATED &&
         attr.path_mig_state != IBV_MIG_REARM && attr.path_mig_state != IBV_MIG_ARMED)
         return EINVAL;

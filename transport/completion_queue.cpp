@@ -62,18 +62,30 @@ namespace uroce::transport {
 
 const char* to_string(WcStatus s) {
     switch (s) {
-        case WcStatus::Success: return "success";
-        case WcStatus::LocLenErr: return "local length error";
-        case WcStatus::LocQpOpErr: return "local QP operation error";
-        case WcStatus::LocProtErr: return "local protection error";
-        case WcStatus::WrFlushErr: return "flushed";
-        case WcStatus::BadResp: return "bad response";
-        case WcStatus::RemInvReqErr: return "remote invalid request";
-        case WcStatus::RemAccessErr: return "remote access error";
-        case WcStatus::RemOpErr: return "remote operation error";
-        case WcStatus::RetryExcErr: return "retry count exceeded";
-        case WcStatus::RnrRetryExcErr: return "RNR retry count exceeded";
-        case WcStatus::GeneralErr: return "general error";
+        case WcStatus::Success:
+            return "success";
+        case WcStatus::LocLenErr:
+            return "local length error";
+        case WcStatus::LocQpOpErr:
+            return "local QP operation error";
+        case WcStatus::LocProtErr:
+            return "local protection error";
+        case WcStatus::WrFlushErr:
+            return "flushed";
+        case WcStatus::BadResp:
+            return "bad response";
+        case WcStatus::RemInvReqErr:
+            return "remote invalid request";
+        case WcStatus::RemAccessErr:
+            return "remote access error";
+        case WcStatus::RemOpErr:
+            return "remote operation error";
+        case WcStatus::RetryExcErr:
+            return "retry count exceeded";
+        case WcStatus::RnrRetryExcErr:
+            return "RNR retry count exceeded";
+        case WcStatus::GeneralErr:
+            return "general error";
     }
     return "?";
 }

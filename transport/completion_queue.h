@@ -13,7 +13,7 @@
 namespace uroce::transport {
 
 class CompletionQueue {
-public:
+  public:
     // `on_event` runs (without the queue's lock) when an armed queue receives a completion
     // that satisfies the arming; `on_overflow` when a completion finds the queue full.
     CompletionQueue(uint32_t capacity, std::function<void()> on_event,
@@ -32,7 +32,7 @@ public:
     uint32_t capacity() const { return capacity_; }
     size_t depth() const;
 
-private:
+  private:
     const uint32_t capacity_;
     std::function<void()> on_event_;
     std::function<void()> on_overflow_;

@@ -37,17 +37,16 @@ std::unique_ptr<Engine> Engine::create(const EngineConfig& config, std::string& 
         error = "cannot create the event loop";
         return nullptr;
     }
-    e->rx_event_ = event_new(e->base_, e->socket_.fd(), EV_READ | EV_PERSIST, &Engine::on_readable,
-                             e.get());
+    e->rx_event_ =
+        event_new(e->base_, e->socket_.fd(), EV_READ | EV_PERSIST, &Engine::on_readable, e.get());
     if (!e->rx_event_ || event_add(e->rx_event_, nullptr) != 0) {
         err = ENOMEM;
         error = "cannot register the socket with the event loop";
         return nullptr;
     }
     e->stop_event_ = event_new(
-        e->base_, -1, 0, [](evutil_socket_t, short, void* b) {
-            event_base_loopbreak(static_cast<event_base*>(b));
-        },
+        e->base_, -1, 0,
+        [](evutil_socket_t, short, void* b) { event_base_loopbreak(static_cast<event_base*>(b)); },
         e->base_);
     if (!e->stop_event_) {
         err = ENOMEM;
@@ -206,9 +205,14 @@ std::shared_ptr<RcQp> Engine::deliver(std::span<const uint8_t> datagram, uint32_
     }
     const wire::Ipv4Flow flow{src_ip, config_.ip, src_port, config_.port};
     switch (wire::icrc_verify_ipv4(flow, datagram)) {
-        case wire::IcrcCheck::Exact: break;
-        case wire::IcrcCheck::MatchesUnseenFields: bump(counters_.rx_icrc_unseen_fields); break;
-        case wire::IcrcCheck::Mismatch: bump(counters_.rx_bad_icrc); return nullptr;
+        case wire::IcrcCheck::Exact:
+            break;
+        case wire::IcrcCheck::MatchesUnseenFields:
+            bump(counters_.rx_icrc_unseen_fields);
+            break;
+        case wire::IcrcCheck::Mismatch:
+            bump(counters_.rx_bad_icrc);
+            return nullptr;
     }
     // Only the default partition exists; the membership bit is not compared.
     if ((pkt.h.bth.pkey & 0x7fff) != 0x7fff) {

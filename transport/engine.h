@@ -41,11 +41,10 @@ struct AsyncEvent {
 };
 
 class Engine {
-public:
+  public:
     // Binds the socket and starts the engine thread. Returns nullptr and sets `error`
     // (with an errno in `err`) on failure.
-    static std::unique_ptr<Engine> create(const EngineConfig& config, std::string& error,
-                                          int& err);
+    static std::unique_ptr<Engine> create(const EngineConfig& config, std::string& error, int& err);
     ~Engine();
     Engine(const Engine&) = delete;
     Engine& operator=(const Engine&) = delete;
@@ -74,7 +73,7 @@ public:
     void transmit(const wire::Headers& h, std::span<const iovec> payload, uint32_t payload_len,
                   uint32_t dst_ip);
 
-private:
+  private:
     // Checks one received UDP payload and hands it to its QP; returns that QP.
     std::shared_ptr<RcQp> deliver(std::span<const uint8_t> datagram, uint32_t src_ip,
                                   uint16_t src_port);

@@ -24,13 +24,13 @@ struct FaultConfig {
 std::optional<FaultConfig> parse_fault_config(std::string_view spec, std::string& error);
 
 class FaultInjector {
-public:
+  public:
     explicit FaultInjector(const FaultConfig& config);
     bool enabled() const { return threshold_ != 0; }
     // True if the next transmitted packet is to be dropped.
     bool drop_next();
 
-private:
+  private:
     uint64_t threshold_ = 0;  // drop when the 64-bit draw is below this
     uint64_t seed_;
     std::atomic<uint64_t> counter_{0};

@@ -4,11 +4,16 @@ namespace uroce::transport {
 
 const char* to_string(KeyCheck c) {
     switch (c) {
-        case KeyCheck::Ok: return "ok";
-        case KeyCheck::BadKey: return "no such key";
-        case KeyCheck::WrongPd: return "key of another protection domain";
-        case KeyCheck::OutOfBounds: return "range outside the region";
-        case KeyCheck::NoAccess: return "access not granted";
+        case KeyCheck::Ok:
+            return "ok";
+        case KeyCheck::BadKey:
+            return "no such key";
+        case KeyCheck::WrongPd:
+            return "key of another protection domain";
+        case KeyCheck::OutOfBounds:
+            return "range outside the region";
+        case KeyCheck::NoAccess:
+            return "access not granted";
     }
     return "?";
 }

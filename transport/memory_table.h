@@ -32,7 +32,7 @@ enum class KeyCheck { Ok, BadKey, WrongPd, OutOfBounds, NoAccess };
 const char* to_string(KeyCheck c);
 
 class MemoryTable {
-public:
+  public:
     // Registers [addr, addr+length) of protection domain `pd`, which remote requests
     // address as [iova, iova+length). Keys are never reused while the table lives, so a
     // stale key cannot name a new region.
@@ -47,12 +47,12 @@ public:
     KeyCheck check_local(uint32_t lkey, uint32_t pd, uint64_t addr, uint64_t length,
                          uint32_t access) const;
     // `va` is in the region's iova space; on success `local` is the address in this process.
-    KeyCheck check_remote(uint32_t rkey, uint32_t pd, uint64_t va, uint64_t length,
-                          uint32_t access, uint64_t& local) const;
+    KeyCheck check_remote(uint32_t rkey, uint32_t pd, uint64_t va, uint64_t length, uint32_t access,
+                          uint64_t& local) const;
 
     size_t size() const;
 
-private:
+  private:
     struct Region {
         uint32_t pd;
         uint64_t addr;

@@ -11,29 +11,37 @@ namespace uroce::transport {
 namespace {
 
 // IBA table 45: RNR NAK timer codes in microseconds (code 0 means 655.36 ms).
-constexpr uint32_t kRnrTimerUs[32] = {
-    655360, 10,    20,    30,    40,    60,    80,    120,   160,   240,   320,
-    480,    640,   960,   1280,  1920,  2560,  3840,  5120,  7680,  10240, 15360,
-    20480,  30720, 40960, 61440, 81920, 122880, 163840, 245760, 327680, 491520};
+constexpr uint32_t kRnrTimerUs[32] = {655360, 10,    20,    30,     40,     60,     80,     120,
+                                      160,    240,   320,   480,    640,    960,    1280,   1920,
+                                      2560,   3840,  5120,  7680,   10240,  15360,  20480,  30720,
+                                      40960,  61440, 81920, 122880, 163840, 245760, 327680, 491520};
 
 WcOpcode wc_opcode_for(SendOpcode op) {
     switch (op) {
         case SendOpcode::Send:
-        case SendOpcode::SendWithImm: return WcOpcode::Send;
+        case SendOpcode::SendWithImm:
+            return WcOpcode::Send;
         case SendOpcode::RdmaWrite:
-        case SendOpcode::RdmaWriteWithImm: return WcOpcode::RdmaWrite;
-        case SendOpcode::RdmaRead: return WcOpcode::RdmaRead;
+        case SendOpcode::RdmaWriteWithImm:
+            return WcOpcode::RdmaWrite;
+        case SendOpcode::RdmaRead:
+            return WcOpcode::RdmaRead;
     }
     return WcOpcode::Send;
 }
 
 WcStatus status_for_nak(uint8_t code) {
     switch (static_cast<wire::NakCode>(code)) {
-        case wire::NakCode::InvalidRequest: return WcStatus::RemInvReqErr;
-        case wire::NakCode::RemoteAccessError: return WcStatus::RemAccessErr;
-        case wire::NakCode::RemoteOperationalError: return WcStatus::RemOpErr;
-        case wire::NakCode::InvalidRdRequest: return WcStatus::RemInvReqErr;
-        default: return WcStatus::BadResp;
+        case wire::NakCode::InvalidRequest:
+            return WcStatus::RemInvReqErr;
+        case wire::NakCode::RemoteAccessError:
+            return WcStatus::RemAccessErr;
+        case wire::NakCode::RemoteOperationalError:
+            return WcStatus::RemOpErr;
+        case wire::NakCode::InvalidRdRequest:
+            return WcStatus::RemInvReqErr;
+        default:
+            return WcStatus::BadResp;
     }
 }
 
@@ -63,7 +71,9 @@ void RcQp::retire_front(WcStatus status) {
         send_pkt_ = 0;
 }
 
-bool RcQp::has_outstanding() const { return !sq_.empty() && sq_.front().assigned; }
+bool RcQp::has_outstanding() const {
+    return !sq_.empty() && sq_.front().assigned;
+}
 
 uint32_t RcQp::oldest_unacked() const {
     const SqEntry& e = sq_.front();

@@ -182,6 +182,8 @@ void RcQp::transmit(const wire::Headers& h, std::span<const iovec> payload, uint
     engine_.transmit(h, payload, payload_len, attrs_.dst_ip);
 }
 
-void RcQp::post_async(AsyncEventType type) { engine_.post_async(AsyncEvent{type, user_handle_}); }
+void RcQp::post_async(AsyncEventType type) {
+    engine_.post_async(AsyncEvent{type, user_handle_});
+}
 
 }  // namespace uroce::transport

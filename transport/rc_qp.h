@@ -36,19 +36,19 @@ class Engine;
 
 // Connection attributes, set by modify (the provider validates them first).
 struct QpAttributes {
-    uint32_t access = 0;         // Access bits the QP grants to remote requests
-    uint32_t dst_ip = 0;         // peer address, host order
+    uint32_t access = 0;  // Access bits the QP grants to remote requests
+    uint32_t dst_ip = 0;  // peer address, host order
     uint32_t dest_qpn = 0;
-    uint32_t mtu = 1024;         // path MTU in bytes
-    uint32_t rq_psn = 0;         // first PSN expected from the peer
-    uint32_t sq_psn = 0;         // first PSN this QP sends
-    uint8_t timeout = 14;        // 4.096 us * 2^timeout; 0 waits forever
+    uint32_t mtu = 1024;   // path MTU in bytes
+    uint32_t rq_psn = 0;   // first PSN expected from the peer
+    uint32_t sq_psn = 0;   // first PSN this QP sends
+    uint8_t timeout = 14;  // 4.096 us * 2^timeout; 0 waits forever
     uint8_t retry_cnt = 7;
     uint8_t rnr_retry = 7;       // 7 retries forever
     uint8_t min_rnr_timer = 12;  // IBA RNR timer code sent in our RNR NAKs
     uint8_t max_rd_atomic = 1;   // READs this QP may have outstanding
     uint8_t max_dest_rd_atomic = 1;
-    bool sqd_notify = false;     // raise SqDrained when the send queue has drained in SQD
+    bool sqd_notify = false;  // raise SqDrained when the send queue has drained in SQD
 };
 
 struct QpCaps {
@@ -62,7 +62,7 @@ struct QpCaps {
 enum class AsyncEventType { QpFatal, QpAccessError, QpRequestError, CommEstablished, SqDrained };
 
 class RcQp : public std::enable_shared_from_this<RcQp> {
-public:
+  public:
     RcQp(Engine& engine, uint32_t qpn, uint32_t pd, const QpCaps& caps,
          std::shared_ptr<CompletionQueue> send_cq, std::shared_ptr<CompletionQueue> recv_cq,
          void* user_handle);
@@ -91,16 +91,16 @@ public:
     void flush_ack();
     uint32_t peer_ip() const { return attrs_.dst_ip; }
 
-private:
+  private:
     struct SqEntry {
         SendWqe wqe;
-        bool assigned = false;  // PSNs given out
-        uint32_t psn = 0;       // first PSN
-        uint32_t npkts = 0;     // PSNs the request consumes
+        bool assigned = false;    // PSNs given out
+        uint32_t psn = 0;         // first PSN
+        uint32_t npkts = 0;       // PSNs the request consumes
         uint32_t read_bytes = 0;  // READ: bytes of response received
         uint32_t read_pkts = 0;
         bool read_done = false;
-        bool read_gap_retried = false;  // a missing response was already asked for again
+        bool read_gap_retried = false;        // a missing response was already asked for again
         WcStatus failed = WcStatus::Success;  // set when this request itself failed
     };
 
@@ -157,15 +157,15 @@ private:
 
     // requester / completer
     std::deque<SqEntry> sq_;
-    size_t send_index_ = 0;      // sq_ entry being transmitted
-    uint32_t send_pkt_ = 0;      // its next packet
-    uint32_t next_psn_ = 0;      // PSN the next new request gets
-    uint32_t una_psn_ = 0;       // oldest PSN not yet acknowledged
-    uint32_t sent_high_ = 0;     // PSN after the highest request packet sent
+    size_t send_index_ = 0;   // sq_ entry being transmitted
+    uint32_t send_pkt_ = 0;   // its next packet
+    uint32_t next_psn_ = 0;   // PSN the next new request gets
+    uint32_t una_psn_ = 0;    // oldest PSN not yet acknowledged
+    uint32_t sent_high_ = 0;  // PSN after the highest request packet sent
     uint32_t reads_outstanding_ = 0;
     int retries_left_ = 7;
     int rnr_retries_left_ = 7;
-    bool rnr_wait_ = false;      // the timer is an RNR back-off, not a retransmission timeout
+    bool rnr_wait_ = false;  // the timer is an RNR back-off, not a retransmission timeout
     uint32_t rnr_psn_ = 0;
     bool timer_armed_ = false;
     uint32_t last_rewind_psn_ = 0xffffffff;
@@ -174,12 +174,12 @@ private:
 
     // responder
     std::deque<RecvWqe> rq_;
-    uint32_t epsn_ = 0;          // expected request PSN
-    uint32_t msn_ = 0;           // message sequence number
-    bool nak_sent_ = false;      // a sequence NAK for epsn_ is out
+    uint32_t epsn_ = 0;      // expected request PSN
+    uint32_t msn_ = 0;       // message sequence number
+    bool nak_sent_ = false;  // a sequence NAK for epsn_ is out
     bool ack_pending_ = false;
     enum class InMessage { None, Send, Write } in_message_ = InMessage::None;
-    bool recv_taken_ = false;    // rq_.front() belongs to the SEND in progress
+    bool recv_taken_ = false;  // rq_.front() belongs to the SEND in progress
     uint32_t recv_offset_ = 0;
     uint64_t write_va_ = 0;
     uint32_t write_rkey_ = 0;

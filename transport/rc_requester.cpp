@@ -60,8 +60,8 @@ bool RcQp::gather(const SqEntry& e, uint32_t offset, uint32_t len, std::span<iov
 bool RcQp::send_request_packet(SqEntry& e, uint32_t pkt_index) {
     const bool is_send =
         e.wqe.opcode == SendOpcode::Send || e.wqe.opcode == SendOpcode::SendWithImm;
-    const bool with_imm = e.wqe.opcode == SendOpcode::SendWithImm ||
-                          e.wqe.opcode == SendOpcode::RdmaWriteWithImm;
+    const bool with_imm =
+        e.wqe.opcode == SendOpcode::SendWithImm || e.wqe.opcode == SendOpcode::RdmaWriteWithImm;
     const OpcodeSet& ops = is_send ? kSendOps : kWriteOps;
     const uint32_t mtu = attrs_.mtu;
     const bool first = pkt_index == 0;
@@ -124,7 +124,8 @@ bool RcQp::send_read_request(SqEntry& e) {
 void RcQp::pump() {
     // SQD finishes (and retransmits) what was started but starts nothing new.
     if ((state_ != QpState::Rts && state_ != QpState::Sqd) || rnr_wait_) return;
-    const int32_t window = static_cast<int32_t>(std::max<uint32_t>(16, kSendWindowBytes / attrs_.mtu));
+    const int32_t window =
+        static_cast<int32_t>(std::max<uint32_t>(16, kSendWindowBytes / attrs_.mtu));
     bool sent = false;
     while (send_index_ < sq_.size()) {
         SqEntry& e = sq_[send_index_];

@@ -37,7 +37,8 @@ void RcQp::flush_ack() {
     if (!ack_pending_ || state_ == QpState::Err || state_ == QpState::Reset) return;
     ack_pending_ = false;
     bump(engine_.counters().tx_acks);
-    send_ack(psn_add(epsn_, kPsnMask), wire::Aeth::make(wire::AckType::Ack, wire::kAethInvalidCredits));
+    send_ack(psn_add(epsn_, kPsnMask),
+             wire::Aeth::make(wire::AckType::Ack, wire::kAethInvalidCredits));
 }
 
 void RcQp::complete_recv(WcStatus status, uint32_t byte_len, bool with_imm, uint32_t imm,
@@ -60,8 +61,12 @@ void RcQp::complete_recv(WcStatus status, uint32_t byte_len, bool with_imm, uint
 
 void RcQp::responder_error(wire::NakCode code, uint32_t psn, AsyncEventType event) {
     switch (code) {
-        case wire::NakCode::RemoteAccessError: bump(engine_.counters().tx_access_naks); break;
-        default: bump(engine_.counters().tx_invalid_naks); break;
+        case wire::NakCode::RemoteAccessError:
+            bump(engine_.counters().tx_access_naks);
+            break;
+        default:
+            bump(engine_.counters().tx_invalid_naks);
+            break;
     }
     send_ack(psn, wire::Aeth::make(wire::AckType::Nak, static_cast<uint8_t>(code)));
     post_async(event);
@@ -153,8 +158,9 @@ void RcQp::on_request(const wire::ParsedPacket& pkt) {
         if (!nak_sent_) {
             nak_sent_ = true;
             bump(engine_.counters().tx_seq_naks);
-            send_ack(epsn_, wire::Aeth::make(wire::AckType::Nak,
-                                             static_cast<uint8_t>(wire::NakCode::PsnSequenceError)));
+            send_ack(epsn_,
+                     wire::Aeth::make(wire::AckType::Nak,
+                                      static_cast<uint8_t>(wire::NakCode::PsnSequenceError)));
         }
         return;
     }
@@ -210,8 +216,8 @@ void RcQp::on_request(const wire::ParsedPacket& pkt) {
         if (ends) {
             ++msn_;
             in_message_ = InMessage::None;
-            complete_recv(WcStatus::Success, recv_offset_, with_imm, pkt.h.imm,
-                          pkt.h.bth.solicited, WcOpcode::Recv);
+            complete_recv(WcStatus::Success, recv_offset_, with_imm, pkt.h.imm, pkt.h.bth.solicited,
+                          WcOpcode::Recv);
         } else {
             in_message_ = InMessage::Send;
         }
@@ -267,8 +273,8 @@ void RcQp::on_request(const wire::ParsedPacket& pkt) {
             ++msn_;
             in_message_ = InMessage::None;
             if (with_imm)
-                complete_recv(WcStatus::Success, write_total_, true, pkt.h.imm,
-                              pkt.h.bth.solicited, WcOpcode::RecvRdmaWithImm);
+                complete_recv(WcStatus::Success, write_total_, true, pkt.h.imm, pkt.h.bth.solicited,
+                              WcOpcode::RecvRdmaWithImm);
         } else {
             in_message_ = InMessage::Write;
         }
@@ -281,8 +287,8 @@ void RcQp::on_request(const wire::ParsedPacket& pkt) {
         if (reth.dma_len > 0) {
             auto guard = engine_.memory().lock_shared();
             uint64_t local = 0;
-            if (engine_.memory().check_remote(reth.rkey, pd_, reth.va, reth.dma_len,
-                                              kRemoteRead, local) != KeyCheck::Ok) {
+            if (engine_.memory().check_remote(reth.rkey, pd_, reth.va, reth.dma_len, kRemoteRead,
+                                              local) != KeyCheck::Ok) {
                 responder_error(wire::NakCode::RemoteAccessError, psn,
                                 AsyncEventType::QpAccessError);
                 return;

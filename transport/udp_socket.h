@@ -14,7 +14,7 @@
 namespace uroce::transport {
 
 class UdpSocket {
-public:
+  public:
     // Binds ip:port (host order). On failure fd() is -1 and error() says why.
     UdpSocket(uint32_t ip, uint16_t port);
     ~UdpSocket();
@@ -39,7 +39,7 @@ public:
     // Reads up to batch.size() datagrams without blocking; returns how many (0 if none).
     size_t receive(std::span<Datagram> batch) const;
 
-private:
+  private:
     int fd_ = -1;
     int error_ = 0;
     uint32_t ip_;

@@ -53,12 +53,12 @@ struct SendWqe {
     bool solicited = false;
     bool fence = false;
     bool is_inline = false;
-    SgeList sgl;                                  // unless is_inline
+    SgeList sgl;  // unless is_inline
     std::array<uint8_t, kMaxInlineData> inline_data{};
-    uint32_t length = 0;                          // total message length
+    uint32_t length = 0;  // total message length
     uint64_t remote_addr = 0;
     uint32_t rkey = 0;
-    uint32_t imm = 0;                             // ImmDt as carried on the wire (host order)
+    uint32_t imm = 0;  // ImmDt as carried on the wire (host order)
 };
 
 struct RecvWqe {

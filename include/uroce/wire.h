@@ -71,15 +71,15 @@ enum HeaderBit : uint16_t {
 
 // What an opcode means to the transport.
 enum OpcodeFlag : uint16_t {
-    kFirst = 1u << 0,   // first packet of a multi-packet message
+    kFirst = 1u << 0,  // first packet of a multi-packet message
     kMiddle = 1u << 1,
     kLast = 1u << 2,
-    kOnly = 1u << 3,    // single-packet message
-    kRequest = 1u << 4,  // sent by a requester (consumes responder PSNs)
+    kOnly = 1u << 3,      // single-packet message
+    kRequest = 1u << 4,   // sent by a requester (consumes responder PSNs)
     kResponse = 1u << 5,  // sent by a responder (ACK, READ response, atomic ACK)
     kSend = 1u << 6,
     kWrite = 1u << 7,
-    kRead = 1u << 8,    // READ request or READ response
+    kRead = 1u << 8,  // READ request or READ response
     kAtomic = 1u << 9,
     kAck = 1u << 10,
 };
@@ -87,9 +87,9 @@ enum OpcodeFlag : uint16_t {
 enum class Transport : uint8_t { Rc = 0, Uc = 1, Rd = 2, Ud = 3 };
 
 struct OpcodeInfo {
-    const char* name;   // as Wireshark names it, e.g. "RC Send Only"
-    uint16_t headers;   // HeaderBit set
-    uint16_t flags;     // OpcodeFlag set
+    const char* name;      // as Wireshark names it, e.g. "RC Send Only"
+    uint16_t headers;      // HeaderBit set
+    uint16_t flags;        // OpcodeFlag set
     uint8_t header_bytes;  // BTH plus every extension header
 };
 
@@ -99,15 +99,15 @@ const OpcodeInfo* opcode_info(uint8_t opcode);
 struct Bth {
     uint8_t opcode = 0;
     bool solicited = false;
-    bool migreq = true;     // senders set MigReq (rxe does too); receivers ignore it
-    uint8_t pad = 0;        // 0..3 pad bytes before the ICRC
+    bool migreq = true;  // senders set MigReq (rxe does too); receivers ignore it
+    uint8_t pad = 0;     // 0..3 pad bytes before the ICRC
     uint8_t tver = 0;
     uint16_t pkey = 0xffff;
     bool fecn = false;
     bool becn = false;
-    uint32_t dest_qp = 0;   // 24 bits
+    uint32_t dest_qp = 0;  // 24 bits
     bool ack_req = false;
-    uint32_t psn = 0;       // 24 bits
+    uint32_t psn = 0;  // 24 bits
 };
 
 struct Reth {
@@ -156,7 +156,8 @@ struct Headers {
     Bth bth;
     Reth reth;
     Aeth aeth;
-    uint32_t imm = 0;   // ImmDt, host order (the value as the application sees it, in network order on the wire)
+    uint32_t imm = 0;   // ImmDt, host order (the value as the application sees it, in network order
+                        // on the wire)
     uint32_t ieth = 0;  // invalidated rkey
     Deth deth;
     AtomicEth atomic;

@@ -113,8 +113,9 @@ TEST_CASE("a destroyed CQ's pending events never surface", "[events]") {
         ibv_qp_attr attr{};
         attr.qp_state = IBV_QPS_INIT;
         attr.port_num = 1;
-        REQUIRE(ibv_modify_qp(qp, &attr, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
-                                             IBV_QP_ACCESS_FLAGS) == 0);
+        REQUIRE(ibv_modify_qp(
+                    qp, &attr,
+                    IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) == 0);
         REQUIRE(post_recv_buf(qp, buf, 0, 64, 1) == 0);
         attr.qp_state = IBV_QPS_ERR;
         REQUIRE(ibv_modify_qp(qp, &attr, IBV_QP_STATE) == 0);

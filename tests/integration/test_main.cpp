@@ -16,7 +16,9 @@ namespace {
 TestDevices g_devices;
 }
 
-const TestDevices& devices() { return g_devices; }
+const TestDevices& devices() {
+    return g_devices;
+}
 
 }  // namespace uroce::test
 
@@ -35,7 +37,8 @@ int main(int argc, char** argv) {
     g_devices.ip_b = "127.1." + std::to_string(octet) + ".2";
     g_devices.ip_c = "127.1." + std::to_string(octet) + ".3";
     std::string out;
-    for (auto [name, ip] : {std::pair{g_devices.a, g_devices.ip_a}, {g_devices.b, g_devices.ip_b},
+    for (auto [name, ip] : {std::pair{g_devices.a, g_devices.ip_a},
+                            {g_devices.b, g_devices.ip_b},
                             {g_devices.c, g_devices.ip_c}}) {
         if (run_uroce({"add", name, "--ip", ip, "--mtu", "4096"}, &out) != 0) {
             std::fprintf(stderr, "uroce add failed: %s\n", out.c_str());

@@ -2,8 +2,8 @@
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cerrno>
-#include <thread>
 #include <cstring>
+#include <thread>
 
 #include "tests/integration/verbs_fixture.h"
 
@@ -196,7 +196,8 @@ TEST_CASE("retry exhaustion completes with RETRY_EXC_ERR and moves the QP to ERR
     // The peer vanishes: nothing will ever be acknowledged.
     REQUIRE(ibv_destroy_qp(b.qp) == 0);
     b.qp = nullptr;
-    REQUIRE(post_rdma(a.qp, IBV_WR_RDMA_WRITE, buf, 0, 100, remote.addr(), remote.mr->rkey, 9) == 0);
+    REQUIRE(post_rdma(a.qp, IBV_WR_RDMA_WRITE, buf, 0, 100, remote.addr(), remote.mr->rkey, 9) ==
+            0);
     REQUIRE(post_send_msg(a.qp, buf, 0, 10, 10) == 0);
     auto wcs = wait_completions(a.cq, 2, std::chrono::seconds(10));
     REQUIRE(wcs.size() == 2);
@@ -258,7 +259,8 @@ TEST_CASE("a message longer than the receive buffer fails on both sides", "[qp]"
     CHECK(r[0].status == IBV_WC_LOC_LEN_ERR);
     CHECK(b.state() == IBV_QPS_ERR);
     // Nothing beyond the posted buffer was touched.
-    CHECK(std::all_of(rbuf.bytes.begin() + 100, rbuf.bytes.end(), [](uint8_t v) { return v == 0x5a; }));
+    CHECK(std::all_of(rbuf.bytes.begin() + 100, rbuf.bytes.end(),
+                      [](uint8_t v) { return v == 0x5a; }));
 }
 
 TEST_CASE("destroying a CQ still used by a QP fails with EBUSY", "[qp]") {
@@ -288,7 +290,8 @@ TEST_CASE("contexts and QPs open and close repeatedly", "[qp][lifecycle]") {
         Endpoint a(devices().a), b(devices().b);
         connect(a, b);
         Buffer sbuf(a.pd, 4096, kAll), rbuf(b.pd, 4096, kAll);
-        REQUIRE(post_rdma(a.qp, IBV_WR_RDMA_WRITE, sbuf, 0, 4096, rbuf.addr(), rbuf.mr->rkey, 1) == 0);
+        REQUIRE(post_rdma(a.qp, IBV_WR_RDMA_WRITE, sbuf, 0, 4096, rbuf.addr(), rbuf.mr->rkey, 1) ==
+                0);
         REQUIRE(wait_completions(a.cq, 1).size() == 1);
         // A second QP on the same context, created and destroyed.
         ibv_qp_init_attr init{};

@@ -4,8 +4,8 @@
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cerrno>
-#include <thread>
 #include <cstring>
+#include <thread>
 
 #include "tests/integration/verbs_fixture.h"
 
@@ -56,7 +56,8 @@ TEST_CASE("RDMA WRITE violations write nothing", "[access]") {
 
     SECTION("unknown rkey") {
         GuardedTarget t(b.pd, kAll);
-        REQUIRE(post_rdma(a.qp, IBV_WR_RDMA_WRITE, src, 0, 4096, t.addr(), t.mr->rkey + 0x100, 77) == 0);
+        REQUIRE(post_rdma(a.qp, IBV_WR_RDMA_WRITE, src, 0, 4096, t.addr(), t.mr->rkey + 0x100,
+                          77) == 0);
         expect_access_error(a, b);
         CHECK(t.unchanged());
     }
@@ -81,7 +82,8 @@ TEST_CASE("RDMA WRITE violations write nothing", "[access]") {
     }
     SECTION("a multi-packet write whose tail is out of range writes no head either") {
         GuardedTarget t(b.pd, kAll);
-        REQUIRE(post_rdma(a.qp, IBV_WR_RDMA_WRITE, src, 0, kRegion, t.addr() + 8, t.mr->rkey, 77) == 0);
+        REQUIRE(post_rdma(a.qp, IBV_WR_RDMA_WRITE, src, 0, kRegion, t.addr() + 8, t.mr->rkey, 77) ==
+                0);
         expect_access_error(a, b);
         CHECK(t.unchanged());
     }
@@ -96,7 +98,8 @@ TEST_CASE("RDMA WRITE violations write nothing", "[access]") {
         REQUIRE(other);
         {
             GuardedTarget t(other, kAll);
-            REQUIRE(post_rdma(a.qp, IBV_WR_RDMA_WRITE, src, 0, 4096, t.addr(), t.mr->rkey, 77) == 0);
+            REQUIRE(post_rdma(a.qp, IBV_WR_RDMA_WRITE, src, 0, 4096, t.addr(), t.mr->rkey, 77) ==
+                    0);
             expect_access_error(a, b);
             CHECK(t.unchanged());
         }

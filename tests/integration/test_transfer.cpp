@@ -141,7 +141,8 @@ TEST_CASE("Small, inline, multi-SGE and immediate-data messages", "[transfer]") 
         rwr.num_sge = 3;
         ibv_recv_wr* rbad = nullptr;
         REQUIRE(ibv_post_recv(b.qp, &rwr, &rbad) == 0);
-        ibv_sge ss[2] = {{src.addr() + 1, 4000, src.mr->lkey}, {src.addr() + 30000, 3000, src.mr->lkey}};
+        ibv_sge ss[2] = {{src.addr() + 1, 4000, src.mr->lkey},
+                         {src.addr() + 30000, 3000, src.mr->lkey}};
         ibv_send_wr wr{};
         wr.sg_list = ss;
         wr.num_sge = 2;

@@ -91,8 +91,7 @@ ibv_qp_state Endpoint::state() {
     return attr.qp_state;
 }
 
-void to_rts(Endpoint& local, uint32_t remote_qpn, const ibv_gid& remote_gid,
-            const QpOptions& opt) {
+void to_rts(Endpoint& local, uint32_t remote_qpn, const ibv_gid& remote_gid, const QpOptions& opt) {
     ibv_qp_attr a{};
     a.qp_state = IBV_QPS_INIT;
     a.pkey_index = 0;
@@ -114,8 +113,8 @@ void to_rts(Endpoint& local, uint32_t remote_qpn, const ibv_gid& remote_gid,
     a.ah_attr.grh.hop_limit = 64;
     a.ah_attr.port_num = 1;
     if (ibv_modify_qp(local.qp, &a,
-                      IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-                          IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
+                      IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+                          IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
         throw std::runtime_error("RTR failed");
     a = {};
     a.qp_state = IBV_QPS_RTS;
