@@ -1,5 +1,7 @@
 #include "transport/memory_table.h"
 
+#include <new>
+
 namespace uroce::transport {
 
 const char* to_string(KeyCheck c) {
@@ -21,8 +23,16 @@ const char* to_string(KeyCheck c) {
 MemoryKeys MemoryTable::add(uint32_t pd, uint64_t addr, uint64_t length, uint64_t iova,
                             uint32_t access) {
     std::unique_lock lock(mutex_);
+    // Keys carry a 24-bit index; after 2^24 registrations it wraps, skipping indices whose
+    // region is still registered, so a live key is never handed out twice.
+    constexpr uint32_t kIndexMask = 0xffffff;
+    if (by_lkey_.size() >= kIndexMask) throw std::bad_alloc();
+    uint32_t index;
+    do {
+        index = next_index_;
+        next_index_ = (next_index_ & kIndexMask) == kIndexMask ? 1 : next_index_ + 1;
+    } while (by_lkey_.contains((index << 8) | 0x11));
     // The low byte differs between lkey and rkey so that using one for the other fails.
-    const uint32_t index = next_index_++;
     MemoryKeys keys{(index << 8) | 0x11, (index << 8) | 0x77};
     by_lkey_.emplace(keys.lkey, Region{pd, addr, length, iova, access, keys.rkey});
     rkey_to_lkey_.emplace(keys.rkey, keys.lkey);

@@ -34,8 +34,9 @@ const char* to_string(KeyCheck c);
 class MemoryTable {
   public:
     // Registers [addr, addr+length) of protection domain `pd`, which remote requests
-    // address as [iova, iova+length). Keys are never reused while the table lives, so a
-    // stale key cannot name a new region.
+    // address as [iova, iova+length). A key is not handed out again before 2^24 further
+    // registrations, and never while its region is registered. Throws std::bad_alloc when
+    // 2^24 - 1 regions are registered.
     MemoryKeys add(uint32_t pd, uint64_t addr, uint64_t length, uint64_t iova, uint32_t access);
     bool remove(uint32_t lkey);
 

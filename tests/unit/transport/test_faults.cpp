@@ -1,0 +1,221 @@
+// UROCE_FAULTS parsing and the fault injector's drop decisions.
+#include <catch2/catch.hpp>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "transport/fault_injector.h"
+
+using namespace uroce::transport;
+
+namespace {
+
+std::vector<bool> draws(const FaultConfig& config, size_t n) {
+    FaultInjector f(config);
+    std::vector<bool> out;
+    out.reserve(n);
+    for (size_t i = 0; i < n; ++i) out.push_back(f.drop_next());
+    return out;
+}
+
+}  // namespace
+
+TEST_CASE("parse_fault_config accepts good specs", "[faults]") {
+    std::string error;
+
+    SECTION("empty: no faults") {
+        auto c = parse_fault_config("", error);
+        REQUIRE(c);
+        CHECK(c->drop == 0.0);
+        CHECK(c->seed == 1);
+    }
+    SECTION("drop and seed") {
+        auto c = parse_fault_config("drop=0.05,seed=7", error);
+        REQUIRE(c);
+        CHECK(c->drop == Approx(0.05));
+        CHECK(c->seed == 7);
+    }
+    SECTION("either order, either alone") {
+        auto c = parse_fault_config("seed=123,drop=0.5", error);
+        REQUIRE(c);
+        CHECK(c->drop == 0.5);
+        CHECK(c->seed == 123);
+        c = parse_fault_config("seed=9", error);
+        REQUIRE(c);
+        CHECK(c->drop == 0.0);
+        CHECK(c->seed == 9);
+        c = parse_fault_config("drop=0.25", error);
+        REQUIRE(c);
+        CHECK(c->drop == 0.25);
+        CHECK(c->seed == 1);
+    }
+    SECTION("the bounds of the probability") {
+        auto c = parse_fault_config("drop=0", error);
+        REQUIRE(c);
+        CHECK(c->drop == 0.0);
+        c = parse_fault_config("drop=1", error);
+        REQUIRE(c);
+        CHECK(c->drop == 1.0);
+        c = parse_fault_config("drop=1.0", error);
+        REQUIRE(c);
+        CHECK(c->drop == 1.0);
+        c = parse_fault_config("drop=1e-3", error);
+        REQUIRE(c);
+        CHECK(c->drop == Approx(0.001));
+    }
+    SECTION("the largest seed") {
+        auto c = parse_fault_config("seed=18446744073709551615", error);
+        REQUIRE(c);
+        CHECK(c->seed == UINT64_MAX);
+        c = parse_fault_config("seed=0", error);
+        REQUIRE(c);
+        CHECK(c->seed == 0);
+    }
+    SECTION("a later value of a key wins") {
+        auto c = parse_fault_config("drop=0.1,drop=0.2,seed=1,seed=2", error);
+        REQUIRE(c);
+        CHECK(c->drop == Approx(0.2));
+        CHECK(c->seed == 2);
+    }
+    SECTION("empty items are skipped") {
+        // Stray commas (a trailing one, doubled ones) carry no setting and are ignored.
+        auto c = parse_fault_config(",drop=0.5,,seed=3,", error);
+        REQUIRE(c);
+        CHECK(c->drop == 0.5);
+        CHECK(c->seed == 3);
+        c = parse_fault_config(",,,", error);
+        REQUIRE(c);
+        CHECK(c->drop == 0.0);
+    }
+}
+
+TEST_CASE("parse_fault_config rejects bad specs", "[faults]") {
+    const char* const bad[] = {
+        // unknown keys
+        "loss=0.1",
+        "Drop=0.1",
+        "drop=0.1,corrupt=0.1",
+        "=0.1",
+        " drop=0.1",
+        // probabilities outside [0,1]
+        "drop=-0.1",
+        "drop=1.0001",
+        "drop=2",
+        "drop=inf",
+        "drop=nan",
+        "drop=1e10",
+        // not numbers
+        "drop=",
+        "drop=abc",
+        "drop=0.1x",
+        "drop=0.1 ",
+        "drop=0.1;seed=2",
+        "seed=",
+        "seed=abc",
+        "seed=-1",
+        "seed=1.5",
+        "seed=0x10",
+        "seed=12 ",
+        "seed=18446744073709551616",
+        // no '='
+        "drop",
+        "drop0.1",
+        "drop=0.1,seed",
+        "seed=1,,x",
+    };
+    for (const char* spec : bad) {
+        INFO("spec '" << spec << "'");
+        std::string error;
+        CHECK_FALSE(parse_fault_config(spec, error));
+        CHECK_FALSE(error.empty());
+    }
+}
+
+TEST_CASE("parse_fault_config errors say what was wrong", "[faults]") {
+    std::string error;
+    CHECK_FALSE(parse_fault_config("bogus=1", error));
+    CHECK(error.find("bogus") != std::string::npos);
+    error.clear();
+    CHECK_FALSE(parse_fault_config("drop=7", error));
+    CHECK(error.find("drop") != std::string::npos);
+    CHECK(error.find('7') != std::string::npos);
+    error.clear();
+    CHECK_FALSE(parse_fault_config("seed=x", error));
+    CHECK(error.find("seed") != std::string::npos);
+    error.clear();
+    CHECK_FALSE(parse_fault_config("nokey", error));
+    CHECK(error.find("nokey") != std::string::npos);
+}
+
+TEST_CASE("FaultInjector with drop=0 never drops", "[faults]") {
+    FaultInjector f(FaultConfig{0.0, 7});
+    CHECK_FALSE(f.enabled());
+    size_t dropped = 0;
+    for (int i = 0; i < 100000; ++i) dropped += f.drop_next();
+    CHECK(dropped == 0);
+    // The default configuration is the same.
+    FaultInjector d(FaultConfig{});
+    CHECK_FALSE(d.enabled());
+    CHECK_FALSE(d.drop_next());
+}
+
+TEST_CASE("FaultInjector with drop=1 always drops", "[faults]") {
+    for (uint64_t seed : {0ull, 1ull, 7ull, 0xdeadbeefull, ~0ull}) {
+        FaultInjector f(FaultConfig{1.0, seed});
+        CHECK(f.enabled());
+        size_t dropped = 0;
+        for (int i = 0; i < 100000; ++i) dropped += f.drop_next();
+        CHECK(dropped == 100000);
+    }
+}
+
+TEST_CASE("FaultInjector drop rate", "[faults]") {
+    constexpr size_t kDraws = 100000;
+    for (uint64_t seed : {1ull, 2ull, 42ull, 0ull, ~0ull}) {
+        FaultInjector f(FaultConfig{0.05, seed});
+        CHECK(f.enabled());
+        size_t dropped = 0;
+        for (size_t i = 0; i < kDraws; ++i) dropped += f.drop_next();
+        INFO("seed " << seed << " dropped " << dropped);
+        // Expected 5000, standard deviation about 69: +-10% is more than 7 sigma.
+        CHECK(dropped > 4500);
+        CHECK(dropped < 5500);
+    }
+    SECTION("other probabilities") {
+        for (double p : {0.001, 0.1, 0.5, 0.9}) {
+            FaultInjector f(FaultConfig{p, 5});
+            size_t dropped = 0;
+            for (size_t i = 0; i < kDraws; ++i) dropped += f.drop_next();
+            const double rate = static_cast<double>(dropped) / kDraws;
+            INFO("p " << p << " rate " << rate);
+            CHECK(rate == Approx(p).epsilon(0.15).margin(0.0005));
+        }
+    }
+}
+
+TEST_CASE("FaultInjector drops are deterministic per seed", "[faults]") {
+    constexpr size_t kDraws = 10000;
+    const auto a = draws(FaultConfig{0.05, 7}, kDraws);
+    const auto b = draws(FaultConfig{0.05, 7}, kDraws);
+    const auto c = draws(FaultConfig{0.05, 8}, kDraws);
+    CHECK(a == b);
+    CHECK(a != c);
+    // Not merely shifted: the positions of the drops differ substantially.
+    size_t same_drops = 0;
+    for (size_t i = 0; i < kDraws; ++i) same_drops += a[i] && c[i];
+    size_t drops_a = 0;
+    for (bool d : a) drops_a += d;
+    CHECK(same_drops < drops_a / 2);
+
+    // A config parsed from UROCE_FAULTS gives the same sequence as the equivalent struct.
+    std::string error;
+    const auto parsed = parse_fault_config("seed=7,drop=0.05", error);
+    REQUIRE(parsed);
+    CHECK(draws(*parsed, kDraws) == a);
+
+    // Drops are spread out, not clustered at the start.
+    size_t first_half = 0;
+    for (size_t i = 0; i < kDraws / 2; ++i) first_half += a[i];
+    CHECK(first_half > drops_a / 4);
+    CHECK(first_half < drops_a * 3 / 4);
+}
