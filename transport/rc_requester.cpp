@@ -10,7 +10,8 @@ namespace uroce::transport {
 namespace {
 
 // Bytes in flight before the requester waits for ACKs: enough to keep a loopback path
-// busy, small enough that one loss (go-back-N) does not cost a flood of resends.
+// busy. Each loss costs a resend of what followed it (go-back-N), so a larger window
+// multiplies the cost of loss; at 10% loss the sender already sends many times the data.
 constexpr uint32_t kSendWindowBytes = 256 * 1024;
 // Ask for an ACK at least this often inside long messages so the window keeps moving.
 constexpr uint32_t kAckRequestInterval = 16;

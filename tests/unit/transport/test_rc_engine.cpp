@@ -405,23 +405,41 @@ TEST_CASE("RC engine: SEND to a posted receive", "[rc]") {
     }
 }
 
-TEST_CASE("RC engine: a SEND waits for a late receive (RNR)", "[rc]") {
+TEST_CASE("RC engine: a request waits for a late receive (RNR)", "[rc]") {
     Pair p;
     p.connect();
     fill(p.a.at(0), 2500, 6);
-    REQUIRE(p.a.qp->post_send(send_wqe(1, {p.a.sge(0, 2500)})) == 0);
+    SendWqe w = send_wqe(1, {p.a.sge(0, 2500)});
+    WcOpcode expected = WcOpcode::Recv;
+    SECTION("SEND") {}
+    SECTION("multi-packet WRITE with immediate data: only its last packet needs a receive") {
+        w = rdma_wqe(SendOpcode::RdmaWriteWithImm, 1, {p.a.sge(0, 2500)}, p.b.iova, p.b.keys.rkey);
+        w.imm = 0x600d;
+        expected = WcOpcode::RecvRdmaWithImm;
+    }
+    REQUIRE(p.a.qp->post_send(w) == 0);
     // The responder has nothing posted: it answers RNR NAKs until it has.
     REQUIRE(p.wait_until([&] { return p.b.counters().tx_rnr_naks.load() > 0; }));
     CHECK(p.a.scq->depth() == 0);
-    REQUIRE(p.b.qp->post_recv(recv_wqe(2, {p.b.sge(0, 4096)})) == 0);
+    REQUIRE(p.b.qp->post_recv(recv_wqe(2, {p.b.sge(8192, 4096)})) == 0);
     const Completion r = p.wait_one(*p.b.rcq);
     CHECK(r.status == WcStatus::Success);
+    CHECK(r.wr_id == 2);
+    CHECK(r.opcode == expected);
     CHECK(r.byte_len == 2500);
-    CHECK(first_mismatch(p.b.at(0), 2500, 6) == 2500);
+    const size_t at = expected == WcOpcode::Recv ? 8192 : 0;
+    CHECK(first_mismatch(p.b.at(at), 2500, 6) == 2500);
+    if (expected == WcOpcode::RecvRdmaWithImm) {
+        CHECK(r.with_imm);
+        CHECK(r.imm == 0x600d);
+        CHECK(all_bytes(p.b.at(8192), 4096, kUntouched));
+    }
     const Completion s = p.wait_one(*p.a.scq);
     CHECK(s.status == WcStatus::Success);
     CHECK(s.wr_id == 1);
     CHECK(p.a.counters().rx_naks.load() > 0);
+    CHECK(p.a.qp->state() == QpState::Rts);
+    CHECK(p.b.qp->state() == QpState::Rts);
 }
 
 TEST_CASE("RC engine: RNR retry exhaustion", "[rc]") {
