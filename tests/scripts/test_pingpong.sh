@@ -176,21 +176,22 @@ pingpong() {
     fi
 }
 
-# Polling mode (ibv_rc_pingpong's default), device A (MTU 1024) <-> B (MTU 4096), path MTU 1024.
+# Polling mode (ibv_rc_pingpong's default), device A (MTU 1024) <-> B (MTU 4096), path MTU 1024,
+# every size 1 B .. 64 KiB for $LONG iterations.
 # -c makes ibv_rc_pingpong check the received buffer.
 pingpong "poll -s 1 -n $LONG" - "$A" "$B" "$IP_A" "$LONG" -s 1
-pingpong "poll -s 64" - "$A" "$B" "$IP_A" 1000 -s 64
-pingpong "poll -s 1024" - "$A" "$B" "$IP_A" 1000 -s 1024
-pingpong "poll -s 4096" - "$A" "$B" "$IP_A" 1000 -s 4096
-pingpong "poll -s 16384" - "$A" "$B" "$IP_A" 1000 -s 16384 -c
-pingpong "poll -s 65536" - "$A" "$B" "$IP_A" 1000 -s 65536 -c
+pingpong "poll -s 64 -n $LONG" - "$A" "$B" "$IP_A" "$LONG" -s 64
+pingpong "poll -s 1024 -n $LONG" - "$A" "$B" "$IP_A" "$LONG" -s 1024
+pingpong "poll -s 4096 -n $LONG" - "$A" "$B" "$IP_A" "$LONG" -s 4096
+pingpong "poll -s 16384 -n $LONG" - "$A" "$B" "$IP_A" "$LONG" -s 16384 -c
+pingpong "poll -s 65536 -n $LONG" - "$A" "$B" "$IP_A" "$LONG" -s 65536 -c
 # Completion-channel mode (-e).
-pingpong "event -s 1" - "$A" "$B" "$IP_A" 1000 -e -s 1
+pingpong "event -s 1 -n $LONG" - "$A" "$B" "$IP_A" "$LONG" -e -s 1
 pingpong "event -s 64 -n $LONG" - "$A" "$B" "$IP_A" "$LONG" -e -s 64
-pingpong "event -s 1024" - "$A" "$B" "$IP_A" 1000 -e -s 1024
+pingpong "event -s 1024 -n $LONG" - "$A" "$B" "$IP_A" "$LONG" -e -s 1024
 pingpong "event -s 4096 -n $LONG" - "$A" "$B" "$IP_A" "$LONG" -e -s 4096
-pingpong "event -s 16384" - "$A" "$B" "$IP_A" 1000 -e -s 16384 -c
-pingpong "event -s 65536" - "$A" "$B" "$IP_A" 1000 -e -s 65536 -c
+pingpong "event -s 16384 -n $LONG" - "$A" "$B" "$IP_A" "$LONG" -e -s 16384 -c
+pingpong "event -s 65536 -n $LONG" - "$A" "$B" "$IP_A" "$LONG" -e -s 65536 -c
 # Path MTU 4096 between the two MTU-4096 devices, the other direction of roles.
 pingpong "poll -m 4096 -s 65536 (B<-C)" - "$B" "$C" "$IP_B" 1000 -m 4096 -s 65536 -c
 pingpong "event -m 4096 -s 4096 (C<-B)" - "$C" "$B" "$IP_C" 1000 -e -m 4096 -s 4096
