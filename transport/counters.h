@@ -9,6 +9,7 @@ namespace uroce::transport {
 #define UROCE_COUNTERS(X)                                                             \
     X(tx_packets)            /* RoCEv2 packets handed to the socket */                \
     X(tx_dropped_fault)      /* dropped on purpose by UROCE_FAULTS */                 \
+    X(tx_dropped_filter)     /* dropped by a test's transmit filter */                \
     X(tx_errors)             /* sendmsg failures */                                   \
     X(rx_packets)            /* datagrams read from the socket */                     \
     X(rx_malformed)          /* failed to parse as RoCEv2 */                          \

@@ -156,11 +156,37 @@ void Engine::transmit(const wire::Headers& h, std::span<const iovec> payload, ui
         bump(counters_.tx_dropped_fault);
         return;
     }
+    if (has_transmit_filter_.load(std::memory_order_acquire) &&
+        !pass_filter(std::span(iov, n), dst_ip)) {
+        bump(counters_.tx_dropped_filter);
+        return;
+    }
     if (socket_.send(dst_ip, config_.port, std::span(iov, n)) != 0) {
         bump(counters_.tx_errors);
         return;
     }
     bump(counters_.tx_packets);
+}
+
+void Engine::set_transmit_filter(TransmitFilter filter) {
+    std::lock_guard lock(filter_mutex_);
+    transmit_filter_ = std::move(filter);
+    has_transmit_filter_.store(static_cast<bool>(transmit_filter_), std::memory_order_release);
+}
+
+bool Engine::pass_filter(std::span<const iovec> iov, uint32_t dst_ip) {
+    std::vector<uint8_t> packet;
+    for (const iovec& v : iov)
+        packet.insert(packet.end(), static_cast<const uint8_t*>(v.iov_base),
+                      static_cast<const uint8_t*>(v.iov_base) + v.iov_len);
+    std::lock_guard lock(filter_mutex_);
+    return !transmit_filter_ || transmit_filter_(packet, dst_ip);
+}
+
+void Engine::receive_datagram(std::span<const uint8_t> udp_payload, uint32_t src_ip,
+                              uint16_t src_port) {
+    std::lock_guard lock(rx_mutex_);
+    if (auto qp = deliver(udp_payload, src_ip, src_port)) qp->flush_ack();
 }
 
 void Engine::on_readable(evutil_socket_t, short, void* arg) {

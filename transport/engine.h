@@ -10,6 +10,7 @@
 #include <event2/event.h>
 #include <sys/uio.h>
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -68,12 +69,26 @@ class Engine {
     // milliseconds when the polling threads occupy every core).
     void progress();
 
+    // Seam for tests and fuzzing: handles one UDP payload (BTH .. ICRC) exactly as if the
+    // socket had delivered it from src_ip:src_port, then sends the ACKs it asked for.
+    void receive_datagram(std::span<const uint8_t> udp_payload, uint32_t src_ip, uint16_t src_port);
+
+    // Sees every packet the engine is about to send (the whole UDP payload, ICRC included)
+    // after the fault injector let it through; returning false drops it (counted as
+    // tx_dropped_filter). For tests that play a peer or lose chosen packets. Pass an empty
+    // function to remove it.
+    using TransmitFilter =
+        std::function<bool(std::span<const uint8_t> udp_payload, uint32_t dst_ip)>;
+    void set_transmit_filter(TransmitFilter filter);
+
     // Builds the headers, pad and ICRC around `payload` and sends the packet (unless the
-    // fault injector drops it).
+    // fault injector or the transmit filter drops it).
     void transmit(const wire::Headers& h, std::span<const iovec> payload, uint32_t payload_len,
                   uint32_t dst_ip);
 
   private:
+    // Asks the transmit filter about the packet gathered from `iov`.
+    bool pass_filter(std::span<const iovec> iov, uint32_t dst_ip);
     // Checks one received UDP payload and hands it to its QP; returns that QP.
     std::shared_ptr<RcQp> deliver(std::span<const uint8_t> datagram, uint32_t src_ip,
                                   uint16_t src_port);
@@ -96,6 +111,10 @@ class Engine {
     std::shared_mutex qps_mutex_;
     std::unordered_map<uint32_t, std::shared_ptr<RcQp>> qps_;
     uint32_t next_qpn_ = 0x11;
+
+    std::mutex filter_mutex_;
+    TransmitFilter transmit_filter_;
+    std::atomic<bool> has_transmit_filter_{false};
 
     std::mutex async_mutex_;
     std::function<void(const AsyncEvent&)> async_handler_;

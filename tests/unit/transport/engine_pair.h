@@ -1,0 +1,297 @@
+// Test fixture for the RC engine without libibverbs: two Engines on two loopback
+// addresses, one RcQp on each, memory registered straight in each engine's MemoryTable,
+// plus small builders for work requests. Shared by the transport unit tests.
+//
+// Every wait is bounded in time and every loop in count. The test thread also calls
+// Engine::progress() while it waits, so packets are received both there and on the engine
+// threads.
+#pragma once
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <catch2/catch.hpp>
+#include <cerrno>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <initializer_list>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "transport/completion_queue.h"
+#include "transport/engine.h"
+#include "transport/psn.h"
+#include "transport/rc_qp.h"
+
+namespace uroce::transport::test {
+
+using namespace std::chrono_literals;
+
+inline constexpr uint32_t kPd = 7;
+inline constexpr uint32_t kMtu = 1024;
+inline constexpr auto kWait = 20s;  // for things that take milliseconds when all is well
+
+inline uint32_t ipv4(uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
+    return a << 24 | b << 16 | c << 8 | d;
+}
+
+// Addresses unique to this process (third octet and port from the pid) and to each pair
+// of engines it creates (fourth octet), so that concurrent test runs and consecutive test
+// cases never share a socket address.
+struct Addresses {
+    uint32_t a;
+    uint32_t b;
+    uint16_t port;
+};
+
+inline Addresses next_addresses() {
+    static std::atomic<uint32_t> pairs{0};
+    const auto pid = static_cast<uint32_t>(::getpid());
+    const uint32_t n = pairs.fetch_add(1) % 127;
+    return {ipv4(127, 0, 1 + pid % 254, 2 * n + 1), ipv4(127, 0, 1 + pid % 254, 2 * n + 2),
+            static_cast<uint16_t>(20000 + pid % 20000)};
+}
+
+inline uint8_t pattern(uint64_t seed, uint64_t i) {
+    uint64_t x = (seed + 1) * 0x9e3779b97f4a7c15ull + i * 0xbf58476d1ce4e5b9ull;
+    x ^= x >> 29;
+    x *= 0x94d049bb133111ebull;
+    return static_cast<uint8_t>(x >> 56);
+}
+
+inline void fill(uint8_t* p, size_t n, uint64_t seed) {
+    for (size_t i = 0; i < n; ++i) p[i] = pattern(seed, i);
+}
+
+// Index of the first byte of p[0..n) that differs from the pattern, or n.
+inline size_t first_mismatch(const uint8_t* p, size_t n, uint64_t seed) {
+    for (size_t i = 0; i < n; ++i)
+        if (p[i] != pattern(seed, i)) return i;
+    return n;
+}
+
+inline bool all_bytes(const uint8_t* p, size_t n, uint8_t value) {
+    return std::all_of(p, p + n, [value](uint8_t b) { return b == value; });
+}
+
+inline constexpr uint8_t kUntouched = 0xee;
+
+struct Side {
+    uint32_t ip = 0;
+    std::unique_ptr<Engine> engine;
+    std::shared_ptr<CompletionQueue> scq;
+    std::shared_ptr<CompletionQueue> rcq;
+    std::shared_ptr<RcQp> qp;
+    std::vector<uint8_t> mem;
+    uint64_t iova = 0;  // remote address of mem[0]
+    MemoryKeys keys;
+
+    uint64_t addr(size_t offset) { return reinterpret_cast<uint64_t>(mem.data() + offset); }
+    uint8_t* at(size_t offset) { return mem.data() + offset; }
+    Sge sge(size_t offset, uint32_t length) { return Sge{addr(offset), length, keys.lkey}; }
+    EngineCounters& counters() { return engine->counters(); }
+
+    // Affiliated asynchronous events, recorded on the engine thread.
+    std::mutex events_mutex;
+    std::vector<AsyncEvent> events;
+    std::vector<AsyncEvent> async_events() {
+        std::lock_guard lock(events_mutex);
+        return events;
+    }
+};
+
+struct PairOptions {
+    size_t mem_bytes = 64 * 1024;
+    FaultConfig faults_a;
+    FaultConfig faults_b;
+    uint32_t cq_capacity = 1024;
+    QpCaps caps{512, 512, kMaxSge, kMaxSge, kMaxInlineData};
+};
+
+inline QpAttributes default_attributes() {
+    QpAttributes a;
+    a.access = kRemoteWrite | kRemoteRead;
+    a.mtu = kMtu;
+    a.timeout = 14;  // 67 ms
+    a.retry_cnt = 7;
+    a.rnr_retry = 7;
+    a.min_rnr_timer = 1;  // 10 us
+    a.max_rd_atomic = 1;
+    a.max_dest_rd_atomic = 1;
+    return a;
+}
+
+// Two engines, one QP each, not yet connected.
+class Pair {
+  public:
+    explicit Pair(const PairOptions& opt = {}) {
+        const Addresses addrs = next_addresses();
+        setup(a, addrs.a, addrs.port, opt.faults_a, opt, 0x100000000000ull);
+        setup(b, addrs.b, addrs.port, opt.faults_b, opt, 0x200000000000ull);
+    }
+
+    ~Pair() {
+        // QPs go before their engines: their timers belong to the engines' event bases.
+        for (Side* s : {&a, &b}) {
+            if (s->engine && s->qp) s->engine->detach(s->qp->qpn());
+            s->qp.reset();
+        }
+        for (Side* s : {&a, &b}) s->engine.reset();
+    }
+    Pair(const Pair&) = delete;
+    Pair& operator=(const Pair&) = delete;
+
+    // RESET -> INIT -> RTR -> RTS on both sides; `pa` and `pb` are the attributes of a and b
+    // (addresses and QP numbers are filled in here).
+    void connect(QpAttributes pa, QpAttributes pb) {
+        pa.dst_ip = b.ip;
+        pa.dest_qpn = b.qp->qpn();
+        pb.dst_ip = a.ip;
+        pb.dest_qpn = a.qp->qpn();
+        // What one side sends first is what the other expects first.
+        pb.rq_psn = pa.sq_psn;
+        pa.rq_psn = pb.sq_psn;
+        for (auto [s, attrs] : {std::pair{&a, pa}, std::pair{&b, pb}}) {
+            REQUIRE(s->qp->modify(attrs, QpState::Reset, QpState::Init) == 0);
+            REQUIRE(s->qp->state() == QpState::Init);
+            REQUIRE(s->qp->modify(attrs, QpState::Init, QpState::Rtr) == 0);
+            REQUIRE(s->qp->state() == QpState::Rtr);
+        }
+        for (auto [s, attrs] : {std::pair{&a, pa}, std::pair{&b, pb}}) {
+            REQUIRE(s->qp->modify(attrs, QpState::Rtr, QpState::Rts) == 0);
+            REQUIRE(s->qp->state() == QpState::Rts);
+        }
+    }
+    void connect() { connect(default_attributes(), default_attributes()); }
+
+    // Receives on this thread whatever has arrived, on both engines.
+    void progress() {
+        a.engine->progress();
+        b.engine->progress();
+    }
+
+    // Polls `cq` until `n` completions have arrived or `timeout` has passed.
+    std::vector<Completion> wait(CompletionQueue& cq, size_t n,
+                                 std::chrono::milliseconds timeout = kWait) {
+        std::vector<Completion> out;
+        std::vector<Completion> buf(64);
+        const auto deadline = std::chrono::steady_clock::now() + timeout;
+        for (long iter = 0; out.size() < n && iter < 10'000'000; ++iter) {
+            const size_t want = std::min(buf.size(), n - out.size());
+            const size_t got = cq.poll(std::span(buf.data(), want));
+            out.insert(out.end(), buf.begin(), buf.begin() + static_cast<ptrdiff_t>(got));
+            if (got > 0) continue;
+            if (std::chrono::steady_clock::now() > deadline) break;
+            progress();
+            std::this_thread::sleep_for(50us);
+        }
+        return out;
+    }
+
+    Completion wait_one(CompletionQueue& cq, std::chrono::milliseconds timeout = kWait) {
+        auto v = wait(cq, 1, timeout);
+        REQUIRE(v.size() == 1);
+        return v[0];
+    }
+
+    // True if `pred` became true within `timeout`.
+    bool wait_until(const std::function<bool()>& pred, std::chrono::milliseconds timeout = kWait) {
+        const auto deadline = std::chrono::steady_clock::now() + timeout;
+        for (long iter = 0; iter < 10'000'000; ++iter) {
+            if (pred()) return true;
+            if (std::chrono::steady_clock::now() > deadline) return false;
+            progress();
+            std::this_thread::sleep_for(50us);
+        }
+        return pred();
+    }
+
+    // Waits a little and checks that nothing more arrives on `cq`.
+    bool stays_empty(CompletionQueue& cq, std::chrono::milliseconds how_long = 50ms) {
+        wait_until([] { return false; }, how_long);
+        return cq.depth() == 0;
+    }
+
+    Side a;
+    Side b;
+
+  private:
+    static void setup(Side& s, uint32_t ip, uint16_t port, const FaultConfig& faults,
+                      const PairOptions& opt, uint64_t iova) {
+        s.ip = ip;
+        EngineConfig config;
+        config.ip = ip;
+        config.port = port;
+        config.mtu = kMtu;
+        config.faults = faults;
+        std::string error;
+        int err = 0;
+        s.engine = Engine::create(config, error, err);
+        INFO("Engine::create: " << error << " (errno " << err << ")");
+        REQUIRE(s.engine);
+        s.engine->set_async_handler([&s](const AsyncEvent& ev) {
+            std::lock_guard lock(s.events_mutex);
+            s.events.push_back(ev);
+        });
+        s.scq = std::make_shared<CompletionQueue>(opt.cq_capacity, nullptr, nullptr);
+        s.rcq = std::make_shared<CompletionQueue>(opt.cq_capacity, nullptr, nullptr);
+        s.qp = std::make_shared<RcQp>(*s.engine, s.engine->allocate_qpn(), kPd, opt.caps, s.scq,
+                                      s.rcq, &s);
+        s.engine->attach(s.qp);
+        s.mem.assign(opt.mem_bytes, kUntouched);
+        s.iova = iova;
+        s.keys = s.engine->memory().add(kPd, s.addr(0), s.mem.size(), iova,
+                                        kLocalWrite | kRemoteWrite | kRemoteRead);
+    }
+};
+
+inline uint32_t total(std::initializer_list<Sge> sges) {
+    uint32_t n = 0;
+    for (const Sge& s : sges) n += s.length;
+    return n;
+}
+
+inline SgeList sgl(std::initializer_list<Sge> sges) {
+    SgeList l;
+    for (const Sge& s : sges) l.sge[l.count++] = s;
+    return l;
+}
+
+inline SendWqe send_wqe(uint64_t wr_id, std::initializer_list<Sge> sges) {
+    SendWqe w;
+    w.wr_id = wr_id;
+    w.opcode = SendOpcode::Send;
+    w.sgl = sgl(sges);
+    w.length = total(sges);
+    return w;
+}
+
+inline SendWqe rdma_wqe(SendOpcode op, uint64_t wr_id, std::initializer_list<Sge> sges,
+                        uint64_t remote_addr, uint32_t rkey) {
+    SendWqe w = send_wqe(wr_id, sges);
+    w.opcode = op;
+    w.remote_addr = remote_addr;
+    w.rkey = rkey;
+    return w;
+}
+
+inline RecvWqe recv_wqe(uint64_t wr_id, std::initializer_list<Sge> sges) {
+    RecvWqe r;
+    r.wr_id = wr_id;
+    r.sgl = sgl(sges);
+    return r;
+}
+
+inline bool has_event(Side& s, AsyncEventType type) {
+    for (const AsyncEvent& e : s.async_events())
+        if (e.type == type && e.qp_handle == &s) return true;
+    return false;
+}
+
+}  // namespace uroce::transport::test
