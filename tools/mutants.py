@@ -42,14 +42,16 @@ TESTS = {
 MUTANTS = [
     # --- memory keys and bounds (transport/memory_table.cpp) ---
     Mutant("memory: no protection-domain check", "transport/memory_table.cpp",
-           "if (r->pd != pd) return KeyCheck::WrongPd;", "", ("transport",)),
+           "if (r->pd != pd) return KeyCheck::WrongPd;",
+           "if (r->pd != pd && false) return KeyCheck::WrongPd;", ("transport",)),
     Mutant("memory: no upper bounds check", "transport/memory_table.cpp",
            "length > r->length || addr - base > r->length - length", "false",
            ("transport",)),
     Mutant("memory: no lower bounds check", "transport/memory_table.cpp",
            "if (addr < base ||", "if (", ("transport",)),
     Mutant("memory: no access-rights check", "transport/memory_table.cpp",
-           "if ((r->access & access) != access) return KeyCheck::NoAccess;", "",
+           "if ((r->access & access) != access) return KeyCheck::NoAccess;",
+           "if ((r->access & access) != access && false) return KeyCheck::NoAccess;",
            ("transport",)),
     # --- receive filters (transport/engine.cpp, rc_qp.cpp) ---
     Mutant("filter: bad ICRC accepted", "transport/engine.cpp",
