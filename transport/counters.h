@@ -29,7 +29,8 @@ namespace uroce::transport {
     X(tx_acks)               /* ACKs sent */                                          \
     X(retransmit_timeouts)   /* retransmission timer expiries */                      \
     X(retransmitted_packets) /* request packets sent again */                         \
-    X(rx_naks)               /* NAKs received */
+    X(rx_naks)               /* NAKs received */                                      \
+    X(rx_response_out_of_window) /* responses for PSNs not sent or already acknowledged */
 
 struct EngineCounters {
 #define UROCE_COUNTER_FIELD(name) std::atomic<uint64_t> name{0};

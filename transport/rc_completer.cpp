@@ -129,8 +129,28 @@ void RcQp::ack_through(uint32_t psn) {
     }
 }
 
+bool RcQp::response_in_window(uint32_t psn) const {
+    // Only PSNs this QP has sent and not yet seen acknowledged can be answered: anything else
+    // is stale (a late duplicate) or forged, and believing it could retire work the peer
+    // never executed.
+    return has_outstanding() && !psn_before(psn, oldest_unacked()) && psn_before(psn, sent_high_);
+}
+
+RcQp::SqEntry* RcQp::entry_for_psn(uint32_t psn) {
+    for (SqEntry& e : sq_) {
+        if (!e.assigned) break;
+        const int32_t d = psn_diff(psn, e.psn);
+        if (d >= 0 && d < static_cast<int32_t>(e.npkts)) return &e;
+    }
+    return nullptr;
+}
+
 void RcQp::on_response(const wire::ParsedPacket& pkt) {
     const uint16_t flags = pkt.info->flags;
+    if (!response_in_window(pkt.h.bth.psn)) {
+        bump(engine_.counters().rx_response_out_of_window);
+        return;
+    }
     if (flags & wire::kRead) {
         on_read_response(pkt);
         pump();
@@ -141,8 +161,6 @@ void RcQp::on_response(const wire::ParsedPacket& pkt) {
         return;
     }
     const uint32_t psn = pkt.h.bth.psn;
-    // A response for a PSN we never sent is stale or bogus.
-    if (!has_outstanding() || psn_diff(psn, next_psn_) >= 0) return;
     const wire::Aeth& aeth = pkt.h.aeth;
     switch (aeth.type()) {
         case wire::AckType::Ack:
@@ -172,12 +190,18 @@ void RcQp::on_response(const wire::ParsedPacket& pkt) {
                 if (has_outstanding() && psn != last_rewind_psn_) {
                     last_rewind_psn_ = psn;
                     rewind_to(psn);
+                    // The peer is alive and waiting for the resent packets: give them a
+                    // whole timeout from now.
+                    restart_timer();
                 }
                 break;
             }
-            // A late NAK for a PSN already retired says nothing about the current request.
-            if (!has_outstanding() || psn_before(psn, sq_.front().psn)) break;
-            sq_.front().failed = status_for_nak(aeth.value());
+            // The request whose PSN the NAK names failed; requests before it that are not
+            // complete (a READ still missing responses) are flushed with the rest, never
+            // reported as successful.
+            SqEntry* failed = entry_for_psn(psn);
+            if (!failed) break;
+            failed->failed = status_for_nak(aeth.value());
             enter_error();
             return;
         }
@@ -190,6 +214,12 @@ void RcQp::on_response(const wire::ParsedPacket& pkt) {
 
 void RcQp::on_read_response(const wire::ParsedPacket& pkt) {
     const uint32_t psn = pkt.h.bth.psn;
+    // A READ response must answer a READ: one carrying the PSN of a SEND or WRITE is bogus.
+    const SqEntry* answered = entry_for_psn(psn);
+    if (!answered || answered->wqe.opcode != SendOpcode::RdmaRead) {
+        bump(engine_.counters().rx_response_out_of_window);
+        return;
+    }
     // Responses imply the ACK of every request before the READ they answer.
     ack_through(psn_add(psn, kPsnMask));
     if (!has_outstanding()) return;

@@ -125,6 +125,11 @@ class RcQp : public std::enable_shared_from_this<RcQp> {
     void cancel_timer();
     void start_timer(uint64_t us);
     bool has_outstanding() const;
+    // True if `psn` lies in [oldest unacknowledged PSN, highest PSN sent]: the only PSNs a
+    // genuine response can carry.
+    bool response_in_window(uint32_t psn) const;
+    // The outstanding request whose PSN range holds `psn`, or nullptr.
+    SqEntry* entry_for_psn(uint32_t psn);
     uint32_t oldest_unacked() const;
     static void timer_trampoline(evutil_socket_t, short, void* arg);
 

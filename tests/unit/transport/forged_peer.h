@@ -7,6 +7,7 @@
 #pragma once
 
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <mutex>
@@ -46,6 +47,8 @@ inline std::vector<uint8_t> forge_packet(const wire::Headers& h, std::span<const
 struct SentPacket {
     std::vector<uint8_t> bytes;
     uint32_t dst_ip = 0;
+    std::chrono::steady_clock::time_point when{};
+    bool lost = false;
 
     // Parsed view; valid while this SentPacket lives.
     wire::ParsedPacket parsed() const {
@@ -66,10 +69,11 @@ class TxRecorder {
     explicit TxRecorder(Engine& engine, LosePredicate lose = {}, bool send_for_real = true)
         : engine_(engine), lose_(std::move(lose)), send_(send_for_real) {
         engine_.set_transmit_filter([this](std::span<const uint8_t> bytes, uint32_t dst) {
-            SentPacket s{{bytes.begin(), bytes.end()}, dst};
+            SentPacket s{{bytes.begin(), bytes.end()}, dst, std::chrono::steady_clock::now()};
             wire::ParsedPacket p;
             const bool parsed = wire::parse_packet(s.bytes, p) == wire::ParseError::None;
             const bool lost = parsed && lose_ && lose_(p);
+            s.lost = lost;
             std::lock_guard lock(mutex_);
             sent_.push_back(std::move(s));
             if (lost) ++lost_;
@@ -89,6 +93,13 @@ class TxRecorder {
         for (const SentPacket& s : packets())
             if (pred(s.parsed())) ++n;
         return n;
+    }
+    // The packets with opcode `op`, in the order they were sent.
+    std::vector<SentPacket> with_opcode(wire::Opcode op) const {
+        std::vector<SentPacket> out;
+        for (SentPacket& s : packets())
+            if (s.opcode() == static_cast<uint8_t>(op)) out.push_back(std::move(s));
+        return out;
     }
     size_t count_opcode(wire::Opcode op) const {
         return count([op](const wire::ParsedPacket& p) {

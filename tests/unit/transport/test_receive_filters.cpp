@@ -1,0 +1,122 @@
+// The receive filters in front of every QP: a packet is handed to its QP only if it parses,
+// its ICRC matches (exactly, or for some IP identification the kernel may have chosen), its
+// P_Key is the default partition, it is RC, its destination QP exists and it comes from that
+// QP's connected peer. Each refused packet is counted and changes nothing: no byte, no
+// completion, no PSN consumed (the same request, sent correctly afterwards, is executed).
+#include <catch2/catch.hpp>
+
+#include "tests/unit/transport/engine_pair.h"
+#include "tests/unit/transport/forged_peer.h"
+
+using namespace uroce::transport;
+using namespace uroce::transport::test;
+namespace wire = uroce::wire;
+
+namespace {
+
+struct Target {
+    Pair p;
+    ForgedPeer peer{*p.a.engine, p.b.ip, p.a.engine->config().port, p.b.qp->qpn(), p.a.qp->qpn()};
+    std::vector<uint8_t> payload = std::vector<uint8_t>(256, 0x3c);
+
+    Target() { p.connect(); }
+    // An RDMA WRITE ONLY of `payload` into a's region at offset 1000, PSN 0.
+    wire::Headers write() const {
+        wire::Headers h = peer.headers(wire::Opcode::RcWriteOnly, 0);
+        h.bth.ack_req = true;
+        h.reth = {p.a.iova + 1000, p.a.keys.rkey, static_cast<uint32_t>(payload.size())};
+        return h;
+    }
+    bool untouched() { return all_bytes(p.a.at(0), p.a.mem.size(), kUntouched); }
+    bool written() {
+        return all_bytes(p.a.at(1000), payload.size(), 0x3c) &&
+               all_bytes(p.a.at(0), 1000, kUntouched) &&
+               all_bytes(p.a.at(1000 + payload.size()), p.a.mem.size() - 1000 - payload.size(),
+                         kUntouched);
+    }
+};
+
+}  // namespace
+
+TEST_CASE("Receive filters: refused packets change nothing and are counted", "[filters]") {
+    Target t;
+    TxRecorder a_out(*t.p.a.engine, {}, false);
+    EngineCounters& c = t.p.a.counters();
+    const uint64_t rx_before = c.rx_packets.load();
+
+    SECTION("ICRC that does not match") {
+        auto pkt = t.peer.forge(t.write(), t.payload);
+        pkt[wire::kBthBytes + wire::kRethBytes + 7] ^= 0x10;  // one payload bit
+        t.p.a.engine->receive_datagram(pkt, t.peer.ip, t.peer.port);
+        CHECK(c.rx_bad_icrc.load() == 1);
+    }
+    SECTION("source address other than the connected peer") {
+        const ForgedPeer stranger{t.peer.engine, t.p.b.ip + 100, t.peer.port, t.peer.qpn,
+                                  t.peer.local_qpn};
+        stranger.inject(t.write(), t.payload);
+        CHECK(c.rx_wrong_peer.load() == 1);
+    }
+    SECTION("P_Key of another partition") {
+        wire::Headers h = t.write();
+        h.bth.pkey = 0x8001;
+        t.peer.inject(h, t.payload);
+        CHECK(c.rx_bad_pkey.load() == 1);
+    }
+    SECTION("destination QP that does not exist") {
+        wire::Headers h = t.write();
+        h.bth.dest_qp = t.p.a.qp->qpn() + 77;
+        t.peer.inject(h, t.payload);
+        CHECK(c.rx_unknown_qp.load() == 1);
+    }
+    SECTION("UD opcode to an RC QP") {
+        wire::Headers h = t.peer.headers(static_cast<wire::Opcode>(0x64), 0);
+        h.deth = {0x11111111, t.p.b.qp->qpn()};
+        t.peer.inject(h, t.payload);
+        CHECK(c.rx_unsupported.load() == 1);
+    }
+    SECTION("truncated packet") {
+        auto pkt = t.peer.forge(t.write(), t.payload);
+        pkt.resize(wire::kBthBytes + 6);
+        t.p.a.engine->receive_datagram(pkt, t.peer.ip, t.peer.port);
+        CHECK(c.rx_malformed.load() == 1);
+    }
+    CHECK(c.rx_packets.load() == rx_before + 1);
+    CHECK(t.untouched());
+    CHECK(a_out.packets().empty());
+    CHECK(t.p.a.qp->state() == QpState::Rts);
+    // PSN 0 is still expected: the genuine packet is executed and acknowledged.
+    t.peer.inject(t.write(), t.payload);
+    CHECK(t.written());
+    REQUIRE(a_out.packets().size() == 1);
+    CHECK(a_out.packets()[0].opcode() == static_cast<uint8_t>(wire::Opcode::RcAcknowledge));
+    CHECK(a_out.packets()[0].psn() == 0);
+}
+
+TEST_CASE(
+    "Receive filters: an ICRC computed with the IP identification the kernel chose is accepted",
+    "[filters]") {
+    Target t;
+    TxRecorder a_out(*t.p.a.engine, {}, false);
+    const auto pkt =
+        forge_packet(t.write(), t.payload,
+                     wire::Ipv4Flow{t.peer.ip, t.p.a.engine->config().ip, t.peer.port, t.peer.port},
+                     wire::Ipv4Unseen{0x5a17, true});
+    t.p.a.engine->receive_datagram(pkt, t.peer.ip, t.peer.port);
+    CHECK(t.p.a.counters().rx_icrc_unseen_fields.load() == 1);
+    CHECK(t.p.a.counters().rx_bad_icrc.load() == 0);
+    CHECK(t.written());
+
+    SECTION("but not one computed with DF clear") {
+        const auto no_df = forge_packet(
+            [&] {
+                wire::Headers h = t.write();
+                h.bth.psn = 1;
+                return h;
+            }(),
+            t.payload,
+            wire::Ipv4Flow{t.peer.ip, t.p.a.engine->config().ip, t.peer.port, t.peer.port},
+            wire::Ipv4Unseen{0x5a17, false});
+        t.p.a.engine->receive_datagram(no_df, t.peer.ip, t.peer.port);
+        CHECK(t.p.a.counters().rx_bad_icrc.load() == 1);
+    }
+}
