@@ -72,6 +72,7 @@ Engine::~Engine() {
         // QPs still attached (an application that did not destroy them) go first: their
         // timers belong to the base.
         std::unique_lock lock(qps_mutex_);
+        for (auto& [qpn, qp] : qps_) qp->close();
         qps_.clear();
     }
     touched_.clear();
@@ -118,8 +119,9 @@ void Engine::detach(uint32_t qpn) {
         keep = std::move(it->second);
         qps_.erase(it);
     }
-    // `keep` is released here, outside the table lock: the QP's destructor waits for a
-    // timer callback that may be running.
+    // Outside the table lock: closing waits for a timer callback that may be running. The
+    // receive path may still hold a reference for a moment; a closed QP ignores what it gets.
+    keep->close();
 }
 
 void Engine::transmit(const wire::Headers& h, std::span<const iovec> payload, uint32_t payload_len,

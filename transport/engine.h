@@ -61,6 +61,8 @@ class Engine {
 
     uint32_t allocate_qpn();
     void attach(const std::shared_ptr<RcQp>& qp);
+    // Removes the QP from the table and closes it (RcQp::close): once this returns, no
+    // packet, timer or async event reaches it.
     void detach(uint32_t qpn);
 
     // Receives and handles whatever packets are waiting, on the caller's thread, unless

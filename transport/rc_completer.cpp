@@ -299,8 +299,9 @@ void RcQp::timer_trampoline(evutil_socket_t, short, void* arg) {
 void RcQp::on_timer() {
     std::lock_guard lock(mutex_);
     // The timer may have been cancelled or pushed back while this callback waited for
-    // the lock (cancelling never waits for a running callback, to avoid a deadlock).
-    if (!timer_armed_) return;
+    // the lock (cancelling never waits for a running callback, to avoid a deadlock), or the
+    // QP closed meanwhile (close() waits for this callback to return).
+    if (closed_ || !timer_armed_) return;
     // libevent measures from its cached loop time, so a timer may fire a little before our
     // own deadline: wait out the rest.
     const auto now = std::chrono::steady_clock::now();

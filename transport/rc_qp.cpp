@@ -19,9 +19,21 @@ RcQp::RcQp(Engine& engine, uint32_t qpn, uint32_t pd, const QpCaps& caps,
 }
 
 RcQp::~RcQp() {
-    // event_free waits for a callback running on the engine thread to return; the mutex
-    // is not held here, so that callback can finish.
+    close();
     if (timer_) event_free(timer_);
+}
+
+void RcQp::close() {
+    {
+        std::lock_guard lock(mutex_);
+        if (closed_) return;
+        closed_ = true;
+        cancel_timer();
+    }
+    // A timer callback may be running on the engine thread, waiting for the mutex; it will
+    // see closed_ and return without re-arming. Wait for that (without the mutex, or it
+    // could not finish), so that nothing runs on this QP once close() returns.
+    if (timer_) event_del_block(timer_);
 }
 
 QpState RcQp::state() const {
@@ -122,6 +134,10 @@ int RcQp::post_recv(const RecvWqe& wqe) {
 
 void RcQp::on_packet(const wire::ParsedPacket& pkt, uint32_t src_ip) {
     std::lock_guard lock(mutex_);
+    if (closed_) {
+        bump(engine_.counters().rx_unknown_qp);
+        return;
+    }
     if (src_ip != attrs_.dst_ip) {
         bump(engine_.counters().rx_wrong_peer);
         return;

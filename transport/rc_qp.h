@@ -66,6 +66,7 @@ class RcQp : public std::enable_shared_from_this<RcQp> {
     RcQp(Engine& engine, uint32_t qpn, uint32_t pd, const QpCaps& caps,
          std::shared_ptr<CompletionQueue> send_cq, std::shared_ptr<CompletionQueue> recv_cq,
          void* user_handle);
+    // Closes the QP (see close()) and frees its timer.
     ~RcQp();
     RcQp(const RcQp&) = delete;
     RcQp& operator=(const RcQp&) = delete;
@@ -84,6 +85,11 @@ class RcQp : public std::enable_shared_from_this<RcQp> {
     // 0, or an errno: EINVAL in a state that takes no work, ENOMEM when the queue is full.
     int post_send(const SendWqe& wqe);
     int post_recv(const RecvWqe& wqe);
+
+    // Stops the QP for good: after this returns no packet, timer or async event reaches it
+    // and it sends nothing more. Waits for a timer callback running on the engine thread.
+    // Engine::detach() calls it; must not be called with the QP's mutex held.
+    void close();
 
     // --- called by the engine thread ---
     void on_packet(const wire::ParsedPacket& pkt, uint32_t src_ip);
@@ -157,6 +163,7 @@ class RcQp : public std::enable_shared_from_this<RcQp> {
     void* const user_handle_;
 
     mutable std::mutex mutex_;
+    bool closed_ = false;
     QpState state_ = QpState::Reset;
     QpAttributes attrs_;
 

@@ -164,8 +164,8 @@ void RcQp::pump() {
         sent = true;
         if (psn_before(psn, sent_high_)) bump(engine_.counters().retransmitted_packets);
         // A READ request claims every PSN of its responses: they are what the peer may send.
-        const uint32_t end = e.wqe.opcode == SendOpcode::RdmaRead ? psn_add(e.psn, e.npkts)
-                                                                 : psn_add(psn, 1);
+        const uint32_t end =
+            e.wqe.opcode == SendOpcode::RdmaRead ? psn_add(e.psn, e.npkts) : psn_add(psn, 1);
         if (psn_after(end, sent_high_)) sent_high_ = end;
         if (send_pkt_ >= e.npkts) {
             ++send_index_;

@@ -34,7 +34,7 @@ void RcQp::send_ack(uint32_t psn, uint8_t syndrome) {
 
 void RcQp::flush_ack() {
     std::lock_guard lock(mutex_);
-    if (!ack_pending_ || state_ == QpState::Err || state_ == QpState::Reset) return;
+    if (closed_ || !ack_pending_ || state_ == QpState::Err || state_ == QpState::Reset) return;
     ack_pending_ = false;
     bump(engine_.counters().tx_acks);
     send_ack(psn_add(epsn_, kPsnMask),
