@@ -103,6 +103,10 @@ ibv_cq* create_cq(ibv_context* ibctx, int cqe, ibv_comp_channel* channel, int) n
 int destroy_cq(ibv_cq* ibcq) noexcept {
     auto* cq = to_ucq(ibcq);
     if (cq->qp_refs.load() > 0) return EBUSY;
+    // As for QPs: unread CQ error events are taken back, read ones must be acknowledged.
+    to_uctx(ibcq->context)
+        ->state->async_events.retract(reinterpret_cast<uint64_t>(ibcq), &cq->events);
+    wait_for_acks(&ibcq->mutex, &ibcq->cond, &ibcq->async_events_completed, cq->events.delivered);
     // Events already queued for this CQ must never reach the application.
     if (cq->channel) cq->channel->purge(reinterpret_cast<uint64_t>(ibcq));
     delete cq;

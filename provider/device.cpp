@@ -83,7 +83,6 @@ void destroy_state(ContextState* st) {
         st->engine && v && *v && std::strcmp(v, "0") != 0)
         print_counters(*st, st->device->vdev.device.name);
     st->engine.reset();  // stops the engine thread first: it may post async events
-    if (st->async_write_fd >= 0) ::close(st->async_write_fd);
     if (st->cmd_fd >= 0) cmd_fd_unregister(st->cmd_fd);
     delete st;
 }
@@ -130,15 +129,12 @@ verbs_context* alloc_context(ibv_device* ibdev, int cmd_fd, void*) {
         }
     }
     {
-        // ibv_get_async_event reads fixed-size records from async_fd; a pipe carries them.
-        int fds[2];
-        if (::pipe2(fds, O_CLOEXEC) != 0) {
+        const int fd = st->async_events.open();
+        if (fd < 0) {
             err = errno;
             goto fail;
         }
-        ::fcntl(fds[1], F_SETFL, O_NONBLOCK);
-        ctx->vctx.context.async_fd = fds[0];
-        st->async_write_fd = fds[1];
+        ctx->vctx.context.async_fd = fd;
     }
     ctx->vctx.context.num_comp_vectors = 1;
     // ibv_create_comp_channel talks to cmd_fd behind the provider's back; the hook
@@ -190,20 +186,39 @@ fail:
 
 }  // namespace
 
-void post_async_event(UroceContext* ctx, ibv_event_type type, uint64_t element) noexcept {
-    // The record libibverbs' ibv_get_async_event reads: element, event type, reserved.
-    struct {
-        uint64_t element;
-        uint32_t event_type;
-        uint32_t reserved;
-    } rec{element, static_cast<uint32_t>(type), 0};
-    static_assert(sizeof rec == 16);
-    // A full pipe means the application does not read its events; dropping one then is
-    // what a kernel's bounded event queue does too.
-    [[maybe_unused]] ssize_t n = ::write(ctx->state->async_write_fd, &rec, sizeof rec);
+namespace {
+
+// The tally of the object an event names, or nullptr for unaffiliated events.
+AsyncEventTally* tally_for(ibv_event_type type, uint64_t element) {
+    switch (type) {
+        case IBV_EVENT_CQ_ERR:
+            return &to_ucq(reinterpret_cast<ibv_cq*>(element))->events;
+        case IBV_EVENT_QP_FATAL:
+        case IBV_EVENT_QP_REQ_ERR:
+        case IBV_EVENT_QP_ACCESS_ERR:
+        case IBV_EVENT_COMM_EST:
+        case IBV_EVENT_SQ_DRAINED:
+        case IBV_EVENT_PATH_MIG:
+        case IBV_EVENT_PATH_MIG_ERR:
+        case IBV_EVENT_QP_LAST_WQE_REACHED:
+            return &to_uqp(reinterpret_cast<ibv_qp*>(element))->events;
+        default:
+            return nullptr;
+    }
 }
 
-void async_event(ibv_context*, ibv_async_event*) noexcept {}
+}  // namespace
+
+void post_async_event(UroceContext* ctx, ibv_event_type type, uint64_t element) noexcept {
+    ctx->state->async_events.post(type, element, tally_for(type, element));
+}
+
+void async_event(ibv_context* ibctx, ibv_async_event* ev) noexcept {
+    // libibverbs calls this right after reading the record: count the delivery, so that
+    // destroying the object waits for its acknowledgement.
+    to_uctx(ibctx)->state->async_events.delivered(
+        tally_for(ev->event_type, reinterpret_cast<uint64_t>(ev->element.qp)));
+}
 
 void free_context(ibv_context* ibctx) noexcept {
     auto* ctx = to_uctx(ibctx);

@@ -12,6 +12,7 @@
 #include <mutex>
 #include <string>
 
+#include "provider/async_events.h"
 #include "provider/comp_channel.h"
 #include "transport/completion_queue.h"
 #include "transport/engine.h"
@@ -37,7 +38,7 @@ struct UroceDevice {
 struct ContextState {
     UroceDevice* device = nullptr;
     std::unique_ptr<transport::Engine> engine;
-    int async_write_fd = -1;
+    AsyncEventQueue async_events;
     int cmd_fd = -1;
     std::atomic<uint32_t> next_pd{1};
 };
@@ -65,6 +66,7 @@ struct UroceCq {
     std::shared_ptr<transport::CompletionQueue> queue;
     std::shared_ptr<CompChannel> channel;
     std::atomic<int> qp_refs{0};
+    AsyncEventTally events;  // guarded by the context's AsyncEventQueue
 };
 
 struct UroceQp {
@@ -75,6 +77,7 @@ struct UroceQp {
     bool sq_sig_all = false;
     std::mutex attr_mutex;  // guards attr (the verbs view of the attributes, for query)
     ibv_qp_attr attr{};
+    AsyncEventTally events;  // guarded by the context's AsyncEventQueue
 };
 
 // libibverbs hands out &vctx.context, which is the *last* member of verbs_context.
@@ -92,7 +95,8 @@ inline UroceQp* to_uqp(ibv_qp* q) {
     return reinterpret_cast<UroceQp*>(q);
 }
 
-// Queues an affiliated or unaffiliated asynchronous event for ibv_get_async_event.
+// Queues an asynchronous event for ibv_get_async_event: `element` is the ibv_qp* or ibv_cq*
+// the event names (the object must be alive), or the port for port events.
 void post_async_event(UroceContext* ctx, ibv_event_type type, uint64_t element) noexcept;
 
 // The operations table for contexts (ops.cpp).

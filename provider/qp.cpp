@@ -126,8 +126,14 @@ ibv_qp* create_qp(ibv_pd* pd, ibv_qp_init_attr* init) noexcept {
 
 int destroy_qp(ibv_qp* ibqp) noexcept {
     auto* qp = to_uqp(ibqp);
-    to_uctx(ibqp->context)->state->engine->detach(qp->rc->qpn());
+    ContextState* st = to_uctx(ibqp->context)->state;
+    // After detach no packet, timer or transport event reaches the QP.
+    st->engine->detach(qp->rc->qpn());
     qp->rc.reset();
+    // Events not yet read never will be; those the application has read it must acknowledge
+    // before the QP goes (libibverbs' contract: a kernel provider waits the same way).
+    st->async_events.retract(reinterpret_cast<uint64_t>(ibqp), &qp->events);
+    wait_for_acks(&ibqp->mutex, &ibqp->cond, &ibqp->events_completed, qp->events.delivered);
     to_upd(ibqp->pd)->users.fetch_sub(1);
     qp->send_cq->qp_refs.fetch_sub(1);
     qp->recv_cq->qp_refs.fetch_sub(1);
