@@ -27,7 +27,8 @@ int main(int argc, char** argv) {
     // Exit 77 is meson's "skipped"; the "skip - " line is what tools/test.sh reports (and
     // refuses in CI, see tests/allowed-skips.txt).
     if (::geteuid() != 0) {
-        std::printf("skip - integration tests: need root (uroce add makes /dev/infiniband nodes)\n");
+        std::printf(
+            "skip - integration tests: need root (uroce add makes /dev/infiniband nodes)\n");
         return 77;
     }
     char root_template[] = "/tmp/uroce-it-XXXXXX";
