@@ -169,7 +169,7 @@ TEST_CASE("The responder reports an access error as an asynchronous event", "[ac
     bool seen = false;
     for (int i = 0; i < 4 && !seen; ++i) {
         ibv_async_event ev{};
-        REQUIRE(ibv_get_async_event(b.ctx, &ev) == 0);
+        REQUIRE(get_async_event_within(b.ctx, &ev) == 0);
         if (ev.event_type == IBV_EVENT_QP_ACCESS_ERR) {
             CHECK(ev.element.qp == b.qp);
             seen = true;
