@@ -111,6 +111,7 @@ TEST_CASE("RDMA WRITE violations write nothing", "[access]") {
         // The region works, then is deregistered; the same key must fail at once.
         REQUIRE(post_rdma(a.qp, IBV_WR_RDMA_WRITE, src, 0, 16, t.addr(), rkey, 1) == 0);
         REQUIRE(wait_completions(a.cq, 1).at(0).status == IBV_WC_SUCCESS);
+        CHECK(std::memcmp(t.whole.data() + kGuard, src.bytes.data(), 16) == 0);
         t.before = t.whole;
         REQUIRE(ibv_dereg_mr(t.mr) == 0);
         t.mr = nullptr;
@@ -134,8 +135,13 @@ TEST_CASE("QP without remote write or read rights refuses them", "[access]") {
         CHECK(t.unchanged());
     }
     SECTION("read") {
+        // The READ lands in src: a refused READ leaves it as it was.
+        fill_pattern(src.bytes.data(), src.bytes.size(), 5);
+        const std::vector<uint8_t> local_before = src.bytes;
         REQUIRE(post_rdma(a.qp, IBV_WR_RDMA_READ, src, 0, 4096, t.addr(), t.mr->rkey, 77) == 0);
         expect_access_error(a, b);
+        CHECK(src.bytes == local_before);
+        CHECK(t.unchanged());
     }
 }
 
