@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The whole test suite: install, build (normal and ASan+UBSan), run every test.
+# The whole test suite: install, build (normal, ASan+UBSan, and clang as a compile check),
+# run every test.
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 "$top/tools/setup.sh"
@@ -13,6 +14,10 @@ echo "== build with AddressSanitizer and UndefinedBehaviorSanitizer"
   meson setup "$top/build-asan" "$top" -Db_sanitize=address,undefined -Db_lundef=false \
     -Dbuildtype=debug >/dev/null
 ninja -C "$top/build-asan" >/dev/null
+# A second compiler, build only: clang's warnings (errors here too) catch what g++ lets pass.
+echo "== build with clang (compile check)"
+[[ -f "$top/build-clang/build.ninja" ]] || CXX=clang++ meson setup "$top/build-clang" "$top" >/dev/null
+ninja -C "$top/build-clang" >/dev/null
 
 status=0
 echo "== tests"
