@@ -5,6 +5,8 @@
 #include <catch2/catch.hpp>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
+#include <span>
 
 #include "tests/integration/verbs_fixture.h"
 
@@ -86,6 +88,17 @@ void bulk(const QpOptions& opt) {
     CHECK(counter(b.ctx, "rx_bad_icrc") == 0);
     CHECK(a.state() == IBV_QPS_RTS);
     CHECK(b.state() == IBV_QPS_RTS);
+}
+
+// The pieces one after another. (Sized once and copied into: GCC 12 at -O3 reports a false
+// -Warray-bounds for std::vector::insert of a range here.)
+std::vector<uint8_t> concat(std::initializer_list<std::span<const uint8_t>> pieces) {
+    size_t total = 0;
+    for (auto p : pieces) total += p.size();
+    std::vector<uint8_t> out(total);
+    auto at = out.begin();
+    for (auto p : pieces) at = std::copy(p.begin(), p.end(), at);
+    return out;
 }
 
 }  // namespace
@@ -171,11 +184,10 @@ TEST_CASE("Small, inline, multi-SGE and immediate-data messages", "[transfer]") 
         auto r = wait_completions(b.cq, 1);
         REQUIRE(r.size() == 1);
         REQUIRE(r[0].byte_len == 7000);
-        std::vector<uint8_t> sent(src.bytes.begin() + 1, src.bytes.begin() + 4001);
-        sent.insert(sent.end(), src.bytes.begin() + 30000, src.bytes.begin() + 33000);
-        std::vector<uint8_t> got(dst.bytes.begin() + 100, dst.bytes.begin() + 110);
-        got.insert(got.end(), dst.bytes.begin() + 2000, dst.bytes.begin() + 5000);
-        got.insert(got.end(), dst.bytes.begin() + 9000, dst.bytes.begin() + 12990);
+        const auto sent = concat({{src.bytes.data() + 1, 4000}, {src.bytes.data() + 30000, 3000}});
+        const auto got = concat({{dst.bytes.data() + 100, 10},
+                                 {dst.bytes.data() + 2000, 3000},
+                                 {dst.bytes.data() + 9000, 3990}});
         CHECK(got == sent);
     }
 
