@@ -2,7 +2,7 @@
 # Installs what building and testing uroce needs, from Debian 12's own packages.
 set -euo pipefail
 packages=(
-  g++ meson ninja-build pkg-config
+  g++ clang meson ninja-build pkg-config
   libibverbs-dev libevent-dev libisal-dev libcli11-dev libfmt-dev libpcap-dev catch2
   ibverbs-utils perftest tshark iproute2 procps
 )

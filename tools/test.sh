@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The whole test suite: install, build (normal and ASan+UBSan), run every test.
+# The whole test suite: install, build (normal, ASan+UBSan, and clang as a compile check),
+# run every test.
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 "$top/tools/setup.sh"
@@ -13,6 +14,10 @@ echo "== build with AddressSanitizer and UndefinedBehaviorSanitizer"
   meson setup "$top/build-asan" "$top" -Db_sanitize=address,undefined -Db_lundef=false \
     -Dbuildtype=debug >/dev/null
 ninja -C "$top/build-asan" >/dev/null
+# A second compiler, build only: clang's warnings (errors here too) catch what g++ lets pass.
+echo "== build with clang (compile check)"
+[[ -f "$top/build-clang/build.ninja" ]] || CXX=clang++ meson setup "$top/build-clang" "$top" >/dev/null
+ninja -C "$top/build-clang" >/dev/null
 
 status=0
 echo "== tests"
@@ -23,20 +28,8 @@ UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
   meson test -C "$top/build-asan" --suite unit --suite cli --suite integration \
     --num-processes "$jobs" --print-errorlogs || status=1
 
-# One closing line for the whole run, counted from both test logs.
-python3 - "$top/build/meson-logs/testlog.json" "$top/build-asan/meson-logs/testlog.json" <<'PY'
-import json, sys
-passed = failed = skipped = 0
-for path in sys.argv[1:]:
-    try:
-        lines = open(path).read().splitlines()
-    except OSError:
-        continue
-    for line in lines:
-        r = json.loads(line).get("result", "")
-        if r == "OK": passed += 1
-        elif r in ("SKIP",): skipped += 1
-        else: failed += 1
-print(f"{passed} passed, {failed} failed, {skipped} skipped")
-PY
+# Every skip listed; in CI (CI=true) a skip not in tests/allowed-skips.txt is a failure.
+# The closing line "N passed, N failed, N skipped" counts both test logs.
+python3 "$top/tests/results.py" "$top/tests/allowed-skips.txt" \
+  "$top/build/meson-logs/testlog.json" "$top/build-asan/meson-logs/testlog.json" || status=1
 exit $status

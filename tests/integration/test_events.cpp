@@ -1,7 +1,6 @@
 // Completion channels created through libibverbs' own ibv_create_comp_channel (which the
 // provider answers in-process), completion events, and the asynchronous event fd.
 #include <fcntl.h>
-#include <poll.h>
 
 #include <catch2/catch.hpp>
 #include <cerrno>
@@ -16,8 +15,7 @@ namespace {
 constexpr int kAll = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
 
 bool readable(int fd, int ms) {
-    pollfd p{fd, POLLIN, 0};
-    return ::poll(&p, 1, ms) == 1 && (p.revents & POLLIN);
+    return wait_readable(fd, std::chrono::milliseconds(ms));
 }
 }  // namespace
 
@@ -42,8 +40,7 @@ TEST_CASE("completion events arrive on a channel made by ibv_create_comp_channel
         REQUIRE(ibv_req_notify_cq(b.cq, 0) == 0);
         REQUIRE(post_recv_buf(b.qp, rbuf, 0, 4096, round) == 0);
         REQUIRE(post_send_msg(a.qp, sbuf, 0, 100, round) == 0);
-        REQUIRE(readable(b.channel->fd, 5000));
-        REQUIRE(ibv_get_cq_event(b.channel, &ev_cq, &ev_ctx) == 0);
+        REQUIRE(get_cq_event_within(b.channel, &ev_cq, &ev_ctx) == 0);
         CHECK(ev_cq == b.cq);
         ibv_ack_cq_events(ev_cq, 1);
         auto wcs = wait_completions(b.cq, 1);
@@ -76,10 +73,9 @@ TEST_CASE("solicited-only arming wakes only for solicited completions", "[events
     wr.send_flags = IBV_SEND_SOLICITED | IBV_SEND_SIGNALED;
     ibv_send_wr* bad = nullptr;
     REQUIRE(ibv_post_send(a.qp, &wr, &bad) == 0);
-    REQUIRE(readable(b.channel->fd, 5000));
     ibv_cq* ev_cq = nullptr;
     void* ev_ctx = nullptr;
-    REQUIRE(ibv_get_cq_event(b.channel, &ev_cq, &ev_ctx) == 0);
+    REQUIRE(get_cq_event_within(b.channel, &ev_cq, &ev_ctx) == 0);
     CHECK(ev_cq == b.cq);
     ibv_ack_cq_events(ev_cq, 1);
 }
@@ -120,7 +116,7 @@ TEST_CASE("a destroyed CQ's pending events never surface", "[events]") {
         attr.qp_state = IBV_QPS_ERR;
         REQUIRE(ibv_modify_qp(qp, &attr, IBV_QP_STATE) == 0);
         REQUIRE(post_send_msg(qp, buf, 0, 8, 2) == 0);
-        REQUIRE(readable(ch->fd, 5000));
+        REQUIRE(wait_readable(ch->fd, kEventLimit));
         REQUIRE(ibv_destroy_qp(qp) == 0);
         bufp.reset();
         ibv_dealloc_pd(pd);
@@ -129,7 +125,7 @@ TEST_CASE("a destroyed CQ's pending events never surface", "[events]") {
     REQUIRE(ibv_destroy_cq(cq1) == 0);
     ibv_cq* ev_cq = nullptr;
     void* ev_ctx = nullptr;
-    REQUIRE(ibv_get_cq_event(ch, &ev_cq, &ev_ctx) == 0);
+    REQUIRE(get_cq_event_within(ch, &ev_cq, &ev_ctx) == 0);
     CHECK(ev_cq == cq2);
     ibv_ack_cq_events(ev_cq, 1);
     CHECK_FALSE(readable(ch->fd, 50));
@@ -149,4 +145,34 @@ TEST_CASE("the asynchronous event fd is pollable and non-blocking on request", "
     CHECK(ibv_get_async_event(ctx, &ev) == -1);
     CHECK(errno == EAGAIN);
     ibv_close_device(ctx);
+}
+
+TEST_CASE("a missing event fails its wait within the bound instead of hanging", "[events]") {
+    Endpoint a(devices().a, {}, true), b(devices().b);
+    connect(a, b);
+    // Nothing armed, nothing posted: no completion event and no asynchronous event will come.
+    ibv_cq* ev_cq = nullptr;
+    void* ev_ctx = nullptr;
+    errno = 0;
+    CHECK(get_cq_event_within(a.channel, &ev_cq, &ev_ctx, std::chrono::milliseconds(100)) == -1);
+    CHECK(errno == ETIMEDOUT);
+    ibv_async_event ev{};
+    errno = 0;
+    CHECK(get_async_event_within(a.ctx, &ev, std::chrono::milliseconds(100)) == -1);
+    CHECK(errno == ETIMEDOUT);
+    // The fds are left as they were: blocking.
+    CHECK((::fcntl(a.channel->fd, F_GETFL) & O_NONBLOCK) == 0);
+    CHECK((::fcntl(a.ctx->async_fd, F_GETFL) & O_NONBLOCK) == 0);
+
+    // And an event that does come is read, with the fd blocking again afterwards.
+    REQUIRE(ibv_req_notify_cq(a.cq, 0) == 0);
+    Buffer sbuf(b.pd, 64, kAll), rbuf(a.pd, 64, kAll);
+    REQUIRE(post_recv_buf(a.qp, rbuf, 0, 64, 1) == 0);
+    REQUIRE(post_send_msg(b.qp, sbuf, 0, 64, 2) == 0);
+    REQUIRE(get_cq_event_within(a.channel, &ev_cq, &ev_ctx) == 0);
+    CHECK(ev_cq == a.cq);
+    ibv_ack_cq_events(ev_cq, 1);
+    CHECK((::fcntl(a.channel->fd, F_GETFL) & O_NONBLOCK) == 0);
+    REQUIRE(wait_completions(a.cq, 1).size() == 1);
+    REQUIRE(wait_completions(b.cq, 1).size() == 1);
 }

@@ -57,12 +57,19 @@ struct Injector {
     // A well-formed packet with a correct ICRC for this sender and `to_ip`.
     std::vector<uint8_t> packet(const wire::Headers& h, const std::string& to_ip,
                                 size_t payload = 0) const {
+        return packet_with_pad(h, to_ip, payload, wire::pad_for(payload), wire::pad_for(payload));
+    }
+    // A packet whose BTH says `pad_count` pad bytes while `pad_bytes` follow the payload,
+    // with a correct ICRC: only the pad is wrong.
+    std::vector<uint8_t> packet_with_pad(const wire::Headers& h, const std::string& to_ip,
+                                         size_t payload, uint8_t pad_count,
+                                         size_t pad_bytes) const {
         std::vector<uint8_t> out(wire::kMaxHeaderBytes);
         wire::Headers hh = h;
-        hh.bth.pad = wire::pad_for(payload);
+        hh.bth.pad = pad_count;
         const size_t hl = wire::build_headers(hh, out.data());
         REQUIRE(hl > 0);
-        out.resize(hl + payload + hh.bth.pad, 0x42);
+        out.resize(hl + payload + pad_bytes, 0x42);
         const wire::Ipv4Flow flow{src_ip, ip_of(to_ip), src_port, devices().port};
         const uint32_t crc = wire::icrc_ipv4(flow, wire::Ipv4Unseen{}, out);
         for (int i = 0; i < 4; ++i) out.push_back(static_cast<uint8_t>(crc >> (8 * i)));
@@ -129,7 +136,13 @@ TEST_CASE("hostile packets are dropped and counted; the connection keeps working
         version[1] |= 0x0f;  // TVer != 0
         peer.send(devices().ip_b, version);
         peer.send(devices().ip_b, {});
-        REQUIRE(wait_counter(b.ctx, "rx_malformed", before + 5));
+        // A WRITE ONLY whose BTH claims 3 pad bytes after a 2-byte payload (no pad bytes
+        // follow): more pad than there are bytes between the headers and the ICRC.
+        peer.send(devices().ip_b, peer.packet_with_pad(w, devices().ip_b, 2, 3, 0));
+        REQUIRE(wait_counter(b.ctx, "rx_malformed", before + 6));
+        // Each one counted once, none taken for anything else.
+        CHECK(counter(b.ctx, "rx_malformed") == before + 6);
+        CHECK(std::all_of(dst.bytes.begin(), dst.bytes.end(), [](uint8_t v) { return v == 0; }));
     }
     SECTION("for a QP that does not exist, or with a foreign P_Key") {
         Injector peer(devices().ip_a);

@@ -270,29 +270,71 @@ TEST_CASE("destroying a CQ still used by a QP fails with EBUSY", "[qp]") {
 
 TEST_CASE("UD, UC and SRQ QPs are refused cleanly for now", "[qp]") {
     Endpoint a(devices().a);
+    // A PD of its own: refused creations must leave no reference on it.
+    ibv_pd* pd = ibv_alloc_pd(a.ctx);
+    REQUIRE(pd);
     ibv_qp_init_attr init{};
     init.send_cq = a.cq;
     init.recv_cq = a.cq;
     init.cap.max_send_wr = init.cap.max_recv_wr = 1;
     init.cap.max_send_sge = init.cap.max_recv_sge = 1;
-    init.qp_type = IBV_QPT_UD;
+    for (ibv_qp_type type : {IBV_QPT_UD, IBV_QPT_UC}) {
+        CAPTURE(type);
+        init.qp_type = type;
+        errno = 0;
+        CHECK(ibv_create_qp(pd, &init) == nullptr);
+        CHECK(errno == EOPNOTSUPP);
+    }
+
+    // No SRQ can be made...
+    ibv_srq_init_attr srq_init{};
+    srq_init.attr.max_wr = 4;
+    srq_init.attr.max_sge = 1;
     errno = 0;
-    CHECK(ibv_create_qp(a.pd, &init) == nullptr);
+    ibv_srq* srq = ibv_create_srq(pd, &srq_init);
+    CHECK(srq == nullptr);
     CHECK(errno == EOPNOTSUPP);
+    if (srq) ibv_destroy_srq(srq);
+    // ...and an RC QP asking for one (a stand-in, as none can be created) is refused too.
+    ibv_srq stand_in{};
+    stand_in.context = a.ctx;
+    stand_in.pd = pd;
     init.qp_type = IBV_QPT_RC;
+    init.srq = &stand_in;
+    errno = 0;
+    CHECK(ibv_create_qp(pd, &init) == nullptr);
+    CHECK(errno == EOPNOTSUPP);
+    init.srq = nullptr;
+
+    // Capabilities beyond the limits are refused with EINVAL.
     init.cap.max_inline_data = 100000;
-    CHECK(ibv_create_qp(a.pd, &init) == nullptr);
+    errno = 0;
+    CHECK(ibv_create_qp(pd, &init) == nullptr);
     CHECK(errno == EINVAL);
+
+    // Nothing refused holds the PD.
+    CHECK(ibv_dealloc_pd(pd) == 0);
 }
 
 TEST_CASE("contexts and QPs open and close repeatedly", "[qp][lifecycle]") {
     for (int i = 0; i < 20; ++i) {
         Endpoint a(devices().a), b(devices().b);
         connect(a, b);
-        Buffer sbuf(a.pd, 4096, kAll), rbuf(b.pd, 4096, kAll);
-        REQUIRE(post_rdma(a.qp, IBV_WR_RDMA_WRITE, sbuf, 0, 4096, rbuf.addr(), rbuf.mr->rkey, 1) ==
-                0);
-        REQUIRE(wait_completions(a.cq, 1).size() == 1);
+        Buffer sbuf(a.pd, 4096, kAll), rbuf(b.pd, 8192, kAll);
+        fill_pattern(sbuf.bytes.data(), 4096, static_cast<uint64_t>(i) + 1);
+        std::memset(rbuf.bytes.data(), 0x5a, rbuf.bytes.size());
+        // Into the middle of rbuf: the bytes around the target are guards.
+        REQUIRE(post_rdma(a.qp, IBV_WR_RDMA_WRITE, sbuf, 0, 4096, rbuf.addr() + 2048, rbuf.mr->rkey,
+                          1) == 0);
+        auto wcs = wait_completions(a.cq, 1);
+        REQUIRE(wcs.size() == 1);
+        CHECK(wcs[0].status == IBV_WC_SUCCESS);
+        CHECK(wcs[0].opcode == IBV_WC_RDMA_WRITE);
+        CHECK(std::memcmp(rbuf.bytes.data() + 2048, sbuf.bytes.data(), 4096) == 0);
+        CHECK(std::all_of(rbuf.bytes.begin(), rbuf.bytes.begin() + 2048,
+                          [](uint8_t v) { return v == 0x5a; }));
+        CHECK(std::all_of(rbuf.bytes.begin() + 6144, rbuf.bytes.end(),
+                          [](uint8_t v) { return v == 0x5a; }));
         // A second QP on the same context, created and destroyed.
         ibv_qp_init_attr init{};
         init.send_cq = a.cq;

@@ -111,6 +111,7 @@ TEST_CASE("RDMA WRITE violations write nothing", "[access]") {
         // The region works, then is deregistered; the same key must fail at once.
         REQUIRE(post_rdma(a.qp, IBV_WR_RDMA_WRITE, src, 0, 16, t.addr(), rkey, 1) == 0);
         REQUIRE(wait_completions(a.cq, 1).at(0).status == IBV_WC_SUCCESS);
+        CHECK(std::memcmp(t.whole.data() + kGuard, src.bytes.data(), 16) == 0);
         t.before = t.whole;
         REQUIRE(ibv_dereg_mr(t.mr) == 0);
         t.mr = nullptr;
@@ -134,8 +135,13 @@ TEST_CASE("QP without remote write or read rights refuses them", "[access]") {
         CHECK(t.unchanged());
     }
     SECTION("read") {
+        // The READ lands in src: a refused READ leaves it as it was.
+        fill_pattern(src.bytes.data(), src.bytes.size(), 5);
+        const std::vector<uint8_t> local_before = src.bytes;
         REQUIRE(post_rdma(a.qp, IBV_WR_RDMA_READ, src, 0, 4096, t.addr(), t.mr->rkey, 77) == 0);
         expect_access_error(a, b);
+        CHECK(src.bytes == local_before);
+        CHECK(t.unchanged());
     }
 }
 
@@ -169,7 +175,7 @@ TEST_CASE("The responder reports an access error as an asynchronous event", "[ac
     bool seen = false;
     for (int i = 0; i < 4 && !seen; ++i) {
         ibv_async_event ev{};
-        REQUIRE(ibv_get_async_event(b.ctx, &ev) == 0);
+        REQUIRE(get_async_event_within(b.ctx, &ev) == 0);
         if (ev.event_type == IBV_EVENT_QP_ACCESS_ERR) {
             CHECK(ev.element.qp == b.qp);
             seen = true;

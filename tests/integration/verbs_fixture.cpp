@@ -1,10 +1,14 @@
 #include "tests/integration/verbs_fixture.h"
 
 #include <dlfcn.h>
+#include <fcntl.h>
+#include <poll.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -145,6 +149,50 @@ std::vector<ibv_wc> wait_completions(ibv_cq* cq, size_t n, std::chrono::millisec
         if (got == 0) std::this_thread::yield();
     }
     return out;
+}
+
+bool wait_readable(int fd, std::chrono::milliseconds limit) {
+    const auto end = std::chrono::steady_clock::now() + limit;
+    for (;;) {
+        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+            end - std::chrono::steady_clock::now());
+        pollfd p{fd, POLLIN, 0};
+        const int n = ::poll(&p, 1, static_cast<int>(std::max<int64_t>(left.count(), 0)));
+        if (n == 1) return (p.revents & POLLIN) != 0;
+        if (n == 0 || errno != EINTR) return false;
+    }
+}
+
+namespace {
+
+// Runs `read` (one libibverbs event read on `fd`) once `fd` is readable within `limit`, with
+// O_NONBLOCK set for the call, so that a poll() that lied cannot turn into a hang either.
+template <typename Read>
+int read_event_within(int fd, std::chrono::milliseconds limit, Read read) {
+    if (!wait_readable(fd, limit)) {
+        errno = ETIMEDOUT;
+        return -1;
+    }
+    const int flags = ::fcntl(fd, F_GETFL);
+    if (flags < 0 || ::fcntl(fd, F_SETFL, flags | O_NONBLOCK) != 0) return -1;
+    const int rc = read();
+    const int saved = errno;
+    ::fcntl(fd, F_SETFL, flags);
+    errno = saved;
+    return rc;
+}
+
+}  // namespace
+
+int get_cq_event_within(ibv_comp_channel* channel, ibv_cq** cq, void** cq_context,
+                        std::chrono::milliseconds limit) {
+    return read_event_within(channel->fd, limit,
+                             [&] { return ibv_get_cq_event(channel, cq, cq_context); });
+}
+
+int get_async_event_within(ibv_context* ctx, ibv_async_event* event,
+                           std::chrono::milliseconds limit) {
+    return read_event_within(ctx->async_fd, limit, [&] { return ibv_get_async_event(ctx, event); });
 }
 
 Buffer::Buffer(ibv_pd* pd, size_t size, int access) : bytes(size) {

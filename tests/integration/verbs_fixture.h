@@ -64,6 +64,18 @@ void to_rts(Endpoint& local, uint32_t remote_qpn, const ibv_gid& remote_gid, con
 std::vector<ibv_wc> wait_completions(ibv_cq* cq, size_t n,
                                      std::chrono::milliseconds limit = std::chrono::seconds(20));
 
+// Bounded event waits. ibv_get_cq_event and ibv_get_async_event block without a time limit:
+// one missing event would hang the whole test binary. These poll() the fd for at most
+// `limit`, then read with the fd non-blocking (its flags restored after), so they never block
+// longer than `limit`. They return what the libibverbs call returns, or -1 with errno
+// ETIMEDOUT when nothing arrived in time.
+constexpr std::chrono::milliseconds kEventLimit = std::chrono::seconds(5);
+bool wait_readable(int fd, std::chrono::milliseconds limit);
+int get_cq_event_within(ibv_comp_channel* channel, ibv_cq** cq, void** cq_context,
+                        std::chrono::milliseconds limit = kEventLimit);
+int get_async_event_within(ibv_context* ctx, ibv_async_event* event,
+                           std::chrono::milliseconds limit = kEventLimit);
+
 // A registered buffer.
 struct Buffer {
     std::vector<uint8_t> bytes;

@@ -98,6 +98,8 @@ not_ok() {
     for line in "$@"; do printf '    %s\n' "$line"; done
 }
 
+# skip WHAT: checks not run. tools/test.sh lists every "skip - " line (and fails CI on
+# one not in tests/allowed-skips.txt), so say plainly what was not run and why.
 skip() {
     SKIPPED=$((SKIPPED + 1))
     echo "skip - $1"

@@ -2,8 +2,18 @@
 # Unmodified rdma-core ibv_rc_pingpong (and ibv_devices / ibv_devinfo) over
 # uroce devices on loopback.
 #
-#   test_pingpong.sh PATH_TO_UROCE
+#   test_pingpong.sh PATH_TO_UROCE GROUP
 #
+# GROUP picks one part, each its own meson test so that each has its own
+# timeout and a hang loses only its own results:
+#   devices  ibv_devices and ibv_devinfo see the four devices as registered;
+#   poll     polling mode (the default), every size 1 B .. 64 KiB, and path MTU 4096;
+#   event    completion-channel mode (-e), the same sizes, and path MTU 4096;
+#   drop     5% of the packets each side sends dropped (UROCE_FAULTS).
+# Iterations: 10,000 for 1 B and 64 B messages (cheap, and many PSNs), 1,000
+# for larger ones (64 MiB each way at 64 KiB; 10,000 would only repeat the same
+# packets), 200 under loss. PINGPONG_ITERS=N sets every loss-free count to N
+# (e.g. 10000 for a long soak by hand).
 # Needs root (uroce add makes /dev/infiniband nodes); otherwise skips (exit 77).
 # Devices live on 127.0.X.1..4 with X picked from 41 up so that no UDP socket
 # already uses it; the TCP port of each pingpong comes from a range derived
@@ -13,12 +23,19 @@
 # A lossy run that ends in ibv_rc_pingpong's own teardown race (one side done
 # and gone, the other's last SEND never acknowledged: "retry counter exceeded")
 # is run again with another seed, at most twice, with a "# note:" line.
-# Set PINGPONG_QUICK=1 to cut the 10,000-iteration runs to 1,000.
 # Last line: "N passed, M failed"; exit 1 if M > 0.
 set -u
 # shellcheck source=lib.sh
 source "$(dirname "$(readlink -f "$0")")/lib.sh"
-lib_init "$@"
+GROUP=${2:-}
+case $GROUP in
+    devices | poll | event | drop) ;;
+    *)
+        echo "usage: $0 PATH_TO_UROCE devices|poll|event|drop" >&2
+        exit 2
+        ;;
+esac
+lib_init "$1"
 
 for tool in ibv_rc_pingpong ibv_devices ibv_devinfo ss timeout; do
     if ! command -v "$tool" >/dev/null; then
@@ -26,7 +43,7 @@ for tool in ibv_rc_pingpong ibv_devices ibv_devinfo ss timeout; do
         finish
     fi
 done
-require_root "ibv_rc_pingpong over uroce"
+require_root "ibv_rc_pingpong over uroce ($GROUP)"
 
 T0=$SECONDS
 OCT=$(pick_octet 41) || echo "# warning: every 127.0.41..60.* block has UDP sockets; using 127.0.$OCT"
@@ -43,22 +60,12 @@ add_device "$B" "$IP_B" --mtu 4096 || finish
 add_device "$C" "$IP_C" --mtu 4096 || finish
 add_device "$D" "$IP_D" --mtu 256 || finish
 
-LONG=10000
-[[ -n ${PINGPONG_QUICK:-} ]] && LONG=1000
+# Iterations of the small (1 B, 64 B) and the larger loss-free runs.
+SMALL=${PINGPONG_ITERS:-10000}
+LARGE=${PINGPONG_ITERS:-1000}
 
 # ---------------------------------------------------- ibv_devices, ibv_devinfo
 guid_of() { "$UROCE" list 2>/dev/null | awk -v n="$1" '$1 == n { print $6 }'; }
-
-"$UROCE" run -- timeout 20 ibv_devices >"$WORK/devices.out" 2>"$WORK/devices.err"
-expect_eq "ibv_devices exits 0" 0 "$?"
-for n in "$A" "$B" "$C" "$D"; do
-    g=$(guid_of "$n" | tr -d :)
-    if [[ -z $g ]]; then
-        not_ok "uroce list shows $n" "$("$UROCE" list 2>&1)"
-        continue
-    fi
-    expect_file_match "ibv_devices lists $n with node GUID $g" "^[[:space:]]*${n}[[:space:]]+${g}[[:space:]]*$" "$WORK/devices.out"
-done
 
 # check_devinfo NAME IP MTU
 check_devinfo() {
@@ -76,13 +83,28 @@ check_devinfo() {
     expect_match "$name: GID[0] ::ffff:$ip, RoCE v2" "^[[:space:]]+GID\[  0\]:[[:space:]]+::ffff:${ip//./\\.}, RoCE v2\$" "$out"
     expect_eq "$name: exactly one GID" 1 "$(grep -c 'GID\[' <<<"$out")"
 }
-check_devinfo "$A" "$IP_A" 1024
-check_devinfo "$B" "$IP_B" 4096
-check_devinfo "$D" "$IP_D" 256
-out=$("$UROCE" run -- timeout 20 ibv_devinfo -l 2>&1)
-for n in "$A" "$B" "$C" "$D"; do
-    expect_match "ibv_devinfo -l lists $n" "^[[:space:]]*$n\$" "$out"
-done
+
+# devices_group: what ibv_devices and ibv_devinfo show of the four devices.
+devices_group() {
+    local n g out
+    "$UROCE" run -- timeout 20 ibv_devices >"$WORK/devices.out" 2>"$WORK/devices.err"
+    expect_eq "ibv_devices exits 0" 0 "$?"
+    for n in "$A" "$B" "$C" "$D"; do
+        g=$(guid_of "$n" | tr -d :)
+        if [[ -z $g ]]; then
+            not_ok "uroce list shows $n" "$("$UROCE" list 2>&1)"
+            continue
+        fi
+        expect_file_match "ibv_devices lists $n with node GUID $g" "^[[:space:]]*${n}[[:space:]]+${g}[[:space:]]*$" "$WORK/devices.out"
+    done
+    check_devinfo "$A" "$IP_A" 1024
+    check_devinfo "$B" "$IP_B" 4096
+    check_devinfo "$D" "$IP_D" 256
+    out=$("$UROCE" run -- timeout 20 ibv_devinfo -l 2>&1)
+    for n in "$A" "$B" "$C" "$D"; do
+        expect_match "ibv_devinfo -l lists $n" "^[[:space:]]*$n\$" "$out"
+    done
+}
 
 # ------------------------------------------------------------------ pingpong
 
@@ -176,35 +198,45 @@ pingpong() {
     fi
 }
 
-# Polling mode (ibv_rc_pingpong's default), device A (MTU 1024) <-> B (MTU 4096), path MTU 1024,
-# every size 1 B .. 64 KiB for $LONG iterations.
-# -c makes ibv_rc_pingpong check the received buffer.
-pingpong "poll -s 1 -n $LONG" - "$A" "$B" "$IP_A" "$LONG" -s 1
-pingpong "poll -s 64 -n $LONG" - "$A" "$B" "$IP_A" "$LONG" -s 64
-pingpong "poll -s 1024 -n $LONG" - "$A" "$B" "$IP_A" "$LONG" -s 1024
-pingpong "poll -s 4096 -n $LONG" - "$A" "$B" "$IP_A" "$LONG" -s 4096
-pingpong "poll -s 16384 -n $LONG" - "$A" "$B" "$IP_A" "$LONG" -s 16384 -c
-pingpong "poll -s 65536 -n $LONG" - "$A" "$B" "$IP_A" "$LONG" -s 65536 -c
-# Completion-channel mode (-e).
-pingpong "event -s 1 -n $LONG" - "$A" "$B" "$IP_A" "$LONG" -e -s 1
-pingpong "event -s 64 -n $LONG" - "$A" "$B" "$IP_A" "$LONG" -e -s 64
-pingpong "event -s 1024 -n $LONG" - "$A" "$B" "$IP_A" "$LONG" -e -s 1024
-pingpong "event -s 4096 -n $LONG" - "$A" "$B" "$IP_A" "$LONG" -e -s 4096
-pingpong "event -s 16384 -n $LONG" - "$A" "$B" "$IP_A" "$LONG" -e -s 16384 -c
-pingpong "event -s 65536 -n $LONG" - "$A" "$B" "$IP_A" "$LONG" -e -s 65536 -c
-# Path MTU 4096 between the two MTU-4096 devices, the other direction of roles.
-pingpong "poll -m 4096 -s 65536 (B<-C)" - "$B" "$C" "$IP_B" 1000 -m 4096 -s 65536 -c
-pingpong "event -m 4096 -s 4096 (C<-B)" - "$C" "$B" "$IP_C" 1000 -e -m 4096 -s 4096
+case $GROUP in
+    devices)
+        devices_group
+        ;;
+    poll)
+        # Device A (MTU 1024) <-> B (MTU 4096): path MTU 1024. -c makes
+        # ibv_rc_pingpong check the received buffer.
+        pingpong "poll -s 1 -n $SMALL" - "$A" "$B" "$IP_A" "$SMALL" -s 1
+        pingpong "poll -s 64 -n $SMALL" - "$A" "$B" "$IP_A" "$SMALL" -s 64
+        pingpong "poll -s 1024 -n $LARGE" - "$A" "$B" "$IP_A" "$LARGE" -s 1024
+        pingpong "poll -s 4096 -n $LARGE" - "$A" "$B" "$IP_A" "$LARGE" -s 4096
+        pingpong "poll -s 16384 -n $LARGE" - "$A" "$B" "$IP_A" "$LARGE" -s 16384 -c
+        pingpong "poll -s 65536 -n $LARGE" - "$A" "$B" "$IP_A" "$LARGE" -s 65536 -c
+        # Path MTU 4096 between the two MTU-4096 devices, the other direction of roles.
+        pingpong "poll -m 4096 -s 65536 (B<-C)" - "$B" "$C" "$IP_B" "$LARGE" -m 4096 -s 65536 -c
+        ;;
+    event)
+        pingpong "event -s 1 -n $SMALL" - "$A" "$B" "$IP_A" "$SMALL" -e -s 1
+        pingpong "event -s 64 -n $SMALL" - "$A" "$B" "$IP_A" "$SMALL" -e -s 64
+        pingpong "event -s 1024 -n $LARGE" - "$A" "$B" "$IP_A" "$LARGE" -e -s 1024
+        pingpong "event -s 4096 -n $LARGE" - "$A" "$B" "$IP_A" "$LARGE" -e -s 4096
+        pingpong "event -s 16384 -n $LARGE" - "$A" "$B" "$IP_A" "$LARGE" -e -s 16384 -c
+        pingpong "event -s 65536 -n $LARGE" - "$A" "$B" "$IP_A" "$LARGE" -e -s 65536 -c
+        pingpong "event -m 4096 -s 4096 (C<-B)" - "$C" "$B" "$IP_C" "$LARGE" -e -m 4096 -s 4096
+        ;;
+    drop)
+        # 5% of the packets each side sends are dropped.
+        pingpong "drop5% poll -s 1" drop=0.05,seed=1 "$A" "$B" "$IP_A" 200 -s 1 -c
+        pingpong "drop5% poll -s 4096" drop=0.05,seed=2 "$A" "$B" "$IP_A" 200 -s 4096 -c
+        pingpong "drop5% event -s 1024" drop=0.05,seed=3 "$A" "$B" "$IP_A" 200 -e -s 1024 -c
+        pingpong "drop5% poll -s 65536" drop=0.05,seed=4 "$A" "$B" "$IP_A" 200 -s 65536 -c
+        pingpong "drop5% event -s 65536" drop=0.05,seed=5 "$A" "$B" "$IP_A" 200 -e -s 65536 -c
+        pingpong "drop5% -m 4096 -s 65536" drop=0.05,seed=6 "$B" "$C" "$IP_B" 200 -m 4096 -s 65536 -c
+        ;;
+esac
 
-# 5% of the packets each side sends are dropped.
-pingpong "drop5% poll -s 1" drop=0.05,seed=1 "$A" "$B" "$IP_A" 200 -s 1 -c
-pingpong "drop5% poll -s 4096" drop=0.05,seed=2 "$A" "$B" "$IP_A" 200 -s 4096 -c
-pingpong "drop5% event -s 1024" drop=0.05,seed=3 "$A" "$B" "$IP_A" 200 -e -s 1024 -c
-pingpong "drop5% poll -s 65536" drop=0.05,seed=4 "$A" "$B" "$IP_A" 200 -s 65536 -c
-pingpong "drop5% event -s 65536" drop=0.05,seed=5 "$A" "$B" "$IP_A" 200 -e -s 65536 -c
-pingpong "drop5% -m 4096 -s 65536" drop=0.05,seed=6 "$B" "$C" "$IP_B" 200 -m 4096 -s 65536 -c
-
-echo "# ---------------------------------------------- summary (wall time, client usec/iter)"
-for line in "${SUMMARY[@]}"; do echo "# $line"; done
+if ((${#SUMMARY[@]})); then
+    echo "# ---------------------------------------------- summary (wall time, client usec/iter)"
+    for line in "${SUMMARY[@]}"; do echo "# $line"; done
+fi
 echo "# total time $((SECONDS - T0)) s"
 finish

@@ -7,7 +7,9 @@
 # so that parallel runs do not collide on /dev/infiniband. As root the whole
 # add/list/del cycle is checked (plus the non-root mknod error path through
 # setpriv when possible); as a normal user the mknod error path and everything
-# that needs no /dev node. Last line: "N passed, M failed"; exit 1 if M > 0.
+# that needs no /dev node, and the add/list/del cycle is reported as skipped
+# ("skip - ..." lines, which tools/test.sh counts and refuses in CI).
+# Last line: "N passed, M failed"; exit 1 if M > 0.
 set -u
 
 if [[ $# -ne 1 ]]; then
@@ -22,6 +24,7 @@ fi
 
 PASSED=0
 FAILED=0
+SKIPPED=0
 WORK=$(mktemp -d)
 export UROCE_ROOT="$WORK/root"
 PROVIDER_DIR="$WORK/provider dir"  # a space, to check the shell quoting
@@ -56,6 +59,12 @@ not_ok() {
     echo "not ok - $1"
     shift
     for line in "$@"; do echo "    $line"; done
+}
+
+# skip WHAT: checks not run; the "skip - " line is what tools/test.sh counts.
+skip() {
+    SKIPPED=$((SKIPPED + 1))
+    echo "skip - $1"
 }
 
 # run_uroce ARGS...: runs uroce, leaving $RC, $OUT and $ERR.
@@ -278,7 +287,7 @@ check_needs_root() {
     expect_no_staging "after a failed add ($how)"
 }
 if [[ -e $DEVDIR/uverbs_uroce_$D ]]; then
-    echo "# skipping the mknod error path: $DEVDIR/uverbs_uroce_$D exists"
+    skip "mknod error path: $DEVDIR/uverbs_uroce_$D exists"
 elif [[ $EUID -ne 0 ]]; then
     check_needs_root "as uid $EUID"
 elif command -v setpriv >/dev/null && setpriv --reuid=65534 --regid=65534 --clear-groups test -x "$UROCE"; then
@@ -288,11 +297,12 @@ elif command -v setpriv >/dev/null && setpriv --reuid=65534 --regid=65534 --clea
     check_needs_root "as uid 65534 via setpriv" setpriv --reuid=65534 --regid=65534 --clear-groups
     chown -R 0:0 "$UROCE_ROOT"
 else
-    echo "# skipping the mknod error path: cannot run $UROCE as an unprivileged user"
+    skip "mknod error path: cannot run $UROCE as an unprivileged user (setpriv, uid 65534)"
 fi
 
 if [[ $EUID -ne 0 ]]; then
-    echo "# not root: skipping the add/list/del cycle"
+    skip "add/list/del cycle: needs root (uroce add makes /dev/infiniband nodes)"
+    echo "# $SKIPPED skipped"
     echo "$PASSED passed, $FAILED failed"
     [[ $FAILED -eq 0 ]]
     exit
@@ -371,5 +381,6 @@ expect_eq "list is empty" "" "$OUT"
 expect_no_staging "after dels"
 expect_eq "abi_version stays" "6" "$(cat "$SYS/infiniband_verbs/abi_version")"
 
+[[ $SKIPPED -gt 0 ]] && echo "# $SKIPPED skipped"
 echo "$PASSED passed, $FAILED failed"
 [[ $FAILED -eq 0 ]]

@@ -23,7 +23,7 @@ struct CapturedPacket {
     std::span<const uint8_t> roce() const { return std::span(udp).first(udp.size() - 4); }
 };
 
-// The directory holding the captures: $UROCE_CAPTURES_DIR, else the one beside the checkout.
+// The directory holding the captures: $UROCE_CAPTURES_DIR, else the repository's tests/data.
 std::filesystem::path captures_dir();
 
 // Every RoCEv2 packet of every *.pcap in captures_dir(), in file-name then frame order.

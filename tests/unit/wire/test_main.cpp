@@ -93,7 +93,7 @@ std::vector<CapturedPacket> load_all() {
     const std::filesystem::path dir = captures_dir();
     if (!std::filesystem::is_directory(dir)) {
         throw std::runtime_error("RoCEv2 captures not found at " + dir.string() +
-                                 " (set UROCE_CAPTURES_DIR to the shared roce-captures folder)");
+                                 " (they are in the repository's tests/data; UROCE_CAPTURES_DIR overrides)");
     }
     std::vector<std::filesystem::path> files;
     for (const auto& entry : std::filesystem::directory_iterator(dir)) {
