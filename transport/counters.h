@@ -29,7 +29,10 @@ namespace uroce::transport {
     X(tx_acks)               /* ACKs sent */                                          \
     X(retransmit_timeouts)   /* retransmission timer expiries */                      \
     X(retransmitted_packets) /* request packets sent again */                         \
-    X(rx_naks)               /* NAKs received */
+    X(rx_naks)               /* NAKs received */                                      \
+    X(rx_cnp)                /* RoCEv2 congestion notification packets */             \
+    X(rx_duplicate_dropped)  /* duplicate READs matching no READ executed */          \
+    X(rx_held_overflow)      /* requests refused: too many waiting behind a READ */
 
 struct EngineCounters {
 #define UROCE_COUNTER_FIELD(name) std::atomic<uint64_t> name{0};

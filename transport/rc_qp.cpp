@@ -16,12 +16,14 @@ RcQp::RcQp(Engine& engine, uint32_t qpn, uint32_t pd, const QpCaps& caps,
       recv_cq_(std::move(recv_cq)),
       user_handle_(user_handle) {
     timer_ = evtimer_new(engine_.base(), &RcQp::timer_trampoline, this);
+    responder_event_ = event_new(engine_.base(), -1, 0, &RcQp::responder_trampoline, this);
 }
 
 RcQp::~RcQp() {
     // event_free waits for a callback running on the engine thread to return; the mutex
     // is not held here, so that callback can finish.
     if (timer_) event_free(timer_);
+    if (responder_event_) event_free(responder_event_);
 }
 
 QpState RcQp::state() const {
@@ -39,6 +41,7 @@ int RcQp::modify(const QpAttributes& attrs, QpState expected, QpState next) {
     const QpState prev = state_;
     if (prev != expected && next != QpState::Reset && next != QpState::Err) return EINVAL;
     attrs_ = attrs;
+    reads_.set_capacity(attrs_.max_dest_rd_atomic);
     if (next == prev && next != QpState::Sqd) return 0;
     switch (next) {
         case QpState::Reset:
@@ -54,9 +57,13 @@ int RcQp::modify(const QpAttributes& attrs, QpState expected, QpState next) {
             nak_sent_ = false;
             got_first_packet_ = false;
             msn_ = 0;
+            reads_.clear();
+            held_.clear();
             break;
         case QpState::Rtr:
             epsn_ = attrs_.rq_psn & kPsnMask;
+            ack_psn_ = psn_add(epsn_, kPsnMask);  // nothing executed yet
+            ack_msn_ = msn_;
             break;
         case QpState::Rts:
             if (prev == QpState::Rtr) {
@@ -176,6 +183,9 @@ void RcQp::flush_all() {
     recv_taken_ = false;
     in_message_ = InMessage::None;
     ack_pending_ = false;
+    // No response goes out in ERR: the READs and held requests are dropped.
+    reads_.clear();
+    held_.clear();
 }
 
 void RcQp::transmit(const wire::Headers& h, std::span<const iovec> payload, uint32_t payload_len) {
