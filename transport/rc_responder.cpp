@@ -194,9 +194,9 @@ void RcQp::send_responses(uint32_t budget) {
             // QP in ERR, however many responses already went out; the requester completes
             // the READ with IBV_WC_REM_ACCESS_ERR.
             if (!(attrs_.access & kRemoteRead) ||
-                (len > 0 && engine_.memory().check_remote(r->rkey, pd_, r->va + r->offset_of(i),
-                                                          len, kRemoteRead,
-                                                          local) != KeyCheck::Ok)) {
+                (len > 0 &&
+                 engine_.memory().check_remote(r->rkey, pd_, r->va + r->offset_of(i), len,
+                                               kRemoteRead, local) != KeyCheck::Ok)) {
                 guard.unlock();
                 responder_error(wire::NakCode::RemoteAccessError, r->psn,
                                 AsyncEventType::QpAccessError);
@@ -321,7 +321,8 @@ void RcQp::on_request(const wire::ParsedPacket& pkt) {
         return;
     }
     nak_sent_ = false;
-    epsn_ = psn_add(epsn_, (flags & wire::kRead) ? read_packets(pkt.h.reth.dma_len, attrs_.mtu) : 1);
+    epsn_ =
+        psn_add(epsn_, (flags & wire::kRead) ? read_packets(pkt.h.reth.dma_len, attrs_.mtu) : 1);
     if (wait) {
         held_.push_back(HeldRequest{pkt.h, pkt.info, {pkt.payload.begin(), pkt.payload.end()}});
         schedule_responder();

@@ -22,8 +22,8 @@ struct ReadResource {
     uint64_t va = 0;     // RETH as accepted
     uint32_t rkey = 0;
     uint32_t length = 0;
-    uint32_t mtu = 0;  // the MTU the responses are cut with
-    uint32_t msn = 0;  // MSN its responses carry, the one the request got
+    uint32_t mtu = 0;        // the MTU the responses are cut with
+    uint32_t msn = 0;        // MSN its responses carry, the one the request got
     uint32_t next = 0;       // index of the next response packet to send
     uint32_t run_start = 0;  // index where the current run of responses started (First/Only)
     uint32_t sent_once = 0;  // packets [0, sent_once) have each gone out at least once
