@@ -27,7 +27,7 @@ constexpr uint32_t kHeldBurst = 64;
 // Requests held per QP at most: more are not accepted (not even their PSN), so the
 // requester's go-back-N sends them again.
 constexpr size_t kMaxHeld = 1024;
-// IBA 9.4: an RDMA message (the RETH DMA length) is at most 2^31 bytes.
+// The IBA limits a message (the RETH DMA length) to 2^31 bytes.
 constexpr uint64_t kMaxMessageBytes = 1ull << 31;
 
 // Copies so that the last byte becomes visible last: applications (ib_write_lat among
@@ -59,7 +59,7 @@ void RcQp::send_pending_ack() {
     ack_pending_ = false;
     bump(engine_.counters().tx_acks);
     // The ACK names the newest executed SEND/WRITE packet, never a PSN of a READ's
-    // responses (IBA 9.7.5.1.6): to the requester that would say the response with that
+    // responses (IBA ch. 9.7): to the requester that would say the response with that
     // PSN arrived. READ responses acknowledge what came before them themselves.
     wire::Headers h;
     h.bth.opcode = static_cast<uint8_t>(wire::Opcode::RcAcknowledge);
@@ -255,7 +255,7 @@ void RcQp::execute_read(const wire::ParsedPacket& pkt) {
     r.mtu = attrs_.mtu;
     r.msn = psn_add(msn_, 1);
     if (reads_.admit(r) == nullptr) {
-        // More READs outstanding than the max_dest_rd_atomic we gave (IBA 9.7.5.1.4).
+        // More READs outstanding than the max_dest_rd_atomic we gave.
         responder_error(wire::NakCode::InvalidRequest, psn, AsyncEventType::QpRequestError);
         return;
     }
@@ -274,7 +274,7 @@ void RcQp::on_duplicate(const wire::ParsedPacket& pkt) {
         return;
     }
     // A READ is answered again only from the resource of the READ that was executed, for
-    // exactly the part asked for: from the requested PSN to the end (IBA 9.7.5.1.5).
+    // exactly the part asked for: from the requested PSN to the end.
     // Anything else is a replay or a forgery, and sending it would multiply traffic.
     const wire::Reth& reth = pkt.h.reth;
     ReadResource* r = reads_.find(psn);

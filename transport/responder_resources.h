@@ -1,4 +1,4 @@
-// Responder resources (IBA 9.7.4.1.6, 9.7.5.1.4): the RDMA READ requests a responder has
+// Responder resources (IBA ch. 9.7): the RDMA READ requests a responder has
 // accepted and may still have to answer, at most max_dest_rd_atomic of them.
 //
 // A resource is the queue entry of its READ's responses too: the responder sends them from
@@ -13,7 +13,7 @@
 
 namespace uroce::transport {
 
-// Responder resources a QP can be given (the IBA allows up to 255; rxe advertises 128).
+// Responder resources a QP can be given (rxe advertises 128).
 inline constexpr uint32_t kMaxDestRdAtomic = 128;
 
 struct ReadResource {
