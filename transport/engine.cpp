@@ -247,6 +247,11 @@ std::shared_ptr<RcQp> Engine::deliver(std::span<const uint8_t> datagram, uint32_
         bump(counters_.rx_bad_pkey);
         return nullptr;
     }
+    if (pkt.info->flags & wire::kCnp) {
+        // Congestion notification from the path: counted; reacting to it comes later.
+        bump(counters_.rx_cnp);
+        return nullptr;
+    }
     if ((pkt.h.bth.opcode >> 5) != static_cast<uint8_t>(wire::Transport::Rc)) {
         bump(counters_.rx_unsupported);
         return nullptr;

@@ -16,11 +16,13 @@ RcQp::RcQp(Engine& engine, uint32_t qpn, uint32_t pd, const QpCaps& caps,
       recv_cq_(std::move(recv_cq)),
       user_handle_(user_handle) {
     timer_ = evtimer_new(engine_.base(), &RcQp::timer_trampoline, this);
+    responder_event_ = event_new(engine_.base(), -1, 0, &RcQp::responder_trampoline, this);
 }
 
 RcQp::~RcQp() {
     close();
     if (timer_) event_free(timer_);
+    if (responder_event_) event_free(responder_event_);
 }
 
 void RcQp::close() {
@@ -34,6 +36,7 @@ void RcQp::close() {
     // see closed_ and return without re-arming. Wait for that (without the mutex, or it
     // could not finish), so that nothing runs on this QP once close() returns.
     if (timer_) event_del_block(timer_);
+    if (responder_event_) event_del_block(responder_event_);
 }
 
 QpState RcQp::state() const {
@@ -51,6 +54,7 @@ int RcQp::modify(const QpAttributes& attrs, QpState expected, QpState next) {
     const QpState prev = state_;
     if (prev != expected && next != QpState::Reset && next != QpState::Err) return EINVAL;
     attrs_ = attrs;
+    reads_.set_capacity(attrs_.max_dest_rd_atomic);
     if (next == prev && next != QpState::Sqd) return 0;
     switch (next) {
         case QpState::Reset:
@@ -66,9 +70,13 @@ int RcQp::modify(const QpAttributes& attrs, QpState expected, QpState next) {
             nak_sent_ = false;
             got_first_packet_ = false;
             msn_ = 0;
+            reads_.clear();
+            held_.clear();
             break;
         case QpState::Rtr:
             epsn_ = attrs_.rq_psn & kPsnMask;
+            ack_psn_ = psn_add(epsn_, kPsnMask);  // nothing executed yet
+            ack_msn_ = msn_;
             break;
         case QpState::Rts:
             if (prev == QpState::Rtr) {
@@ -192,6 +200,9 @@ void RcQp::flush_all() {
     recv_taken_ = false;
     in_message_ = InMessage::None;
     ack_pending_ = false;
+    // No response goes out in ERR: the READs and held requests are dropped.
+    reads_.clear();
+    held_.clear();
 }
 
 void RcQp::transmit(const wire::Headers& h, std::span<const iovec> payload, uint32_t payload_len) {

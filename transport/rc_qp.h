@@ -24,9 +24,11 @@
 #include <memory>
 #include <mutex>
 #include <span>
+#include <vector>
 
 #include "transport/completion_queue.h"
 #include "transport/qp_state.h"
+#include "transport/responder_resources.h"
 #include "transport/work_request.h"
 #include "uroce/wire.h"
 
@@ -140,10 +142,28 @@ class RcQp : public std::enable_shared_from_this<RcQp> {
     static void timer_trampoline(evutil_socket_t, short, void* arg);
 
     // responder (rc_responder.cpp)
+    // A request accepted in sequence but not executed yet: it came while READ responses
+    // were still going out, and requests are executed in PSN order.
+    struct HeldRequest {
+        wire::Headers h;
+        const wire::OpcodeInfo* info = nullptr;
+        std::vector<uint8_t> payload;
+    };
     void on_request(const wire::ParsedPacket& pkt);
-    void execute_read(const wire::ParsedPacket& pkt, bool duplicate);
+    void on_duplicate(const wire::ParsedPacket& pkt);
+    void execute_request(const wire::ParsedPacket& pkt);
+    void execute_read(const wire::ParsedPacket& pkt);
+    bool length_ok(const wire::ParsedPacket& pkt, bool starts, bool ends) const;
+    // Sends up to `budget` READ response packets, oldest READ first.
+    void send_responses(uint32_t budget);
+    // Executes held requests while no READ response is waiting to go out.
+    void run_held(uint32_t budget);
+    void schedule_responder();
+    void on_responder_event();
+    static void responder_trampoline(evutil_socket_t, short, void* arg);
     WcStatus scatter_to_recv(std::span<const uint8_t> data);
     void send_ack(uint32_t psn, uint8_t syndrome);
+    void send_pending_ack();
     void responder_error(wire::NakCode code, uint32_t psn, AsyncEventType event);
     void complete_recv(WcStatus status, uint32_t byte_len, bool with_imm, uint32_t imm,
                        bool solicited, WcOpcode opcode);
@@ -198,6 +218,12 @@ class RcQp : public std::enable_shared_from_this<RcQp> {
     uint32_t write_left_ = 0;
     uint32_t write_total_ = 0;
     bool got_first_packet_ = false;
+    // responder: READ resources, paced responses, held requests, ACK coalescing
+    ReadResources reads_;
+    std::deque<HeldRequest> held_;
+    event* responder_event_ = nullptr;  // continues responses/held requests on the engine thread
+    uint32_t ack_psn_ = 0;  // newest executed SEND/WRITE PSN: the only PSN an ACK may name
+    uint32_t ack_msn_ = 0;  // MSN after that packet
 };
 
 }  // namespace uroce::transport

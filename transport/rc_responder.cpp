@@ -1,5 +1,13 @@
 // RC responder: executes incoming requests, strictly in PSN order, after the checks the
-// IBA asks for; no byte reaches memory before its key, range and access rights pass.
+// IBA asks for (9.7.5.1: PSN, opcode sequence, resources, length, keys); no byte reaches
+// memory before its key, range and access rights pass.
+//
+// READ responses are not sent in one go: the READ becomes a responder resource
+// (responder_resources.h) and its responses go out kResponseBurst packets at a time, the
+// first burst from the receive path and the rest from the engine thread
+// (on_responder_event). Requests that arrive meanwhile are accepted (the PSN advances) but
+// held and executed after the responses have gone out, in PSN order; duplicate READ requests
+// only move the cursor of the resource they match.
 #include <algorithm>
 #include <atomic>
 #include <cstring>
@@ -12,12 +20,26 @@ namespace uroce::transport {
 
 namespace {
 
+// READ response packets sent per step, before the lock is let go.
+constexpr uint32_t kResponseBurst = 16;
+// Held requests executed per step on the engine thread.
+constexpr uint32_t kHeldBurst = 64;
+// Requests held per QP at most: more are not accepted (not even their PSN), so the
+// requester's go-back-N sends them again.
+constexpr size_t kMaxHeld = 1024;
+// The IBA limits a message (the RETH DMA length) to 2^31 bytes.
+constexpr uint64_t kMaxMessageBytes = 1ull << 31;
+
 // Copies so that the last byte becomes visible last: applications (ib_write_lat among
 // them) poll the final byte of an RDMA WRITE to learn that the whole message is there.
 void copy_last_byte_last(uint8_t* dst, const uint8_t* src, size_t len) {
     if (len == 0) return;
     std::memcpy(dst, src, len - 1);
     std::atomic_ref<uint8_t>(dst[len - 1]).store(src[len - 1], std::memory_order_release);
+}
+
+uint32_t read_packets(uint32_t dma_len, uint32_t mtu) {
+    return static_cast<uint32_t>(std::max<uint64_t>(1, (uint64_t{dma_len} + mtu - 1) / mtu));
 }
 
 }  // namespace
@@ -32,13 +54,25 @@ void RcQp::send_ack(uint32_t psn, uint8_t syndrome) {
     transmit(h, {}, 0);
 }
 
-void RcQp::flush_ack() {
-    std::lock_guard lock(mutex_);
+void RcQp::send_pending_ack() {
     if (closed_ || !ack_pending_ || state_ == QpState::Err || state_ == QpState::Reset) return;
     ack_pending_ = false;
     bump(engine_.counters().tx_acks);
-    send_ack(psn_add(epsn_, kPsnMask),
-             wire::Aeth::make(wire::AckType::Ack, wire::kAethInvalidCredits));
+    // The ACK names the newest executed SEND/WRITE packet, never a PSN of a READ's
+    // responses (IBA ch. 9.7): to the requester that would say the response with that
+    // PSN arrived. READ responses acknowledge what came before them themselves.
+    wire::Headers h;
+    h.bth.opcode = static_cast<uint8_t>(wire::Opcode::RcAcknowledge);
+    h.bth.dest_qp = attrs_.dest_qpn;
+    h.bth.psn = ack_psn_;
+    h.aeth.syndrome = wire::Aeth::make(wire::AckType::Ack, wire::kAethInvalidCredits);
+    h.aeth.msn = ack_msn_ & kPsnMask;
+    transmit(h, {}, 0);
+}
+
+void RcQp::flush_ack() {
+    std::lock_guard lock(mutex_);
+    send_pending_ack();
 }
 
 void RcQp::complete_recv(WcStatus status, uint32_t byte_len, bool with_imm, uint32_t imm,
@@ -80,63 +114,185 @@ WcStatus RcQp::scatter_to_recv(std::span<const uint8_t> data) {
         return WcStatus::LocLenErr;
     }
     auto guard = engine_.memory().lock_shared();
-    uint32_t skip = recv_offset_;
-    size_t done = 0;
-    for (uint32_t i = 0; i < r.sgl.count && done < data.size(); ++i) {
-        const Sge& s = r.sgl.sge[i];
-        if (skip >= s.length) {
-            skip -= s.length;
-            continue;
+    // Every piece this packet lands in is checked before any is written, so a refused
+    // packet leaves the buffer as it was.
+    for (int pass = 0; pass < 2; ++pass) {
+        uint32_t skip = recv_offset_;
+        size_t done = 0;
+        for (uint32_t i = 0; i < r.sgl.count && done < data.size(); ++i) {
+            const Sge& s = r.sgl.sge[i];
+            if (skip >= s.length) {
+                skip -= s.length;
+                continue;
+            }
+            const uint32_t take =
+                static_cast<uint32_t>(std::min<size_t>(data.size() - done, s.length - skip));
+            if (pass == 0) {
+                if (engine_.memory().check_local(s.lkey, pd_, s.addr + skip, take, kLocalWrite) !=
+                    KeyCheck::Ok) {
+                    complete_recv(WcStatus::LocProtErr, recv_offset_, false, 0, false,
+                                  WcOpcode::Recv);
+                    return WcStatus::LocProtErr;
+                }
+            } else {
+                std::memcpy(reinterpret_cast<void*>(s.addr + skip), data.data() + done, take);
+            }
+            done += take;
+            skip = 0;
         }
-        const uint32_t take =
-            static_cast<uint32_t>(std::min<size_t>(data.size() - done, s.length - skip));
-        if (engine_.memory().check_local(s.lkey, pd_, s.addr + skip, take, kLocalWrite) !=
-            KeyCheck::Ok) {
-            complete_recv(WcStatus::LocProtErr, recv_offset_, false, 0, false, WcOpcode::Recv);
-            return WcStatus::LocProtErr;
-        }
-        std::memcpy(reinterpret_cast<void*>(s.addr + skip), data.data() + done, take);
-        done += take;
-        skip = 0;
     }
     recv_offset_ += static_cast<uint32_t>(data.size());
     return WcStatus::Success;
 }
 
-void RcQp::execute_read(const wire::ParsedPacket& pkt, bool duplicate) {
-    const wire::Reth& reth = pkt.h.reth;
-    const uint32_t mtu = attrs_.mtu;
-    const uint32_t npkts = std::max<uint32_t>(1, (reth.dma_len + mtu - 1) / mtu);
-    for (uint32_t i = 0; i < npkts; ++i) {
-        const uint32_t offset = i * mtu;
-        const uint32_t len = std::min(mtu, reth.dma_len - offset);
-        wire::Headers h;
+void RcQp::responder_trampoline(evutil_socket_t, short, void* arg) {
+    static_cast<RcQp*>(arg)->on_responder_event();
+}
+
+void RcQp::schedule_responder() {
+    if (closed_) return;
+    // Activating an event that is already active does nothing: one step per loop turn.
+    event_active(responder_event_, 0, 0);
+}
+
+void RcQp::on_responder_event() {
+    std::lock_guard lock(mutex_);
+    if (closed_ || state_ == QpState::Reset || state_ == QpState::Init || state_ == QpState::Err)
+        return;
+    send_responses(kResponseBurst);
+    run_held(kHeldBurst);
+    send_pending_ack();
+    if (state_ != QpState::Err && (reads_.busy() || !held_.empty())) schedule_responder();
+}
+
+void RcQp::send_responses(uint32_t budget) {
+    for (; budget > 0; --budget) {
+        if (state_ == QpState::Reset || state_ == QpState::Init || state_ == QpState::Err) return;
+        ReadResource* r = reads_.next_to_send();
+        if (r == nullptr) return;
+        const uint32_t i = r->next;
+        const uint32_t len = r->length_of(i);
+        const bool first = i == r->run_start;
+        const bool last = i + 1 == r->npkts;
         wire::Opcode op = wire::Opcode::RcReadResponseMiddle;
-        if (npkts == 1)
+        if (first && last)
             op = wire::Opcode::RcReadResponseOnly;
-        else if (i == 0)
+        else if (first)
             op = wire::Opcode::RcReadResponseFirst;
-        else if (i + 1 == npkts)
+        else if (last)
             op = wire::Opcode::RcReadResponseLast;
+        wire::Headers h;
         h.bth.opcode = static_cast<uint8_t>(op);
         h.bth.dest_qp = attrs_.dest_qpn;
-        h.bth.psn = psn_add(pkt.h.bth.psn, i);
+        h.bth.psn = psn_add(r->psn, i);
         h.aeth.syndrome = wire::Aeth::make(wire::AckType::Ack, wire::kAethInvalidCredits);
-        h.aeth.msn = msn_ & kPsnMask;
+        h.aeth.msn = r->msn & kPsnMask;
+        {
+            auto guard = engine_.memory().lock_shared();
+            uint64_t local = 0;
+            // Checked again for each packet: a region deregistered (or a right withdrawn)
+            // in the middle of a READ stops it at once. Like rxe, whose failing copy ends
+            // the READ with a remote access error NAK for the READ request's PSN and the
+            // QP in ERR, however many responses already went out; the requester completes
+            // the READ with IBV_WC_REM_ACCESS_ERR.
+            if (!(attrs_.access & kRemoteRead) ||
+                (len > 0 &&
+                 engine_.memory().check_remote(r->rkey, pd_, r->va + r->offset_of(i), len,
+                                               kRemoteRead, local) != KeyCheck::Ok)) {
+                guard.unlock();
+                responder_error(wire::NakCode::RemoteAccessError, r->psn,
+                                AsyncEventType::QpAccessError);
+                return;
+            }
+            iovec iov{reinterpret_cast<void*>(local), len};
+            transmit(h, std::span(&iov, len ? 1 : 0), len);
+        }
+        r->next = i + 1;
+        r->sent_once = std::max(r->sent_once, r->next);
+    }
+}
+
+void RcQp::run_held(uint32_t budget) {
+    for (; budget > 0 && !held_.empty() && !reads_.busy(); --budget) {
+        if (state_ == QpState::Reset || state_ == QpState::Init || state_ == QpState::Err) return;
+        HeldRequest req = std::move(held_.front());
+        held_.pop_front();
+        wire::ParsedPacket pkt;
+        pkt.h = req.h;
+        pkt.info = req.info;
+        pkt.payload = req.payload;
+        execute_request(pkt);
+    }
+}
+
+void RcQp::execute_read(const wire::ParsedPacket& pkt) {
+    const wire::Reth& reth = pkt.h.reth;
+    const uint32_t psn = pkt.h.bth.psn;
+    if (reth.dma_len > kMaxMessageBytes) {
+        responder_error(wire::NakCode::InvalidRequest, psn, AsyncEventType::QpRequestError);
+        return;
+    }
+    if (!(attrs_.access & kRemoteRead)) {
+        responder_error(wire::NakCode::RemoteAccessError, psn, AsyncEventType::QpAccessError);
+        return;
+    }
+    if (reth.dma_len > 0) {
+        // The whole range before any response: a READ running off the end of its region
+        // returns nothing, not its first packets.
         auto guard = engine_.memory().lock_shared();
         uint64_t local = 0;
-        if (len > 0 && engine_.memory().check_remote(reth.rkey, pd_, reth.va + offset, len,
-                                                     kRemoteRead, local) != KeyCheck::Ok) {
-            // The region went away (or a forged duplicate): stop; a fresh request was
-            // already checked as a whole, so only deregistration can get us here.
-            if (!duplicate)
-                responder_error(wire::NakCode::RemoteAccessError, h.bth.psn,
-                                AsyncEventType::QpAccessError);
+        if (engine_.memory().check_remote(reth.rkey, pd_, reth.va, reth.dma_len, kRemoteRead,
+                                          local) != KeyCheck::Ok) {
+            guard.unlock();
+            responder_error(wire::NakCode::RemoteAccessError, psn, AsyncEventType::QpAccessError);
             return;
         }
-        iovec iov{reinterpret_cast<void*>(local), len};
-        transmit(h, std::span(&iov, len ? 1 : 0), len);
     }
+    ReadResource r;
+    r.psn = psn;
+    r.npkts = read_packets(reth.dma_len, attrs_.mtu);
+    r.va = reth.va;
+    r.rkey = reth.rkey;
+    r.length = reth.dma_len;
+    r.mtu = attrs_.mtu;
+    r.msn = psn_add(msn_, 1);
+    if (reads_.admit(r) == nullptr) {
+        // More READs outstanding than the max_dest_rd_atomic we gave.
+        responder_error(wire::NakCode::InvalidRequest, psn, AsyncEventType::QpRequestError);
+        return;
+    }
+    ++msn_;
+    send_responses(kResponseBurst);
+    if (reads_.busy()) schedule_responder();
+}
+
+void RcQp::on_duplicate(const wire::ParsedPacket& pkt) {
+    const uint32_t psn = pkt.h.bth.psn;
+    // Its original is still held, not executed yet: that one will be answered.
+    if (!held_.empty() && !psn_before(psn, held_.front().h.bth.psn)) return;
+    if (!(pkt.info->flags & wire::kRead)) {
+        // Executed already: only the acknowledgement may have been lost.
+        ack_pending_ = true;
+        return;
+    }
+    // A READ is answered again only from the resource of the READ that was executed, for
+    // exactly the part asked for: from the requested PSN to the end.
+    // Anything else is a replay or a forgery, and sending it would multiply traffic.
+    const wire::Reth& reth = pkt.h.reth;
+    ReadResource* r = reads_.find(psn);
+    const int64_t i = r ? r->index_of(psn) : -1;
+    if (r == nullptr || !(attrs_.access & kRemoteRead) || reth.rkey != r->rkey ||
+        reth.va != r->va + r->offset_of(static_cast<uint32_t>(i)) ||
+        uint64_t{reth.dma_len} != r->length - std::min<uint64_t>(r->length, r->offset_of(i))) {
+        bump(engine_.counters().rx_duplicate_dropped);
+        return;
+    }
+    // Start again from there (not a second copy): the responses carry the MSN of the
+    // original, and the first of them is a First (or Only).
+    r->next = static_cast<uint32_t>(i);
+    r->run_start = static_cast<uint32_t>(i);
+    send_responses(kResponseBurst);
+    if (reads_.busy()) schedule_responder();
 }
 
 void RcQp::on_request(const wire::ParsedPacket& pkt) {
@@ -144,13 +300,8 @@ void RcQp::on_request(const wire::ParsedPacket& pkt) {
     const uint16_t flags = pkt.info->flags;
     const int32_t d = psn_diff(psn, epsn_);
     if (d < 0) {
-        // Already executed: answer again without executing again, except a READ, which
-        // is read anew (its responses may be what got lost).
         bump(engine_.counters().rx_duplicate);
-        if (flags & wire::kRead) {
-            if (attrs_.access & kRemoteRead) execute_read(pkt, true);
-        } else
-            ack_pending_ = true;
+        on_duplicate(pkt);
         return;
     }
     if (d > 0) {
@@ -164,8 +315,37 @@ void RcQp::on_request(const wire::ParsedPacket& pkt) {
         }
         return;
     }
+    // Requests execute in PSN order: while READ responses are still going out, a later
+    // SEND or WRITE (and everything after it) waits. Later READs queue as resources.
+    const bool wait = !held_.empty() || (!(flags & wire::kRead) && reads_.busy());
+    if (wait && held_.size() >= kMaxHeld) {
+        bump(engine_.counters().rx_held_overflow);
+        return;
+    }
     nak_sent_ = false;
+    epsn_ =
+        psn_add(epsn_, (flags & wire::kRead) ? read_packets(pkt.h.reth.dma_len, attrs_.mtu) : 1);
+    if (wait) {
+        held_.push_back(HeldRequest{pkt.h, pkt.info, {pkt.payload.begin(), pkt.payload.end()}});
+        schedule_responder();
+        return;
+    }
+    execute_request(pkt);
+}
 
+bool RcQp::length_ok(const wire::ParsedPacket& pkt, bool starts, bool ends) const {
+    const size_t len = pkt.payload.size();
+    // PadCnt must bring the payload to a 4-byte boundary, no more and no less.
+    if ((len + pkt.h.bth.pad) % 4 != 0) return false;
+    const uint32_t mtu = attrs_.mtu;
+    if (!ends) return len == mtu;  // First, Middle: exactly one path MTU
+    if (len > mtu) return false;   // Last, Only: at most one
+    return starts || len > 0;      // a Last carries at least one byte; an Only may be empty
+}
+
+void RcQp::execute_request(const wire::ParsedPacket& pkt) {
+    const uint32_t psn = pkt.h.bth.psn;
+    const uint16_t flags = pkt.info->flags;
     const bool starts = flags & (wire::kFirst | wire::kOnly);
     const bool ends = flags & (wire::kLast | wire::kOnly);
     const InMessage kind = (flags & wire::kSend)    ? InMessage::Send
@@ -183,24 +363,37 @@ void RcQp::on_request(const wire::ParsedPacket& pkt) {
         responder_error(wire::NakCode::InvalidRequest, psn, AsyncEventType::QpRequestError);
         return;
     }
+    if (flags & wire::kRead) {
+        execute_read(pkt);
+        return;
+    }
+    if (!(flags & (wire::kSend | wire::kWrite))) {
+        // Atomics and the rest are not implemented yet: say so instead of ignoring them.
+        responder_error(wire::NakCode::InvalidRequest, psn, AsyncEventType::QpRequestError);
+        return;
+    }
     const bool with_imm = pkt.info->headers & wire::kHasImm;
     const uint32_t len = static_cast<uint32_t>(pkt.payload.size());
+    const bool needs_recv = (flags & wire::kSend) ? starts : (ends && with_imm);
+    if (needs_recv && rq_.empty()) {
+        // Receiver not ready: the requester waits and sends this packet again, and
+        // everything after it, which is why what was held behind it goes too.
+        bump(engine_.counters().tx_rnr_naks);
+        nak_sent_ = true;
+        epsn_ = psn;
+        held_.clear();
+        send_ack(psn, wire::Aeth::make(wire::AckType::RnrNak, attrs_.min_rnr_timer));
+        return;
+    }
+    if (!length_ok(pkt, starts, ends)) {
+        responder_error(wire::NakCode::InvalidRequest, psn, AsyncEventType::QpRequestError);
+        return;
+    }
 
     if (flags & wire::kSend) {
-        if (starts && rq_.empty()) {
-            // Receiver not ready: the requester waits and sends this packet again.
-            bump(engine_.counters().tx_rnr_naks);
-            nak_sent_ = true;
-            send_ack(psn, wire::Aeth::make(wire::AckType::RnrNak, attrs_.min_rnr_timer));
-            return;
-        }
         if (starts) {
             recv_taken_ = true;
             recv_offset_ = 0;
-        }
-        if (!ends && len != attrs_.mtu) {
-            responder_error(wire::NakCode::InvalidRequest, psn, AsyncEventType::QpRequestError);
-            return;
         }
         if (const WcStatus s = scatter_to_recv(pkt.payload); s != WcStatus::Success) {
             // Too long for the receive buffer is the requester's error; a bad receive
@@ -212,7 +405,6 @@ void RcQp::on_request(const wire::ParsedPacket& pkt) {
                                 AsyncEventType::QpFatal);
             return;
         }
-        epsn_ = psn_add(epsn_, 1);
         if (ends) {
             ++msn_;
             in_message_ = InMessage::None;
@@ -221,19 +413,26 @@ void RcQp::on_request(const wire::ParsedPacket& pkt) {
         } else {
             in_message_ = InMessage::Send;
         }
-    } else if (flags & wire::kWrite) {
+    } else {
         if (starts) {
             const wire::Reth& reth = pkt.h.reth;
+            if (reth.dma_len > kMaxMessageBytes) {
+                responder_error(wire::NakCode::InvalidRequest, psn, AsyncEventType::QpRequestError);
+                return;
+            }
             if (!(attrs_.access & kRemoteWrite)) {
                 responder_error(wire::NakCode::RemoteAccessError, psn,
                                 AsyncEventType::QpAccessError);
                 return;
             }
             if (reth.dma_len > 0) {
+                // The whole range on the first packet: a WRITE running off the end of its
+                // region changes no byte, not even those of its first packets.
                 auto guard = engine_.memory().lock_shared();
                 uint64_t local = 0;
                 if (engine_.memory().check_remote(reth.rkey, pd_, reth.va, reth.dma_len,
                                                   kRemoteWrite, local) != KeyCheck::Ok) {
+                    guard.unlock();
                     responder_error(wire::NakCode::RemoteAccessError, psn,
                                     AsyncEventType::QpAccessError);
                     return;
@@ -244,14 +443,9 @@ void RcQp::on_request(const wire::ParsedPacket& pkt) {
             write_left_ = reth.dma_len;
             write_total_ = reth.dma_len;
         }
-        if (len > write_left_ || (!ends && len != attrs_.mtu) || (ends && len != write_left_)) {
+        // The packets must add up to the RETH length exactly.
+        if (len > write_left_ || (ends && len != write_left_)) {
             responder_error(wire::NakCode::InvalidRequest, psn, AsyncEventType::QpRequestError);
-            return;
-        }
-        if (ends && with_imm && rq_.empty()) {
-            bump(engine_.counters().tx_rnr_naks);
-            nak_sent_ = true;
-            send_ack(psn, wire::Aeth::make(wire::AckType::RnrNak, attrs_.min_rnr_timer));
             return;
         }
         if (len > 0) {
@@ -260,6 +454,7 @@ void RcQp::on_request(const wire::ParsedPacket& pkt) {
             uint64_t local = 0;
             if (engine_.memory().check_remote(write_rkey_, pd_, write_va_, len, kRemoteWrite,
                                               local) != KeyCheck::Ok) {
+                guard.unlock();
                 responder_error(wire::NakCode::RemoteAccessError, psn,
                                 AsyncEventType::QpAccessError);
                 return;
@@ -268,7 +463,6 @@ void RcQp::on_request(const wire::ParsedPacket& pkt) {
         }
         write_va_ += len;
         write_left_ -= len;
-        epsn_ = psn_add(epsn_, 1);
         if (ends) {
             ++msn_;
             in_message_ = InMessage::None;
@@ -278,32 +472,9 @@ void RcQp::on_request(const wire::ParsedPacket& pkt) {
         } else {
             in_message_ = InMessage::Write;
         }
-    } else if (flags & wire::kRead) {
-        const wire::Reth& reth = pkt.h.reth;
-        if (!(attrs_.access & kRemoteRead)) {
-            responder_error(wire::NakCode::RemoteAccessError, psn, AsyncEventType::QpAccessError);
-            return;
-        }
-        if (reth.dma_len > 0) {
-            auto guard = engine_.memory().lock_shared();
-            uint64_t local = 0;
-            if (engine_.memory().check_remote(reth.rkey, pd_, reth.va, reth.dma_len, kRemoteRead,
-                                              local) != KeyCheck::Ok) {
-                responder_error(wire::NakCode::RemoteAccessError, psn,
-                                AsyncEventType::QpAccessError);
-                return;
-            }
-        }
-        const uint32_t npkts = std::max<uint32_t>(1, (reth.dma_len + attrs_.mtu - 1) / attrs_.mtu);
-        epsn_ = psn_add(epsn_, npkts);
-        ++msn_;
-        execute_read(pkt, false);
-        return;
-    } else {
-        // Atomics and the rest are not implemented yet: say so instead of ignoring them.
-        responder_error(wire::NakCode::InvalidRequest, psn, AsyncEventType::QpRequestError);
-        return;
     }
+    ack_psn_ = psn;
+    ack_msn_ = msn_;
     if (pkt.h.bth.ack_req) ack_pending_ = true;
 }
 

@@ -24,6 +24,7 @@ inline constexpr size_t kDethBytes = 8;
 inline constexpr size_t kAtomicEthBytes = 28;
 inline constexpr size_t kAtomicAckEthBytes = 8;
 inline constexpr size_t kIcrcBytes = 4;
+inline constexpr size_t kCnpReservedBytes = 16;
 // Largest header stack any opcode carries (BTH + RETH + ImmDt) rounded up.
 inline constexpr size_t kMaxHeaderBytes = 64;
 inline constexpr uint32_t kPsnMask = 0xffffff;
@@ -54,6 +55,8 @@ enum class Opcode : uint8_t {
     RcFetchAdd = 0x14,
     RcSendLastInv = 0x16,
     RcSendOnlyInv = 0x17,
+    // RoCEv2 congestion notification packet (Annex A17.9.2): BTH, 16 reserved bytes, ICRC.
+    Cnp = 0x81,
 };
 
 // Which extension headers follow the BTH, in wire order: RETH/DETH/AtomicETH come first,
@@ -82,6 +85,7 @@ enum OpcodeFlag : uint16_t {
     kRead = 1u << 8,  // READ request or READ response
     kAtomic = 1u << 9,
     kAck = 1u << 10,
+    kCnp = 1u << 11,  // congestion notification: neither request nor response
 };
 
 enum class Transport : uint8_t { Rc = 0, Uc = 1, Rd = 2, Ud = 3 };

@@ -7,6 +7,8 @@
 //    operations (READ request, atomics, ACKs) are kOnly.
 //  - kRequest marks packets a requester sends, kResponse those a responder sends.
 //  - kRead is on the READ request and on every READ response packet.
+//  - kCnp is on the RoCEv2 CNP alone (opcode 0x81, transport bits 100): it belongs to no
+//    transport and no message; its 16 reserved bytes are read as payload.
 //  - kAck is on the packets whose whole purpose is to acknowledge (Acknowledge and Atomic
 //    Acknowledge). READ responses First/Last/Only also carry an AETH, which the engine can
 //    see from `headers & kHasAeth`.
@@ -84,6 +86,9 @@ constexpr Row kRows[] = {
     // Unreliable Datagram (the IB CM's MADs on QP1 travel this way too).
     {0x64, "UD Send Only", kHasDeth | P, kOnly | kRequest | kSend},
     {0x65, "UD Send Only Immediate", kHasDeth | kHasImm | P, kOnly | kRequest | kSend},
+
+    // RoCEv2 congestion notification.
+    {0x81, "CNP", P, kCnp},
 };
 
 constexpr std::array<OpcodeInfo, 256> make_table() {
@@ -105,6 +110,10 @@ constexpr bool rows_are_consistent() {
     for (const Row& r : kRows) {
         if (seen[r.opcode]) return false;
         seen[r.opcode] = true;
+        if (r.flags & kCnp) {
+            if (r.opcode != static_cast<uint8_t>(Opcode::Cnp) || r.flags != kCnp) return false;
+            continue;
+        }
         const char* want = kPrefix[r.opcode >> 5 & 3];
         if (r.opcode >> 7 != 0) return false;
         for (int i = 0; i < 3; ++i) {
@@ -129,7 +138,7 @@ constexpr bool covers_enum() {
           Opcode::RcReadRequest,       Opcode::RcReadResponseFirst, Opcode::RcReadResponseMiddle,
           Opcode::RcReadResponseLast,  Opcode::RcReadResponseOnly,  Opcode::RcAcknowledge,
           Opcode::RcAtomicAcknowledge, Opcode::RcCompareSwap,       Opcode::RcFetchAdd,
-          Opcode::RcSendLastInv,       Opcode::RcSendOnlyInv}) {
+          Opcode::RcSendLastInv,       Opcode::RcSendOnlyInv,       Opcode::Cnp}) {
         if (kTable[static_cast<uint8_t>(op)].name == nullptr) return false;
     }
     return true;

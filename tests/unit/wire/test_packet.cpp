@@ -455,6 +455,7 @@ constexpr std::pair<uint8_t, const char*> kWiresharkNames[] = {
     {0x2b, "UC RDMA Write Only Immediate"},
     {0x64, "UD Send Only"},
     {0x65, "UD Send Only Immediate"},
+    {0x81, "CNP"},
 };
 
 constexpr Opcode kAllOpcodes[] = {
@@ -465,7 +466,7 @@ constexpr Opcode kAllOpcodes[] = {
     Opcode::RcReadRequest,       Opcode::RcReadResponseFirst, Opcode::RcReadResponseMiddle,
     Opcode::RcReadResponseLast,  Opcode::RcReadResponseOnly,  Opcode::RcAcknowledge,
     Opcode::RcAtomicAcknowledge, Opcode::RcCompareSwap,       Opcode::RcFetchAdd,
-    Opcode::RcSendLastInv,       Opcode::RcSendOnlyInv,
+    Opcode::RcSendLastInv,       Opcode::RcSendOnlyInv,       Opcode::Cnp,
 };
 
 // Extension header sizes, computed independently of the table's header_bytes.
@@ -545,6 +546,11 @@ TEST_CASE("the opcode table covers every Opcode and names rows as Wireshark does
         if (info == nullptr) continue;
         CHECK(info->header_bytes == kBthBytes + extension_bytes(info->headers));
         CHECK(info->header_bytes <= kMaxHeaderBytes);
+        if (op == 0x81) {
+            // The RoCEv2 CNP belongs to no transport and no message.
+            CHECK(info->flags == kCnp);
+            continue;
+        }
         const uint16_t place = info->flags & (kFirst | kMiddle | kLast | kOnly);
         CHECK((place == kFirst || place == kMiddle || place == kLast || place == kOnly));
         CHECK(((info->flags & kRequest) != 0) != ((info->flags & kResponse) != 0));

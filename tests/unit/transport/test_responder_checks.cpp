@@ -1,0 +1,540 @@
+// The responder against the IBA's rules: what an ACK may name, responder resources and
+// duplicate READs, paced READ responses, length and opcode-sequence checks, whole-range key
+// checks, receive buffers without local write, and CNPs. Most tests play the requester by
+// hand (ForgedPeer) and read what the responder sent (TxRecorder).
+#include <event2/event.h>
+
+#include <catch2/catch.hpp>
+#include <condition_variable>
+#include <mutex>
+
+#include "tests/unit/transport/engine_pair.h"
+#include "tests/unit/transport/forged_peer.h"
+
+using namespace uroce::transport;
+using namespace uroce::transport::test;
+namespace wire = uroce::wire;
+
+namespace {
+
+// Keeps an engine's thread inside a callback until released (or 20 s have passed), so that
+// whatever the engine would continue on that thread (receiving, timers, paced READ
+// responses) waits, and the test sees the state between two steps.
+class EngineThreadBlocker {
+  public:
+    explicit EngineThreadBlocker(Engine& engine) {
+        timeval now{0, 0};
+        REQUIRE(event_base_once(engine.base(), -1, EV_TIMEOUT, &EngineThreadBlocker::run, this,
+                                &now) == 0);
+        std::unique_lock lock(mutex_);
+        REQUIRE(cv_.wait_for(lock, kWait, [this] { return entered_; }));
+    }
+    ~EngineThreadBlocker() {
+        release();
+        std::unique_lock lock(mutex_);
+        cv_.wait_for(lock, kWait, [this] { return done_; });
+    }
+    EngineThreadBlocker(const EngineThreadBlocker&) = delete;
+    EngineThreadBlocker& operator=(const EngineThreadBlocker&) = delete;
+
+    void release() {
+        std::lock_guard lock(mutex_);
+        released_ = true;
+        cv_.notify_all();
+    }
+
+  private:
+    static void run(evutil_socket_t, short, void* arg) {
+        auto* self = static_cast<EngineThreadBlocker*>(arg);
+        std::unique_lock lock(self->mutex_);
+        self->entered_ = true;
+        self->cv_.notify_all();
+        self->cv_.wait_for(lock, kWait, [self] { return self->released_; });
+        self->done_ = true;
+        self->cv_.notify_all();
+    }
+
+    std::mutex mutex_;
+    std::condition_variable cv_;
+    bool entered_ = false;
+    bool released_ = false;
+    bool done_ = false;
+};
+
+// What the responder sent, decoded.
+struct Sent {
+    uint8_t opcode;
+    uint32_t psn;
+    uint8_t syndrome;
+    uint32_t msn;
+    std::vector<uint8_t> payload;
+    bool is(wire::Opcode op) const { return opcode == static_cast<uint8_t>(op); }
+    bool is_read_response() const { return opcode >= 0x0d && opcode <= 0x10; }
+    bool is_nak(wire::NakCode code) const {
+        return is(wire::Opcode::RcAcknowledge) &&
+               syndrome == wire::Aeth::make(wire::AckType::Nak, static_cast<uint8_t>(code));
+    }
+    bool is_plain_ack() const {
+        return is(wire::Opcode::RcAcknowledge) &&
+               wire::Aeth{syndrome, 0}.type() == wire::AckType::Ack;
+    }
+};
+
+std::vector<Sent> sent(const TxRecorder& rec) {
+    std::vector<Sent> out;
+    for (const SentPacket& s : rec.packets()) {
+        const wire::ParsedPacket p = s.parsed();
+        out.push_back(Sent{p.h.bth.opcode,
+                           p.h.bth.psn,
+                           p.h.aeth.syndrome,
+                           p.h.aeth.msn,
+                           {p.payload.begin(), p.payload.end()}});
+    }
+    return out;
+}
+
+size_t read_responses(const TxRecorder& rec) {
+    size_t n = 0;
+    for (const Sent& s : sent(rec))
+        if (s.is_read_response()) ++n;
+    return n;
+}
+
+size_t naks(const TxRecorder& rec, wire::NakCode code, uint32_t psn) {
+    size_t n = 0;
+    for (const Sent& s : sent(rec))
+        if (s.is_nak(code) && s.psn == psn) ++n;
+    return n;
+}
+
+// A hostile-peer setup: a's QP is the responder under test; b is silent and the test speaks
+// for it. What a sends is recorded, not sent.
+struct Hostile {
+    explicit Hostile(QpAttributes a_attrs = default_attributes()) {
+        p.connect(a_attrs, default_attributes());
+        fill(p.a.at(0), p.a.mem.size(), 1);
+    }
+    Pair p;
+    TxRecorder b_out{*p.b.engine, {}, false};
+    TxRecorder a_out{*p.a.engine, {}, false};
+    ForgedPeer peer{*p.a.engine, p.b.ip, p.a.engine->config().port, p.b.qp->qpn(), p.a.qp->qpn()};
+
+    wire::Headers read(uint32_t psn, uint64_t offset, uint32_t len) const {
+        wire::Headers h = peer.headers(wire::Opcode::RcReadRequest, psn);
+        h.bth.ack_req = true;
+        h.reth = {p.a.iova + offset, p.a.keys.rkey, len};
+        return h;
+    }
+    wire::Headers write(wire::Opcode op, uint32_t psn, uint64_t offset, uint32_t len,
+                        bool ack_req = true) const {
+        wire::Headers h = peer.headers(op, psn);
+        h.bth.ack_req = ack_req;
+        h.reth = {p.a.iova + offset, p.a.keys.rkey, len};
+        return h;
+    }
+    // The responder refused with `code` at `psn`, went to ERR and said so with `event`.
+    void check_refused(wire::NakCode code, uint32_t psn, AsyncEventType event) {
+        CHECK(naks(a_out, code, psn) == 1);
+        CHECK(p.a.qp->state() == QpState::Err);
+        CHECK(has_event(p.a, event));
+    }
+};
+
+std::vector<uint8_t> bytes(size_t n, uint64_t seed) {
+    std::vector<uint8_t> v(n);
+    fill(v.data(), n, seed);
+    return v;
+}
+
+}  // namespace
+
+// --- point 8: the coalesced ACK ---
+
+TEST_CASE(
+    "Responder: an ACK never names a PSN of a READ's responses; a lost READ response "
+    "is recovered",
+    "[responder][ack]") {
+    Pair p;
+    p.connect();
+    fill(p.b.at(0), 4096, 5);
+    // b (the responder) loses its first READ_RESP_ONLY.
+    std::atomic<bool> lost_one{false};
+    TxRecorder b_out(*p.b.engine, [&lost_one](const wire::ParsedPacket& pkt) {
+        if (pkt.h.bth.opcode != static_cast<uint8_t>(wire::Opcode::RcReadResponseOnly))
+            return false;
+        return !lost_one.exchange(true);
+    });
+    {
+        // The WRITE and the READ reach b in one receive batch, as they did live.
+        EngineThreadBlocker hold_b(*p.b.engine);
+        fill(p.a.at(0), 64, 6);
+        REQUIRE(p.a.qp->post_send(rdma_wqe(SendOpcode::RdmaWrite, 1, {p.a.sge(0, 64)},
+                                           p.b.iova + 8192, p.b.keys.rkey)) == 0);
+        REQUIRE(p.a.qp->post_send(rdma_wqe(SendOpcode::RdmaRead, 2, {p.a.sge(4096, 64)},
+                                           p.b.iova + 0, p.b.keys.rkey)) == 0);
+    }
+    const auto done = p.wait(*p.a.scq, 2);
+    REQUIRE(done.size() == 2);
+    CHECK(done[0].status == WcStatus::Success);
+    CHECK(done[1].wr_id == 2);
+    CHECK(done[1].status == WcStatus::Success);
+    CHECK(first_mismatch(p.a.at(4096), 64, 5) == 64);
+    CHECK(all_bytes(p.a.at(4096 + 64), 64, kUntouched));
+    CHECK(first_mismatch(p.b.at(8192), 64, 6) == 64);
+    CHECK(lost_one);
+    // The READ is PSN 1 (the WRITE 0): no ACK may name it.
+    const auto out = sent(b_out);
+    size_t acks = 0;
+    for (const Sent& s : out) {
+        if (!s.is_plain_ack()) continue;
+        ++acks;
+        CHECK(s.psn != 1);
+    }
+    CHECK(acks >= 1);
+}
+
+// --- point 10: responder resources and duplicates ---
+
+TEST_CASE(
+    "Responder: a duplicate READ from mid-range is answered from its resource, with the "
+    "original MSN",
+    "[responder][duplicate]") {
+    Hostile t;
+    REQUIRE(t.p.a.qp->post_recv(recv_wqe(1, {t.p.a.sge(60000, 64)})) == 0);
+    t.peer.inject(t.read(0, 0, 3 * kMtu));  // PSNs 0..2, MSN 1
+    wire::Headers send = t.peer.headers(wire::Opcode::RcSendOnly, 3);
+    send.bth.ack_req = true;
+    t.peer.inject(send, bytes(8, 9));  // MSN 2
+    REQUIRE(t.p.wait_one(*t.p.a.rcq).status == WcStatus::Success);
+    t.a_out.clear();
+    // The kernel's requester asks for the rest from the first missing response.
+    t.peer.inject(t.read(1, kMtu, 2 * kMtu));
+    REQUIRE(t.p.wait_until([&] { return read_responses(t.a_out) == 2; }));
+    const auto out = sent(t.a_out);
+    REQUIRE(out.size() == 2);
+    CHECK(out[0].is(wire::Opcode::RcReadResponseFirst));
+    CHECK(out[0].psn == 1);
+    CHECK(out[1].is(wire::Opcode::RcReadResponseLast));
+    CHECK(out[1].psn == 2);
+    for (size_t i = 0; i < 2; ++i) {
+        CHECK(out[i].msn == 1);
+        REQUIRE(out[i].payload.size() == kMtu);
+        CHECK(std::memcmp(out[i].payload.data(), t.p.a.at((i + 1) * kMtu), kMtu) == 0);
+    }
+    CHECK(t.p.a.qp->state() == QpState::Rts);
+}
+
+TEST_CASE("Responder: duplicates that match no executed READ are dropped and counted",
+          "[responder][duplicate]") {
+    Hostile t;
+    REQUIRE(t.p.a.qp->post_recv(recv_wqe(1, {t.p.a.sge(60000, 64)})) == 0);
+    t.peer.inject(t.read(0, 0, kMtu));  // PSN 0
+    wire::Headers send = t.peer.headers(wire::Opcode::RcSendOnly, 1);
+    send.bth.ack_req = true;
+    t.peer.inject(send, bytes(8, 9));
+    REQUIRE(t.p.wait_one(*t.p.a.rcq).status == WcStatus::Success);
+    t.a_out.clear();
+
+    SECTION("a forged RETH: longer than the original") {
+        t.peer.inject(t.read(0, 0, 60 * kMtu));
+    }
+    SECTION("a forged RETH: another address") {
+        t.peer.inject(t.read(0, kMtu, kMtu));
+    }
+    SECTION("a forged RETH: another key") {
+        wire::Headers h = t.read(0, 0, kMtu);
+        h.reth.rkey ^= 0x100;
+        t.peer.inject(h);
+    }
+    SECTION("a READ at the PSN of a SEND") {
+        t.peer.inject(t.read(1, 0, kMtu));
+    }
+    t.p.wait_until([] { return false; }, 50ms);
+    CHECK(read_responses(t.a_out) == 0);
+    CHECK(t.p.a.counters().rx_duplicate_dropped.load() == 1);
+    CHECK(t.p.a.qp->state() == QpState::Rts);
+}
+
+TEST_CASE("Responder: more READs outstanding than max_dest_rd_atomic get an invalid request NAK",
+          "[responder][resources]") {
+    QpAttributes attrs = default_attributes();
+    attrs.max_dest_rd_atomic = 1;
+    Hostile t(attrs);
+    EngineThreadBlocker hold(*t.p.a.engine);
+    t.peer.inject(t.read(0, 0, 64 * kMtu));  // PSNs 0..63; responses not all out yet
+    REQUIRE(read_responses(t.a_out) < 64);
+    t.peer.inject(t.read(64, 0, kMtu));
+    t.check_refused(wire::NakCode::InvalidRequest, 64, AsyncEventType::QpRequestError);
+}
+
+TEST_CASE("Responder: max_dest_rd_atomic READs may be outstanding", "[responder][resources]") {
+    QpAttributes attrs = default_attributes();
+    attrs.max_dest_rd_atomic = 2;
+    Hostile t(attrs);
+    {
+        EngineThreadBlocker hold(*t.p.a.engine);
+        t.peer.inject(t.read(0, 0, 64 * kMtu));
+        t.peer.inject(t.read(64, 0, kMtu));
+    }
+    REQUIRE(t.p.wait_until([&] { return read_responses(t.a_out) == 65; }));
+    CHECK(t.p.a.qp->state() == QpState::Rts);
+    CHECK(naks(t.a_out, wire::NakCode::InvalidRequest, 64) == 0);
+}
+
+// --- point 11: paced READ responses ---
+
+TEST_CASE("Responder: a large READ goes out in bursts, continued from the engine thread",
+          "[responder][paced]") {
+    Hostile t;
+    {
+        EngineThreadBlocker hold(*t.p.a.engine);
+        t.peer.inject(t.read(0, 0, 64 * kMtu));
+        // The receive path sent a first burst only.
+        CHECK(read_responses(t.a_out) > 0);
+        CHECK(read_responses(t.a_out) <= 16);
+    }
+    REQUIRE(t.p.wait_until([&] { return read_responses(t.a_out) == 64; }));
+    const auto out = sent(t.a_out);
+    REQUIRE(out.size() == 64);
+    for (uint32_t i = 0; i < 64; ++i) {
+        CAPTURE(i);
+        CHECK(out[i].psn == i);
+        CHECK(out[i].is(i == 0    ? wire::Opcode::RcReadResponseFirst
+                        : i == 63 ? wire::Opcode::RcReadResponseLast
+                                  : wire::Opcode::RcReadResponseMiddle));
+        REQUIRE(out[i].payload.size() == kMtu);
+        CHECK(std::memcmp(out[i].payload.data(), t.p.a.at(i * kMtu), kMtu) == 0);
+    }
+}
+
+TEST_CASE("Responder: a duplicate READ restarts its responses instead of adding a copy",
+          "[responder][paced][duplicate]") {
+    Hostile t;
+    {
+        EngineThreadBlocker hold(*t.p.a.engine);
+        t.peer.inject(t.read(0, 0, 64 * kMtu));
+        t.peer.inject(t.read(0, 0, 64 * kMtu));
+        t.peer.inject(t.read(0, 0, 64 * kMtu));
+    }
+    REQUIRE(t.p.wait_until([&] {
+        const auto out = sent(t.a_out);
+        return !out.empty() && out.back().is(wire::Opcode::RcReadResponseLast);
+    }));
+    t.p.wait_until([] { return false; }, 50ms);
+    // A first burst for the request and for each duplicate (each restarting at PSN 0),
+    // then the rest once: not three copies of the READ.
+    CHECK(read_responses(t.a_out) == 3 * 16 + 48);
+    CHECK(t.p.a.counters().rx_duplicate.load() == 2);
+}
+
+TEST_CASE("Responder: requests after a READ are executed after its responses have gone out",
+          "[responder][paced]") {
+    Hostile t;
+    const auto fresh = bytes(kMtu, 77);
+    const std::vector<uint8_t> old = t.p.a.mem;
+    {
+        EngineThreadBlocker hold(*t.p.a.engine);
+        t.peer.inject(t.read(0, 0, 32 * kMtu));  // PSNs 0..31
+        t.peer.inject(t.write(wire::Opcode::RcWriteOnly, 32, 0, kMtu), fresh);
+        // Accepted but waiting: the bytes the READ is returning are still there.
+        CHECK(t.p.a.mem == old);
+    }
+    REQUIRE(t.p.wait_until([&] {
+        for (const Sent& s : sent(t.a_out))
+            if (s.is_plain_ack() && s.psn == 32) return true;
+        return false;
+    }));
+    const auto out = sent(t.a_out);
+    REQUIRE(out.size() == 33);
+    for (uint32_t i = 0; i < 32; ++i) {
+        CAPTURE(i);
+        CHECK(out[i].psn == i);
+        CHECK(out[i].is_read_response());
+        // The READ returns what was there before the WRITE that came after it.
+        REQUIRE(out[i].payload.size() == kMtu);
+        CHECK(std::memcmp(out[i].payload.data(), old.data() + i * kMtu, kMtu) == 0);
+    }
+    CHECK(out[32].is_plain_ack());
+    CHECK(std::memcmp(t.p.a.at(0), fresh.data(), kMtu) == 0);
+    CHECK(std::memcmp(t.p.a.at(kMtu), old.data() + kMtu, old.size() - kMtu) == 0);
+}
+
+TEST_CASE("Responder: deregistration in the middle of a READ stops it at once",
+          "[responder][paced][keys]") {
+    Hostile t;
+    {
+        EngineThreadBlocker hold(*t.p.a.engine);
+        t.peer.inject(t.read(0, 0, 64 * kMtu));
+        const size_t before = read_responses(t.a_out);
+        REQUIRE(before < 64);
+        REQUIRE(t.p.a.engine->memory().remove(t.p.a.keys.lkey));
+        hold.release();
+        REQUIRE(t.p.wait_until([&] { return t.p.a.qp->state() == QpState::Err; }));
+        t.p.wait_until([] { return false; }, 50ms);
+        CHECK(read_responses(t.a_out) == before);
+    }
+    // As rxe does: a remote access NAK for the READ request's PSN.
+    t.check_refused(wire::NakCode::RemoteAccessError, 0, AsyncEventType::QpAccessError);
+}
+
+// --- point 12 / test-quality 5: opcode sequence and lengths, forged ---
+
+TEST_CASE("Responder: out-of-sequence opcodes and wrong lengths are refused, memory untouched",
+          "[responder][length]") {
+    Hostile t;
+    REQUIRE(t.p.a.qp->post_recv(recv_wqe(1, {t.p.a.sge(40000, 8192)})) == 0);
+    const auto mtu_bytes = bytes(kMtu, 3);
+    const std::vector<uint8_t> before = t.p.a.mem;
+    size_t written = 0;  // bytes a first, valid packet was allowed to write at offset 0
+    uint32_t bad_psn = 0;
+    wire::NakCode code = wire::NakCode::InvalidRequest;
+
+    SECTION("WRITE Middle without a First") {
+        t.peer.inject(t.write(wire::Opcode::RcWriteMiddle, 0, 0, 0), mtu_bytes);
+    }
+    SECTION("WRITE First while a WRITE is open") {
+        t.peer.inject(t.write(wire::Opcode::RcWriteFirst, 0, 0, 3 * kMtu, false), mtu_bytes);
+        t.peer.inject(t.write(wire::Opcode::RcWriteFirst, 1, 0, 3 * kMtu, false), mtu_bytes);
+        written = kMtu;
+        bad_psn = 1;
+    }
+    SECTION("SEND Middle inside a WRITE") {
+        t.peer.inject(t.write(wire::Opcode::RcWriteFirst, 0, 0, 3 * kMtu, false), mtu_bytes);
+        t.peer.inject(t.peer.headers(wire::Opcode::RcSendMiddle, 1), mtu_bytes);
+        written = kMtu;
+        bad_psn = 1;
+    }
+    SECTION("WRITE Middle shorter than the MTU") {
+        t.peer.inject(t.write(wire::Opcode::RcWriteFirst, 0, 0, 3 * kMtu, false), mtu_bytes);
+        t.peer.inject(t.peer.headers(wire::Opcode::RcWriteMiddle, 1), bytes(kMtu / 2, 4));
+        written = kMtu;
+        bad_psn = 1;
+    }
+    SECTION("WRITE Middle with no payload") {
+        t.peer.inject(t.write(wire::Opcode::RcWriteFirst, 0, 0, 3 * kMtu, false), mtu_bytes);
+        t.peer.inject(t.peer.headers(wire::Opcode::RcWriteMiddle, 1));
+        written = kMtu;
+        bad_psn = 1;
+    }
+    SECTION("WRITE Only longer than the MTU") {
+        t.peer.inject(t.write(wire::Opcode::RcWriteOnly, 0, 0, 2 * kMtu), bytes(2 * kMtu, 4));
+    }
+    SECTION("SEND Only longer than the MTU") {
+        wire::Headers h = t.peer.headers(wire::Opcode::RcSendOnly, 0);
+        t.peer.inject(h, bytes(2 * kMtu, 4));
+    }
+    SECTION("WRITE Last overrunning the RETH length") {
+        t.peer.inject(t.write(wire::Opcode::RcWriteFirst, 0, 0, kMtu + 100, false), mtu_bytes);
+        t.peer.inject(t.peer.headers(wire::Opcode::RcWriteLast, 1), bytes(200, 4));
+        written = kMtu;
+        bad_psn = 1;
+    }
+    SECTION("WRITE Last with no payload") {
+        t.peer.inject(t.write(wire::Opcode::RcWriteFirst, 0, 0, kMtu, false), mtu_bytes);
+        t.peer.inject(t.peer.headers(wire::Opcode::RcWriteLast, 1));
+        written = kMtu;
+        bad_psn = 1;
+    }
+    SECTION("SEND Only with a pad count that does not pad to 4 bytes") {
+        const auto pkt = forge_packet(t.peer.headers(wire::Opcode::RcSendOnly, 0), bytes(13, 4),
+                                      wire::Ipv4Flow{t.peer.ip, t.p.a.engine->config().ip,
+                                                     t.peer.port, t.p.a.engine->config().port},
+                                      {}, 0);
+        t.p.a.engine->receive_datagram(pkt, t.peer.ip, t.peer.port);
+    }
+    SECTION("WRITE with a RETH length over 2^31") {
+        t.peer.inject(t.write(wire::Opcode::RcWriteFirst, 0, 0, (1u << 31) + kMtu), mtu_bytes);
+    }
+    SECTION("READ with a RETH length over 2^31") {
+        t.peer.inject(t.read(0, 0, (1u << 31) + 1));
+    }
+    t.check_refused(code, bad_psn, AsyncEventType::QpRequestError);
+    CHECK(read_responses(t.a_out) == 0);
+    // Only the valid first packet (if any) landed; every other byte is as it was.
+    CHECK(std::memcmp(t.p.a.at(0), mtu_bytes.data(), written) == 0);
+    CHECK(std::memcmp(t.p.a.at(written), before.data() + written, before.size() - written) == 0);
+    // The receive was flushed, not completed with data.
+    const Completion c = t.p.wait_one(*t.p.a.rcq);
+    CHECK(c.status == WcStatus::WrFlushErr);
+}
+
+// --- test-quality 1 and 2: whole-range checks ---
+
+TEST_CASE(
+    "Responder: a READ running off its region returns no byte, not even its first "
+    "packets",
+    "[responder][keys]") {
+    Pair p;
+    p.connect();
+    TxRecorder b_out(*p.b.engine);
+    fill(p.b.at(0), p.b.mem.size(), 8);
+    // First packet inside b's region, the end 1 KiB beyond it.
+    const size_t start = p.b.mem.size() - 3 * kMtu;
+    REQUIRE(p.a.qp->post_send(rdma_wqe(SendOpcode::RdmaRead, 1, {p.a.sge(0, 4 * kMtu)},
+                                       p.b.iova + start, p.b.keys.rkey)) == 0);
+    const Completion c = p.wait_one(*p.a.scq);
+    CHECK(c.status == WcStatus::RemAccessErr);
+    CHECK(read_responses(b_out) == 0);
+    CHECK(naks(b_out, wire::NakCode::RemoteAccessError, 0) == 1);
+    CHECK(all_bytes(p.a.at(0), p.a.mem.size(), kUntouched));
+    CHECK(p.b.qp->state() == QpState::Err);
+    CHECK(has_event(p.b, AsyncEventType::QpAccessError));
+}
+
+TEST_CASE("Responder: a WRITE running off its region changes no byte of it", "[responder][keys]") {
+    Pair p;
+    p.connect();
+    // A second, smaller region inside b's memory: the bytes around it are guards.
+    const size_t region_at = 4096;
+    const size_t region_len = 16 * kMtu;
+    const uint64_t region_iova = 0x300000000000ull;
+    const MemoryKeys keys = p.b.engine->memory().add(kPd, p.b.addr(region_at), region_len,
+                                                     region_iova, kLocalWrite | kRemoteWrite);
+    fill(p.a.at(0), 8 * kMtu, 2);
+    // Starts 4 packets before the region's end, ends 4 packets beyond it.
+    REQUIRE(p.a.qp->post_send(rdma_wqe(SendOpcode::RdmaWrite, 1, {p.a.sge(0, 8 * kMtu)},
+                                       region_iova + region_len - 4 * kMtu, keys.rkey)) == 0);
+    const Completion c = p.wait_one(*p.a.scq);
+    CHECK(c.status == WcStatus::RemAccessErr);
+    CHECK(all_bytes(p.b.at(0), p.b.mem.size(), kUntouched));
+    CHECK(p.b.qp->state() == QpState::Err);
+    CHECK(has_event(p.b, AsyncEventType::QpAccessError));
+}
+
+// --- test-quality 6: receive buffer without local write ---
+
+TEST_CASE("Responder: a receive buffer without local write is not written", "[responder][keys]") {
+    Pair p;
+    p.connect();
+    TxRecorder b_out(*p.b.engine);
+    const MemoryKeys ro = p.b.engine->memory().add(kPd, p.b.addr(8192), 4096, p.b.addr(8192), 0);
+    REQUIRE(p.b.qp->post_recv(recv_wqe(5, {Sge{p.b.addr(8192), 4096, ro.lkey}})) == 0);
+    fill(p.a.at(0), 100, 4);
+    REQUIRE(p.a.qp->post_send(send_wqe(1, {p.a.sge(0, 100)})) == 0);
+    const Completion r = p.wait_one(*p.b.rcq);
+    CHECK(r.wr_id == 5);
+    CHECK(r.status == WcStatus::LocProtErr);
+    const Completion s = p.wait_one(*p.a.scq);
+    CHECK(s.status == WcStatus::RemOpErr);
+    CHECK(naks(b_out, wire::NakCode::RemoteOperationalError, 0) == 1);
+    CHECK(p.b.qp->state() == QpState::Err);
+    CHECK(has_event(p.b, AsyncEventType::QpFatal));
+    CHECK(all_bytes(p.b.at(0), p.b.mem.size(), kUntouched));
+}
+
+// --- point 13: CNP ---
+
+TEST_CASE("Engine: a RoCEv2 CNP is accepted and counted, not malformed", "[responder][cnp]") {
+    Hostile t;
+    wire::Headers h;
+    h.bth.opcode = static_cast<uint8_t>(wire::Opcode::Cnp);
+    h.bth.dest_qp = t.p.a.qp->qpn();
+    h.bth.fecn = false;
+    h.bth.becn = true;
+    const std::vector<uint8_t> reserved(wire::kCnpReservedBytes, 0);
+    t.peer.inject(h, reserved);
+    CHECK(t.p.a.counters().rx_cnp.load() == 1);
+    CHECK(t.p.a.counters().rx_malformed.load() == 0);
+    CHECK(t.p.a.qp->state() == QpState::Rts);
+    CHECK(t.a_out.packets().empty());
+}
