@@ -13,6 +13,7 @@
 #include <string>
 
 #include "provider/comp_channel.h"
+#include "provider/limited_slot.h"
 #include "transport/completion_queue.h"
 #include "transport/engine.h"
 #include "transport/rc_qp.h"
@@ -40,6 +41,11 @@ struct ContextState {
     int async_write_fd = -1;
     int cmd_fd = -1;
     std::atomic<uint32_t> next_pd{1};
+    // Live objects of each kind, against the limits the device advertises.
+    std::atomic<int> qps{0};
+    std::atomic<int> cqs{0};
+    std::atomic<int> pds{0};
+    std::atomic<int> mrs{0};
 };
 
 // libibverbs allocates this with calloc (through _verbs_init_and_alloc_context), so it
@@ -53,11 +59,13 @@ struct UrocePd {
     ibv_pd pd;  // must be first
     uint32_t id = 0;
     std::atomic<int> users{0};  // MRs and QPs in this PD
+    LimitedSlot slot;
 };
 
 struct UroceMr {
     verbs_mr vmr;  // must be first
     uint32_t pd_id = 0;
+    LimitedSlot slot;
 };
 
 struct UroceCq {
@@ -65,6 +73,7 @@ struct UroceCq {
     std::shared_ptr<transport::CompletionQueue> queue;
     std::shared_ptr<CompChannel> channel;
     std::atomic<int> qp_refs{0};
+    LimitedSlot slot;
 };
 
 struct UroceQp {
@@ -75,6 +84,7 @@ struct UroceQp {
     bool sq_sig_all = false;
     std::mutex attr_mutex;  // guards attr (the verbs view of the attributes, for query)
     ibv_qp_attr attr{};
+    LimitedSlot slot;
 };
 
 // libibverbs hands out &vctx.context, which is the *last* member of verbs_context.
