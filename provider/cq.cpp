@@ -61,8 +61,9 @@ ibv_wc_opcode wc_opcode(transport::WcOpcode op) {
 
 }  // namespace
 
-ibv_cq* create_cq(ibv_context* ibctx, int cqe, ibv_comp_channel* channel, int) noexcept {
-    if (cqe < 1 || cqe > kMaxCqe) {
+ibv_cq* create_cq(ibv_context* ibctx, int cqe, ibv_comp_channel* channel,
+                  int comp_vector) noexcept {
+    if (cqe < 1 || cqe > kMaxCqe || comp_vector < 0 || comp_vector >= kNumCompVectors) {
         errno = EINVAL;
         return nullptr;
     }
@@ -81,6 +82,11 @@ ibv_cq* create_cq(ibv_context* ibctx, int cqe, ibv_comp_channel* channel, int) n
         return nullptr;
     }
     auto* ctx = to_uctx(ibctx);
+    if (!cq->slot.acquire(ctx->state->cqs, kMaxCq)) {
+        delete cq;
+        errno = EINVAL;  // as rxe's object pools answer when full
+        return nullptr;
+    }
     const uint64_t handle = reinterpret_cast<uint64_t>(&cq->vcq.cq);
     try {
         std::weak_ptr<CompChannel> weak = chan;

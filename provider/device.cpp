@@ -12,6 +12,7 @@
 #include <string>
 
 #include "provider/comp_channel.h"
+#include "provider/device_limits.h"
 #include "provider/objects.h"
 
 namespace uroce::provider {
@@ -136,7 +137,7 @@ verbs_context* alloc_context(ibv_device* ibdev, int cmd_fd, void*) {
         }
         ctx->vctx.context.async_fd = fd;
     }
-    ctx->vctx.context.num_comp_vectors = 1;
+    ctx->vctx.context.num_comp_vectors = kNumCompVectors;
     // ibv_create_comp_channel talks to cmd_fd behind the provider's back; the hook
     // answers it in this process.
     if (comp_channel_hook_install() == 0 && cmd_fd_register(cmd_fd) == 0) {

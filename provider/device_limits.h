@@ -10,9 +10,12 @@
 
 namespace uroce::provider {
 
-// No vendor id: perftest and others must not mistake uroce for a NIC they special-case.
-inline constexpr uint32_t kVendorId = 0;
-inline constexpr uint32_t kVendorPartId = 0;
+// The vendor id the kernel's rxe reports (no IEEE OUI: no NIC that perftest and others
+// special-case), and a part id of our own ("UR"), so that tools see a non-zero pair.
+inline constexpr uint32_t kVendorId = 0xffffff;
+inline constexpr uint32_t kVendorPartId = 0x5552;
+// Objects of each kind one context (one device: a device has one context at a time) may
+// hold at once; creating one more fails with EINVAL, as rxe's object pools do.
 inline constexpr int kMaxQp = 4096;
 inline constexpr int kMaxQpWr = 16384;
 inline constexpr int kMaxSge = static_cast<int>(transport::kMaxSge);
@@ -21,7 +24,13 @@ inline constexpr int kMaxCq = 4096;
 inline constexpr int kMaxCqe = 65536;
 inline constexpr int kMaxMr = 1 << 20;
 inline constexpr int kMaxPd = 1 << 16;
-inline constexpr int kMaxRdAtomic = 16;
+// What rxe advertises for max_qp_rd_atom and max_qp_init_rd_atom: perftest sets the value
+// the peer advertised, so anything smaller makes ib_read_bw against rxe fail.
+inline constexpr int kMaxRdAtomic = 128;
+// Largest region ibv_reg_mr accepts: 1 TiB, far above any real buffer, far below lengths
+// whose arithmetic could wrap (a user address space is 2^47 bytes on x86-64).
+inline constexpr uint64_t kMaxMrSize = 1ull << 40;
+inline constexpr int kNumCompVectors = 1;
 // 1 GiB: even at a 256-byte MTU one message spans less than half the PSN space.
 inline constexpr uint32_t kMaxMessage = 1u << 30;
 

@@ -39,7 +39,7 @@ int query_device_ex(ibv_context* ibctx, const ibv_query_device_ex_input*, ibv_de
     std::snprintf(d.fw_ver, sizeof d.fw_ver, "%s", "0.1.0");
     d.node_guid = htobe64(cfg.node_guid);
     d.sys_image_guid = d.node_guid;
-    d.max_mr_size = UINT64_MAX;
+    d.max_mr_size = kMaxMrSize;
     d.page_size_cap = 0xfffff000;
     d.vendor_id = kVendorId;
     d.vendor_part_id = kVendorPartId;
@@ -60,6 +60,7 @@ int query_device_ex(ibv_context* ibctx, const ibv_query_device_ex_input*, ibv_de
     d.max_pkeys = 1;
     d.local_ca_ack_delay = 15;
     d.phys_port_cnt = 1;
+    a.phys_port_cnt_ex = 1;
     std::memcpy(out, &a, std::min(attr_size, sizeof a));
     if (attr_size > sizeof a)
         std::memset(reinterpret_cast<char*>(out) + sizeof a, 0, attr_size - sizeof a);

@@ -1,7 +1,10 @@
 // Protection domains and memory regions.
 #include <cerrno>
+#include <cstdint>
 #include <new>
+#include <stdexcept>
 
+#include "provider/device_limits.h"
 #include "provider/objects.h"
 
 namespace uroce::provider {
@@ -29,6 +32,11 @@ ibv_pd* alloc_pd(ibv_context* ibctx) noexcept {
         errno = ENOMEM;
         return nullptr;
     }
+    if (!pd->slot.acquire(to_uctx(ibctx)->state->pds, kMaxPd)) {
+        delete pd;
+        errno = EINVAL;  // as rxe's object pools answer when full
+        return nullptr;
+    }
     pd->id = to_uctx(ibctx)->state->next_pd.fetch_add(1);
     pd->pd.handle = pd->id;
     return &pd->pd;
@@ -48,13 +56,21 @@ ibv_mr* reg_mr(ibv_pd* ibpd, void* addr, size_t length, uint64_t hca_va, int acc
     if ((access & ~kSupportedAccess) ||
         ((access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) &&
          !(access & IBV_ACCESS_LOCAL_WRITE)) ||
-        (!addr && length)) {
+        (!addr && length) || length > kMaxMrSize ||
+        // Neither the buffer nor the iova range may run past 2^64.
+        (length > 0 && length - 1 > UINT64_MAX - reinterpret_cast<uint64_t>(addr)) ||
+        (length > 0 && length - 1 > UINT64_MAX - hca_va)) {
         errno = EINVAL;
         return nullptr;
     }
     auto* mr = new (std::nothrow) UroceMr{};
     if (!mr) {
         errno = ENOMEM;
+        return nullptr;
+    }
+    if (!mr->slot.acquire(to_uctx(ibpd->context)->state->mrs, kMaxMr)) {
+        delete mr;
+        errno = EINVAL;
         return nullptr;
     }
     auto* pd = to_upd(ibpd);
@@ -64,6 +80,10 @@ ibv_mr* reg_mr(ibv_pd* ibpd, void* addr, size_t length, uint64_t hca_va, int acc
                    ->state->engine->memory()
                    .add(pd->id, reinterpret_cast<uint64_t>(addr), length, hca_va,
                         transport_access(access));
+    } catch (const std::invalid_argument&) {
+        delete mr;
+        errno = EINVAL;
+        return nullptr;
     } catch (...) {
         delete mr;
         errno = ENOMEM;

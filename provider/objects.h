@@ -14,6 +14,7 @@
 
 #include "provider/async_events.h"
 #include "provider/comp_channel.h"
+#include "provider/limited_slot.h"
 #include "transport/completion_queue.h"
 #include "transport/engine.h"
 #include "transport/rc_qp.h"
@@ -41,6 +42,11 @@ struct ContextState {
     AsyncEventQueue async_events;
     int cmd_fd = -1;
     std::atomic<uint32_t> next_pd{1};
+    // Live objects of each kind, against the limits the device advertises.
+    std::atomic<int> qps{0};
+    std::atomic<int> cqs{0};
+    std::atomic<int> pds{0};
+    std::atomic<int> mrs{0};
 };
 
 // libibverbs allocates this with calloc (through _verbs_init_and_alloc_context), so it
@@ -54,11 +60,13 @@ struct UrocePd {
     ibv_pd pd;  // must be first
     uint32_t id = 0;
     std::atomic<int> users{0};  // MRs and QPs in this PD
+    LimitedSlot slot;
 };
 
 struct UroceMr {
     verbs_mr vmr;  // must be first
     uint32_t pd_id = 0;
+    LimitedSlot slot;
 };
 
 struct UroceCq {
@@ -67,6 +75,7 @@ struct UroceCq {
     std::shared_ptr<CompChannel> channel;
     std::atomic<int> qp_refs{0};
     AsyncEventTally events;  // guarded by the context's AsyncEventQueue
+    LimitedSlot slot;
 };
 
 struct UroceQp {
@@ -78,6 +87,7 @@ struct UroceQp {
     std::mutex attr_mutex;  // guards attr (the verbs view of the attributes, for query)
     ibv_qp_attr attr{};
     AsyncEventTally events;  // guarded by the context's AsyncEventQueue
+    LimitedSlot slot;
 };
 
 // libibverbs hands out &vctx.context, which is the *last* member of verbs_context.

@@ -67,6 +67,11 @@ ibv_qp* create_qp(ibv_pd* pd, ibv_qp_init_attr* init) noexcept {
         errno = ENOMEM;
         return nullptr;
     }
+    if (!qp->slot.acquire(ctx->state->qps, kMaxQp)) {
+        delete qp;
+        errno = EINVAL;  // as rxe's object pools answer when full
+        return nullptr;
+    }
     // The queues hold what was asked for (at least one entry); every QP takes the device's
     // SGE and inline limits, and the caller learns them through the written-back caps.
     transport::QpCaps caps;
@@ -79,12 +84,14 @@ ibv_qp* create_qp(ibv_pd* pd, ibv_qp_init_attr* init) noexcept {
     qp->recv_cq = to_ucq(init->recv_cq);
     qp->sq_sig_all = init->sq_sig_all != 0;
     transport::Engine& engine = *ctx->state->engine;
+    uint32_t qpn = 0;
     try {
-        const uint32_t qpn = engine.allocate_qpn();
+        qpn = engine.allocate_qpn();
         qp->rc = std::make_shared<transport::RcQp>(
             engine, qpn, to_upd(pd)->id, caps, qp->send_cq->queue, qp->recv_cq->queue, &qp->vqp.qp);
         engine.attach(qp->rc);
     } catch (...) {
+        if (qpn) engine.detach(qpn);  // gives the reserved QPN back
         delete qp;
         errno = ENOMEM;
         return nullptr;

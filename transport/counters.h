@@ -33,7 +33,11 @@ namespace uroce::transport {
     X(rx_response_out_of_window) /* responses for PSNs not sent or already acknowledged */ \
     X(rx_cnp)                    /* RoCEv2 congestion notification packets */              \
     X(rx_duplicate_dropped)      /* duplicate READs matching no READ executed */           \
-    X(rx_held_overflow)          /* requests refused: too many waiting behind a READ */
+    X(rx_held_overflow)          /* requests refused: too many waiting behind a READ */    \
+    X(tx_dropped_full)           /* socket buffer full: dropped, recovered as a loss */    \
+    X(tx_too_big)                /* EMSGSIZE: packet larger than the path's IP MTU */      \
+    X(tx_sport_fallback)         /* sent from the main port: QP's source port not bound */ \
+    X(cq_overruns)               /* completions that found their CQ full */
 
 struct EngineCounters {
 #define UROCE_COUNTER_FIELD(name) std::atomic<uint64_t> name{0};

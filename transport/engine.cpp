@@ -3,9 +3,12 @@
 #include <event2/thread.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <mutex>
+#include <new>
 
+#include "transport/random_source.h"
 #include "uroce/icrc.h"
 
 namespace uroce::transport {
@@ -60,6 +63,7 @@ std::unique_ptr<Engine> Engine::create(const EngineConfig& config, std::string& 
 Engine::Engine(const EngineConfig& config)
     : config_(config),
       socket_(config.ip, config.port),
+      send_sockets_(config.ip, socket_),
       faults_(config.faults),
       rx_buffers_(kRxBatch * kRxBufferBytes) {}
 
@@ -72,7 +76,8 @@ Engine::~Engine() {
         // QPs still attached (an application that did not destroy them) go first: their
         // timers belong to the base.
         std::unique_lock lock(qps_mutex_);
-        for (auto& [qpn, qp] : qps_) qp->close();
+        for (auto& [qpn, qp] : qps_)
+            if (qp) qp->close();
         qps_.clear();
     }
     touched_.clear();
@@ -98,11 +103,15 @@ void Engine::post_async(const AsyncEvent& ev) {
 
 uint32_t Engine::allocate_qpn() {
     std::unique_lock lock(qps_mutex_);
-    for (;;) {
-        const uint32_t qpn = next_qpn_;
-        next_qpn_ = next_qpn_ >= wire::kQpnMask ? 0x11 : next_qpn_ + 1;
-        if (!qps_.contains(qpn)) return qpn;
-    }
+    // QPs 0 and 1 are the IBA's special QPs.
+    constexpr uint32_t kFirstQpn = 2;
+    constexpr uint32_t kQpns = wire::kQpnMask + 1 - kFirstQpn;
+    if (qps_.size() >= kQpns) throw std::bad_alloc();
+    uint32_t qpn = kFirstQpn + static_cast<uint32_t>(random_u64() % kQpns);
+    // Taken: the next free one after it (the table is far from full in practice).
+    while (qps_.contains(qpn)) qpn = qpn >= wire::kQpnMask ? kFirstQpn : qpn + 1;
+    qps_.emplace(qpn, nullptr);
+    return qpn;
 }
 
 void Engine::attach(const std::shared_ptr<RcQp>& qp) {
@@ -121,18 +130,18 @@ void Engine::detach(uint32_t qpn) {
     }
     // Outside the table lock: closing waits for a timer callback that may be running. The
     // receive path may still hold a reference for a moment; a closed QP ignores what it gets.
-    keep->close();
+    if (keep) keep->close();
 }
 
-void Engine::transmit(const wire::Headers& h, std::span<const iovec> payload, uint32_t payload_len,
-                      uint32_t dst_ip) {
+int Engine::transmit(const wire::Headers& h, std::span<const iovec> payload, uint32_t payload_len,
+                     uint32_t dst_ip, uint16_t src_port) {
     uint8_t hdr[wire::kMaxHeaderBytes];
     wire::Headers out = h;
     out.bth.pad = wire::pad_for(payload_len);
     const size_t hlen = wire::build_headers(out, hdr);
     if (hlen == 0) {
         bump(counters_.tx_errors);
-        return;
+        return 0;
     }
     static const uint8_t kZeros[4] = {0, 0, 0, 0};
     iovec iov[kMaxSge + 4];
@@ -149,25 +158,40 @@ void Engine::transmit(const wire::Headers& h, std::span<const iovec> payload, ui
         iov[n] = {const_cast<uint8_t*>(kZeros), out.bth.pad};
         pieces[n++] = {kZeros, out.bth.pad};
     }
-    const wire::Ipv4Flow flow{config_.ip, dst_ip, config_.port, config_.port};
+    // The ICRC covers the UDP source port: it is the port of the socket that sends.
+    const UdpSocket& sock = send_sockets_.for_port(src_port);
+    if (sock.port() != src_port) bump(counters_.tx_sport_fallback);
+    const wire::Ipv4Flow flow{config_.ip, dst_ip, sock.port(), config_.port};
     const uint32_t crc = wire::icrc_ipv4(flow, wire::Ipv4Unseen{}, std::span(pieces, n));
     uint8_t icrc[4] = {static_cast<uint8_t>(crc), static_cast<uint8_t>(crc >> 8),
                        static_cast<uint8_t>(crc >> 16), static_cast<uint8_t>(crc >> 24)};
     iov[n++] = {icrc, sizeof icrc};
     if (faults_.drop_next()) {
         bump(counters_.tx_dropped_fault);
-        return;
+        return 0;
     }
     if (has_transmit_filter_.load(std::memory_order_acquire) &&
         !pass_filter(std::span(iov, n), dst_ip)) {
         bump(counters_.tx_dropped_filter);
-        return;
+        return 0;
     }
-    if (socket_.send(dst_ip, config_.port, std::span(iov, n)) != 0) {
-        bump(counters_.tx_errors);
-        return;
+    switch (sock.send(dst_ip, config_.port, std::span(iov, n))) {
+        case 0:
+            bump(counters_.tx_packets);
+            return 0;
+        case EAGAIN:
+        case ENOBUFS:
+            // Waiting here would stall every thread that needs this QP's mutex; the
+            // retransmission machinery recovers the packet as it would a loss.
+            bump(counters_.tx_dropped_full);
+            return 0;
+        case EMSGSIZE:
+            bump(counters_.tx_too_big);
+            return EMSGSIZE;
+        default:
+            bump(counters_.tx_errors);
+            return 0;
     }
-    bump(counters_.tx_packets);
 }
 
 void Engine::set_transmit_filter(TransmitFilter filter) {

@@ -24,6 +24,7 @@
 #include "transport/fault_injector.h"
 #include "transport/memory_table.h"
 #include "transport/rc_qp.h"
+#include "transport/send_sockets.h"
 #include "transport/udp_socket.h"
 #include "uroce/wire.h"
 
@@ -59,6 +60,9 @@ class Engine {
     void set_async_handler(std::function<void(const AsyncEvent&)> handler);
     void post_async(const AsyncEvent& ev);
 
+    // A QPN drawn at random (24 bits, never 0 or 1, none in use), so that a blind attacker
+    // cannot guess it; it stays reserved until detach(). Throws std::bad_alloc when none
+    // is free.
     uint32_t allocate_qpn();
     void attach(const std::shared_ptr<RcQp>& qp);
     // Removes the QP from the table and closes it (RcQp::close): once this returns, no
@@ -83,10 +87,13 @@ class Engine {
         std::function<bool(std::span<const uint8_t> udp_payload, uint32_t dst_ip)>;
     void set_transmit_filter(TransmitFilter filter);
 
-    // Builds the headers, pad and ICRC around `payload` and sends the packet (unless the
-    // fault injector or the transmit filter drops it).
-    void transmit(const wire::Headers& h, std::span<const iovec> payload, uint32_t payload_len,
-                  uint32_t dst_ip);
+    // Builds the headers, pad and ICRC around `payload` and sends the packet from UDP port
+    // `src_port` (unless the fault injector or the transmit filter drops it). A packet the
+    // socket cannot take is counted and dropped, like a loss on the wire. Returns 0, or
+    // EMSGSIZE when the packet is larger than the path's IP MTU (a configuration error the
+    // caller has to surface).
+    int transmit(const wire::Headers& h, std::span<const iovec> payload, uint32_t payload_len,
+                 uint32_t dst_ip, uint16_t src_port);
 
   private:
     // Asks the transmit filter about the packet gathered from `iov`.
@@ -102,6 +109,7 @@ class Engine {
 
     EngineConfig config_;
     UdpSocket socket_;
+    SendSockets send_sockets_;
     FaultInjector faults_;
     MemoryTable memory_;
     EngineCounters counters_;
@@ -111,8 +119,8 @@ class Engine {
     std::thread thread_;
 
     std::shared_mutex qps_mutex_;
+    // QPN -> QP; a null entry is a QPN allocated but not yet attached.
     std::unordered_map<uint32_t, std::shared_ptr<RcQp>> qps_;
-    uint32_t next_qpn_ = 0x11;
 
     std::mutex filter_mutex_;
     TransmitFilter transmit_filter_;

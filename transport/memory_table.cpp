@@ -1,6 +1,10 @@
 #include "transport/memory_table.h"
 
+#include <cstdint>
 #include <new>
+#include <stdexcept>
+
+#include "transport/random_source.h"
 
 namespace uroce::transport {
 
@@ -20,37 +24,54 @@ const char* to_string(KeyCheck c) {
     return "?";
 }
 
+namespace {
+
+constexpr uint32_t kIndexMask = 0xffffff;
+
+// True if [start, start+length) runs past 2^64 (it may end exactly there).
+bool wraps(uint64_t start, uint64_t length) {
+    return length > 0 && length - 1 > UINT64_MAX - start;
+}
+
+}  // namespace
+
 MemoryKeys MemoryTable::add(uint32_t pd, uint64_t addr, uint64_t length, uint64_t iova,
                             uint32_t access) {
+    // Every later check computes addr + (va - iova) with va - iova < length: neither range
+    // may wrap, or a remote access could land anywhere in the process.
+    if (wraps(addr, length) || wraps(iova, length))
+        throw std::invalid_argument("memory range wraps around 2^64");
+    // Random key bytes, so that a blind attacker cannot derive a key from the order of
+    // registration; lkey and rkey differ so that one cannot stand in for the other.
+    const uint64_t r = random_u64();
+    const auto lbyte = static_cast<uint8_t>(r);
+    auto rbyte = static_cast<uint8_t>(r >> 8);
+    if (rbyte == lbyte) rbyte = static_cast<uint8_t>(lbyte ^ (1u + ((r >> 16) % 255)));
     std::unique_lock lock(mutex_);
     // Keys carry a 24-bit index; after 2^24 registrations it wraps, skipping indices whose
     // region is still registered, so a live key is never handed out twice.
-    constexpr uint32_t kIndexMask = 0xffffff;
-    if (by_lkey_.size() >= kIndexMask) throw std::bad_alloc();
+    if (by_index_.size() >= kIndexMask) throw std::bad_alloc();
     uint32_t index;
     do {
         index = next_index_;
         next_index_ = (next_index_ & kIndexMask) == kIndexMask ? 1 : next_index_ + 1;
-    } while (by_lkey_.contains((index << 8) | 0x11));
-    // The low byte differs between lkey and rkey so that using one for the other fails.
-    MemoryKeys keys{(index << 8) | 0x11, (index << 8) | 0x77};
-    by_lkey_.emplace(keys.lkey, Region{pd, addr, length, iova, access, keys.rkey});
-    rkey_to_lkey_.emplace(keys.rkey, keys.lkey);
+    } while (by_index_.contains(index));
+    const MemoryKeys keys{(index << 8) | lbyte, (index << 8) | rbyte};
+    by_index_.emplace(index, Region{pd, addr, length, iova, access, keys});
     return keys;
 }
 
 bool MemoryTable::remove(uint32_t lkey) {
     std::unique_lock lock(mutex_);
-    auto it = by_lkey_.find(lkey);
-    if (it == by_lkey_.end()) return false;
-    rkey_to_lkey_.erase(it->second.rkey);
-    by_lkey_.erase(it);
+    auto it = by_index_.find(lkey >> 8);
+    if (it == by_index_.end() || it->second.keys.lkey != lkey) return false;
+    by_index_.erase(it);
     return true;
 }
 
 size_t MemoryTable::size() const {
     std::shared_lock lock(mutex_);
-    return by_lkey_.size();
+    return by_index_.size();
 }
 
 KeyCheck MemoryTable::check(const Region* r, uint32_t pd, uint64_t base, uint64_t addr,
@@ -65,17 +86,15 @@ KeyCheck MemoryTable::check(const Region* r, uint32_t pd, uint64_t base, uint64_
 
 KeyCheck MemoryTable::check_local(uint32_t lkey, uint32_t pd, uint64_t addr, uint64_t length,
                                   uint32_t access) const {
-    auto it = by_lkey_.find(lkey);
-    if (it == by_lkey_.end()) return KeyCheck::BadKey;
+    auto it = by_index_.find(lkey >> 8);
+    if (it == by_index_.end() || it->second.keys.lkey != lkey) return KeyCheck::BadKey;
     return check(&it->second, pd, it->second.addr, addr, length, access);
 }
 
 KeyCheck MemoryTable::check_remote(uint32_t rkey, uint32_t pd, uint64_t va, uint64_t length,
                                    uint32_t access, uint64_t& local) const {
-    auto k = rkey_to_lkey_.find(rkey);
-    if (k == rkey_to_lkey_.end()) return KeyCheck::BadKey;
-    auto it = by_lkey_.find(k->second);
-    if (it == by_lkey_.end()) return KeyCheck::BadKey;
+    auto it = by_index_.find(rkey >> 8);
+    if (it == by_index_.end() || it->second.keys.rkey != rkey) return KeyCheck::BadKey;
     const Region& r = it->second;
     const KeyCheck c = check(&r, pd, r.iova, va, length, access);
     if (c == KeyCheck::Ok) local = r.addr + (va - r.iova);

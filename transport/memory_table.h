@@ -34,8 +34,10 @@ const char* to_string(KeyCheck c);
 class MemoryTable {
   public:
     // Registers [addr, addr+length) of protection domain `pd`, which remote requests
-    // address as [iova, iova+length). A key is not handed out again before 2^24 further
-    // registrations, and never while its region is registered. Throws std::bad_alloc when
+    // address as [iova, iova+length). A key is a 24-bit index and a random low byte (drawn
+    // anew at each registration, different for lkey and rkey); an index is not handed out
+    // again before 2^24 further registrations, and never while its region is registered.
+    // Throws std::invalid_argument if either range runs past 2^64, std::bad_alloc when
     // 2^24 - 1 regions are registered.
     MemoryKeys add(uint32_t pd, uint64_t addr, uint64_t length, uint64_t iova, uint32_t access);
     bool remove(uint32_t lkey);
@@ -60,14 +62,13 @@ class MemoryTable {
         uint64_t length;
         uint64_t iova;
         uint32_t access;
-        uint32_t rkey;
+        MemoryKeys keys;
     };
     static KeyCheck check(const Region* r, uint32_t pd, uint64_t base, uint64_t addr,
                           uint64_t length, uint32_t access);
 
     mutable std::shared_mutex mutex_;
-    std::unordered_map<uint32_t, Region> by_lkey_;
-    std::unordered_map<uint32_t, uint32_t> rkey_to_lkey_;
+    std::unordered_map<uint32_t, Region> by_index_;  // key >> 8 -> region
     uint32_t next_index_ = 1;
 };
 

@@ -56,19 +56,20 @@ void RcQp::complete_send(const SqEntry& e, WcStatus status) {
     c.opcode = wc_opcode_for(e.wqe.opcode);
     c.byte_len = e.wqe.opcode == SendOpcode::RdmaRead ? e.wqe.length : 0;
     c.qp_num = qpn_;
-    send_cq_->push(c);
+    push_completion(*send_cq_, c);
 }
 
 void RcQp::retire_front(WcStatus status) {
-    SqEntry& e = sq_.front();
+    // Off the queue before its completion: a full CQ moves the QP to ERR, which flushes sq_.
+    const SqEntry e = std::move(sq_.front());
+    sq_.pop_front();
     if (e.assigned && e.wqe.opcode == SendOpcode::RdmaRead && reads_outstanding_ > 0)
         --reads_outstanding_;
-    complete_send(e, status);
-    sq_.pop_front();
     if (send_index_ > 0)
         --send_index_;
     else
         send_pkt_ = 0;
+    complete_send(e, status);
 }
 
 bool RcQp::has_outstanding() const {

@@ -10,6 +10,7 @@ RcQp::RcQp(Engine& engine, uint32_t qpn, uint32_t pd, const QpCaps& caps,
            void* user_handle)
     : engine_(engine),
       qpn_(qpn),
+      source_port_(source_port_for_qpn(qpn)),
       pd_(pd),
       caps_(caps),
       send_cq_(std::move(send_cq)),
@@ -133,7 +134,7 @@ int RcQp::post_recv(const RecvWqe& wqe) {
         c.status = WcStatus::WrFlushErr;
         c.opcode = WcOpcode::Recv;
         c.qp_num = qpn_;
-        recv_cq_->push(c);
+        push_completion(*recv_cq_, c);
         return 0;
     }
     rq_.push_back(wqe);
@@ -170,6 +171,26 @@ void RcQp::on_packet(const wire::ParsedPacket& pkt, uint32_t src_ip) {
     }
 }
 
+bool RcQp::push_completion(CompletionQueue& cq, const Completion& c) {
+    if (cq.push(c)) return true;
+    bump(engine_.counters().cq_overruns);
+    // Flushing into a full CQ loses flush completions only: the QP is already in ERR.
+    if (state_ == QpState::Err) return false;
+    const bool executed_request =
+        c.status == WcStatus::Success &&
+        (c.opcode == WcOpcode::Recv || c.opcode == WcOpcode::RecvRdmaWithImm);
+    if (executed_request) {
+        // The request that consumed the receive ended at epsn_ - 1. The NAK acknowledges
+        // everything before it and fails it at the requester.
+        responder_error(wire::NakCode::RemoteOperationalError, psn_add(epsn_, kPsnMask),
+                        AsyncEventType::QpFatal);
+    } else {
+        post_async(AsyncEventType::QpFatal);
+        enter_error();
+    }
+    return false;
+}
+
 void RcQp::enter_error() {
     if (state_ == QpState::Err) return;
     state_ = QpState::Err;
@@ -194,8 +215,8 @@ void RcQp::flush_all() {
         c.status = WcStatus::WrFlushErr;
         c.opcode = WcOpcode::Recv;
         c.qp_num = qpn_;
-        recv_cq_->push(c);
         rq_.pop_front();
+        push_completion(*recv_cq_, c);
     }
     recv_taken_ = false;
     in_message_ = InMessage::None;
@@ -206,7 +227,9 @@ void RcQp::flush_all() {
 }
 
 void RcQp::transmit(const wire::Headers& h, std::span<const iovec> payload, uint32_t payload_len) {
-    engine_.transmit(h, payload, payload_len, attrs_.dst_ip);
+    // EMSGSIZE (the path's IP MTU shrank below the QP's path MTU) is counted by the engine;
+    // the packet is lost, and the retransmission timer turns that into RETRY_EXC_ERR.
+    engine_.transmit(h, payload, payload_len, attrs_.dst_ip, source_port_);
 }
 
 void RcQp::post_async(AsyncEventType type) {

@@ -169,6 +169,13 @@ class RcQp : public std::enable_shared_from_this<RcQp> {
                        bool solicited, WcOpcode opcode);
 
     // rc_qp.cpp
+    // Every completion goes through here. A completion that finds its CQ full is lost, so
+    // the QP cannot go on as if the application had seen it: it enters ERR with
+    // IBV_EVENT_QP_FATAL (the CQ raises IBV_EVENT_CQ_ERR), and a receive completion's
+    // request is answered with a remote operational error NAK instead of an ACK, so that
+    // the requester never reports success for a message whose completion was lost.
+    // Returns false if the completion was lost.
+    bool push_completion(CompletionQueue& cq, const Completion& c);
     void enter_error();
     void flush_all();
     void transmit(const wire::Headers& h, std::span<const iovec> payload, uint32_t payload_len);
@@ -176,6 +183,7 @@ class RcQp : public std::enable_shared_from_this<RcQp> {
 
     Engine& engine_;
     const uint32_t qpn_;
+    const uint16_t source_port_;  // UDP source port of everything this QP sends
     const uint32_t pd_;
     const QpCaps caps_;
     const std::shared_ptr<CompletionQueue> send_cq_;

@@ -90,7 +90,7 @@ void RcQp::complete_recv(WcStatus status, uint32_t byte_len, bool with_imm, uint
     c.solicited = solicited;
     rq_.pop_front();
     recv_taken_ = false;
-    recv_cq_->push(c);
+    push_completion(*recv_cq_, c);
 }
 
 void RcQp::responder_error(wire::NakCode code, uint32_t psn, AsyncEventType event) {

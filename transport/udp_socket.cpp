@@ -52,18 +52,13 @@ int UdpSocket::send(uint32_t dst_ip, uint16_t dst_port, std::span<const iovec> i
     msg.msg_namelen = sizeof sa;
     msg.msg_iov = const_cast<iovec*>(iov.data());
     msg.msg_iovlen = iov.size();
-    for (int attempt = 0; attempt < 1000; ++attempt) {
+    // Never waits: the caller holds a QP's mutex. A full socket buffer (EAGAIN, ENOBUFS)
+    // is reported at once and the transport treats the packet as lost on the wire.
+    for (int attempt = 0; attempt < 16; ++attempt) {
         if (::sendmsg(fd_, &msg, MSG_NOSIGNAL) >= 0) return 0;
-        if (errno == EINTR) continue;
-        if (errno == EAGAIN || errno == ENOBUFS) {
-            // The socket buffer is full: the transport treats this like loss on the wire
-            // only after a short wait, so that a burst does not turn into retransmissions.
-            ::usleep(20);
-            continue;
-        }
-        return errno;
+        if (errno != EINTR) return errno;
     }
-    return EAGAIN;
+    return EINTR;
 }
 
 size_t UdpSocket::receive(std::span<Datagram> batch) const {

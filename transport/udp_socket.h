@@ -26,7 +26,9 @@ class UdpSocket {
     uint32_t ip() const { return ip_; }
     uint16_t port() const { return port_; }
 
-    // Sends one datagram gathered from `iov` to ip:port. Returns 0 or an errno.
+    // Sends one datagram gathered from `iov` to ip:port without waiting. Returns 0 or an
+    // errno: EAGAIN/ENOBUFS when the socket buffer is full, EMSGSIZE when the datagram
+    // exceeds the path MTU (don't-fragment is set).
     int send(uint32_t dst_ip, uint16_t dst_port, std::span<const iovec> iov) const;
 
     struct Datagram {

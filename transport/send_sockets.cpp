@@ -1,0 +1,24 @@
+#include "transport/send_sockets.h"
+
+#include <mutex>
+
+namespace uroce::transport {
+
+const UdpSocket& SendSockets::for_port(uint16_t port) {
+    {
+        std::shared_lock lock(mutex_);
+        auto it = sockets_.find(port);
+        if (it != sockets_.end()) return it->second ? *it->second : fallback_;
+    }
+    std::unique_lock lock(mutex_);
+    auto it = sockets_.find(port);
+    if (it == sockets_.end()) {
+        auto s = std::make_unique<UdpSocket>(ip_, port);
+        // A port in use elsewhere is remembered as unusable: the QPs hashed to it send from
+        // the main socket rather than retry a bind on every packet.
+        it = sockets_.emplace(port, s->fd() >= 0 ? std::move(s) : nullptr).first;
+    }
+    return it->second ? *it->second : fallback_;
+}
+
+}  // namespace uroce::transport
