@@ -23,8 +23,18 @@ UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
   meson test -C "$top/build-asan" --suite unit --suite cli --suite integration \
     --num-processes "$jobs" --print-errorlogs || status=1
 
+# --- fuzz: a 60 s libFuzzer run of the receive path (clang, ASan+UBSan; tools/fuzz/) ---
+echo "== fuzz (receive path, 60 s)"
+[[ -f "$top/build-fuzz/build.ninja" ]] ||
+  CXX=clang++ meson setup "$top/build-fuzz" "$top" -Dfuzz=true \
+    -Db_sanitize=address,undefined -Db_lundef=false >/dev/null
+ninja -C "$top/build-fuzz" tools/fuzz/fuzz_receive >/dev/null
+meson test -C "$top/build-fuzz" --suite fuzz --no-rebuild --print-errorlogs || status=1
+# --- end fuzz ---
+
 # One closing line for the whole run, counted from both test logs.
-python3 - "$top/build/meson-logs/testlog.json" "$top/build-asan/meson-logs/testlog.json" <<'PY'
+python3 - "$top/build/meson-logs/testlog.json" "$top/build-asan/meson-logs/testlog.json" \
+  "$top/build-fuzz/meson-logs/testlog.json" <<'PY'
 import json, sys
 passed = failed = skipped = 0
 for path in sys.argv[1:]:
