@@ -11,12 +11,15 @@
 //   - in the region holding receive buffers and READ destinations, only the bytes those work
 //     requests name may have changed;
 //   - every completion names a work request that was posted, at most once, with a valid
-//     status, and a successful receive reports no more bytes than its buffers hold.
+//     status; a successful receive reports no more bytes than its buffers hold; a send WQE
+//     completes successfully only after its request (the last packet of a SEND or WRITE, the
+//     READ request) was transmitted: no peer can answer what it never got.
 // A broken invariant aborts, which libFuzzer reports as a crash with the input.
 //
 // Input format (all fix-ups are optional so that inputs can also reach the early checks):
 //   byte 0       scenario: bit 0 post receives, bit 1 a SEND, bit 2 a WRITE, bit 3 a READ,
-//                bit 4 a second READ (max_rd_atomic 2), bits 5-6 path MTU 256/512/1024/4096
+//                bit 4 a second READ, bits 5-6 path MTU 256/512/1024/4096, bit 7 max_rd_atomic 2
+//                (else 1: the second READ is not sent before the first completes)
 //   then records: ctrl (1 byte), length (2 bytes, little-endian), that many packet bytes
 //     ctrl bit 0  deliver to B (as if from A) instead of to A (as if from B)
 //     ctrl bit 1  recompute the ICRC (otherwise the packet goes as it is)
@@ -34,6 +37,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <set>
 #include <span>
 #include <string>
@@ -108,6 +112,13 @@ struct Side {
     uint32_t sq_psn = 0;
     uint32_t rq_psn = 0;
 
+    // Request PSNs this side has transmitted since the input began (the transmit filter sees
+    // them on whichever thread sends), and per posted send WQE the PSN whose transmission a
+    // successful completion presupposes: the last packet of a SEND or WRITE, a READ's request.
+    std::mutex sent_mutex;
+    std::set<uint32_t> sent_psns;
+    std::map<uint64_t, uint32_t> needed_psn;
+
     uint8_t* at(const Region& r, size_t off) { return arena.data() + r.offset + off; }
     uint64_t addr(const Region& r, size_t off) { return reinterpret_cast<uint64_t>(at(r, off)); }
     Sge sge(const Region& r, size_t off, uint32_t len) {
@@ -159,7 +170,18 @@ class Harness {
                          err);
             std::exit(1);
         }
-        s.engine->set_transmit_filter([](std::span<const uint8_t>, uint32_t) { return false; });
+        // Nothing reaches the wire; request PSNs are recorded.
+        s.engine->set_transmit_filter([&s](std::span<const uint8_t> bytes, uint32_t) {
+            const wire::OpcodeInfo* info =
+                bytes.size() >= wire::kBthBytes ? wire::opcode_info(bytes[0]) : nullptr;
+            if (info && (info->flags & wire::kRequest)) {
+                const uint32_t psn =
+                    uint32_t{bytes[9]} << 16 | uint32_t{bytes[10]} << 8 | bytes[11];
+                std::lock_guard lock(s.sent_mutex);
+                s.sent_psns.insert(psn);
+            }
+            return false;
+        });
         s.scq = std::make_shared<CompletionQueue>(4096, nullptr, nullptr);
         s.rcq = std::make_shared<CompletionQueue>(4096, nullptr, nullptr);
         s.qp = std::make_shared<RcQp>(*s.engine, s.engine->allocate_qpn(), kPd,
@@ -209,7 +231,7 @@ class Harness {
             at.retry_cnt = 7;
             at.rnr_retry = 3;
             at.min_rnr_timer = 1;
-            at.max_rd_atomic = (scenario & 0x10) ? 2 : 1;
+            at.max_rd_atomic = (scenario & 0x80) ? 2 : 1;  // with 1, the second READ waits
             at.max_dest_rd_atomic = 2;
             s->qp->modify(at, s->qp->state(), QpState::Reset);
             s->qp->modify(at, QpState::Reset, QpState::Init);
@@ -219,11 +241,17 @@ class Harness {
                 s->arena = s->reference;
             s->qp->modify(at, QpState::Rtr, QpState::Rts);
             if (s->qp->state() != QpState::Rts) violated("reset did not reach RTS", 0);
-            post(*s, peer, scenario);
+            post(*s, peer, scenario, mtu);
         }
     }
 
-    void post(Side& s, Side& peer, uint8_t scenario) {
+    void post(Side& s, Side& peer, uint8_t scenario, uint32_t mtu) {
+        {
+            std::lock_guard lock(s.sent_mutex);
+            s.sent_psns.clear();
+        }
+        s.needed_psn.clear();
+        uint32_t next_psn = s.sq_psn;
         if (scenario & 0x01) {
             uint64_t id = 100;
             for (size_t i = 0; i < kRecvSlices.size(); ++i) {
@@ -250,7 +278,11 @@ class Harness {
             w.remote_addr = raddr;
             w.rkey = rkey;
             w.imm = 0x12345678;
-            s.qp->post_send(w);
+            if (s.qp->post_send(w) != 0) return;
+            const uint32_t packets = std::max<uint32_t>(1, (sge.length + mtu - 1) / mtu);
+            s.needed_psn[id] =
+                (op == SendOpcode::RdmaRead ? next_psn : next_psn + packets - 1) & wire::kPsnMask;
+            next_psn += packets;
         };
         if (scenario & 0x02) send(1, SendOpcode::SendWithImm, s.sge(s.source, 0, 3000), 0, 0);
         if (scenario & 0x04)
@@ -378,6 +410,13 @@ class Harness {
                 if (!seen.insert(c.wr_id).second) violated("send WQE completed twice", c.wr_id);
                 if (c.status > WcStatus::GeneralErr)
                     violated("invalid status", static_cast<size_t>(c.status));
+                // No peer can have answered a request that never went out.
+                if (c.status == WcStatus::Success) {
+                    std::lock_guard lock(s.sent_mutex);
+                    if (!s.sent_psns.contains(s.needed_psn.at(c.wr_id)))
+                        violated("send WQE completed successfully before its request was sent",
+                                 c.wr_id);
+                }
             }
         }
         seen.clear();
