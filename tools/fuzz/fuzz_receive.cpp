@@ -238,7 +238,8 @@ class Harness {
             s->qp->modify(at, QpState::Init, QpState::Rtr);
             drain(*s);
             if (std::memcmp(s->arena.data(), s->reference.data(), s->arena.size()) != 0)
-                s->arena = s->reference;
+                std::memcpy(s->arena.data(), s->reference.data(),
+                            s->arena.size());  // in place: registered
             s->qp->modify(at, QpState::Rtr, QpState::Rts);
             if (s->qp->state() != QpState::Rts) violated("reset did not reach RTS", 0);
             post(*s, peer, scenario, mtu);
@@ -251,6 +252,7 @@ class Harness {
             s.sent_psns.clear();
         }
         s.needed_psn.clear();
+        recv_lengths_[&s == &a_].clear();
         uint32_t next_psn = s.sq_psn;
         if (scenario & 0x01) {
             uint64_t id = 100;
@@ -405,7 +407,8 @@ class Harness {
             if (n == 0) break;
             for (size_t i = 0; i < n; ++i) {
                 const Completion& c = buf[i];
-                if (c.wr_id < 1 || c.wr_id > 4)
+                const auto needed = s.needed_psn.find(c.wr_id);
+                if (needed == s.needed_psn.end())
                     violated("send completion for a WQE never posted", c.wr_id);
                 if (!seen.insert(c.wr_id).second) violated("send WQE completed twice", c.wr_id);
                 if (c.status > WcStatus::GeneralErr)
@@ -413,7 +416,7 @@ class Harness {
                 // No peer can have answered a request that never went out.
                 if (c.status == WcStatus::Success) {
                     std::lock_guard lock(s.sent_mutex);
-                    if (!s.sent_psns.contains(s.needed_psn.at(c.wr_id)))
+                    if (!s.sent_psns.contains(needed->second))
                         violated("send WQE completed successfully before its request was sent",
                                  c.wr_id);
                 }
