@@ -28,8 +28,17 @@ UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
   meson test -C "$top/build-asan" --suite unit --suite cli --suite integration \
     --num-processes "$jobs" --print-errorlogs || status=1
 
+# A 60 s libFuzzer run of the receive path (clang, ASan+UBSan; tools/fuzz/).
+echo "== fuzz (receive path, 60 s)"
+[[ -f "$top/build-fuzz/build.ninja" ]] ||
+  CXX=clang++ meson setup "$top/build-fuzz" "$top" -Dfuzz=true \
+    -Db_sanitize=address,undefined -Db_lundef=false >/dev/null
+ninja -C "$top/build-fuzz" tools/fuzz/fuzz_receive >/dev/null
+meson test -C "$top/build-fuzz" --suite fuzz --no-rebuild --print-errorlogs || status=1
+
 # Every skip listed; in CI (CI=true) a skip not in tests/allowed-skips.txt is a failure.
-# The closing line "N passed, N failed, N skipped" counts both test logs.
+# The closing line "N passed, N failed, N skipped" counts every test log.
 python3 "$top/tests/results.py" "$top/tests/allowed-skips.txt" \
-  "$top/build/meson-logs/testlog.json" "$top/build-asan/meson-logs/testlog.json" || status=1
+  "$top/build/meson-logs/testlog.json" "$top/build-asan/meson-logs/testlog.json" \
+  "$top/build-fuzz/meson-logs/testlog.json" || status=1
 exit $status
