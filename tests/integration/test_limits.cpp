@@ -16,6 +16,10 @@ using namespace uroce::test;
 
 namespace {
 
+// An int, not the enum: libibverbs' ibv_reg_mr macro ANDs it with another enum type, which
+// clang refuses (-Wdeprecated-enum-enum-conversion).
+constexpr int kLocalWriteOnly = IBV_ACCESS_LOCAL_WRITE;
+
 constexpr int kAll = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
 
 ibv_device_attr_ex query(ibv_context* ctx) {
@@ -210,13 +214,13 @@ TEST_CASE("object counts stop at the advertised limits with EINVAL", "[limits]")
         static uint8_t byte;
         std::vector<ibv_mr*> mrs;
         for (int i = 0; i < d.max_mr; ++i) {
-            ibv_mr* mr = ibv_reg_mr(pd, &byte, 1, IBV_ACCESS_LOCAL_WRITE);
+            ibv_mr* mr = ibv_reg_mr(pd, &byte, 1, kLocalWriteOnly);
             if (!mr) break;
             mrs.push_back(mr);
         }
         CHECK(mrs.size() == static_cast<size_t>(d.max_mr));
         errno = 0;
-        CHECK(ibv_reg_mr(pd, &byte, 1, IBV_ACCESS_LOCAL_WRITE) == nullptr);
+        CHECK(ibv_reg_mr(pd, &byte, 1, kLocalWriteOnly) == nullptr);
         CHECK(errno == EINVAL);
         for (ibv_mr* mr : mrs) ibv_dereg_mr(mr);
     }
@@ -265,7 +269,7 @@ TEST_CASE("ibv_reg_mr refuses oversized and wrapping ranges", "[limits]") {
     std::vector<uint8_t> buf(4096);
     auto refused = [&](void* addr, size_t len, uint64_t iova) {
         errno = 0;
-        ibv_mr* mr = ibv_reg_mr_iova(pd, addr, len, iova, IBV_ACCESS_LOCAL_WRITE);
+        ibv_mr* mr = ibv_reg_mr_iova(pd, addr, len, iova, kLocalWriteOnly);
         if (mr) ibv_dereg_mr(mr);
         return !mr && errno == EINVAL;
     };
@@ -277,7 +281,7 @@ TEST_CASE("ibv_reg_mr refuses oversized and wrapping ranges", "[limits]") {
     CHECK(refused(buf.data(), buf.size(), UINT64_MAX - 0x7ff));
     // A sane one still works.
     ibv_mr* mr =
-        ibv_reg_mr_iova(pd, buf.data(), buf.size(), UINT64_MAX - 0xfff, IBV_ACCESS_LOCAL_WRITE);
+        ibv_reg_mr_iova(pd, buf.data(), buf.size(), UINT64_MAX - 0xfff, kLocalWriteOnly);
     CHECK(mr);
     if (mr) ibv_dereg_mr(mr);
     ibv_dealloc_pd(pd);
