@@ -199,8 +199,10 @@ int main(int argc, char** argv) {
     std::vector<uint8_t> arena(kGuard + o.size + kGuard, kGuardByte);  // guard | receive | guard
     uint8_t* recvbuf = arena.data() + kGuard;
     ibv_mr* smr = cq ? ibv_reg_mr(pd, sendbuf.data(), sendbuf.size(), 0) : nullptr;
-    ibv_mr* rmr =
-        smr ? ibv_reg_mr(pd, arena.data(), arena.size(), IBV_ACCESS_LOCAL_WRITE) : nullptr;
+    // An int, not the enum: libibverbs' ibv_reg_mr macro ANDs it with another enum type,
+    // which clang refuses.
+    constexpr int kLocalWrite = IBV_ACCESS_LOCAL_WRITE;
+    ibv_mr* rmr = smr ? ibv_reg_mr(pd, arena.data(), arena.size(), kLocalWrite) : nullptr;
     ibv_qp_init_attr init{};
     init.send_cq = cq;
     init.recv_cq = cq;
