@@ -30,13 +30,24 @@ class Mutant:
     find: str  # exact text, must occur exactly once
     replace: str
     tests: tuple  # keys of TESTS
+    also: tuple = ()  # further (find, replace) pairs in the same file, for a check made twice
 
 
-# Test commands, run from the scratch build directory.
+# Build configurations (meson options) of the scratch copy; each is set up only when a
+# selected mutant needs it.
+BUILDS = {
+    "release": [],
+    # Use-after-free and friends only show under AddressSanitizer.
+    "asan": ["-Db_sanitize=address,undefined", "-Db_lundef=false", "-Dbuildtype=debug"],
+}
+
+# Test commands: (build, ninja target or None for everything, command run in that build dir).
 TESTS = {
-    "transport": ["tests/unit/transport/test_transport"],
-    "wire": ["tests/unit/wire/test_wire"],
-    "integration": ["meson", "test", "--no-rebuild", "--suite", "integration"],
+    "transport": ("release", None, ["tests/unit/transport/test_transport"]),
+    "wire": ("release", None, ["tests/unit/wire/test_wire"]),
+    "integration": ("release", None, ["meson", "test", "--no-rebuild", "--suite", "integration"]),
+    "transport-asan": ("asan", "tests/unit/transport/test_transport",
+                       ["tests/unit/transport/test_transport", "[lifetime]"]),
 }
 
 MUTANTS = [
@@ -45,10 +56,13 @@ MUTANTS = [
            "if (r->pd != pd) return KeyCheck::WrongPd;",
            "if (r->pd != pd && false) return KeyCheck::WrongPd;", ("transport",)),
     Mutant("memory: no upper bounds check", "transport/memory_table.cpp",
-           "length > r->length || addr - base > r->length - length", "false",
+           "length > r->length || addr - base > r->length - length",
+           "length == 0xdeadbeefdeadbeefull",
            ("transport",)),
-    Mutant("memory: no lower bounds check", "transport/memory_table.cpp",
-           "if (addr < base ||", "if (", ("transport",)),
+    Mutant("memory: addresses below the region accepted", "transport/memory_table.cpp",
+           "if (addr < base || length > r->length || addr - base > r->length - length)",
+           "if (addr >= base && (length > r->length || addr - base > r->length - length))",
+           ("transport",)),
     Mutant("memory: no access-rights check", "transport/memory_table.cpp",
            "if ((r->access & access) != access) return KeyCheck::NoAccess;",
            "if ((r->access & access) != access && false) return KeyCheck::NoAccess;",
@@ -64,7 +78,8 @@ MUTANTS = [
     Mutant("filter: P_Key not checked", "transport/engine.cpp",
            "if ((pkt.h.bth.pkey & 0x7fff) != 0x7fff) {", "if (false) {", ("transport",)),
     Mutant("filter: peer address not checked", "transport/rc_qp.cpp",
-           "if (src_ip != attrs_.dst_ip) {", "if (false) {", ("transport",)),
+           "if (src_ip != attrs_.dst_ip) {", "if (src_ip != attrs_.dst_ip && false) {",
+           ("transport",)),
     # --- responder (transport/rc_responder.cpp) ---
     Mutant("responder: duplicate requests executed again", "transport/rc_responder.cpp",
            "if (d < 0) {", "if (d < -1000000) {", ("transport",)),
@@ -74,7 +89,8 @@ MUTANTS = [
            "if (!(attrs_.access & kRemoteWrite)) {", "if (false) {", ("transport",)),
     Mutant("responder: READ without QP remote-read right", "transport/rc_responder.cpp",
            "    if (!(attrs_.access & kRemoteRead)) {\n        responder_error",
-           "    if (false) {\n        responder_error", ("transport",)),
+           "    if (false) {\n        responder_error", ("transport",),
+           also=(("if (!(attrs_.access & kRemoteRead) ||", "if (false ||"),)),
     Mutant("responder: READ whole-range check removed", "transport/rc_responder.cpp",
            "if (engine_.memory().check_remote(reth.rkey, pd_, reth.va, reth.dma_len, kRemoteRead,",
            "if (false && engine_.memory().check_remote(reth.rkey, pd_, reth.va, reth.dma_len, kRemoteRead,",
@@ -112,7 +128,7 @@ MUTANTS = [
            ("transport",)),
     # --- object lifetime (transport/rc_qp.cpp, provider/qp.cpp) ---
     Mutant("lifetime: close does not wait for the timer callback", "transport/rc_qp.cpp",
-           "    if (timer_) event_del_block(timer_);\n", "", ("transport",)),
+           "    if (timer_) event_del_block(timer_);\n", "", ("transport-asan",)),
     Mutant("lifetime: destroy_qp does not take back unread events", "provider/qp.cpp",
            "st->async_events.retract(reinterpret_cast<uint64_t>(ibqp), &qp->events);", "",
            ("integration",)),
@@ -125,18 +141,36 @@ MUTANTS = [
            "start_timer((4096ull << attrs_.timeout) / 1000);",
            "start_timer((256ull << attrs_.timeout) / 1000);", ("transport",)),
     Mutant("completer: READ response length not checked", "transport/rc_completer.cpp",
-           "if (!sequence_ok || !length_ok) {", "if (!sequence_ok) {", ("transport",)),
+           "if (!sequence_ok || !length_ok) {", "if (!sequence_ok || (!length_ok && false)) {",
+           ("transport",)),
     Mutant("completer: READ response opcode sequence not checked", "transport/rc_completer.cpp",
-           "if (!sequence_ok || !length_ok) {", "if (!length_ok) {", ("transport",)),
+           "if (!sequence_ok || !length_ok) {", "if ((!sequence_ok && false) || !length_ok) {",
+           ("transport",)),
     Mutant("requester: local key not checked before sending", "transport/rc_requester.cpp",
            "if (mem.check_local(s.lkey, pd_, s.addr + skip, take, 0) != KeyCheck::Ok) return false;",
-           "", ("transport",)),
+           "if (mem.check_local(s.lkey, pd_, s.addr + skip, take, 0) != KeyCheck::Ok && false) return false;",
+           ("transport",)),
     Mutant("requester: READ target not checked for local write", "transport/rc_requester.cpp",
            "KeyCheck::Ok)\n                return false;", "KeyCheck::Ok) {}",
            ("transport",)),
     # --- PSN arithmetic (transport/psn.h) ---
-    Mutant("psn: no wrap at 2^24", "transport/psn.h",
-           "return (psn + n) & kPsnMask;", "return psn + n;", ("transport",)),
+    # (PSN arithmetic itself is pinned by static_asserts in transport/psn.h.)
+    Mutant("completer: responses behind the oldest unacknowledged PSN accepted",
+           "transport/rc_completer.cpp", "!psn_before(psn, oldest_unacked()) &&", "",
+           ("transport",)),
+    Mutant("completer: responses beyond the highest PSN sent accepted",
+           "transport/rc_completer.cpp", "&& psn_before(psn, sent_high_);", ";",
+           ("transport",)),
+    Mutant("requester: READ does not claim its response PSNs", "transport/rc_requester.cpp",
+           "e.wqe.opcode == SendOpcode::RdmaRead ? psn_add(e.psn, e.npkts)",
+           "e.wqe.opcode == SendOpcode::RdmaRead ? psn_add(psn, 1)", ("transport",)),
+    Mutant("lifetime: closed QP still takes packets", "transport/rc_qp.cpp",
+           "    if (closed_) {\n        bump(engine_.counters().rx_unknown_qp);",
+           "    if (closed_ && false) {\n        bump(engine_.counters().rx_unknown_qp);",
+           ("transport-asan",)),
+    Mutant("provider: destroy_qp does not wait for acknowledgements", "provider/qp.cpp",
+           "    wait_for_acks(&ibqp->mutex, &ibqp->cond, &ibqp->events_completed, qp->events.delivered);\n",
+           "", ("integration",)),
 ]
 
 
@@ -154,35 +188,57 @@ def main():
     selected = [m for m in MUTANTS if not wanted or any(w in m.name for w in wanted)]
     scratch = tempfile.mkdtemp(prefix="uroce-mutants-")
     src = os.path.join(scratch, "src")
-    build = os.path.join(scratch, "build")
     shutil.copytree(TOP, src, ignore=shutil.ignore_patterns(".git", "build*"))
     print(f"scratch copy: {src}", flush=True)
-    if run(["meson", "setup", build, src], scratch, 600) != 0 or run(["ninja", "-C", build], scratch, 1800) != 0:
-        print("mutants: the unmutated tree does not build", file=sys.stderr)
-        return 2
+    keys = sorted({t for m in selected for t in m.tests})
+    builds = sorted({TESTS[k][0] for k in keys})
+    targets = {b: [TESTS[k][1] for k in keys if TESTS[k][0] == b] for b in builds}
+
+    def build_dir(name):
+        return os.path.join(scratch, "build-" + name)
+
+    def rebuild(name, only=None):
+        # Everything, unless every test of this build names its one target.
+        wanted_targets = only if only is not None else targets[name]
+        cmd = ["ninja", "-C", build_dir(name)]
+        if all(wanted_targets):
+            cmd += wanted_targets
+        return run(cmd, scratch, 1800) == 0
+
+    for b in builds:
+        if run(["meson", "setup", build_dir(b), src] + BUILDS[b], scratch, 600) != 0 or not rebuild(b):
+            print(f"mutants: the unmutated tree does not build ({b})", file=sys.stderr)
+            return 2
     # The unmutated tree must pass, or every "kill" means nothing.
-    for key in sorted({t for m in selected for t in m.tests}):
-        if run(TESTS[key], build, 1200) != 0:
+    for key in keys:
+        if run(TESTS[key][2], build_dir(TESTS[key][0]), 1200) != 0:
             print(f"mutants: the unmutated tree fails '{key}'", file=sys.stderr)
             return 2
     killed = survived = other = 0
     for m in selected:
         path = os.path.join(src, m.file)
         original = open(path).read()
-        if original.count(m.find) != 1:
-            print(f"STALE      {m.name} ({m.file}: text found {original.count(m.find)} times)", flush=True)
+        pairs = ((m.find, m.replace),) + m.also
+        stale = [f for f, _ in pairs if original.count(f) != 1]
+        if stale:
+            print(f"STALE      {m.name} ({m.file}: {stale[0]!r} not found exactly once)", flush=True)
             other += 1
             continue
-        open(path, "w").write(original.replace(m.find, m.replace))
+        mutated = original
+        for f, r in pairs:
+            mutated = mutated.replace(f, r)
+        open(path, "w").write(mutated)
         start = time.monotonic()
         try:
-            if run(["ninja", "-C", build], scratch, 1800) != 0:
+            needed = sorted({TESTS[k][0] for k in m.tests})
+            if not all(rebuild(b, [TESTS[k][1] for k in m.tests if TESTS[k][0] == b]) for b in needed):
                 print(f"UNBUILDABLE {m.name}", flush=True)
                 other += 1
                 continue
             caught = None
             for key in m.tests:
-                rc = run(TESTS[key], build, 900)
+                build, _, cmd = TESTS[key]
+                rc = run(cmd, build_dir(build), 900)
                 if rc != 0:
                     caught = f"{key}: {'timed out' if rc == 'timeout' else 'failed'}"
                     break
@@ -195,7 +251,6 @@ def main():
                 print(f"SURVIVED   {m.name}  [{', '.join(m.tests)} passed, {secs:.0f} s]", flush=True)
         finally:
             open(path, "w").write(original)
-    run(["ninja", "-C", build], scratch, 1800)
     shutil.rmtree(scratch, ignore_errors=True)
     print(f"{killed} killed, {survived} survived" + (f", {other} stale or unbuildable" if other else ""))
     return 0 if survived == 0 and other == 0 else 1

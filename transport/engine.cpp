@@ -133,15 +133,22 @@ void Engine::detach(uint32_t qpn) {
     if (keep) keep->close();
 }
 
-int Engine::transmit(const wire::Headers& h, std::span<const iovec> payload, uint32_t payload_len,
-                     uint32_t dst_ip, uint16_t src_port) {
+const UdpSocket& Engine::sender_for_qpn(uint32_t qpn) {
+    const uint16_t port = source_port_for_qpn(qpn);
+    const UdpSocket& sock = send_sockets_.for_port(port);
+    if (sock.port() != port) bump(counters_.tx_sport_fallback);
+    return sock;
+}
+
+void Engine::transmit(const wire::Headers& h, std::span<const iovec> payload, uint32_t payload_len,
+                      uint32_t dst_ip, const UdpSocket& sock) {
     uint8_t hdr[wire::kMaxHeaderBytes];
     wire::Headers out = h;
     out.bth.pad = wire::pad_for(payload_len);
     const size_t hlen = wire::build_headers(out, hdr);
     if (hlen == 0) {
         bump(counters_.tx_errors);
-        return 0;
+        return;
     }
     static const uint8_t kZeros[4] = {0, 0, 0, 0};
     iovec iov[kMaxSge + 4];
@@ -159,8 +166,6 @@ int Engine::transmit(const wire::Headers& h, std::span<const iovec> payload, uin
         pieces[n++] = {kZeros, out.bth.pad};
     }
     // The ICRC covers the UDP source port: it is the port of the socket that sends.
-    const UdpSocket& sock = send_sockets_.for_port(src_port);
-    if (sock.port() != src_port) bump(counters_.tx_sport_fallback);
     const wire::Ipv4Flow flow{config_.ip, dst_ip, sock.port(), config_.port};
     const uint32_t crc = wire::icrc_ipv4(flow, wire::Ipv4Unseen{}, std::span(pieces, n));
     uint8_t icrc[4] = {static_cast<uint8_t>(crc), static_cast<uint8_t>(crc >> 8),
@@ -168,29 +173,29 @@ int Engine::transmit(const wire::Headers& h, std::span<const iovec> payload, uin
     iov[n++] = {icrc, sizeof icrc};
     if (faults_.drop_next()) {
         bump(counters_.tx_dropped_fault);
-        return 0;
+        return;
     }
     if (has_transmit_filter_.load(std::memory_order_acquire) &&
         !pass_filter(std::span(iov, n), dst_ip)) {
         bump(counters_.tx_dropped_filter);
-        return 0;
+        return;
     }
     switch (sock.send(dst_ip, config_.port, std::span(iov, n))) {
         case 0:
             bump(counters_.tx_packets);
-            return 0;
+            return;
         case EAGAIN:
         case ENOBUFS:
             // Waiting here would stall every thread that needs this QP's mutex; the
             // retransmission machinery recovers the packet as it would a loss.
             bump(counters_.tx_dropped_full);
-            return 0;
+            return;
         case EMSGSIZE:
             bump(counters_.tx_too_big);
-            return EMSGSIZE;
+            return;
         default:
             bump(counters_.tx_errors);
-            return 0;
+            return;
     }
 }
 

@@ -87,13 +87,18 @@ class Engine {
         std::function<bool(std::span<const uint8_t> udp_payload, uint32_t dst_ip)>;
     void set_transmit_filter(TransmitFilter filter);
 
-    // Builds the headers, pad and ICRC around `payload` and sends the packet from UDP port
-    // `src_port` (unless the fault injector or the transmit filter drops it). A packet the
-    // socket cannot take is counted and dropped, like a loss on the wire. Returns 0, or
-    // EMSGSIZE when the packet is larger than the path's IP MTU (a configuration error the
-    // caller has to surface).
-    int transmit(const wire::Headers& h, std::span<const iovec> payload, uint32_t payload_len,
-                 uint32_t dst_ip, uint16_t src_port);
+    // The socket a QP sends from: bound to the UDP source port derived from its QPN, or the
+    // main socket if that port cannot be bound (counted in tx_sport_fallback). Valid as long
+    // as the engine; a QP looks it up once, not per packet.
+    const UdpSocket& sender_for_qpn(uint32_t qpn);
+
+    // Builds the headers, pad and ICRC around `payload` and sends the packet from `from`
+    // (unless the fault injector or the transmit filter drops it). A packet the socket
+    // cannot take is counted and dropped, like a loss on the wire: a full buffer in
+    // tx_dropped_full, one larger than the path's IP MTU in tx_too_big; the retransmission
+    // machinery recovers the first and turns the second into RETRY_EXC_ERR.
+    void transmit(const wire::Headers& h, std::span<const iovec> payload, uint32_t payload_len,
+                  uint32_t dst_ip, const UdpSocket& from);
 
   private:
     // Asks the transmit filter about the packet gathered from `iov`.

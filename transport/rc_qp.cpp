@@ -10,7 +10,7 @@ RcQp::RcQp(Engine& engine, uint32_t qpn, uint32_t pd, const QpCaps& caps,
            void* user_handle)
     : engine_(engine),
       qpn_(qpn),
-      source_port_(source_port_for_qpn(qpn)),
+      sender_(engine.sender_for_qpn(qpn)),
       pd_(pd),
       caps_(caps),
       send_cq_(std::move(send_cq)),
@@ -227,9 +227,7 @@ void RcQp::flush_all() {
 }
 
 void RcQp::transmit(const wire::Headers& h, std::span<const iovec> payload, uint32_t payload_len) {
-    // EMSGSIZE (the path's IP MTU shrank below the QP's path MTU) is counted by the engine;
-    // the packet is lost, and the retransmission timer turns that into RETRY_EXC_ERR.
-    engine_.transmit(h, payload, payload_len, attrs_.dst_ip, source_port_);
+    engine_.transmit(h, payload, payload_len, attrs_.dst_ip, sender_);
 }
 
 void RcQp::post_async(AsyncEventType type) {

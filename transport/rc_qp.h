@@ -29,6 +29,7 @@
 #include "transport/completion_queue.h"
 #include "transport/qp_state.h"
 #include "transport/responder_resources.h"
+#include "transport/udp_socket.h"
 #include "transport/work_request.h"
 #include "uroce/wire.h"
 
@@ -183,7 +184,7 @@ class RcQp : public std::enable_shared_from_this<RcQp> {
 
     Engine& engine_;
     const uint32_t qpn_;
-    const uint16_t source_port_;  // UDP source port of everything this QP sends
+    const UdpSocket& sender_;  // bound to this QP's UDP source port (Engine::sender_for_qpn)
     const uint32_t pd_;
     const QpCaps caps_;
     const std::shared_ptr<CompletionQueue> send_cq_;
