@@ -252,6 +252,7 @@ int main(int argc, char** argv) {
                           IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC))
         fail("RTS failed");
 
+    bool last_send_unacknowledged_at_end = false;
     for (long iter = 0; iter < o.iters; ++iter) {
         fill_message(sendbuf.data(), o.size, iter);
         std::memset(recvbuf, 0, o.size);
@@ -273,7 +274,7 @@ int main(int argc, char** argv) {
         ibv_send_wr* bad_s = nullptr;
         if (ibv_post_send(qp, &swr, &bad_s)) fail("ibv_post_send failed");
 
-        bool sent = false, received = false;
+        bool sent = false, received = false, last_send_unacknowledged = false;
         uint32_t byte_len = 0;
         const auto deadline = std::chrono::steady_clock::now() + kIterationLimit;
         while (!(sent && received)) {
@@ -281,6 +282,17 @@ int main(int argc, char** argv) {
             const int n = ibv_poll_cq(cq, 2, wc);
             if (n < 0) fail("ibv_poll_cq failed");
             for (int i = 0; i < n; ++i) {
+                // ibv_rc_pingpong's server leaves as soon as its last reply is acknowledged,
+                // with no closing handshake: if the ACK of our last message is lost, nobody is
+                // left to answer its retransmissions. The reply itself proves the server
+                // received that message (it replies only after receiving), so on the last
+                // iteration alone, retry-exceeded on the send is that race, not a failure.
+                if (iter == o.iters - 1 && wc[i].wr_id == 2 &&
+                    wc[i].status == IBV_WC_RETRY_EXC_ERR) {
+                    sent = true;
+                    last_send_unacknowledged = true;
+                    continue;
+                }
                 if (wc[i].status != IBV_WC_SUCCESS)
                     fail("iteration " + std::to_string(iter) + ": completion status " +
                          ibv_wc_status_str(wc[i].status));
@@ -309,7 +321,12 @@ int main(int argc, char** argv) {
                 fail("iteration " + std::to_string(iter) +
                      ": guard bytes around the receive "
                      "buffer changed");
+        last_send_unacknowledged_at_end = last_send_unacknowledged;
     }
+    if (last_send_unacknowledged_at_end)
+        std::printf(
+            "pingpong_verify: the server left before acknowledging the last message "
+            "(its reply proves delivery)\n");
     std::printf(
         "pingpong_verify: %ld iterations of %zu bytes: every reply equals its message "
         "(%llu bytes checked)\n",
