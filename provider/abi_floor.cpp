@@ -14,7 +14,7 @@
 namespace uroce::provider {
 
 // Never called; `used` keeps the reference (and so the version requirement) in the binary.
-[[gnu::used]] int (*const kRequiresIbverbs114)(ibv_qp*, ibv_wr_opcode, uint32_t) =
-    &ibv_query_qp_data_in_order;
+[[gnu::used]] int (*const kRequiresIbverbs114)(ibv_qp*, ibv_wr_opcode,
+                                               uint32_t) = &ibv_query_qp_data_in_order;
 
 }  // namespace uroce::provider
