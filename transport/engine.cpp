@@ -140,15 +140,16 @@ const UdpSocket& Engine::sender_for_qpn(uint32_t qpn) {
     return sock;
 }
 
-void Engine::transmit(const wire::Headers& h, std::span<const iovec> payload, uint32_t payload_len,
-                      uint32_t dst_ip, const UdpSocket& sock) {
+Engine::TransmitResult Engine::transmit(const wire::Headers& h, std::span<const iovec> payload,
+                                        uint32_t payload_len, uint32_t dst_ip,
+                                        const UdpSocket& sock) {
     uint8_t hdr[wire::kMaxHeaderBytes];
     wire::Headers out = h;
     out.bth.pad = wire::pad_for(payload_len);
     const size_t hlen = wire::build_headers(out, hdr);
     if (hlen == 0) {
         bump(counters_.tx_errors);
-        return;
+        return TransmitResult::Failed;
     }
     static const uint8_t kZeros[4] = {0, 0, 0, 0};
     iovec iov[kMaxSge + 4];
@@ -173,29 +174,29 @@ void Engine::transmit(const wire::Headers& h, std::span<const iovec> payload, ui
     iov[n++] = {icrc, sizeof icrc};
     if (faults_.drop_next()) {
         bump(counters_.tx_dropped_fault);
-        return;
+        return TransmitResult::Lost;
     }
     if (has_transmit_filter_.load(std::memory_order_acquire) &&
         !pass_filter(std::span(iov, n), dst_ip)) {
         bump(counters_.tx_dropped_filter);
-        return;
+        return TransmitResult::Lost;
     }
     switch (sock.send(dst_ip, config_.port, std::span(iov, n))) {
         case 0:
             bump(counters_.tx_packets);
-            return;
+            return TransmitResult::Sent;
         case EAGAIN:
         case ENOBUFS:
             // Waiting here would stall every thread that needs this QP's mutex; the
             // retransmission machinery recovers the packet as it would a loss.
             bump(counters_.tx_dropped_full);
-            return;
+            return TransmitResult::Lost;
         case EMSGSIZE:
             bump(counters_.tx_too_big);
-            return;
+            return TransmitResult::Failed;
         default:
             bump(counters_.tx_errors);
-            return;
+            return TransmitResult::Failed;
     }
 }
 
@@ -215,9 +216,10 @@ bool Engine::pass_filter(std::span<const iovec> iov, uint32_t dst_ip) {
 }
 
 void Engine::receive_datagram(std::span<const uint8_t> udp_payload, uint32_t src_ip,
-                              uint16_t src_port) {
+                              uint16_t src_port, bool send_acks) {
     std::lock_guard lock(rx_mutex_);
-    if (auto qp = deliver(udp_payload, src_ip, src_port)) qp->flush_ack();
+    auto qp = deliver(udp_payload, src_ip, src_port);
+    if (qp && send_acks) qp->flush_ack();
 }
 
 void Engine::on_readable(evutil_socket_t, short, void* arg) {

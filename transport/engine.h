@@ -76,8 +76,10 @@ class Engine {
     void progress();
 
     // Seam for tests and fuzzing: handles one UDP payload (BTH .. ICRC) exactly as if the
-    // socket had delivered it from src_ip:src_port, then sends the ACKs it asked for.
-    void receive_datagram(std::span<const uint8_t> udp_payload, uint32_t src_ip, uint16_t src_port);
+    // socket had delivered it from src_ip:src_port, then sends the ACKs it asked for (unless
+    // `send_acks` is false: they stay pending, as in the middle of a receive batch).
+    void receive_datagram(std::span<const uint8_t> udp_payload, uint32_t src_ip, uint16_t src_port,
+                          bool send_acks = true);
 
     // Sees every packet the engine is about to send (the whole UDP payload, ICRC included)
     // after the fault injector let it through; returning false drops it (counted as
@@ -92,13 +94,22 @@ class Engine {
     // as the engine; a QP looks it up once, not per packet.
     const UdpSocket& sender_for_qpn(uint32_t qpn);
 
+    // What became of a packet handed to transmit().
+    enum class TransmitResult {
+        Sent,
+        // Dropped on purpose (fault injector, transmit filter) or because the socket buffer
+        // was full (tx_dropped_full): like a loss on the wire, retransmission recovers it.
+        Lost,
+        // The socket refused it for good: larger than the path's IP MTU (tx_too_big) or
+        // another send error (tx_errors). Sending it again would fail the same way.
+        Failed,
+    };
+
     // Builds the headers, pad and ICRC around `payload` and sends the packet from `from`
-    // (unless the fault injector or the transmit filter drops it). A packet the socket
-    // cannot take is counted and dropped, like a loss on the wire: a full buffer in
-    // tx_dropped_full, one larger than the path's IP MTU in tx_too_big; the retransmission
-    // machinery recovers the first and turns the second into RETRY_EXC_ERR.
-    void transmit(const wire::Headers& h, std::span<const iovec> payload, uint32_t payload_len,
-                  uint32_t dst_ip, const UdpSocket& from);
+    // (unless the fault injector or the transmit filter drops it). Never waits: the caller
+    // holds a QP's mutex.
+    TransmitResult transmit(const wire::Headers& h, std::span<const iovec> payload,
+                            uint32_t payload_len, uint32_t dst_ip, const UdpSocket& from);
 
   private:
     // Asks the transmit filter about the packet gathered from `iov`.

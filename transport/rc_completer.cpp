@@ -98,8 +98,8 @@ void RcQp::ack_through(uint32_t psn) {
             // lost: ask again for the rest (once until the timer runs out).
             if (!psn_before(psn, last) && !e.read_gap_retried) {
                 e.read_gap_retried = true;
-                if (!send_read_request(e)) {
-                    e.failed = WcStatus::LocProtErr;
+                if (const WcStatus status = send_read_request(e); status != WcStatus::Success) {
+                    e.failed = status;
                     enter_error();
                     return;
                 }
@@ -237,8 +237,8 @@ void RcQp::on_read_response(const wire::ParsedPacket& pkt) {
         // Only this READ is asked for again: the requests after it were not lost.
         if (!e.read_gap_retried) {
             e.read_gap_retried = true;
-            if (!send_read_request(e)) {
-                e.failed = WcStatus::LocProtErr;
+            if (const WcStatus status = send_read_request(e); status != WcStatus::Success) {
+                e.failed = status;
                 enter_error();
             }
         }

@@ -30,6 +30,11 @@ void RcQp::close() {
     {
         std::lock_guard lock(mutex_);
         if (closed_) return;
+        // The receive batch that completed a request may not have sent its ACK yet, while the
+        // application, having seen the completion, already destroys the QP: the request was
+        // executed and reported, so the requester must hear of it, or it retries until it
+        // fails a transfer that succeeded.
+        send_pending_ack();
         closed_ = true;
         cancel_timer();
     }
@@ -54,6 +59,9 @@ int RcQp::modify(const QpAttributes& attrs, QpState expected, QpState next) {
     std::lock_guard lock(mutex_);
     const QpState prev = state_;
     if (prev != expected && next != QpState::Reset && next != QpState::Err) return EINVAL;
+    // Requests executed and completed before the application stops the QP are acknowledged
+    // first (see close()).
+    if (next == QpState::Reset || next == QpState::Err) send_pending_ack();
     attrs_ = attrs;
     reads_.set_capacity(attrs_.max_dest_rd_atomic);
     if (next == prev && next != QpState::Sqd) return 0;
@@ -226,8 +234,9 @@ void RcQp::flush_all() {
     held_.clear();
 }
 
-void RcQp::transmit(const wire::Headers& h, std::span<const iovec> payload, uint32_t payload_len) {
-    engine_.transmit(h, payload, payload_len, attrs_.dst_ip, sender_);
+bool RcQp::transmit(const wire::Headers& h, std::span<const iovec> payload, uint32_t payload_len) {
+    return engine_.transmit(h, payload, payload_len, attrs_.dst_ip, sender_) !=
+           Engine::TransmitResult::Failed;
 }
 
 void RcQp::post_async(AsyncEventType type) {

@@ -115,8 +115,10 @@ class RcQp : public std::enable_shared_from_this<RcQp> {
 
     // requester (rc_requester.cpp)
     void pump();
-    bool send_request_packet(SqEntry& e, uint32_t pkt_index);
-    bool send_read_request(SqEntry& e);
+    // Success, or why the request cannot go out: LocProtErr (a local key check failed),
+    // LocQpOpErr (the socket refused the packet for good, e.g. larger than the IP MTU).
+    WcStatus send_request_packet(SqEntry& e, uint32_t pkt_index);
+    WcStatus send_read_request(SqEntry& e);
     uint32_t packets_for(const SqEntry& e) const;
     void rewind_to(uint32_t psn);
     bool gather(const SqEntry& e, uint32_t offset, uint32_t len, std::span<iovec> iov,
@@ -179,7 +181,8 @@ class RcQp : public std::enable_shared_from_this<RcQp> {
     bool push_completion(CompletionQueue& cq, const Completion& c);
     void enter_error();
     void flush_all();
-    void transmit(const wire::Headers& h, std::span<const iovec> payload, uint32_t payload_len);
+    // False if the packet can never be sent (see Engine::TransmitResult::Failed).
+    bool transmit(const wire::Headers& h, std::span<const iovec> payload, uint32_t payload_len);
     void post_async(AsyncEventType type);
 
     Engine& engine_;

@@ -58,7 +58,7 @@ bool RcQp::gather(const SqEntry& e, uint32_t offset, uint32_t len, std::span<iov
     return len == 0;
 }
 
-bool RcQp::send_request_packet(SqEntry& e, uint32_t pkt_index) {
+WcStatus RcQp::send_request_packet(SqEntry& e, uint32_t pkt_index) {
     const bool is_send =
         e.wqe.opcode == SendOpcode::Send || e.wqe.opcode == SendOpcode::SendWithImm;
     const bool with_imm =
@@ -91,12 +91,11 @@ bool RcQp::send_request_packet(SqEntry& e, uint32_t pkt_index) {
     auto guard = engine_.memory().lock_shared();
     iovec iov[kMaxSge];
     size_t niov = 0;
-    if (!gather(e, offset, len, iov, niov)) return false;
-    transmit(h, std::span(iov, niov), len);
-    return true;
+    if (!gather(e, offset, len, iov, niov)) return WcStatus::LocProtErr;
+    return transmit(h, std::span(iov, niov), len) ? WcStatus::Success : WcStatus::LocQpOpErr;
 }
 
-bool RcQp::send_read_request(SqEntry& e) {
+WcStatus RcQp::send_read_request(SqEntry& e) {
     wire::Headers h;
     h.bth.opcode = static_cast<uint8_t>(wire::Opcode::RcReadRequest);
     h.bth.dest_qp = attrs_.dest_qpn;
@@ -113,12 +112,11 @@ bool RcQp::send_read_request(SqEntry& e) {
             const uint32_t take = std::min(left, s.length);
             if (engine_.memory().check_local(s.lkey, pd_, s.addr, take, kLocalWrite) !=
                 KeyCheck::Ok)
-                return false;
+                return WcStatus::LocProtErr;
             left -= take;
         }
     }
-    transmit(h, {}, 0);
-    return true;
+    return transmit(h, {}, 0) ? WcStatus::Success : WcStatus::LocQpOpErr;
 }
 
 // Sends what the window allows, starting at send_index_/send_pkt_.
@@ -146,18 +144,19 @@ void RcQp::pump() {
         }
         const uint32_t psn = psn_add(e.psn, send_pkt_);
         if (psn_diff(psn, una_psn_) >= window) break;
-        bool ok;
+        WcStatus status;
         if (e.wqe.opcode == SendOpcode::RdmaRead) {
-            ok = send_read_request(e);
+            status = send_read_request(e);
             send_pkt_ = e.npkts;
         } else {
-            ok = send_request_packet(e, send_pkt_);
+            status = send_request_packet(e, send_pkt_);
             ++send_pkt_;
         }
-        if (!ok) {
-            // The local key check failed: this request completes with a protection error
-            // and the QP stops, flushing the rest, as the IBA prescribes.
-            e.failed = WcStatus::LocProtErr;
+        if (status != WcStatus::Success) {
+            // A local key check failed, or the packet can never leave this host: this
+            // request completes with that error and the QP stops, flushing the rest, as the
+            // IBA prescribes (and as rxe does when a send fails for good).
+            e.failed = status;
             enter_error();
             return;
         }

@@ -10,6 +10,7 @@
 using namespace uroce::transport;
 using namespace uroce::transport::test;
 using namespace std::chrono_literals;
+namespace wire = uroce::wire;
 
 namespace {
 
@@ -76,4 +77,43 @@ TEST_CASE("Lifetime: a QP destroyed while packets for it arrive", "[lifetime]") 
         qb.reset();
     }
     SUCCEED("no use after free (checked by ASan) and no hang");
+}
+
+// ibv_rc_pingpong's end: the last message's completion reaches the application while the
+// receive batch that executed it has not sent its ACK yet, and the application destroys the
+// QP at once. The ACK is owed all the same: without it the requester retries until
+// RETRY_EXC_ERR and reports a failure for a message that was delivered.
+TEST_CASE("Lifetime: a QP stopped right after a receive completes still sends its ACK",
+          "[lifetime]") {
+    Pair p;
+    p.connect();
+    TxRecorder b_out(*p.b.engine, {}, false);
+    RecvWqe r;
+    r.wr_id = 77;
+    r.sgl = sgl({p.b.sge(0, 64)});
+    REQUIRE(p.b.qp->post_recv(r) == 0);
+    const uint32_t psn = p.b.qp->attributes().rq_psn;
+    const ForgedPeer a_as_peer{*p.b.engine, p.a.ip, p.b.engine->config().port, p.a.qp->qpn(),
+                               p.b.qp->qpn()};
+    wire::Headers h = a_as_peer.headers(wire::Opcode::RcSendOnly, psn);
+    h.bth.ack_req = true;
+    std::vector<uint8_t> message(64);
+    fill(message.data(), message.size(), 5);
+    p.b.engine->receive_datagram(a_as_peer.forge(h, message), p.a.ip, p.b.engine->config().port,
+                                 /*send_acks=*/false);
+    const Completion c = p.wait_one(*p.b.rcq);
+    REQUIRE(c.status == WcStatus::Success);
+    REQUIRE(first_mismatch(p.b.at(0), 64, 5) == 64);
+    REQUIRE(b_out.count_opcode(wire::Opcode::RcAcknowledge) == 0);
+
+    SECTION("destroyed") {
+        p.b.engine->detach(p.b.qp->qpn());
+    }
+    SECTION("moved to the error state") {
+        REQUIRE(p.b.qp->modify(p.b.qp->attributes(), QpState::Rts, QpState::Err) == 0);
+    }
+    const auto acks = b_out.with_opcode(wire::Opcode::RcAcknowledge);
+    REQUIRE(acks.size() == 1);
+    CHECK(acks[0].parsed().h.bth.psn == psn);
+    CHECK(acks[0].parsed().h.aeth.type() == wire::AckType::Ack);
 }

@@ -1,0 +1,97 @@
+// A packet the host cannot send never vanishes silently: a request larger than the IP MTU
+// of its route fails at once with a local QP operation error (as rxe reports a send that
+// fails for good) instead of being retransmitted until the retry counter runs out.
+//
+// The small MTU is real: the test runs its engines in a network namespace of its own whose
+// loopback MTU is below the path MTU, so the kernel refuses the datagrams with EMSGSIZE.
+// A namespace needs CAP_SYS_ADMIN (root), as the rest of the suite does.
+#include <fcntl.h>
+#include <net/if.h>
+#include <sched.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <cstring>
+
+#include "tests/unit/transport/engine_pair.h"
+
+using namespace uroce::transport;
+using namespace uroce::transport::test;
+
+namespace {
+
+// Moves the calling thread (and the threads it starts from now on) into a new network
+// namespace whose loopback is up with the given MTU; the destructor moves it back.
+class ScopedNetworkNamespace {
+  public:
+    explicit ScopedNetworkNamespace(int lo_mtu) {
+        original_ = ::open("/proc/thread-self/ns/net", O_RDONLY | O_CLOEXEC);
+        REQUIRE(original_ >= 0);
+        INFO("unshare(CLONE_NEWNET): " << std::strerror(errno) << " (needs root)");
+        REQUIRE(::unshare(CLONE_NEWNET) == 0);
+        const int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+        REQUIRE(fd >= 0);
+        ifreq ifr{};
+        std::strncpy(ifr.ifr_name, "lo", IFNAMSIZ - 1);
+        ifr.ifr_mtu = lo_mtu;
+        const bool mtu_set = ::ioctl(fd, SIOCSIFMTU, &ifr) == 0;
+        ifr.ifr_flags = IFF_UP | IFF_LOOPBACK | IFF_RUNNING;
+        const bool up = ::ioctl(fd, SIOCSIFFLAGS, &ifr) == 0;
+        ::close(fd);
+        REQUIRE(mtu_set);
+        REQUIRE(up);
+    }
+    ~ScopedNetworkNamespace() {
+        if (original_ >= 0) {
+            ::setns(original_, CLONE_NEWNET);
+            ::close(original_);
+        }
+    }
+    ScopedNetworkNamespace(const ScopedNetworkNamespace&) = delete;
+    ScopedNetworkNamespace& operator=(const ScopedNetworkNamespace&) = delete;
+
+  private:
+    int original_ = -1;
+};
+
+}  // namespace
+
+TEST_CASE("A request larger than the route's IP MTU fails at once with LOC_QP_OP_ERR",
+          "[send_failures]") {
+    static_assert(kMtu == 1024);
+    // 1024 payload bytes + headers (IP 20, UDP 8, BTH 12, ICRC 4) do not fit in 1000; ACKs
+    // and small requests do.
+    ScopedNetworkNamespace netns(1000);
+    Pair p;
+    p.connect();
+
+    SECTION("a small WRITE still goes through") {
+        fill(p.a.at(0), 256, 1);
+        REQUIRE(p.a.qp->post_send(rdma_wqe(SendOpcode::RdmaWrite, 1, {p.a.sge(0, 256)},
+                                           p.b.iova + 1000, p.b.keys.rkey)) == 0);
+        const Completion c = p.wait_one(*p.a.scq);
+        CHECK(c.status == WcStatus::Success);
+        CHECK(first_mismatch(p.b.at(1000), 256, 1) == 256);
+        CHECK(p.a.counters().tx_too_big.load() == 0);
+    }
+
+    SECTION("a WRITE of full-MTU packets fails without a retransmission") {
+        fill(p.a.at(0), 4096, 2);
+        REQUIRE(p.a.qp->post_send(rdma_wqe(SendOpcode::RdmaWrite, 2, {p.a.sge(0, 4096)},
+                                           p.b.iova + 8192, p.b.keys.rkey)) == 0);
+        REQUIRE(p.a.qp->post_send(rdma_wqe(SendOpcode::RdmaWrite, 3, {p.a.sge(0, 16)},
+                                           p.b.iova + 16384, p.b.keys.rkey)) == 0);
+        const auto done = p.wait(*p.a.scq, 2);
+        REQUIRE(done.size() == 2);
+        CHECK(done[0].wr_id == 2);
+        CHECK(done[0].status == WcStatus::LocQpOpErr);
+        CHECK(done[1].wr_id == 3);
+        CHECK(done[1].status == WcStatus::WrFlushErr);
+        CHECK(p.a.qp->state() == QpState::Err);
+        CHECK(p.a.counters().tx_too_big.load() == 1);
+        CHECK(p.a.counters().retransmit_timeouts.load() == 0);
+        CHECK(all_bytes(p.b.at(8192), 4096 + 8192, kUntouched));
+    }
+}
