@@ -46,6 +46,7 @@ TESTS = {
     "transport": ("release", None, ["tests/unit/transport/test_transport"]),
     "wire": ("release", None, ["tests/unit/wire/test_wire"]),
     "integration": ("release", None, ["meson", "test", "--no-rebuild", "--suite", "integration"]),
+    "abi": ("release", None, ["meson", "test", "--no-rebuild", "abi"]),
     "transport-asan": ("asan", "tests/unit/transport/test_transport",
                        ["tests/unit/transport/test_transport", "[lifetime]"]),
 }
@@ -151,7 +152,7 @@ MUTANTS = [
            "if (mem.check_local(s.lkey, pd_, s.addr + skip, take, 0) != KeyCheck::Ok && false) return false;",
            ("transport",)),
     Mutant("requester: READ target not checked for local write", "transport/rc_requester.cpp",
-           "KeyCheck::Ok)\n                return false;", "KeyCheck::Ok) {}",
+           "KeyCheck::Ok)\n                return WcStatus::LocProtErr;", "KeyCheck::Ok) {}",
            ("transport",)),
     # --- PSN arithmetic (transport/psn.h) ---
     # (PSN arithmetic itself is pinned by static_asserts in transport/psn.h.)
@@ -168,6 +169,14 @@ MUTANTS = [
            "    if (closed_) {\n        bump(engine_.counters().rx_unknown_qp);",
            "    if (closed_ && false) {\n        bump(engine_.counters().rx_unknown_qp);",
            ("transport-asan",)),
+    Mutant("lifetime: a QP closed mid-batch drops the ACK it owes", "transport/rc_qp.cpp",
+           "        send_pending_ack();\n        closed_ = true;", "        closed_ = true;",
+           ("transport",)),
+    Mutant("requester: a packet the socket refuses for good is retried", "transport/rc_qp.cpp",
+           "!=\n           Engine::TransmitResult::Failed;",
+           "!=\n           Engine::TransmitResult::Failed || true;", ("transport",)),
+    Mutant("provider: loads on libibverbs older than v36", "provider/meson.build",
+           "  'abi_floor.cpp',\n", "", ("abi",)),
     Mutant("provider: destroy_qp does not wait for acknowledgements", "provider/qp.cpp",
            "    wait_for_acks(&ibqp->mutex, &ibqp->cond, &ibqp->events_completed, qp->events.delivered);\n",
            "", ("integration",)),
