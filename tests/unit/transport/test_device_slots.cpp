@@ -1,0 +1,171 @@
+// The device's context slots: unique across contexts and processes, never 0, free again when
+// their holder dies (even by kill -9), and quarantined before they are handed out again.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <filesystem>
+#include <set>
+#include <vector>
+
+#include "transport/device_slots.h"
+
+using namespace uroce::transport;
+using namespace std::chrono_literals;
+
+namespace {
+
+std::string table_path() {
+    static int n = 0;
+    auto dir = std::filesystem::temp_directory_path() /
+               ("uroce-slots-" + std::to_string(::getpid()) + "-" + std::to_string(++n));
+    std::filesystem::create_directories(dir);
+    return (dir / "slots").string();
+}
+
+std::unique_ptr<DeviceSlot> claim(const std::string& path, std::chrono::milliseconds q = 0ms) {
+    std::string error;
+    int err = 0;
+    auto s = DeviceSlots::claim(path, error, err, q);
+    INFO(error);
+    REQUIRE(s);
+    return s;
+}
+
+std::unique_ptr<DeviceSlot> try_claim(const std::string& path, std::chrono::milliseconds q) {
+    std::string error;
+    int err = 0;
+    return DeviceSlots::claim(path, error, err, q);
+}
+
+int claim_error(const std::string& path, std::chrono::milliseconds q = 0ms) {
+    std::string error;
+    int err = 0;
+    auto s = DeviceSlots::claim(path, error, err, q);
+    return s ? 0 : err;
+}
+
+// A child process that claims a slot, reports its number through a pipe and waits to be
+// killed. Returns {pid, slot}.
+std::pair<pid_t, int> holder_process(const std::string& path) {
+    int p[2];
+    REQUIRE(::pipe(p) == 0);
+    const pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+        ::close(p[0]);
+        std::string error;
+        int err = 0;
+        auto s = DeviceSlots::claim(path, error, err, 0ms);
+        const uint8_t n = s ? s->number() : 0;
+        if (::write(p[1], &n, 1) != 1) ::_exit(1);
+        ::pause();
+        ::_exit(0);
+    }
+    ::close(p[1]);
+    uint8_t n = 0;
+    const bool got = ::read(p[0], &n, 1) == 1;
+    ::close(p[0]);
+    REQUIRE(got);
+    return {pid, n};
+}
+
+void kill_and_reap(pid_t pid) {
+    ::kill(pid, SIGKILL);
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+}
+
+// Kills the child on every way out of the test, a failed REQUIRE included.
+struct ChildGuard {
+    pid_t pid;
+    ~ChildGuard() {
+        if (pid > 0) kill_and_reap(pid);
+    }
+};
+
+}  // namespace
+
+TEST_CASE("Device slots: distinct for every holder, never slot 0, 255 at most", "[device_slots]") {
+    const std::string path = table_path();
+    std::vector<std::unique_ptr<DeviceSlot>> held;
+    std::set<int> numbers;
+    for (unsigned i = 1; i < DeviceSlots::kSlots; ++i) {
+        held.push_back(claim(path));
+        numbers.insert(held.back()->number());
+    }
+    CHECK(numbers.size() == DeviceSlots::kSlots - 1);
+    CHECK(!numbers.contains(0));
+    CHECK(claim_error(path) == EBUSY);
+    const int freed = held[17]->number();
+    held[17].reset();
+    auto again = claim(path);
+    CHECK(again->number() == freed);
+}
+
+TEST_CASE("Device slots: a released slot is quarantined, the oldest free one goes first",
+          "[device_slots]") {
+    const std::string path = table_path();
+    const int first = claim(path)->number();  // claimed and released at once
+    // Never-used slots come before a released one...
+    std::vector<std::unique_ptr<DeviceSlot>> held;
+    held.push_back(claim(path, 1h));
+    CHECK(held.back()->number() != first);
+    while (auto s = try_claim(path, 1h)) held.push_back(std::move(s));
+    // ...and once only the quarantined one remains, it is not handed out within the
+    // quarantine.
+    CHECK(held.size() == DeviceSlots::kSlots - 2);
+    CHECK(claim_error(path, 1h) == EBUSY);
+    // Two more released, later than `first`: with no quarantine, the one released longest
+    // ago goes first.
+    const int second = held[5]->number();
+    const int third = held[9]->number();
+    held[5].reset();
+    held[9].reset();
+    auto a = claim(path, 0ms);
+    auto b = claim(path, 0ms);
+    auto c = claim(path, 0ms);
+    CHECK(a->number() == first);
+    CHECK(b->number() == second);
+    CHECK(c->number() == third);
+}
+
+TEST_CASE("Device slots: other processes' slots are theirs until they die, even by kill -9",
+          "[device_slots]") {
+    const std::string path = table_path();
+    auto [pid, child_slot] = holder_process(path);
+    ChildGuard guard{pid};
+    REQUIRE(child_slot != 0);
+    std::vector<std::unique_ptr<DeviceSlot>> held;
+    for (unsigned i = 2; i < DeviceSlots::kSlots; ++i) {
+        held.push_back(claim(path));
+        CHECK(held.back()->number() != child_slot);
+    }
+    CHECK(claim_error(path) == EBUSY);  // the child's slot is not free while it lives
+    kill_and_reap(pid);
+    guard.pid = 0;
+    // Its death freed the slot, which is quarantined from the moment a claimer noticed.
+    CHECK(claim_error(path, 1h) == EBUSY);
+    CHECK(claim(path, 0ms)->number() == child_slot);
+}
+
+TEST_CASE("Device slots: a child of fork() does not release its parent's slot", "[device_slots]") {
+    const std::string path = table_path();
+    auto mine = claim(path);
+    const pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+        mine.reset();  // the child's copy goes away
+        ::_exit(0);
+    }
+    int status = 0;
+    REQUIRE(::waitpid(pid, &status, 0) == pid);
+    std::vector<std::unique_ptr<DeviceSlot>> held;
+    while (auto s = try_claim(path, 0ms)) {
+        CHECK(s->number() != mine->number());
+        held.push_back(std::move(s));
+    }
+    CHECK(held.size() == DeviceSlots::kSlots - 2);
+}

@@ -1,0 +1,62 @@
+// Context slots of one device, shared by every process that opens it.
+//
+// Several contexts, in one process or many, use a device at once. Each holds a slot number
+// (1..255) for as long as it lives; the slot is the top byte of every QPN the context
+// allocates, so QPNs are unique per device across processes, and the slot alone tells which
+// context's socket a packet is for (see qpn_steering.h). Slot 0 is never handed out: QPNs
+// 0 and 1 are the IBA's special QPs.
+//
+// The table is a small file (one per device, the path comes from the caller). Every holder
+// keeps an open file description locked (an OFD byte-range lock) on its slot's byte: the
+// kernel drops that lock when the holder closes the file or dies, even by kill -9, so a
+// slot whose lock is gone is free again without anyone having to clean up, across PID
+// namespaces and whatever became of the PID. Claims and releases take a lock on the table
+// for a moment; nothing on the data path touches the file.
+//
+// A released slot is quarantined for a while before it is handed out again, and the free
+// slot released longest ago goes first: packets still in flight for the QPs of a context
+// that went away reach no one rather than a newcomer that took its QPNs.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace uroce::transport {
+
+class DeviceSlot;
+
+class DeviceSlots {
+  public:
+    static constexpr unsigned kSlots = 256;  // slot 0 is reserved
+    static constexpr std::chrono::milliseconds kDefaultQuarantine{2000};
+
+    // Claims a free slot in the table at `path` (created if absent, mode 0666 so that
+    // every user's processes can share the device). Returns nullptr with `error` and `err`
+    // set when the file cannot be used (errno) or every slot is taken or quarantined
+    // (EBUSY).
+    static std::unique_ptr<DeviceSlot> claim(
+        const std::string& path, std::string& error, int& err,
+        std::chrono::milliseconds quarantine = kDefaultQuarantine);
+};
+
+// A claimed slot: held until destroyed.
+class DeviceSlot {
+  public:
+    ~DeviceSlot();
+    DeviceSlot(const DeviceSlot&) = delete;
+    DeviceSlot& operator=(const DeviceSlot&) = delete;
+
+    uint8_t number() const { return number_; }
+
+  private:
+    friend class DeviceSlots;
+    DeviceSlot(int fd, uint8_t number, int owner_pid)
+        : fd_(fd), number_(number), owner_pid_(owner_pid) {}
+    int fd_;
+    uint8_t number_;
+    int owner_pid_;  // a child of fork() shares the lock but must not release the slot
+};
+
+}  // namespace uroce::transport
