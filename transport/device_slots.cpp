@@ -15,6 +15,7 @@ namespace uroce::transport {
 namespace {
 
 constexpr char kMagic[8] = {'u', 'r', 'o', 'c', 'e', 's', 'l', '1'};
+constexpr off_t kSharedValueAt = 8;
 constexpr off_t kEntriesAt = 64;
 // Locks live past the end of the data: byte 0 guards the table, byte kSlotLocksAt + n
 // belongs to the holder of slot n.
@@ -143,6 +144,20 @@ std::unique_ptr<DeviceSlot> DeviceSlots::claim(const std::string& path, std::str
     }
     return std::unique_ptr<DeviceSlot>(
         new DeviceSlot(fd, static_cast<uint8_t>(chosen), static_cast<int>(::getpid())));
+}
+
+int DeviceSlot::update_shared_value(const std::function<uint32_t(uint32_t)>& update) {
+    TableLock lock(fd_);
+    if (lock.error() != 0) return lock.error();
+    uint32_t value = 0;
+    const ssize_t n = ::pread(fd_, &value, sizeof value, kSharedValueAt);
+    if (n < 0) return errno;
+    if (n != static_cast<ssize_t>(sizeof value)) value = 0;
+    const uint32_t next = update(value);
+    if (next != value &&
+        ::pwrite(fd_, &next, sizeof next, kSharedValueAt) != static_cast<ssize_t>(sizeof next))
+        return errno;
+    return 0;
 }
 
 DeviceSlot::~DeviceSlot() {

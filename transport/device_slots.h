@@ -20,6 +20,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -49,6 +50,11 @@ class DeviceSlot {
     DeviceSlot& operator=(const DeviceSlot&) = delete;
 
     uint8_t number() const { return number_; }
+
+    // One device-wide number kept beside the table (QPN steering keeps the id of its socket
+    // map there): `update` gets the stored value (0 if none yet) with the table locked, and
+    // what it returns is stored. Returns 0 or an errno.
+    int update_shared_value(const std::function<uint32_t(uint32_t)>& update);
 
   private:
     friend class DeviceSlots;

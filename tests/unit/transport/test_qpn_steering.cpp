@@ -1,0 +1,216 @@
+// QPN steering through real sockets: several sockets bound to one address and port, each
+// receiving exactly the datagrams whose destination QPN carries its slot, in one process
+// or across processes; nothing for a slot no one holds. Needs root (CAP_BPF), as device
+// sharing does.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <filesystem>
+#include <thread>
+#include <vector>
+
+#include "transport/device_slots.h"
+#include "transport/qpn_steering.h"
+
+using namespace uroce::transport;
+using namespace std::chrono_literals;
+
+namespace {
+
+struct Where {
+    uint32_t ip;
+    uint16_t port;
+};
+
+Where test_address() {
+    static int n = 0;
+    const auto pid = static_cast<uint32_t>(::getpid());
+    return {0x7f000000u | (1 + pid % 254) << 8 | static_cast<uint32_t>(200 + (n++ % 50)),
+            static_cast<uint16_t>(30000 + pid % 20000)};
+}
+
+std::string table_path() {
+    static int n = 0;
+    auto dir = std::filesystem::temp_directory_path() /
+               ("uroce-steer-" + std::to_string(::getpid()) + "-" + std::to_string(++n));
+    std::filesystem::create_directories(dir);
+    return (dir / "slots").string();
+}
+
+sockaddr_in sockaddr_of(Where w) {
+    sockaddr_in sa{};
+    sa.sin_family = AF_INET;
+    sa.sin_addr.s_addr = htonl(w.ip);
+    sa.sin_port = htons(w.port);
+    return sa;
+}
+
+// One context's share of the device: a slot, a socket in the group, its map entry.
+struct Member {
+    std::unique_ptr<DeviceSlot> slot;
+    int fd = -1;
+    std::unique_ptr<QpnSteering> steering;
+
+    Member(const std::string& table, Where w) {
+        std::string error;
+        int err = 0;
+        slot = DeviceSlots::claim(table, error, err, 0ms);
+        INFO(error);
+        REQUIRE(slot);
+        fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+        REQUIRE(fd >= 0);
+        const int one = 1;
+        REQUIRE(::setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof one) == 0);
+        const sockaddr_in sa = sockaddr_of(w);
+        REQUIRE(::bind(fd, reinterpret_cast<const sockaddr*>(&sa), sizeof sa) == 0);
+        steering = QpnSteering::join(fd, *slot, error, err);
+        INFO(error);
+        REQUIRE(steering);
+    }
+    ~Member() {
+        steering.reset();
+        if (fd >= 0) ::close(fd);
+    }
+    Member(const Member&) = delete;
+    Member& operator=(const Member&) = delete;
+
+    // The tags (byte 6 of the BTH) of every datagram waiting on the socket.
+    std::vector<int> received() const {
+        std::vector<int> tags;
+        uint8_t buf[256];
+        for (int i = 0; i < 10000; ++i) {
+            const ssize_t n = ::recv(fd, buf, sizeof buf, MSG_DONTWAIT);
+            if (n < 0) break;
+            tags.push_back(n >= 12 ? buf[6] : -1);
+        }
+        return tags;
+    }
+};
+
+// Sends a 12-byte BTH-like datagram to `w` for QPN slot<<16 | tag<<8.
+void send_to_slot(Where w, int slot, int tag, size_t length = 28) {
+    const int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    REQUIRE(fd >= 0);
+    std::vector<uint8_t> pkt(length, 0);
+    if (length >= 8) {
+        pkt[0] = 0x04;  // SEND only: anything will do, the program reads only the QPN
+        pkt[5] = static_cast<uint8_t>(slot);
+        pkt[6] = static_cast<uint8_t>(tag);
+    }
+    const sockaddr_in sa = sockaddr_of(w);
+    const bool sent =
+        ::sendto(fd, pkt.data(), pkt.size(), 0, reinterpret_cast<const sockaddr*>(&sa),
+                 sizeof sa) == static_cast<ssize_t>(pkt.size());
+    ::close(fd);
+    REQUIRE(sent);
+}
+
+void settle() {
+    std::this_thread::sleep_for(20ms);
+}  // loopback delivery is synchronous; margin
+
+}  // namespace
+
+TEST_CASE("QPN steering: each socket of the group gets its slot's datagrams only",
+          "[qpn_steering]") {
+    const std::string table = table_path();
+    const Where w = test_address();
+    Member a(table, w), b(table, w), c(table, w);
+    REQUIRE(a.slot->number() != b.slot->number());
+    for (int tag = 0; tag < 30; ++tag) {
+        const Member& m = tag % 3 == 0 ? a : tag % 3 == 1 ? b : c;
+        send_to_slot(w, m.slot->number(), tag);
+    }
+    // Nobody holds slot 0 (QP0/QP1) or slot 250 here; a datagram shorter than a BTH has no QPN.
+    send_to_slot(w, 0, 100);
+    send_to_slot(w, 250, 101);
+    send_to_slot(w, a.slot->number(), 102, 8);
+    settle();
+    std::vector<int> expect_a, expect_b, expect_c;
+    for (int tag = 0; tag < 30; ++tag)
+        (tag % 3 == 0 ? expect_a : tag % 3 == 1 ? expect_b : expect_c).push_back(tag);
+    CHECK(a.received() == expect_a);
+    CHECK(b.received() == expect_b);
+    CHECK(c.received() == expect_c);
+}
+
+TEST_CASE("QPN steering: a member that leaves takes only its own traffic with it",
+          "[qpn_steering]") {
+    const std::string table = table_path();
+    const Where w = test_address();
+    auto a = std::make_unique<Member>(table, w);
+    Member b(table, w);
+    const int a_slot = a->slot->number();
+    a.reset();
+    send_to_slot(w, a_slot, 1);
+    send_to_slot(w, b.slot->number(), 2);
+    settle();
+    CHECK(b.received() == std::vector<int>{2});
+}
+
+TEST_CASE("QPN steering: members in different processes, one killed", "[qpn_steering]") {
+    const std::string table = table_path();
+    const Where w = test_address();
+    Member parent(table, w);
+    int to_parent[2], to_child[2];
+    REQUIRE(::pipe(to_parent) == 0);
+    REQUIRE(::pipe(to_child) == 0);
+    const pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+        // The child: join, report the slot, wait for "count", report how many datagrams
+        // carried its slot and nothing else, then wait to be killed.
+        std::string error;
+        int err = 0;
+        auto slot = DeviceSlots::claim(table, error, err, 0ms);
+        const int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+        const int one = 1;
+        ::setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof one);
+        const sockaddr_in sa = sockaddr_of(w);
+        const bool bound = ::bind(fd, reinterpret_cast<const sockaddr*>(&sa), sizeof sa) == 0;
+        auto steering = slot && bound ? QpnSteering::join(fd, *slot, error, err) : nullptr;
+        uint8_t n = steering ? slot->number() : 0;
+        if (::write(to_parent[1], &n, 1) != 1) ::_exit(1);
+        uint8_t go = 0;
+        if (::read(to_child[0], &go, 1) != 1) ::_exit(1);
+        uint8_t buf[64];
+        uint8_t mine = 0;
+        while (::recv(fd, buf, sizeof buf, MSG_DONTWAIT) >= 12) mine += buf[5] == n ? 1 : 100;
+        if (::write(to_parent[1], &mine, 1) != 1) ::_exit(1);
+        ::pause();
+        ::_exit(0);
+    }
+    struct Reaper {
+        pid_t pid;
+        ~Reaper() {
+            ::kill(pid, SIGKILL);
+            ::waitpid(pid, nullptr, 0);
+        }
+    } reaper{pid};
+    uint8_t child_slot = 0;
+    REQUIRE(::read(to_parent[0], &child_slot, 1) == 1);
+    REQUIRE(child_slot != 0);
+    REQUIRE(child_slot != parent.slot->number());
+    for (int tag = 0; tag < 10; ++tag)
+        send_to_slot(w, tag % 2 ? child_slot : parent.slot->number(), tag);
+    settle();
+    const uint8_t go = 1;
+    REQUIRE(::write(to_child[1], &go, 1) == 1);
+    uint8_t child_got = 0;
+    REQUIRE(::read(to_parent[0], &child_got, 1) == 1);
+    CHECK(child_got == 5);
+    CHECK(parent.received() == std::vector<int>{0, 2, 4, 6, 8});
+
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, nullptr, 0);
+    send_to_slot(w, child_slot, 20);
+    send_to_slot(w, parent.slot->number(), 21);
+    settle();
+    CHECK(parent.received() == std::vector<int>{21});
+}

@@ -1,0 +1,43 @@
+// QPN steering: many contexts, in one process or many, receive on one device's IP:4791.
+//
+// Every context binds its own UDP socket to the device's address with SO_REUSEPORT; the
+// sockets form one reuseport group. A small BPF program (qpn_steering.bpf.c), attached to
+// the group, reads the destination QPN of each datagram and hands it to the socket of the
+// context whose slot (device_slots.h) is the QPN's top byte, through a socket map indexed
+// by slot. The kernel does the demultiplexing: no extra copy, no process hop, no lock shared
+// between processes on the data path. When a context closes its socket or its process dies,
+// the kernel takes the socket out of the map; packets for its QPNs are dropped.
+//
+// The map is shared by every context of the device: its id is kept in the device's slot
+// table, and a context that finds none (or a stale one) creates it. Loading the program and
+// opening a map by id need CAP_BPF and CAP_SYS_ADMIN (root): without them join() fails with
+// EPERM and says so.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "transport/device_slots.h"
+
+namespace uroce::transport {
+
+class QpnSteering {
+  public:
+    // Makes `socket_fd` (SO_REUSEPORT set before it was bound to the device's address) the
+    // socket of `slot`. Returns nullptr with `error` and `err` set on failure.
+    static std::unique_ptr<QpnSteering> join(int socket_fd, DeviceSlot& slot, std::string& error,
+                                             int& err);
+    // Takes the socket out of the map (closing the socket would, too).
+    ~QpnSteering();
+    QpnSteering(const QpnSteering&) = delete;
+    QpnSteering& operator=(const QpnSteering&) = delete;
+
+  private:
+    QpnSteering(int map_fd, int prog_fd, uint32_t slot)
+        : map_fd_(map_fd), prog_fd_(prog_fd), slot_(slot) {}
+    int map_fd_;
+    int prog_fd_;
+    uint32_t slot_;
+};
+
+}  // namespace uroce::transport
