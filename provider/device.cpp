@@ -107,6 +107,8 @@ verbs_context* alloc_context(ibv_device* ibdev, int cmd_fd, void*) {
         ec.ip = dev->config.ipv4;
         ec.port = dev->config.udp_port;
         ec.mtu = dev->config.mtu;
+        // Every context of the device, in any process, shares this table (device_slots.h).
+        ec.slot_table = std::string(ibdev->ibdev_path) + "/uroce/slots";
         if (const char* spec = std::getenv("UROCE_FAULTS"); spec && *spec) {
             std::string why;
             auto faults = transport::parse_fault_config(spec, why);

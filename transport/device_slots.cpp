@@ -146,7 +146,7 @@ std::unique_ptr<DeviceSlot> DeviceSlots::claim(const std::string& path, std::str
         new DeviceSlot(fd, static_cast<uint8_t>(chosen), static_cast<int>(::getpid())));
 }
 
-int DeviceSlot::update_shared_value(const std::function<uint32_t(uint32_t)>& update) {
+int DeviceSlot::update_shared_value(const std::function<uint32_t(uint32_t)>& update) const {
     TableLock lock(fd_);
     if (lock.error() != 0) return lock.error();
     uint32_t value = 0;

@@ -54,7 +54,7 @@ class DeviceSlot {
     // One device-wide number kept beside the table (QPN steering keeps the id of its socket
     // map there): `update` gets the stored value (0 if none yet) with the table locked, and
     // what it returns is stored. Returns 0 or an errno.
-    int update_shared_value(const std::function<uint32_t(uint32_t)>& update);
+    int update_shared_value(const std::function<uint32_t(uint32_t)>& update) const;
 
   private:
     friend class DeviceSlots;

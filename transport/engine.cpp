@@ -28,11 +28,32 @@ std::unique_ptr<Engine> Engine::create(const EngineConfig& config, std::string& 
     // libevent needs its locking on before any base exists; it is process-wide and
     // idempotent, so every engine asks for it once.
     std::call_once(g_libevent_threads, [] { evthread_use_pthreads(); });
-    std::unique_ptr<Engine> e(new Engine(config));
+    std::unique_ptr<DeviceSlot> slot;
+    std::unique_ptr<QpnSteering> steering;
+    std::string no_sharing;  // why this context cannot share ip:port, if it cannot
+    if (!config.slot_table.empty()) {
+        slot = DeviceSlots::claim(config.slot_table, error, err);
+        if (!slot) return nullptr;
+        int steering_err = 0;
+        steering = QpnSteering::open(*slot, no_sharing, steering_err);
+    }
+    const bool shared = steering != nullptr;
+    std::unique_ptr<Engine> e(new Engine(config, std::move(slot), std::move(steering)));
     if (e->socket_.fd() < 0) {
         err = e->socket_.error();
-        error = std::string("cannot bind UDP ") + std::strerror(err);
+        error = std::string("cannot bind UDP: ") + std::strerror(err);
+        if (err == EADDRINUSE && !config.slot_table.empty())
+            error += shared ? " (something other than a uroce context holds the address)"
+                            : " (another context uses the device, and it cannot be shared "
+                              "here: " +
+                                  no_sharing + ")";
         return nullptr;
+    }
+    if (shared) {
+        if (const int rc = e->steering_->add(e->socket_.fd(), error); rc != 0) {
+            err = rc;
+            return nullptr;
+        }
     }
     e->base_ = event_base_new();
     if (!e->base_) {
@@ -60,9 +81,12 @@ std::unique_ptr<Engine> Engine::create(const EngineConfig& config, std::string& 
     return e;
 }
 
-Engine::Engine(const EngineConfig& config)
+Engine::Engine(const EngineConfig& config, std::unique_ptr<DeviceSlot> slot,
+               std::unique_ptr<QpnSteering> steering)
     : config_(config),
-      socket_(config.ip, config.port),
+      slot_(std::move(slot)),
+      steering_(std::move(steering)),
+      socket_(config.ip, config.port, steering_ != nullptr),
       send_sockets_(config.ip, socket_),
       faults_(config.faults),
       rx_buffers_(kRxBatch * kRxBufferBytes) {}
@@ -103,6 +127,17 @@ void Engine::post_async(const AsyncEvent& ev) {
 
 uint32_t Engine::allocate_qpn() {
     std::unique_lock lock(qps_mutex_);
+    if (slot_) {
+        // The slot is the QPN's top byte (never 0, so never QP0 or QP1): QPNs are unique
+        // across the device's contexts, and steering finds this context's socket by it.
+        constexpr uint32_t kPerSlot = 1u << 16;
+        if (qps_.size() >= kPerSlot) throw std::bad_alloc();
+        const uint32_t base = uint32_t{slot_->number()} << 16;
+        uint32_t low = static_cast<uint32_t>(random_u64() % kPerSlot);
+        while (qps_.contains(base | low)) low = (low + 1) % kPerSlot;
+        qps_.emplace(base | low, nullptr);
+        return base | low;
+    }
     // QPs 0 and 1 are the IBA's special QPs.
     constexpr uint32_t kFirstQpn = 2;
     constexpr uint32_t kQpns = wire::kQpnMask + 1 - kFirstQpn;

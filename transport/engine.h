@@ -21,8 +21,10 @@
 #include <vector>
 
 #include "transport/counters.h"
+#include "transport/device_slots.h"
 #include "transport/fault_injector.h"
 #include "transport/memory_table.h"
+#include "transport/qpn_steering.h"
 #include "transport/rc_qp.h"
 #include "transport/send_sockets.h"
 #include "transport/udp_socket.h"
@@ -35,6 +37,11 @@ struct EngineConfig {
     uint16_t port = wire::kRoceV2Port;
     uint32_t mtu = 1024;  // the port's active MTU in bytes
     FaultConfig faults;
+    // The device's slot table (device_slots.h), shared by every context of the device. Set:
+    // this engine claims a slot, its QPNs carry it, and it shares ip:port with the device's
+    // other contexts through QPN steering where that is available (else it must be alone on
+    // ip:port). Empty: a device of its own (unit tests).
+    std::string slot_table;
 };
 
 struct AsyncEvent {
@@ -118,12 +125,17 @@ class Engine {
     std::shared_ptr<RcQp> deliver(std::span<const uint8_t> datagram, uint32_t src_ip,
                                   uint16_t src_port);
 
-    explicit Engine(const EngineConfig& config);
+    Engine(const EngineConfig& config, std::unique_ptr<DeviceSlot> slot,
+           std::unique_ptr<QpnSteering> steering);
     static void on_readable(evutil_socket_t fd, short what, void* arg);
     void receive_batch();
     void run();
 
     EngineConfig config_;
+    // Declared before the socket, so they outlive it: the slot is not handed to another
+    // context while this socket may still receive its packets.
+    std::unique_ptr<DeviceSlot> slot_;
+    std::unique_ptr<QpnSteering> steering_;
     UdpSocket socket_;
     SendSockets send_sockets_;
     FaultInjector faults_;

@@ -2,8 +2,9 @@
  *
  * Runs for every datagram that reaches the device's SO_REUSEPORT group on IP:4791 and
  * picks the socket of the context whose slot is the top byte of the destination QPN in the
- * packet's BTH. A packet too short to hold a BTH, or for a slot no context holds, is
- * dropped here: no context could accept it. */
+ * packet's BTH. A packet too short to hold a BTH, or for a slot no context holds, goes
+ * where the kernel's own reuseport choice sends it: one context gets it, refuses it and
+ * counts it (rx_malformed, rx_unknown_qp), as a device of one context would. */
 #include <linux/bpf.h>
 /* bpf_helpers.h needs the types linux/bpf.h brings */
 #include <bpf/bpf_helpers.h>
@@ -25,9 +26,10 @@ SEC("sk_reuseport")
 int uroce_steer_by_qpn(struct sk_reuseport_md* md) {
     const __u8* udp = md->data; /* the reuseport context starts at the UDP header */
     const __u8* end = md->data_end;
-    if (udp + kUdpHeader + kBthBytes > end) return SK_DROP;
+    if (udp + kUdpHeader + kBthBytes > end) return SK_PASS;
     __u32 slot = udp[kUdpHeader + kDestQpAt];
-    return bpf_sk_select_reuseport(md, &uroce_slots, &slot, 0) == 0 ? SK_PASS : SK_DROP;
+    bpf_sk_select_reuseport(md, &uroce_slots, &slot, 0);
+    return SK_PASS; /* selected, or left to the kernel's choice if the slot has no socket */
 }
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";

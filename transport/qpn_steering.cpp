@@ -90,7 +90,7 @@ std::string describe(int err, const char* what) {
 
 }  // namespace
 
-std::unique_ptr<QpnSteering> QpnSteering::join(int socket_fd, DeviceSlot& slot, std::string& error,
+std::unique_ptr<QpnSteering> QpnSteering::open(const DeviceSlot& slot, std::string& error,
                                                int& err) {
     QuietLibbpf quiet_libbpf;
     Fd map;
@@ -137,22 +137,25 @@ std::unique_ptr<QpnSteering> QpnSteering::join(int socket_fd, DeviceSlot& slot, 
             return nullptr;
         }
     }
+    return std::unique_ptr<QpnSteering>(
+        new QpnSteering(map.release(), prog.release(), slot.number()));
+}
+
+int QpnSteering::add(int socket_fd, std::string& error) {
     // Attaching replaces the group's program with this identical one: harmless.
-    const int prog_fd = prog.get();
-    if (::setsockopt(socket_fd, SOL_SOCKET, SO_ATTACH_REUSEPORT_EBPF, &prog_fd, sizeof prog_fd) !=
+    if (::setsockopt(socket_fd, SOL_SOCKET, SO_ATTACH_REUSEPORT_EBPF, &prog_fd_, sizeof prog_fd_) !=
         0) {
-        err = errno;
+        const int err = errno;
         error = describe(err, "cannot attach the QPN steering program to the socket");
-        return nullptr;
+        return err;
     }
-    const uint32_t key = slot.number();
     const uint64_t value = static_cast<uint64_t>(socket_fd);
-    if (bpf_map_update_elem(map.get(), &key, &value, BPF_ANY) != 0) {
-        err = errno;
+    if (bpf_map_update_elem(map_fd_, &slot_, &value, BPF_ANY) != 0) {
+        const int err = errno;
         error = describe(err, "cannot enter the socket in the device's socket map");
-        return nullptr;
+        return err;
     }
-    return std::unique_ptr<QpnSteering>(new QpnSteering(map.release(), prog.release(), key));
+    return 0;
 }
 
 QpnSteering::~QpnSteering() {

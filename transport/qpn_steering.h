@@ -6,7 +6,8 @@
 // context whose slot (device_slots.h) is the QPN's top byte, through a socket map indexed
 // by slot. The kernel does the demultiplexing: no extra copy, no process hop, no lock shared
 // between processes on the data path. When a context closes its socket or its process dies,
-// the kernel takes the socket out of the map; packets for its QPNs are dropped.
+// the kernel takes the socket out of the map. A datagram with no BTH or for a slot nobody
+// holds goes to one member of the group (the kernel's choice), which refuses and counts it.
 //
 // The map is shared by every context of the device: its id is kept in the device's slot
 // table, and a context that finds none (or a stale one) creates it. Loading the program and
@@ -23,10 +24,16 @@ namespace uroce::transport {
 
 class QpnSteering {
   public:
+    // Opens the device's socket map (creating it if it does not exist yet) and loads the
+    // program, for the context holding `slot`. Returns nullptr with `error` and `err` set if
+    // steering is unavailable here (EPERM without privileges, ENOSYS without BPF): the caller
+    // must then not share the address (no SO_REUSEPORT), or packets would go astray.
+    static std::unique_ptr<QpnSteering> open(const DeviceSlot& slot, std::string& error, int& err);
+
     // Makes `socket_fd` (SO_REUSEPORT set before it was bound to the device's address) the
-    // socket of `slot`. Returns nullptr with `error` and `err` set on failure.
-    static std::unique_ptr<QpnSteering> join(int socket_fd, DeviceSlot& slot, std::string& error,
-                                             int& err);
+    // socket of the slot. Returns 0, or an errno with `error` set.
+    int add(int socket_fd, std::string& error);
+
     // Takes the socket out of the map (closing the socket would, too).
     ~QpnSteering();
     QpnSteering(const QpnSteering&) = delete;

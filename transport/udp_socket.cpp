@@ -15,7 +15,7 @@ namespace {
 constexpr int kSocketBuffer = 4 << 20;
 }
 
-UdpSocket::UdpSocket(uint32_t ip, uint16_t port) : ip_(ip), port_(port) {
+UdpSocket::UdpSocket(uint32_t ip, uint16_t port, bool reuseport) : ip_(ip), port_(port) {
     fd_ = ::socket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd_ < 0) {
         error_ = errno;
@@ -27,6 +27,13 @@ UdpSocket::UdpSocket(uint32_t ip, uint16_t port) : ip_(ip), port_(port) {
     int buf = kSocketBuffer;
     ::setsockopt(fd_, SOL_SOCKET, SO_RCVBUF, &buf, sizeof buf);
     ::setsockopt(fd_, SOL_SOCKET, SO_SNDBUF, &buf, sizeof buf);
+    const int one = 1;
+    if (reuseport && ::setsockopt(fd_, SOL_SOCKET, SO_REUSEPORT, &one, sizeof one) != 0) {
+        error_ = errno;
+        ::close(fd_);
+        fd_ = -1;
+        return;
+    }
     sockaddr_in sa{};
     sa.sin_family = AF_INET;
     sa.sin_addr.s_addr = htonl(ip);

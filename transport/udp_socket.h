@@ -15,8 +15,10 @@ namespace uroce::transport {
 
 class UdpSocket {
   public:
-    // Binds ip:port (host order). On failure fd() is -1 and error() says why.
-    UdpSocket(uint32_t ip, uint16_t port);
+    // Binds ip:port (host order), as one member of a SO_REUSEPORT group if `reuseport` (the
+    // group's steering decides which member gets a datagram). On failure fd() is -1 and
+    // error() says why.
+    UdpSocket(uint32_t ip, uint16_t port, bool reuseport = false);
     ~UdpSocket();
     UdpSocket(const UdpSocket&) = delete;
     UdpSocket& operator=(const UdpSocket&) = delete;
