@@ -11,9 +11,13 @@ namespace uroce::provider {
 
 namespace {
 
+// MW_BIND is the right to bind memory windows to the region. No window can be allocated yet
+// (ibv_alloc_mw fails with EOPNOTSUPP), so it grants nothing, but refusing the flag made
+// registrations fail that merely ask for it (rdma-core's suite registers with it before it
+// finds out whether windows are supported).
 constexpr int kSupportedAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
                                  IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC |
-                                 IBV_ACCESS_RELAXED_ORDERING;
+                                 IBV_ACCESS_RELAXED_ORDERING | IBV_ACCESS_MW_BIND;
 
 uint32_t transport_access(int access) {
     uint32_t a = 0;

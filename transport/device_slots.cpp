@@ -123,19 +123,31 @@ std::unique_ptr<DeviceSlot> DeviceSlots::claim(const std::string& path, std::str
         const uint64_t now = now_ns();
         const auto wait_ns = static_cast<uint64_t>(
             std::chrono::duration_cast<std::chrono::nanoseconds>(quarantine).count());
+        // A slot that has rested long enough, released longest ago, if there is one.
         for (unsigned n = 1; n < kSlots; ++n) {
-            Entry& e = t[n];
-            if (e.state == kHeld && !held_by_someone(fd, n)) {
-                // Its holder died without releasing it: quarantined from now on.
-                e = Entry{now, kFree, 0};
-                if (!write_entry(fd, n, e)) return fail(errno, "cannot write " + path);
-            }
-            if (e.state != kFree || (e.released_ns != 0 && now - e.released_ns < wait_ns)) continue;
+            const Entry& e = t[n];
+            if (e.state != kFree || (e.released_ns != 0 && now - e.released_ns < wait_ns))
+                continue;
             if (chosen < 0 || e.released_ns < t[static_cast<unsigned>(chosen)].released_ns)
                 chosen = static_cast<int>(n);
         }
-        if (chosen < 0)
-            return fail(EBUSY, "every context slot of the device is in use or quarantined");
+        if (chosen < 0) {
+            // None: look for holders that died without releasing (their lock is gone; they
+            // rest from now on), then take the free slot released longest ago all the same.
+            // Only here, so that a claim costs one lock probe per held slot only when the
+            // table is nearly full.
+            for (unsigned n = 1; n < kSlots; ++n) {
+                Entry& e = t[n];
+                if (e.state == kHeld && !held_by_someone(fd, n)) {
+                    e = Entry{now, kFree, 0};
+                    if (!write_entry(fd, n, e)) return fail(errno, "cannot write " + path);
+                }
+                if (e.state != kFree) continue;
+                if (chosen < 0 || e.released_ns < t[static_cast<unsigned>(chosen)].released_ns)
+                    chosen = static_cast<int>(n);
+            }
+        }
+        if (chosen < 0) return fail(EBUSY, "every context slot of the device is in use");
         const auto n = static_cast<unsigned>(chosen);
         if (const int e = ofd_lock(fd, F_OFD_SETLK, F_WRLCK, kSlotLocksAt + n); e != 0)
             return fail(e, "cannot lock slot " + std::to_string(n) + " of " + path);
@@ -143,7 +155,7 @@ std::unique_ptr<DeviceSlot> DeviceSlots::claim(const std::string& path, std::str
             return fail(errno, "cannot write " + path);
     }
     return std::unique_ptr<DeviceSlot>(
-        new DeviceSlot(fd, static_cast<uint8_t>(chosen), static_cast<int>(::getpid())));
+        new DeviceSlot(fd, static_cast<uint16_t>(chosen), static_cast<int>(::getpid())));
 }
 
 int DeviceSlot::update_shared_value(const std::function<uint32_t(uint32_t)>& update) const {

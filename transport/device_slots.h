@@ -1,10 +1,11 @@
 // Context slots of one device, shared by every process that opens it.
 //
 // Several contexts, in one process or many, use a device at once. Each holds a slot number
-// (1..255) for as long as it lives; the slot is the top byte of every QPN the context
-// allocates, so QPNs are unique per device across processes, and the slot alone tells which
-// context's socket a packet is for (see qpn_steering.h). Slot 0 is never handed out: QPNs
-// 0 and 1 are the IBA's special QPs.
+// (1..4095) for as long as it lives; the slot is the top 12 bits of every QPN the context
+// allocates (the low 12 bits number its QPs, up to the 4096 a context may have), so QPNs are
+// unique per device across processes, and the slot alone tells which context's socket a
+// packet is for (see qpn_steering.h). Slot 0 is never handed out: QPNs 0 and 1 are the
+// IBA's special QPs.
 //
 // The table is a small file (one per device, the path comes from the caller). Every holder
 // keeps an open file description locked (an OFD byte-range lock) on its slot's byte: the
@@ -13,9 +14,13 @@
 // namespaces and whatever became of the PID. Claims and releases take a lock on the table
 // for a moment; nothing on the data path touches the file.
 //
-// A released slot is quarantined for a while before it is handed out again, and the free
-// slot released longest ago goes first: packets still in flight for the QPs of a context
-// that went away reach no one rather than a newcomer that took its QPNs.
+// A released slot rests (a quarantine) before it is handed out again, and the free slot
+// released longest ago goes first: packets still in flight for the QPs of a context that
+// went away reach no one rather than a newcomer that took its QPNs. With 4095 slots a slot
+// comes back only after thousands of other contexts. A dead holder's slot is taken back only
+// when no rested slot is left (it rests until then). When every free slot is still resting,
+// the one released longest ago is taken all the same: opening a context never fails because
+// of the quarantine.
 #pragma once
 
 #include <chrono>
@@ -30,13 +35,14 @@ class DeviceSlot;
 
 class DeviceSlots {
   public:
-    static constexpr unsigned kSlots = 256;  // slot 0 is reserved
+    static constexpr unsigned kSlots = 4096;  // slot 0 is reserved
+    static constexpr unsigned kQpnBits = 12;  // QPN = slot << kQpnBits | the context's own bits
+    static constexpr uint32_t slot_of(uint32_t qpn) { return qpn >> kQpnBits; }
     static constexpr std::chrono::milliseconds kDefaultQuarantine{2000};
 
     // Claims a free slot in the table at `path` (created if absent, mode 0666 so that
     // every user's processes can share the device). Returns nullptr with `error` and `err`
-    // set when the file cannot be used (errno) or every slot is taken or quarantined
-    // (EBUSY).
+    // set when the file cannot be used (errno) or every slot is taken (EBUSY).
     static std::unique_ptr<DeviceSlot> claim(
         const std::string& path, std::string& error, int& err,
         std::chrono::milliseconds quarantine = kDefaultQuarantine);
@@ -49,7 +55,7 @@ class DeviceSlot {
     DeviceSlot(const DeviceSlot&) = delete;
     DeviceSlot& operator=(const DeviceSlot&) = delete;
 
-    uint8_t number() const { return number_; }
+    uint16_t number() const { return number_; }
 
     // One device-wide number kept beside the table (QPN steering keeps the id of its socket
     // map there): `update` gets the stored value (0 if none yet) with the table locked, and
@@ -58,10 +64,10 @@ class DeviceSlot {
 
   private:
     friend class DeviceSlots;
-    DeviceSlot(int fd, uint8_t number, int owner_pid)
+    DeviceSlot(int fd, uint16_t number, int owner_pid)
         : fd_(fd), number_(number), owner_pid_(owner_pid) {}
     int fd_;
-    uint8_t number_;
+    uint16_t number_;
     int owner_pid_;  // a child of fork() shares the lock but must not release the slot
 };
 

@@ -128,11 +128,11 @@ void Engine::post_async(const AsyncEvent& ev) {
 uint32_t Engine::allocate_qpn() {
     std::unique_lock lock(qps_mutex_);
     if (slot_) {
-        // The slot is the QPN's top byte (never 0, so never QP0 or QP1): QPNs are unique
+        // The slot is the QPN's top 12 bits (never 0, so never QP0 or QP1): QPNs are unique
         // across the device's contexts, and steering finds this context's socket by it.
-        constexpr uint32_t kPerSlot = 1u << 16;
+        constexpr uint32_t kPerSlot = 1u << DeviceSlots::kQpnBits;
         if (qps_.size() >= kPerSlot) throw std::bad_alloc();
-        const uint32_t base = uint32_t{slot_->number()} << 16;
+        const uint32_t base = uint32_t{slot_->number()} << DeviceSlots::kQpnBits;
         uint32_t low = static_cast<uint32_t>(random_u64() % kPerSlot);
         while (qps_.contains(base | low)) low = (low + 1) % kPerSlot;
         qps_.emplace(base | low, nullptr);

@@ -3,7 +3,7 @@
 // Every context binds its own UDP socket to the device's address with SO_REUSEPORT; the
 // sockets form one reuseport group. A small BPF program (qpn_steering.bpf.c), attached to
 // the group, reads the destination QPN of each datagram and hands it to the socket of the
-// context whose slot (device_slots.h) is the QPN's top byte, through a socket map indexed
+// context whose slot (device_slots.h) is the QPN's top 12 bits, through a socket map indexed
 // by slot. The kernel does the demultiplexing: no extra copy, no process hop, no lock shared
 // between processes on the data path. When a context closes its socket or its process dies,
 // the kernel takes the socket out of the map. A datagram with no BTH or for a slot nobody

@@ -82,28 +82,29 @@ struct Member {
     Member(const Member&) = delete;
     Member& operator=(const Member&) = delete;
 
-    // The tags (byte 6 of the BTH) of every datagram waiting on the socket.
+    // The tags (byte 7 of the BTH, the QPN's low byte) of every datagram waiting on the socket.
     std::vector<int> received() const {
         std::vector<int> tags;
         uint8_t buf[256];
         for (int i = 0; i < 10000; ++i) {
             const ssize_t n = ::recv(fd, buf, sizeof buf, MSG_DONTWAIT);
             if (n < 0) break;
-            tags.push_back(n >= 12 ? buf[6] : -1);
+            tags.push_back(n >= 12 ? buf[7] : -1);
         }
         return tags;
     }
 };
 
-// Sends a 12-byte BTH-like datagram to `w` for QPN slot<<16 | tag<<8.
+// Sends a BTH-like datagram to `w` for QPN slot<<12 | tag.
 void send_to_slot(Where w, int slot, int tag, size_t length = 28) {
     const int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
     REQUIRE(fd >= 0);
     std::vector<uint8_t> pkt(length, 0);
     if (length >= 8) {
         pkt[0] = 0x04;  // SEND only: anything will do, the program reads only the QPN
-        pkt[5] = static_cast<uint8_t>(slot);
-        pkt[6] = static_cast<uint8_t>(tag);
+        pkt[5] = static_cast<uint8_t>(slot >> 4);
+        pkt[6] = static_cast<uint8_t>((slot & 15) << 4);
+        pkt[7] = static_cast<uint8_t>(tag);
     }
     const sockaddr_in sa = sockaddr_of(w);
     const bool sent =
@@ -129,10 +130,10 @@ TEST_CASE("QPN steering: each socket of the group gets its slot's datagrams only
         const Member& m = tag % 3 == 0 ? a : tag % 3 == 1 ? b : c;
         send_to_slot(w, m.slot->number(), tag);
     }
-    // Nobody holds slot 0 (QP0/QP1) or slot 250 here, and a datagram shorter than a BTH has
+    // Nobody holds slot 0 (QP0/QP1) or slot 4000 here, and a datagram shorter than a BTH has
     // no QPN (its tag reads as -1): each reaches exactly one member, which will refuse it.
     send_to_slot(w, 0, 100);
-    send_to_slot(w, 250, 101);
+    send_to_slot(w, 4000, 101);
     send_to_slot(w, a.slot->number(), 102, 8);
     settle();
     std::vector<int> expect_a, expect_b, expect_c;
@@ -191,13 +192,14 @@ TEST_CASE("QPN steering: members in different processes, one killed", "[qpn_stee
         const bool bound = ::bind(fd, reinterpret_cast<const sockaddr*>(&sa), sizeof sa) == 0;
         auto steering = slot && bound ? QpnSteering::open(*slot, error, err) : nullptr;
         const bool added = steering && steering->add(fd, error) == 0;
-        uint8_t n = added ? slot->number() : 0;
-        if (::write(to_parent[1], &n, 1) != 1) ::_exit(1);
+        const uint16_t n = added ? slot->number() : 0;
+        if (::write(to_parent[1], &n, sizeof n) != sizeof n) ::_exit(1);
         uint8_t go = 0;
         if (::read(to_child[0], &go, 1) != 1) ::_exit(1);
         uint8_t buf[64];
         uint8_t mine = 0;
-        while (::recv(fd, buf, sizeof buf, MSG_DONTWAIT) >= 12) mine += buf[5] == n ? 1 : 100;
+        while (::recv(fd, buf, sizeof buf, MSG_DONTWAIT) >= 12)
+            mine += (buf[5] << 4 | buf[6] >> 4) == n ? 1 : 100;
         if (::write(to_parent[1], &mine, 1) != 1) ::_exit(1);
         ::pause();
         ::_exit(0);
@@ -209,8 +211,8 @@ TEST_CASE("QPN steering: members in different processes, one killed", "[qpn_stee
             ::waitpid(pid, nullptr, 0);
         }
     } reaper{pid};
-    uint8_t child_slot = 0;
-    REQUIRE(::read(to_parent[0], &child_slot, 1) == 1);
+    uint16_t child_slot = 0;
+    REQUIRE(::read(to_parent[0], &child_slot, sizeof child_slot) == sizeof child_slot);
     REQUIRE(child_slot != 0);
     REQUIRE(child_slot != parent.slot->number());
     for (int tag = 0; tag < 10; ++tag)
