@@ -235,6 +235,22 @@ Engine::TransmitResult Engine::transmit(const wire::Headers& h, std::span<const 
     }
 }
 
+void Engine::set_timer_hook(std::function<void(uint32_t)> hook) {
+    std::lock_guard lock(timer_hook_mutex_);
+    timer_hook_ = std::move(hook);
+    has_timer_hook_.store(static_cast<bool>(timer_hook_), std::memory_order_release);
+}
+
+void Engine::run_timer_hook(uint32_t qpn) {
+    if (!has_timer_hook_.load(std::memory_order_acquire)) return;
+    std::function<void(uint32_t)> hook;
+    {
+        std::lock_guard lock(timer_hook_mutex_);
+        hook = timer_hook_;
+    }
+    if (hook) hook(qpn);
+}
+
 void Engine::set_transmit_filter(TransmitFilter filter) {
     std::lock_guard lock(filter_mutex_);
     transmit_filter_ = std::move(filter);

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <shared_mutex>
 #include <string>
 #include <thread>
@@ -112,6 +113,12 @@ class Engine {
         Failed,
     };
 
+    // Seam for tests: `hook` runs on the engine thread at the start of every QP timer
+    // callback, before the callback takes the QP's lock (empty: none). Lets a test hold a
+    // callback in flight while it destroys the QP.
+    void set_timer_hook(std::function<void(uint32_t qpn)> hook);
+    void run_timer_hook(uint32_t qpn);
+
     // Builds the headers, pad and ICRC around `payload` and sends the packet from `from`
     // (unless the fault injector or the transmit filter drops it). Never waits: the caller
     // holds a QP's mutex.
@@ -152,6 +159,9 @@ class Engine {
 
     std::mutex filter_mutex_;
     TransmitFilter transmit_filter_;
+    std::mutex timer_hook_mutex_;
+    std::function<void(uint32_t)> timer_hook_;
+    std::atomic<bool> has_timer_hook_{false};
     std::atomic<bool> has_transmit_filter_{false};
 
     std::mutex async_mutex_;

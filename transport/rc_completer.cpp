@@ -294,7 +294,9 @@ void RcQp::on_read_response(const wire::ParsedPacket& pkt) {
 }
 
 void RcQp::timer_trampoline(evutil_socket_t, short, void* arg) {
-    static_cast<RcQp*>(arg)->on_timer();
+    auto* qp = static_cast<RcQp*>(arg);
+    qp->engine_.run_timer_hook(qp->qpn_);
+    qp->on_timer();
 }
 
 void RcQp::on_timer() {

@@ -1,8 +1,10 @@
 // Destroying a QP is safe at any moment: with its retransmission timer firing, with packets
 // for it being delivered on the engine thread, with work in flight. After Engine::detach()
 // returns nothing touches the QP again (run under ASan to see it: the suite does).
+#include <atomic>
 #include <catch2/catch.hpp>
 #include <random>
+#include <thread>
 
 #include "tests/unit/transport/engine_pair.h"
 #include "tests/unit/transport/forged_peer.h"
@@ -116,4 +118,52 @@ TEST_CASE("Lifetime: a QP stopped right after a receive completes still sends it
     REQUIRE(acks.size() == 1);
     CHECK(acks[0].parsed().h.bth.psn == psn);
     CHECK(acks[0].parsed().h.aeth.type() == wire::AckType::Ack);
+}
+
+// close() must not return while a timer callback of the QP is running: the caller frees the
+// QP next. The hook holds one callback in flight (before it takes the QP's lock) while the
+// test destroys the QP.
+TEST_CASE("Lifetime: destroying a QP waits for its running timer callback", "[lifetime]") {
+    Pair p;
+    QpAttributes attrs = default_attributes();
+    attrs.timeout = 8;  // ~1 ms: the retransmission timer fires soon
+    p.connect(attrs, attrs);
+    TxRecorder silent_b(*p.b.engine, {}, false);
+    std::atomic<int> callback{0};  // 1: held in the hook, 2: hook done
+    const uint32_t qpn = p.a.qp->qpn();
+    p.a.engine->set_timer_hook([&callback, qpn](uint32_t which) {
+        int idle = 0;
+        if (which != qpn || !callback.compare_exchange_strong(idle, 1)) return;
+        std::this_thread::sleep_for(300ms);
+        callback = 2;
+    });
+    REQUIRE(p.a.qp->post_send(rdma_wqe(SendOpcode::RdmaWrite, 1, {p.a.sge(0, 64)}, p.b.iova,
+                                       p.b.keys.rkey)) == 0);
+    REQUIRE(p.wait_until([&] { return callback.load() == 1; }));
+    p.a.engine->detach(qpn);
+    CHECK(callback.load() == 2);
+    // (Should it not have waited: let the callback finish before the QP is freed.)
+    REQUIRE(p.wait_until([&] { return callback.load() == 2; }));
+    p.a.engine->set_timer_hook({});
+}
+
+// A packet that reached a QP just as it closed (the receive path held a reference) is
+// ignored: nothing executed, nothing completed, nothing answered.
+TEST_CASE("Lifetime: a closed QP takes no packet", "[lifetime]") {
+    Pair p;
+    p.connect();
+    TxRecorder b_out(*p.b.engine, {}, false);
+    REQUIRE(p.b.qp->post_recv(recv_wqe(5, {p.b.sge(0, 64)})) == 0);
+    const uint64_t unknown = p.b.counters().rx_unknown_qp.load();
+    p.b.qp->close();  // closed, still in the engine's table
+    const ForgedPeer a_as_peer{*p.b.engine, p.a.ip, p.b.engine->config().port, p.a.qp->qpn(),
+                               p.b.qp->qpn()};
+    wire::Headers h = a_as_peer.headers(wire::Opcode::RcSendOnly, p.b.qp->attributes().rq_psn);
+    h.bth.ack_req = true;
+    std::vector<uint8_t> message(64, 0x5a);
+    a_as_peer.inject(h, message);
+    CHECK(p.b.counters().rx_unknown_qp.load() == unknown + 1);
+    CHECK(p.stays_empty(*p.b.rcq));
+    CHECK(all_bytes(p.b.at(0), 64, kUntouched));
+    CHECK(b_out.packets().empty());
 }

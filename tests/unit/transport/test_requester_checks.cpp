@@ -213,3 +213,45 @@ TEST_CASE("Requester: an RNR NAK waits the time its timer code gives", "[request
         CHECK(gap >= 5100us);
     }
 }
+
+// READ responses must come in order (FIRST, MIDDLE..., LAST, or ONLY) with full-MTU payloads
+// except the last, whose payload is exactly what remains: anything else fails the READ with
+// a bad-response error and writes nothing beyond what the READ asked for.
+TEST_CASE("Requester: READ responses out of order or of the wrong length fail the READ",
+          "[requester]") {
+    Pair p;
+    QpAttributes attrs = default_attributes();
+    attrs.timeout = 18;  // ~1 s: no retransmission while the test answers
+    p.connect(attrs, attrs);
+    TxRecorder silent_b(*p.b.engine, {}, false);
+    const ForgedPeer peer = peer_of_a(p);
+    constexpr uint32_t kLen = 3 * kMtu;
+    REQUIRE(p.a.qp->post_send(signaled(rdma_wqe(SendOpcode::RdmaRead, 7, {p.a.sge(0, kLen)},
+                                                p.b.iova, p.b.keys.rkey))) == 0);
+    REQUIRE(p.wait_until([&] { return p.b.counters().rx_packets.load() >= 1; }));
+    const uint32_t psn = attrs.sq_psn;  // the READ is a's first request
+    std::vector<uint8_t> full(kMtu, 0x11);
+    bool expect_partial = false;
+
+    SECTION("a MIDDLE response first") {
+        peer.inject(peer.headers(wire::Opcode::RcReadResponseMiddle, psn), full);
+    }
+    SECTION("a FIRST response shorter than the MTU") {
+        std::vector<uint8_t> short_one(kMtu - 24, 0x11);
+        peer.inject(peer.headers(wire::Opcode::RcReadResponseFirst, psn), short_one);
+    }
+    SECTION("a LAST response longer than what remains") {
+        peer.inject(peer.headers(wire::Opcode::RcReadResponseFirst, psn), full);
+        peer.inject(peer.headers(wire::Opcode::RcReadResponseMiddle, psn + 1), full);
+        std::vector<uint8_t> too_long(kMtu + 64, 0x11);
+        peer.inject(peer.headers(wire::Opcode::RcReadResponseLast, psn + 2), too_long);
+        expect_partial = true;
+    }
+    const Completion c = p.wait_one(*p.a.scq);
+    CHECK(c.wr_id == 7);
+    CHECK(c.status == WcStatus::BadResp);
+    CHECK(p.a.qp->state() == QpState::Err);
+    // Nothing beyond the READ's buffer, ever; nothing at all when the first response is bad.
+    CHECK(all_bytes(p.a.at(kLen), 4096, kUntouched));
+    if (!expect_partial) CHECK(all_bytes(p.a.at(0), kLen, kUntouched));
+}
