@@ -138,7 +138,7 @@ std::unique_ptr<QpnSteering> QpnSteering::open(const DeviceSlot& slot, std::stri
         }
     }
     return std::unique_ptr<QpnSteering>(
-        new QpnSteering(map.release(), prog.release(), slot.number()));
+        new QpnSteering(map.release(), prog.release(), slot.number(), ::getpid()));
 }
 
 int QpnSteering::add(int socket_fd, std::string& error) {
@@ -159,7 +159,7 @@ int QpnSteering::add(int socket_fd, std::string& error) {
 }
 
 QpnSteering::~QpnSteering() {
-    bpf_map_delete_elem(map_fd_, &slot_);
+    if (::getpid() == owner_pid_) bpf_map_delete_elem(map_fd_, &slot_);
     ::close(prog_fd_);
     ::close(map_fd_);
 }

@@ -40,11 +40,12 @@ class QpnSteering {
     QpnSteering& operator=(const QpnSteering&) = delete;
 
   private:
-    QpnSteering(int map_fd, int prog_fd, uint32_t slot)
-        : map_fd_(map_fd), prog_fd_(prog_fd), slot_(slot) {}
+    QpnSteering(int map_fd, int prog_fd, uint32_t slot, int owner_pid)
+        : map_fd_(map_fd), prog_fd_(prog_fd), slot_(slot), owner_pid_(owner_pid) {}
     int map_fd_;
     int prog_fd_;
     uint32_t slot_;
+    int owner_pid_;  // a child of fork() must not take its parent's socket out of the map
 };
 
 }  // namespace uroce::transport

@@ -232,3 +232,26 @@ TEST_CASE("QPN steering: members in different processes, one killed", "[qpn_stee
     settle();
     CHECK(parent.received() == std::vector<int>{20, 21});  // 20 to be refused as unknown
 }
+
+TEST_CASE("QPN steering: a child of fork() that drops its copy leaves the parent's entry",
+          "[qpn_steering]") {
+    const std::string table = table_path();
+    const Where w = test_address();
+    auto a = std::make_unique<Member>(table, w);
+    Member b(table, w);
+    const pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+        a.reset();  // the child's copy of a's steering and slot go away
+        ::_exit(0);
+    }
+    int status = 0;
+    REQUIRE(::waitpid(pid, &status, 0) == pid);
+    for (int tag = 0; tag < 20; ++tag)
+        send_to_slot(w, tag % 2 ? b.slot->number() : a->slot->number(), tag);
+    settle();
+    std::vector<int> even, odd;
+    for (int tag = 0; tag < 20; ++tag) (tag % 2 ? odd : even).push_back(tag);
+    CHECK(a->received() == even);  // a stray would land in a or b at the kernel's choice
+    CHECK(b.received() == odd);
+}
