@@ -228,8 +228,29 @@ void check_address_is_local(const Ipv4& ip, std::vector<std::string>& warnings) 
 
 }  // namespace
 
+namespace {
+
+// Name prefixes other providers of libibverbs claim or that name kernel RDMA devices. rxe and
+// siw match devices by name prefix: libibverbs would hand a uroce device called "rxe0" to the
+// rxe provider. The hardware drivers' conventional names would only mislead.
+constexpr std::string_view kClaimedPrefixes[] = {
+    "rxe",   "siw", "mlx4",  "mlx5", "mthca",  "hfi1", "qib",        "bnxt_re", "efa",   "irdma",
+    "i40iw", "hns", "erdma", "mana", "ocrdma", "qedr", "vmw_pvrdma", "cxgb4",   "usnic", "ipath",
+};
+
+}  // namespace
+
 std::string check_name(std::string_view name) {
     if (name.empty()) return "device name must not be empty";
+    for (std::string_view prefix : kClaimedPrefixes) {
+        if (name.substr(0, prefix.size()) == prefix) {
+            return fmt::format(
+                "device name '{}' starts with '{}', which another RDMA provider or kernel driver "
+                "uses for its devices (libibverbs could hand it to that provider); choose another "
+                "name",
+                name, prefix);
+        }
+    }
     if (name.size() > kMaxNameLen) {
         return fmt::format("device name '{}' is longer than {} characters; use a shorter name",
                            name, kMaxNameLen);

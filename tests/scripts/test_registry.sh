@@ -194,6 +194,11 @@ expect_rc 2 "32-character name" add abcdefghijabcdefghijabcdefghij12 --ip 127.0.
 expect_err "*longer than 31*" "long name: explains the limit"
 expect_rc 2 "missing --ip" add "$A"
 expect_err "*--ip is required*" "missing --ip: says so"
+# Names other providers claim (rxe and siw match by name prefix in libibverbs).
+for claimed in rxe0 siw_a mlx5_0 efa0 irdma1; do
+    expect_rc 2 "name '$claimed' another provider claims" add "$claimed" --ip 127.0.0.1
+    expect_err "*another RDMA provider*" "name '$claimed': says why"
+done
 expect_rc 2 "missing NAME" add --ip 127.0.0.1
 expect_rc 2 "bad IPv4 300.1.1.1" add "$A" --ip 300.1.1.1
 expect_err "*not a valid IPv4 address*" "bad IPv4: says so"
