@@ -123,34 +123,44 @@ std::unique_ptr<DeviceSlot> DeviceSlots::claim(const std::string& path, std::str
         const uint64_t now = now_ns();
         const auto wait_ns = static_cast<uint64_t>(
             std::chrono::duration_cast<std::chrono::nanoseconds>(quarantine).count());
-        // A slot that has rested long enough, released longest ago, if there is one.
-        for (unsigned n = 1; n < kSlots; ++n) {
-            const Entry& e = t[n];
-            if (e.state != kFree || (e.released_ns != 0 && now - e.released_ns < wait_ns))
-                continue;
-            if (chosen < 0 || e.released_ns < t[static_cast<unsigned>(chosen)].released_ns)
-                chosen = static_cast<int>(n);
-        }
-        if (chosen < 0) {
-            // None: look for holders that died without releasing (their lock is gone; they
-            // rest from now on), then take the free slot released longest ago all the same.
-            // Only here, so that a claim costs one lock probe per held slot only when the
-            // table is nearly full.
+        // The free slot released longest ago, or -1. Among rested slots if `rested_only`.
+        // Dead holders (their lock is gone) are looked for only when no rested slot is left,
+        // so that a claim probes one lock per held slot only when the table is nearly full;
+        // their slots rest from the moment they are found.
+        auto pick = [&](bool rested_only) -> int {
+            int best = -1;
             for (unsigned n = 1; n < kSlots; ++n) {
                 Entry& e = t[n];
-                if (e.state == kHeld && !held_by_someone(fd, n)) {
+                if (!rested_only && e.state == kHeld && !held_by_someone(fd, n)) {
                     e = Entry{now, kFree, 0};
-                    if (!write_entry(fd, n, e)) return fail(errno, "cannot write " + path);
+                    write_entry(fd, n, e);
                 }
                 if (e.state != kFree) continue;
-                if (chosen < 0 || e.released_ns < t[static_cast<unsigned>(chosen)].released_ns)
-                    chosen = static_cast<int>(n);
+                if (rested_only && e.released_ns != 0 && now - e.released_ns < wait_ns) continue;
+                if (best < 0 || e.released_ns < t[static_cast<unsigned>(best)].released_ns)
+                    best = static_cast<int>(n);
             }
+            return best;
+        };
+        for (unsigned attempt = 0; attempt < kSlots && chosen < 0; ++attempt) {
+            int n = pick(true);
+            if (n < 0) n = pick(false);
+            if (n < 0) return fail(EBUSY, "every context slot of the device is in use");
+            const int e = ofd_lock(fd, F_OFD_SETLK, F_WRLCK, kSlotLocksAt + n);
+            if (e == 0) {
+                chosen = n;
+                break;
+            }
+            if (e != EAGAIN && e != EACCES)
+                return fail(e, "cannot lock slot " + std::to_string(n) + " of " + path);
+            // The table says free, yet someone holds the slot's lock (a record written by
+            // another process sharing the holder's lock, such as a child of fork()): the lock
+            // is the truth.
+            t[static_cast<unsigned>(n)].state = kHeld;
+            write_entry(fd, static_cast<unsigned>(n), t[static_cast<unsigned>(n)]);
         }
         if (chosen < 0) return fail(EBUSY, "every context slot of the device is in use");
         const auto n = static_cast<unsigned>(chosen);
-        if (const int e = ofd_lock(fd, F_OFD_SETLK, F_WRLCK, kSlotLocksAt + n); e != 0)
-            return fail(e, "cannot lock slot " + std::to_string(n) + " of " + path);
         if (!write_entry(fd, n, Entry{t[n].released_ns, kHeld, static_cast<uint32_t>(::getpid())}))
             return fail(errno, "cannot write " + path);
     }
