@@ -112,7 +112,10 @@ std::unique_ptr<QpnSteering> QpnSteering::open(const DeviceSlot& slot, std::stri
         return nullptr;
     }
 
-    LIBBPF_OPTS(bpf_object_open_opts, opts, .object_name = "uroce_qpn_steering");
+    // (LIBBPF_OPTS is a C macro: a statement expression with a compound literal.)
+    bpf_object_open_opts opts{};
+    opts.sz = sizeof opts;
+    opts.object_name = "uroce_qpn_steering";
     bpf_object* obj = bpf_object__open_mem(kQpnSteeringBpf.data(), kQpnSteeringBpf.size(), &opts);
     if (obj == nullptr) {
         err = errno;
