@@ -112,9 +112,13 @@ int destroy_cq(ibv_cq* ibcq) noexcept {
     // As for QPs: unread CQ error events are taken back, read ones must be acknowledged.
     to_uctx(ibcq->context)
         ->state->async_events.retract(reinterpret_cast<uint64_t>(ibcq), &cq->events);
-    wait_for_acks(&ibcq->mutex, &ibcq->cond, &ibcq->async_events_completed, cq->events.delivered);
-    // Events already queued for this CQ must never reach the application.
+    // Completion events still queued for this CQ must never reach the application...
     if (cq->channel) cq->channel->purge(reinterpret_cast<uint64_t>(ibcq));
+    // ...and those it got must be acknowledged first (ibv_ack_cq_events), as the kernel
+    // requires: an application that never acknowledges them blocks here, as it would there.
+    wait_for_acks(&ibcq->mutex, &ibcq->cond, &ibcq->async_events_completed, cq->events.delivered);
+    wait_for_acks(&ibcq->mutex, &ibcq->cond, &ibcq->comp_events_completed,
+                  cq->comp_events_delivered.load());
     delete cq;
     return 0;
 }
@@ -157,6 +161,8 @@ int req_notify_cq(ibv_cq* ibcq, int solicited_only) noexcept {
     return 0;
 }
 
-void cq_event(ibv_cq*) noexcept {}
+void cq_event(ibv_cq* ibcq) noexcept {
+    to_ucq(ibcq)->comp_events_delivered.fetch_add(1);
+}
 
 }  // namespace uroce::provider

@@ -75,6 +75,9 @@ struct UroceCq {
     std::shared_ptr<CompChannel> channel;
     std::atomic<int> qp_refs{0};
     AsyncEventTally events;  // guarded by the context's AsyncEventQueue
+    // Completion events handed to the application by ibv_get_cq_event (through the cq_event
+    // op); destroy waits until ibv_ack_cq_events has acknowledged as many.
+    std::atomic<uint32_t> comp_events_delivered{0};
     LimitedSlot slot;
 };
 

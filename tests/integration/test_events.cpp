@@ -2,10 +2,13 @@
 // provider answers in-process), completion events, and the asynchronous event fd.
 #include <fcntl.h>
 
+#include <atomic>
 #include <catch2/catch.hpp>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <memory>
+#include <thread>
 
 #include "tests/integration/verbs_fixture.h"
 
@@ -175,4 +178,61 @@ TEST_CASE("a missing event fails its wait within the bound instead of hanging", 
     CHECK((::fcntl(a.channel->fd, F_GETFL) & O_NONBLOCK) == 0);
     REQUIRE(wait_completions(a.cq, 1).size() == 1);
     REQUIRE(wait_completions(b.cq, 1).size() == 1);
+}
+
+// libibverbs' contract, as the kernel enforces it: ibv_destroy_cq returns only once every
+// completion event ibv_get_cq_event handed out for the CQ was acknowledged.
+TEST_CASE("destroy_cq waits until delivered completion events are acknowledged", "[events]") {
+    ibv_context* ctx = open_device(devices().a);
+    ibv_comp_channel* ch = ibv_create_comp_channel(ctx);
+    REQUIRE(ch);
+    ibv_cq* cq = ibv_create_cq(ctx, 16, nullptr, ch, 0);
+    REQUIRE(cq);
+    ibv_pd* pd = ibv_alloc_pd(ctx);
+    REQUIRE(pd);
+    {
+        ibv_qp_init_attr init{};
+        init.send_cq = init.recv_cq = cq;
+        init.qp_type = IBV_QPT_RC;
+        init.cap.max_send_wr = init.cap.max_recv_wr = 4;
+        init.cap.max_send_sge = init.cap.max_recv_sge = 1;
+        ibv_qp* qp = ibv_create_qp(pd, &init);
+        REQUIRE(qp);
+        REQUIRE(ibv_req_notify_cq(cq, 0) == 0);
+        auto buf = std::make_unique<Buffer>(pd, 64, kAll);
+        ibv_qp_attr attr{};
+        attr.qp_state = IBV_QPS_INIT;
+        attr.port_num = 1;
+        REQUIRE(ibv_modify_qp(
+                    qp, &attr,
+                    IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) == 0);
+        REQUIRE(post_recv_buf(qp, *buf, 0, 64, 1) == 0);
+        attr.qp_state = IBV_QPS_ERR;  // flushes the receive: one completion, one event
+        REQUIRE(ibv_modify_qp(qp, &attr, IBV_QP_STATE) == 0);
+        REQUIRE(ibv_destroy_qp(qp) == 0);
+    }
+    ibv_cq* ev_cq = nullptr;
+    void* ev_ctx = nullptr;
+    REQUIRE(get_cq_event_within(ch, &ev_cq, &ev_ctx) == 0);
+    REQUIRE(ev_cq == cq);
+
+    std::atomic<bool> destroyed{false};
+    std::thread destroyer([&] {
+        CHECK(ibv_destroy_cq(cq) == 0);
+        destroyed = true;
+    });
+    // The event names the CQ: destroy must wait for its acknowledgement.
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    CHECK_FALSE(destroyed.load());
+    ibv_ack_cq_events(ev_cq, 1);
+    for (int i = 0; i < 1000 && !destroyed.load(); ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    CHECK(destroyed.load());
+    if (!destroyed.load())
+        destroyer.detach();  // a failure, not a hang of the whole binary
+    else
+        destroyer.join();
+    ibv_dealloc_pd(pd);
+    CHECK(ibv_destroy_comp_channel(ch) == 0);
+    ibv_close_device(ctx);
 }
