@@ -197,6 +197,10 @@ MUTANTS = [
            "transport/qpn_steering.cpp",
            "    if (::getpid() == owner_pid_) bpf_map_delete_elem(map_fd_, &slot_);",
            "    bpf_map_delete_elem(map_fd_, &slot_);", ("transport",)),
+    Mutant("provider: destroy_cq does not wait for completion-event acknowledgements",
+           "provider/cq.cpp",
+           "    wait_for_acks(&ibcq->mutex, &ibcq->cond, &ibcq->comp_events_completed,\n"
+           "                  cq->comp_events_delivered.load());\n", "", ("integration",)),
     Mutant("provider: destroy_qp does not wait for acknowledgements", "provider/qp.cpp",
            "    wait_for_acks(&ibqp->mutex, &ibqp->cond, &ibqp->events_completed, qp->events.delivered);\n",
            "", ("integration",)),
