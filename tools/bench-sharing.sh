@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Device sharing costs nothing on the data path: perftest with one context per device against
-# the same with 8 contexts in 8 processes (4 pairs at once) on the same two devices, and
-# latency of one pair alone against one pair while 6 more contexts hold the devices.
+# Device sharing costs nothing on the data path: one perftest pair alone on two devices
+# against the same pair while 6 more contexts (6 processes) hold the devices (latency and
+# bandwidth), and the aggregate of 4 pairs at once (8 contexts in 8 processes; on a small
+# machine this one measures CPU sharing among 8 busy processes as much as anything).
 #
 #   tools/bench-sharing.sh [BUILD_DIR] [ITERS]
 #
@@ -67,3 +68,7 @@ pair ib_send_lat 18621 "$work/lat8" -s 64
 shared_lat=$(lat_of "$work/lat8")
 echo "ib_send_lat, 1 pair among 8 contexts:              ${shared_lat} usec"
 echo "ratio shared/alone (latency): $(awk -v a="$shared_lat" -v b="$alone_lat" 'BEGIN {printf "%.2f", a / b}')"
+pair ib_write_bw 18622 "$work/bw8" -s 65536
+shared_bw=$(bw_of "$work/bw8")
+echo "ib_write_bw, 1 pair among 8 contexts:              ${shared_bw} MB/s"
+echo "ratio shared/alone (bandwidth, one pair): $(awk -v a="$shared_bw" -v b="$alone_bw" 'BEGIN {printf "%.2f", a / b}')"
