@@ -175,6 +175,10 @@ MUTANTS = [
     Mutant("requester: a packet the socket refuses for good is retried", "transport/rc_qp.cpp",
            "!=\n           Engine::TransmitResult::Failed;",
            "!=\n           Engine::TransmitResult::Failed || true;", ("transport",)),
+    Mutant("requester: a full socket buffer fails the request", "transport/engine.cpp",
+           "            bump(counters_.tx_dropped_full);\n            return TransmitResult::Lost;",
+           "            bump(counters_.tx_dropped_full);\n            return TransmitResult::Failed;",
+           ("transport",)),
     Mutant("provider: loads on libibverbs older than v36", "provider/meson.build",
            "  'abi_floor.cpp',\n", "", ("abi",)),
     # --- device sharing (transport/device_slots.cpp, qpn_steering.cpp) ---

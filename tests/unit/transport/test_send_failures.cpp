@@ -13,12 +13,14 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <cstdlib>
 #include <cstring>
 
 #include "tests/unit/transport/engine_pair.h"
 
 using namespace uroce::transport;
 using namespace uroce::transport::test;
+using namespace std::chrono_literals;
 
 namespace {
 
@@ -94,4 +96,43 @@ TEST_CASE("A request larger than the route's IP MTU fails at once with LOC_QP_OP
         CHECK(p.a.counters().retransmit_timeouts.load() == 0);
         CHECK(all_bytes(p.b.at(8192), 4096 + 8192, kUntouched));
     }
+}
+
+// A socket buffer that is full (EAGAIN) never stalls the QP and never loses a message: the
+// packet is counted (tx_dropped_full) and recovered like a loss on the wire. The buffer is
+// made to fill for real: a token-bucket qdisc on the namespace's loopback holds packets (so
+// they stay charged to the sending socket) and the QP's socket gets the smallest buffer the
+// kernel allows.
+TEST_CASE("A full socket buffer is counted and recovered, never a silent loss", "[send_failures]") {
+    ScopedNetworkNamespace netns(65536);
+    // The child of system() runs in this thread's namespace.
+    REQUIRE(std::system("tc qdisc add dev lo root tbf rate 8kbit burst 1600 limit 1000000") == 0);
+    Pair p;
+    QpAttributes attrs = default_attributes();
+    attrs.timeout = 14;  // ~67 ms: several timeouts' time to lift the congestion
+    p.connect(attrs, attrs);
+    const int fd = p.a.engine->sender_for_qpn(p.a.qp->qpn()).fd();
+    const int tiny = 1;  // rounded up to the kernel's minimum (a few KiB)
+    REQUIRE(::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &tiny, sizeof tiny) == 0);
+
+    constexpr uint32_t kLen = 32 * kMtu;
+    fill(p.a.at(0), kLen, 9);
+    SendWqe w =
+        rdma_wqe(SendOpcode::RdmaWrite, 1, {p.a.sge(0, kLen)}, p.b.iova + 4096, p.b.keys.rkey);
+    w.signaled = true;
+    REQUIRE(p.a.qp->post_send(w) == 0);
+    const bool filled = p.wait_until([&] { return p.a.counters().tx_dropped_full.load() > 0; }, 5s);
+    // Lift the congestion (its queued packets go with the qdisc) and restore the buffer.
+    const int lifted = std::system("tc qdisc del dev lo root");
+    const int normal = 4 << 20;
+    ::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &normal, sizeof normal);
+    REQUIRE(filled);
+    REQUIRE(lifted == 0);
+
+    const Completion c = p.wait_one(*p.a.scq);
+    CHECK(c.status == WcStatus::Success);
+    CHECK(first_mismatch(p.b.at(4096), kLen, 9) == kLen);
+    CHECK(p.a.qp->state() == QpState::Rts);
+    CHECK(p.a.counters().retransmitted_packets.load() > 0);
+    CHECK(p.a.counters().tx_too_big.load() == 0);
 }
