@@ -191,8 +191,12 @@ MUTANTS = [
            "if (!rested_only && e.state == kHeld && !held_by_someone(fd, n) && false) {",
            ("transport",)),
     Mutant("sharing: slot 0 (QP0/QP1) handed out", "transport/device_slots.cpp",
-           "for (unsigned n = 1; n < kSlots; ++n) {\n                Entry& e = t[n];",
-           "for (unsigned n = 0; n < kSlots; ++n) {\n                Entry& e = t[n];",
+           "const unsigned n = 1 + (start + k) % (kSlots - 1);",
+           "const unsigned n = (start + k) % kSlots;",
+           ("transport",)),
+    Mutant("sharing: slots handed out in order (QPNs guessable)", "transport/device_slots.cpp",
+           "const unsigned start = static_cast<unsigned>(random_u64() % (kSlots - 1));",
+           "const unsigned start = 0 * static_cast<unsigned>(random_u64() % (kSlots - 1));",
            ("transport",)),
     # (Handing out a held slot, or a fork child marking its parent's slot free, are caught
     # by the slot's lock itself: a claim believes the lock, not the table, so those mutants

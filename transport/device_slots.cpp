@@ -10,6 +10,8 @@
 #include <cstring>
 #include <ctime>
 
+#include "transport/random_source.h"
+
 namespace uroce::transport {
 
 namespace {
@@ -127,9 +129,14 @@ std::unique_ptr<DeviceSlot> DeviceSlots::claim(const std::string& path, std::str
         // Dead holders (their lock is gone) are looked for only when no rested slot is left,
         // so that a claim probes one lock per held slot only when the table is nearly full;
         // their slots rest from the moment they are found.
+        // Scanning from a random place makes ties (above all the never-used slots of a fresh
+        // table) go to a random slot: the slot is half of every QPN, which a blind attacker
+        // should not be able to guess.
+        const unsigned start = static_cast<unsigned>(random_u64() % (kSlots - 1));
         auto pick = [&](bool rested_only) -> int {
             int best = -1;
-            for (unsigned n = 1; n < kSlots; ++n) {
+            for (unsigned k = 0; k < kSlots - 1; ++k) {
+                const unsigned n = 1 + (start + k) % (kSlots - 1);
                 Entry& e = t[n];
                 if (!rested_only && e.state == kHeld && !held_by_someone(fd, n)) {
                     e = Entry{now, kFree, 0};

@@ -181,3 +181,10 @@ TEST_CASE("Device slots: a child of fork() does not release its parent's slot", 
     }
     CHECK(held.size() == DeviceSlots::kSlots - 2);
 }
+
+TEST_CASE("Device slots: the first slot of a fresh table is drawn at random", "[device_slots]") {
+    // The slot is the top half of every QPN: a predictable one would make QPNs guessable.
+    std::set<int> firsts;
+    for (int i = 0; i < 8; ++i) firsts.insert(claim(table_path())->number());
+    CHECK(firsts.size() > 1);  // eight times the same slot: 1 in 4095^7 by chance
+}
