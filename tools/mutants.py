@@ -179,6 +179,10 @@ MUTANTS = [
            "            bump(counters_.tx_dropped_full);\n            return TransmitResult::Lost;",
            "            bump(counters_.tx_dropped_full);\n            return TransmitResult::Failed;",
            ("transport",)),
+    Mutant("requester: EMSGSIZE treated as a loss", "transport/engine.cpp",
+           "            bump(counters_.tx_too_big);\n            return TransmitResult::Failed;",
+           "            bump(counters_.tx_too_big);\n            return TransmitResult::Lost;",
+           ("transport",)),
     Mutant("provider: loads on libibverbs older than v36", "provider/meson.build",
            "  'abi_floor.cpp',\n", "", ("abi",)),
     # --- device sharing (transport/device_slots.cpp, qpn_steering.cpp) ---

@@ -230,8 +230,10 @@ Engine::TransmitResult Engine::transmit(const wire::Headers& h, std::span<const 
             bump(counters_.tx_too_big);
             return TransmitResult::Failed;
         default:
+            // A route that is down for a moment (ENETUNREACH, EHOSTUNREACH, a firewall's
+            // EPERM) may come back: treated as a loss, the retry counter decides.
             bump(counters_.tx_errors);
-            return TransmitResult::Failed;
+            return TransmitResult::Lost;
     }
 }
 

@@ -105,11 +105,12 @@ class Engine {
     // What became of a packet handed to transmit().
     enum class TransmitResult {
         Sent,
-        // Dropped on purpose (fault injector, transmit filter) or because the socket buffer
-        // was full (tx_dropped_full): like a loss on the wire, retransmission recovers it.
+        // Dropped on purpose (fault injector, transmit filter), because the socket buffer
+        // was full (tx_dropped_full) or another send error (tx_errors, e.g. no route for a
+        // moment): like a loss on the wire, retransmission recovers it or runs out.
         Lost,
-        // The socket refused it for good: larger than the path's IP MTU (tx_too_big) or
-        // another send error (tx_errors). Sending it again would fail the same way.
+        // Refused for good: larger than the path's IP MTU (tx_too_big), or headers that
+        // cannot be built (tx_errors). Sending it again would fail the same way.
         Failed,
     };
 

@@ -66,6 +66,18 @@ wait_rc() {
     return $rc
 }
 
+# expect_pair_done LABEL ITERS: waits for the pair start_pair started last; both exit 0 and
+# every reply was checked.
+expect_pair_done() {
+    local crc src
+    wait_rc "$P_CLI"; crc=$?
+    wait_rc "$P_SRV"; src=$?
+    expect_eq "$1: the pair finished (server, client exit status)" "0 0" "$src $crc"
+    expect_file_match "$1: every reply equals its message" \
+        "^pingpong_verify: $2 iterations of 4096 bytes: every reply equals its message" \
+        "$P_OUT.client.out"
+}
+
 # 2. ibv_devinfo while a pair runs on the device.
 if start_pair devinfo 20000; then
     sleep 0.5
@@ -76,12 +88,7 @@ if start_pair devinfo 20000; then
     else
         not_ok "ibv_devinfo -d $A while traffic runs" "exit $rc" "$out"
     fi
-    wait_rc "$P_CLI"; crc=$?
-    wait_rc "$P_SRV"; src=$?
-    expect_eq "devinfo: the pair finished (server, client exit status)" "0 0" "$src $crc"
-    expect_file_match "devinfo: every reply equals its message" \
-        "^pingpong_verify: 20000 iterations of 4096 bytes: every reply equals its message" \
-        "$P_OUT.client.out"
+    expect_pair_done devinfo 20000
 else
     not_ok "devinfo: the pair started"
 fi
@@ -106,12 +113,7 @@ if start_pair killed 200000; then
             not_ok "the killed server's client ends with an error, not a hang" "exit $crc" \
                 "$(tail -3 "$K_OUT.client.err")"
         fi
-        wait_rc "$P_CLI"; crc=$?
-        wait_rc "$P_SRV"; src=$?
-        expect_eq "survivor: the other pair finished (server, client exit status)" "0 0" "$src $crc"
-        expect_file_match "survivor: every reply equals its message" \
-            "^pingpong_verify: 20000 iterations of 4096 bytes: every reply equals its message" \
-            "$P_OUT.client.out"
+        expect_pair_done survivor 20000
     else
         not_ok "survivor: the pair started"
     fi
