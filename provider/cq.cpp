@@ -101,6 +101,11 @@ ibv_cq* create_cq(ibv_context* ibctx, int cqe, ibv_comp_channel* channel,
         errno = ENOMEM;
         return nullptr;
     }
+    if (!ctx->state->live_cqs.add(cq)) {
+        delete cq;
+        errno = ENOMEM;
+        return nullptr;
+    }
     cq->channel = std::move(chan);
     cq->vcq.cq.cqe = cqe;
     return &cq->vcq.cq;
@@ -119,8 +124,15 @@ int destroy_cq(ibv_cq* ibcq) noexcept {
     wait_for_acks(&ibcq->mutex, &ibcq->cond, &ibcq->async_events_completed, cq->events.delivered);
     wait_for_acks(&ibcq->mutex, &ibcq->cond, &ibcq->comp_events_completed,
                   cq->comp_events_delivered.load());
+    to_uctx(ibcq->context)->state->live_cqs.remove(cq);
     delete cq;
     return 0;
+}
+
+void reclaim_cq(UroceCq* cq) noexcept {
+    // The channel may outlive the context: it must not hand out events for a freed CQ.
+    if (cq->channel) cq->channel->purge(reinterpret_cast<uint64_t>(&cq->vcq.cq));
+    delete cq;
 }
 
 int poll_cq(ibv_cq* ibcq, int n, ibv_wc* wc) noexcept {

@@ -83,7 +83,16 @@ void destroy_state(ContextState* st) {
     if (const char* v = std::getenv("UROCE_STATS");
         st->engine && v && *v && std::strcmp(v, "0") != 0)
         print_counters(*st, st->device->vdev.device.name);
+    // What the application left behind goes with the context, as the kernel frees what a
+    // closed uverbs file held. QPs leave the engine before it stops, as on destroy; then
+    // MRs (no access is under way once they are out of the memory table).
+    if (st->engine) {
+        for (UroceQp* qp : st->live_qps.take_all()) reclaim_qp(*st, qp);
+        for (UroceMr* mr : st->live_mrs.take_all()) reclaim_mr(*st, mr);
+    }
     st->engine.reset();  // stops the engine thread first: it may post async events
+    for (UroceCq* cq : st->live_cqs.take_all()) reclaim_cq(cq);
+    for (UrocePd* pd : st->live_pds.take_all()) reclaim_pd(pd);
     if (st->cmd_fd >= 0) cmd_fd_unregister(st->cmd_fd);
     delete st;
 }

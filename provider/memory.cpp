@@ -41,6 +41,11 @@ ibv_pd* alloc_pd(ibv_context* ibctx) noexcept {
         errno = EINVAL;  // as rxe's object pools answer when full
         return nullptr;
     }
+    if (!to_uctx(ibctx)->state->live_pds.add(pd)) {
+        delete pd;
+        errno = ENOMEM;
+        return nullptr;
+    }
     pd->id = to_uctx(ibctx)->state->next_pd.fetch_add(1);
     pd->pd.handle = pd->id;
     return &pd->pd;
@@ -48,8 +53,13 @@ ibv_pd* alloc_pd(ibv_context* ibctx) noexcept {
 
 int dealloc_pd(ibv_pd* pd) noexcept {
     if (to_upd(pd)->users.load() > 0) return EBUSY;
+    to_uctx(pd->context)->state->live_pds.remove(to_upd(pd));
     delete to_upd(pd);
     return 0;
+}
+
+void reclaim_pd(UrocePd* pd) noexcept {
+    delete pd;
 }
 
 ibv_mr* reg_mr(ibv_pd* ibpd, void* addr, size_t length, uint64_t hca_va, int access) noexcept {
@@ -75,18 +85,24 @@ ibv_mr* reg_mr(ibv_pd* ibpd, void* addr, size_t length, uint64_t hca_va, int acc
         return nullptr;
     }
     auto* pd = to_upd(ibpd);
+    ContextState& st = *to_uctx(ibpd->context)->state;
+    if (!st.live_mrs.add(mr)) {
+        delete mr;
+        errno = ENOMEM;
+        return nullptr;
+    }
     transport::MemoryKeys keys;
     try {
-        keys = to_uctx(ibpd->context)
-                   ->state->engine->memory()
-                   .add(pd->id, reinterpret_cast<uint64_t>(addr), length, hca_va,
-                        transport_access(access));
+        keys = st.engine->memory().add(pd->id, reinterpret_cast<uint64_t>(addr), length, hca_va,
+                                       transport_access(access));
     } catch (const std::invalid_argument&) {
         // A buffer or iova range that runs past 2^64 (the memory table refuses it).
+        st.live_mrs.remove(mr);
         delete mr;
         errno = EINVAL;
         return nullptr;
     } catch (...) {
+        st.live_mrs.remove(mr);
         delete mr;
         errno = ENOMEM;
         return nullptr;
@@ -103,11 +119,18 @@ ibv_mr* reg_mr(ibv_pd* ibpd, void* addr, size_t length, uint64_t hca_va, int acc
 
 int dereg_mr(verbs_mr* vmr) noexcept {
     auto* mr = reinterpret_cast<UroceMr*>(vmr);
+    ContextState& st = *to_uctx(vmr->ibv_mr.context)->state;
+    st.live_mrs.remove(mr);
     // Takes effect at once: waits for accesses that passed their check to finish.
-    to_uctx(vmr->ibv_mr.context)->state->engine->memory().remove(vmr->ibv_mr.lkey);
+    st.engine->memory().remove(vmr->ibv_mr.lkey);
     to_upd(vmr->ibv_mr.pd)->users.fetch_sub(1);
     delete mr;
     return 0;
+}
+
+void reclaim_mr(ContextState& st, UroceMr* mr) noexcept {
+    st.engine->memory().remove(mr->vmr.ibv_mr.lkey);
+    delete mr;
 }
 
 }  // namespace uroce::provider

@@ -15,6 +15,7 @@
 #include "provider/async_events.h"
 #include "provider/comp_channel.h"
 #include "provider/limited_slot.h"
+#include "provider/live_objects.h"
 #include "transport/completion_queue.h"
 #include "transport/engine.h"
 #include "transport/rc_qp.h"
@@ -35,6 +36,11 @@ struct UroceDevice {
     DeviceConfig config;
 };
 
+struct UrocePd;
+struct UroceMr;
+struct UroceCq;
+struct UroceQp;
+
 // What a context owns beyond libibverbs' part.
 struct ContextState {
     UroceDevice* device = nullptr;
@@ -47,6 +53,11 @@ struct ContextState {
     std::atomic<int> cqs{0};
     std::atomic<int> pds{0};
     std::atomic<int> mrs{0};
+    // What the application has not destroyed; free_context reclaims it.
+    LiveObjects<UroceQp> live_qps;
+    LiveObjects<UroceCq> live_cqs;
+    LiveObjects<UroceMr> live_mrs;
+    LiveObjects<UrocePd> live_pds;
 };
 
 // libibverbs allocates this with calloc (through _verbs_init_and_alloc_context), so it
@@ -139,5 +150,13 @@ int modify_qp(ibv_qp*, ibv_qp_attr*, int) noexcept;
 int query_qp(ibv_qp*, ibv_qp_attr*, int, ibv_qp_init_attr*) noexcept;
 int post_send(ibv_qp*, ibv_send_wr*, ibv_send_wr**) noexcept;
 int post_recv(ibv_qp*, ibv_recv_wr*, ibv_recv_wr**) noexcept;
+
+// Frees an object the application left when it closed its context, as the kernel frees what
+// a closed uverbs file held: nothing waits for acknowledgements nobody will give. QPs and MRs
+// go while the engine still runs (they leave its tables), CQs and PDs after it stopped.
+void reclaim_qp(ContextState&, UroceQp*) noexcept;
+void reclaim_mr(ContextState&, UroceMr*) noexcept;
+void reclaim_cq(UroceCq*) noexcept;
+void reclaim_pd(UrocePd*) noexcept;
 
 }  // namespace uroce::provider

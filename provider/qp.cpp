@@ -96,6 +96,12 @@ ibv_qp* create_qp(ibv_pd* pd, ibv_qp_init_attr* init) noexcept {
         errno = ENOMEM;
         return nullptr;
     }
+    if (!ctx->state->live_qps.add(qp)) {
+        engine.detach(qpn);
+        delete qp;
+        errno = ENOMEM;
+        return nullptr;
+    }
     to_upd(pd)->users.fetch_add(1);
     qp->send_cq->qp_refs.fetch_add(1);
     qp->recv_cq->qp_refs.fetch_add(1);
@@ -134,6 +140,7 @@ ibv_qp* create_qp(ibv_pd* pd, ibv_qp_init_attr* init) noexcept {
 int destroy_qp(ibv_qp* ibqp) noexcept {
     auto* qp = to_uqp(ibqp);
     ContextState* st = to_uctx(ibqp->context)->state;
+    st->live_qps.remove(qp);
     // After detach no packet, timer or transport event reaches the QP.
     st->engine->detach(qp->rc->qpn());
     qp->rc.reset();
@@ -148,6 +155,14 @@ int destroy_qp(ibv_qp* ibqp) noexcept {
     pthread_mutex_destroy(&ibqp->mutex);
     delete qp;
     return 0;
+}
+
+void reclaim_qp(ContextState& st, UroceQp* qp) noexcept {
+    st.engine->detach(qp->rc->qpn());
+    qp->rc.reset();
+    pthread_cond_destroy(&qp->vqp.qp.cond);
+    pthread_mutex_destroy(&qp->vqp.qp.mutex);
+    delete qp;
 }
 
 int modify_qp(ibv_qp* ibqp, ibv_qp_attr* attr, int mask) noexcept {

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <memory>
 #include <thread>
+#include <vector>
 
 #include "tests/integration/verbs_fixture.h"
 
@@ -144,5 +145,80 @@ TEST_CASE("deregistering a region while a peer WRITEs to and READs from it", "[l
             // Once one failed, the QP is in ERR: nothing after it succeeds.
             if (failed) CHECK(wc.status != IBV_WC_SUCCESS);
         }
+    }
+}
+
+TEST_CASE("closing a context with its objects still open and traffic in flight", "[lifetime]") {
+    // The application closes b's context without destroying its QP, CQ, MR or PD, while a
+    // WRITEs into b and b READs from a. As with a kernel provider, the context takes its
+    // objects with it (under ASan, LeakSanitizer reports any it forgets), nothing touches
+    // them afterwards, and a's requests all complete: a WRITE reported successful put its
+    // bytes in b's memory, the rest fail; none is left hanging.
+    constexpr size_t kLen = 1 << 16;
+    constexpr int kWrites = 16;
+    for (int round = 0; round < 5; ++round) {
+        QpOptions opt;
+        opt.timeout = 8;
+        opt.retry_cnt = 2;
+        Endpoint a(devices().a, opt);
+        auto b = std::make_unique<Endpoint>(devices().b, opt);
+        connect(a, *b, opt);
+        Buffer abuf(a.pd, kLen * kWrites, kAll);
+        fill_pattern(abuf.bytes.data(), abuf.bytes.size(), 100 + round);
+        // b's buffer memory stays with the test; its registration goes with the context.
+        auto bbuf = std::make_unique<Buffer>(b->pd, kLen * kWrites, kAll);
+        std::vector<uint8_t> reads(kLen * kWrites);
+        ibv_mr* read_mr = ibv_reg_mr(b->pd, reads.data(), reads.size(), kAll);
+        REQUIRE(read_mr);
+        for (int i = 0; i < kWrites; ++i) {
+            REQUIRE(post_rdma(a.qp, IBV_WR_RDMA_WRITE, abuf, i * kLen, kLen,
+                              bbuf->addr() + i * kLen, bbuf->mr->rkey, i) == 0);
+            ibv_sge sge{reinterpret_cast<uint64_t>(reads.data()) + i * kLen,
+                        static_cast<uint32_t>(kLen), read_mr->lkey};
+            ibv_send_wr wr{};
+            ibv_send_wr* bad = nullptr;
+            wr.wr_id = 100 + i;
+            wr.sg_list = &sge;
+            wr.num_sge = 1;
+            wr.opcode = IBV_WR_RDMA_READ;
+            wr.send_flags = IBV_SEND_SIGNALED;
+            wr.wr.rdma.remote_addr = abuf.addr() + i * kLen;
+            wr.wr.rdma.rkey = abuf.mr->rkey;
+            REQUIRE(ibv_post_send(b->qp, &wr, &bad) == 0);
+        }
+        std::this_thread::sleep_for(std::chrono::microseconds(300 * round));
+        REQUIRE(ibv_close_device(b->ctx) == 0);
+        // Everything of b's is gone with its context: the fixture must not free it again.
+        bbuf->mr = nullptr;
+        b->qp = nullptr;
+        b->cq = nullptr;
+        b->pd = nullptr;
+        b->ctx = nullptr;
+        b.reset();
+
+        const auto wcs = wait_completions(a.cq, kWrites);
+        REQUIRE(wcs.size() == kWrites);
+        bool failed = false;
+        for (const ibv_wc& wc : wcs) {
+            if (wc.status != IBV_WC_SUCCESS) {
+                failed = true;
+                continue;
+            }
+            CHECK_FALSE(failed);  // in order: no success after a failure
+            const size_t off = wc.wr_id * kLen;
+            CHECK(std::memcmp(bbuf->bytes.data() + off, abuf.bytes.data() + off, kLen) == 0);
+        }
+        // The device is usable again at once: a new context on it talks to a.
+        Endpoint c(devices().b);
+        Endpoint d(devices().a);
+        connect(d, c);
+        Buffer dbuf(d.pd, 4096, kAll), cbuf(c.pd, 4096, kAll);
+        fill_pattern(dbuf.bytes.data(), dbuf.bytes.size(), 7 + round);
+        REQUIRE(post_rdma(d.qp, IBV_WR_RDMA_WRITE, dbuf, 0, 4096, cbuf.addr(), cbuf.mr->rkey, 1) ==
+                0);
+        const auto done = wait_completions(d.cq, 1);
+        REQUIRE(done.size() == 1);
+        CHECK(done[0].status == IBV_WC_SUCCESS);
+        CHECK(cbuf.bytes == dbuf.bytes);
     }
 }
