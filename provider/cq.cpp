@@ -63,6 +63,10 @@ ibv_wc_opcode wc_opcode(transport::WcOpcode op) {
 
 ibv_cq* create_cq(ibv_context* ibctx, int cqe, ibv_comp_channel* channel,
                   int comp_vector) noexcept {
+    if (inherited(ibctx)) {
+        errno = EIO;
+        return nullptr;
+    }
     if (cqe < 1 || cqe > kMaxCqe || comp_vector < 0 || comp_vector >= kNumCompVectors) {
         errno = EINVAL;
         return nullptr;
@@ -112,6 +116,7 @@ ibv_cq* create_cq(ibv_context* ibctx, int cqe, ibv_comp_channel* channel,
 }
 
 int destroy_cq(ibv_cq* ibcq) noexcept {
+    if (inherited(ibcq->context)) return 0;  // the parent's (fork_guard.h)
     auto* cq = to_ucq(ibcq);
     if (cq->qp_refs.load() > 0) return EBUSY;
     // As for QPs: unread CQ error events are taken back, read ones must be acknowledged.
@@ -136,6 +141,7 @@ void reclaim_cq(UroceCq* cq) noexcept {
 }
 
 int poll_cq(ibv_cq* ibcq, int n, ibv_wc* wc) noexcept {
+    if (inherited(ibcq->context)) return -EIO;
     if (n <= 0) return n < 0 ? -EINVAL : 0;
     auto* cq = to_ucq(ibcq);
     // An empty queue: do the receive work here rather than wait for the engine thread.
@@ -169,11 +175,13 @@ int poll_cq(ibv_cq* ibcq, int n, ibv_wc* wc) noexcept {
 }
 
 int req_notify_cq(ibv_cq* ibcq, int solicited_only) noexcept {
+    if (inherited(ibcq->context)) return EIO;
     to_ucq(ibcq)->queue->arm(solicited_only != 0);
     return 0;
 }
 
 void cq_event(ibv_cq* ibcq) noexcept {
+    if (inherited(ibcq->context)) return;
     to_ucq(ibcq)->comp_events_delivered.fetch_add(1);
 }
 

@@ -226,6 +226,7 @@ void post_async_event(UroceContext* ctx, ibv_event_type type, uint64_t element) 
 }
 
 void async_event(ibv_context* ibctx, ibv_async_event* ev) noexcept {
+    if (inherited(ibctx)) return;
     // libibverbs calls this right after reading the record: count the delivery, so that
     // destroying the object waits for its acknowledgement.
     to_uctx(ibctx)->state->async_events.delivered(
@@ -234,6 +235,18 @@ void async_event(ibv_context* ibctx, ibv_async_event* ev) noexcept {
 
 void free_context(ibv_context* ibctx) noexcept {
     auto* ctx = to_uctx(ibctx);
+    if (inherited(ibctx)) {
+        // A child of fork() closes its copy: only its descriptors of the sockets go; the
+        // engine, its objects and locks are the parent's (fork_guard.h) and are left as they
+        // are. The device slot stays the parent's (device_slots.h).
+        ContextState* st = ctx->state;
+        if (st->engine) st->engine.release()->close_sockets_after_fork();
+        if (st->cmd_fd >= 0) cmd_fd_unregister(st->cmd_fd);
+        ctx->state = nullptr;  // left to the process image, with everything it holds
+        verbs_uninit_context(&ctx->vctx);
+        std::free(ctx);
+        return;
+    }
     destroy_state(ctx->state);
     ctx->state = nullptr;
     verbs_uninit_context(&ctx->vctx);
@@ -258,6 +271,7 @@ const verbs_device_ops kDeviceOps = {
 };
 
 __attribute__((constructor)) void register_driver() {
+    fork_guard_install();
     verbs_register_driver_34(&kDeviceOps);
 }
 

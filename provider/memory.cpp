@@ -31,6 +31,10 @@ uint32_t transport_access(int access) {
 }  // namespace
 
 ibv_pd* alloc_pd(ibv_context* ibctx) noexcept {
+    if (inherited(ibctx)) {
+        errno = EIO;
+        return nullptr;
+    }
     auto* pd = new (std::nothrow) UrocePd{};
     if (!pd) {
         errno = ENOMEM;
@@ -52,6 +56,7 @@ ibv_pd* alloc_pd(ibv_context* ibctx) noexcept {
 }
 
 int dealloc_pd(ibv_pd* pd) noexcept {
+    if (inherited(pd->context)) return 0;  // the parent's (fork_guard.h)
     if (to_upd(pd)->users.load() > 0) return EBUSY;
     to_uctx(pd->context)->state->live_pds.remove(to_upd(pd));
     delete to_upd(pd);
@@ -63,6 +68,10 @@ void reclaim_pd(UrocePd* pd) noexcept {
 }
 
 ibv_mr* reg_mr(ibv_pd* ibpd, void* addr, size_t length, uint64_t hca_va, int access) noexcept {
+    if (inherited(ibpd->context)) {
+        errno = EIO;
+        return nullptr;
+    }
     // The IBA: remote write or atomic access requires local write access.
     // Optional flags are hints a provider may ignore (libibverbs passes them because we
     // said we handle them).
@@ -118,6 +127,7 @@ ibv_mr* reg_mr(ibv_pd* ibpd, void* addr, size_t length, uint64_t hca_va, int acc
 }
 
 int dereg_mr(verbs_mr* vmr) noexcept {
+    if (inherited(vmr->ibv_mr.context)) return 0;  // the parent's (fork_guard.h)
     auto* mr = reinterpret_cast<UroceMr*>(vmr);
     ContextState& st = *to_uctx(vmr->ibv_mr.context)->state;
     st.live_mrs.remove(mr);

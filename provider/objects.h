@@ -14,6 +14,7 @@
 
 #include "provider/async_events.h"
 #include "provider/comp_channel.h"
+#include "provider/fork_guard.h"
 #include "provider/limited_slot.h"
 #include "provider/live_objects.h"
 #include "transport/completion_queue.h"
@@ -48,6 +49,8 @@ struct ContextState {
     AsyncEventQueue async_events;
     int cmd_fd = -1;
     std::atomic<uint32_t> next_pd{1};
+    // The fork generation the context was opened in (fork_guard.h).
+    uint32_t fork_generation = current_fork_generation();
     // Live objects of each kind, against the limits the device advertises.
     std::atomic<int> qps{0};
     std::atomic<int> cqs{0};
@@ -108,6 +111,10 @@ struct UroceQp {
 inline UroceContext* to_uctx(ibv_context* c) {
     return reinterpret_cast<UroceContext*>(reinterpret_cast<char*>(c) -
                                            offsetof(UroceContext, vctx.context));
+}
+// Whether the context was opened in an ancestor of this process (fork_guard.h).
+inline bool inherited(ibv_context* c) {
+    return to_uctx(c)->state->fork_generation != current_fork_generation();
 }
 inline UrocePd* to_upd(ibv_pd* p) {
     return reinterpret_cast<UrocePd*>(p);

@@ -43,6 +43,10 @@ bool belongs(ibv_cq* cq, ibv_context* ctx) {
 }  // namespace
 
 ibv_qp* create_qp(ibv_pd* pd, ibv_qp_init_attr* init) noexcept {
+    if (inherited(pd->context)) {
+        errno = EIO;
+        return nullptr;
+    }
     if (!init) {
         errno = EINVAL;
         return nullptr;
@@ -138,6 +142,7 @@ ibv_qp* create_qp(ibv_pd* pd, ibv_qp_init_attr* init) noexcept {
 }
 
 int destroy_qp(ibv_qp* ibqp) noexcept {
+    if (inherited(ibqp->context)) return 0;  // the parent's (fork_guard.h)
     auto* qp = to_uqp(ibqp);
     ContextState* st = to_uctx(ibqp->context)->state;
     st->live_qps.remove(qp);
@@ -166,6 +171,7 @@ void reclaim_qp(ContextState& st, UroceQp* qp) noexcept {
 }
 
 int modify_qp(ibv_qp* ibqp, ibv_qp_attr* attr, int mask) noexcept {
+    if (inherited(ibqp->context)) return EIO;
     if (!attr) return EINVAL;
     auto* qp = to_uqp(ibqp);
     std::lock_guard lock(qp->attr_mutex);
@@ -190,6 +196,7 @@ int modify_qp(ibv_qp* ibqp, ibv_qp_attr* attr, int mask) noexcept {
 }
 
 int query_qp(ibv_qp* ibqp, ibv_qp_attr* attr, int, ibv_qp_init_attr* init) noexcept {
+    if (inherited(ibqp->context)) return EIO;
     if (!attr || !init) return EINVAL;
     auto* qp = to_uqp(ibqp);
     {
@@ -214,6 +221,10 @@ int query_qp(ibv_qp* ibqp, ibv_qp_attr* attr, int, ibv_qp_init_attr* init) noexc
 }
 
 int post_send(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexcept {
+    if (inherited(ibqp->context)) {
+        *bad_wr = wr;
+        return EIO;
+    }
     auto* qp = to_uqp(ibqp);
     for (; wr; wr = wr->next) {
         transport::SendWqe w;
@@ -283,6 +294,10 @@ int post_send(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexcept {
 }
 
 int post_recv(ibv_qp* ibqp, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) noexcept {
+    if (inherited(ibqp->context)) {
+        *bad_wr = wr;
+        return EIO;
+    }
     auto* qp = to_uqp(ibqp);
     for (; wr; wr = wr->next) {
         if (wr->num_sge < 0 || wr->num_sge > kMaxSge) {

@@ -227,6 +227,8 @@ MUTANTS = [
            "for (UroceQp* qp : st->live_qps.take_all()) (void)qp;", ("integration-asan",),
            also=(("for (UroceMr* mr : st->live_mrs.take_all()) reclaim_mr(*st, mr);",
                   "for (UroceMr* mr : st->live_mrs.take_all()) (void)mr;"),)),
+    Mutant("provider: fork guard not installed (children use their parent's objects)",
+           "provider/device.cpp", "    fork_guard_install();\n", "", ("integration",)),
     Mutant("provider: destroy_qp does not wait for acknowledgements", "provider/qp.cpp",
            "    wait_for_acks(&ibqp->mutex, &ibqp->cond, &ibqp->events_completed, qp->events.delivered);\n",
            "", ("integration",)),

@@ -5,6 +5,7 @@ packages=(
   g++ clang meson ninja-build pkg-config
   libibverbs-dev libevent-dev libisal-dev libcli11-dev libfmt-dev libpcap-dev libbpf-dev catch2
   ibverbs-utils perftest tshark iproute2 procps
+  python3-pyverbs  # tests/scripts/test_fork.sh (fork with multiprocessing)
   clang libclang-rt-14-dev  # libFuzzer and the sanitizers for tools/fuzz
 )
 missing=()

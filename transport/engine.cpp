@@ -110,6 +110,11 @@ Engine::~Engine() {
     if (base_) event_base_free(base_);
 }
 
+void Engine::close_sockets_after_fork() noexcept {
+    send_sockets_.close_fds_after_fork();
+    socket_.close_fd();
+}
+
 void Engine::run() {
     // EVLOOP_NO_EXIT_ON_EMPTY: keep running while no timer is pending.
     event_base_loop(base_, EVLOOP_NO_EXIT_ON_EMPTY);

@@ -59,6 +59,13 @@ class Engine {
     Engine(const Engine&) = delete;
     Engine& operator=(const Engine&) = delete;
 
+    // For a child of fork() that inherited this engine: closes the child's descriptors of the
+    // engine's sockets, so that a device port held only by the parent is free again when the
+    // parent lets it go, and touches nothing else. The engine thread, event loop and locks
+    // are the parent's (the child has copies whose owners do not exist here: joining, freeing
+    // or locking them could hang), so the caller must then leak the engine, not destroy it.
+    void close_sockets_after_fork() noexcept;
+
     const EngineConfig& config() const { return config_; }
     MemoryTable& memory() { return memory_; }
     EngineCounters& counters() { return counters_; }

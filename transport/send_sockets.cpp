@@ -21,4 +21,9 @@ const UdpSocket& SendSockets::for_port(uint16_t port) {
     return it->second ? *it->second : fallback_;
 }
 
+void SendSockets::close_fds_after_fork() noexcept {
+    for (auto& [port, socket] : sockets_)
+        if (socket) socket->close_fd();
+}
+
 }  // namespace uroce::transport

@@ -39,6 +39,10 @@ class SendSockets {
     // from the socket's port().
     const UdpSocket& for_port(uint16_t port);
 
+    // Closes this process's descriptors of every socket, without the lock: only for a child
+    // of fork(), which has one thread and must not wait for a lock a parent thread held.
+    void close_fds_after_fork() noexcept;
+
   private:
     const uint32_t ip_;
     const UdpSocket& fallback_;

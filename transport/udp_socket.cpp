@@ -46,7 +46,12 @@ UdpSocket::UdpSocket(uint32_t ip, uint16_t port, bool reuseport) : ip_(ip), port
 }
 
 UdpSocket::~UdpSocket() {
+    close_fd();
+}
+
+void UdpSocket::close_fd() noexcept {
     if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
 }
 
 int UdpSocket::send(uint32_t dst_ip, uint16_t dst_port, std::span<const iovec> iov) const {

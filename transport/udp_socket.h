@@ -24,6 +24,10 @@ class UdpSocket {
     UdpSocket& operator=(const UdpSocket&) = delete;
 
     int fd() const { return fd_; }
+
+    // Closes this process's descriptor (fd() becomes -1). For a child of fork(): the socket
+    // itself stays open in the parent, which keeps receiving on it.
+    void close_fd() noexcept;
     int error() const { return error_; }
     uint32_t ip() const { return ip_; }
     uint16_t port() const { return port_; }

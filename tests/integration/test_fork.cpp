@@ -1,0 +1,177 @@
+// fork() after opening devices (fork_guard.h): the parent's objects stay the parent's. A
+// child that closes them does not hang and takes nothing from the parent; a child that uses
+// them gets EIO and steals none of the parent's packets; a child opens devices of its own and
+// runs verified traffic on them while the parent goes on with its own.
+//
+// Children report through their exit status only (no Catch2 in a child) and the parent waits
+// for them with a time limit: a child that hangs is killed and the test fails.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <functional>
+#include <thread>
+#include <vector>
+
+#include "tests/integration/verbs_fixture.h"
+
+using namespace uroce::test;
+using namespace std::chrono_literals;
+
+namespace {
+
+constexpr int kAll = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+
+// Runs `body` in a child process; its return value is the child's exit status (an exception
+// counts as 100). The child never returns into the test runner.
+pid_t spawn(const std::function<int()>& body) {
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+        int status = 100;
+        try {
+            status = body();
+        } catch (...) {
+        }
+        ::_exit(status);
+    }
+    return pid;
+}
+
+// The child's exit status, or -1 if it did not end within `limit` (it is then killed).
+int wait_child(pid_t pid, std::chrono::milliseconds limit = 20s) {
+    const auto end = std::chrono::steady_clock::now() + limit;
+    int status = 0;
+    while (std::chrono::steady_clock::now() < end) {
+        const pid_t r = ::waitpid(pid, &status, WNOHANG);
+        if (r == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        std::this_thread::sleep_for(10ms);
+    }
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, &status, 0);
+    return -1;
+}
+
+// A WRITE of fresh bytes from `from` to `to`, then a READ of them back; true if both
+// completed and every byte matches.
+bool verified_write_read(Endpoint& from, Endpoint& to, uint64_t seed) {
+    constexpr size_t kLen = 1 << 16;
+    Buffer src(from.pd, kLen, kAll), back(from.pd, kLen, kAll), dst(to.pd, kLen, kAll);
+    fill_pattern(src.bytes.data(), kLen, seed);
+    if (post_rdma(from.qp, IBV_WR_RDMA_WRITE, src, 0, kLen, dst.addr(), dst.mr->rkey, 1) != 0)
+        return false;
+    if (post_rdma(from.qp, IBV_WR_RDMA_READ, back, 0, kLen, dst.addr(), dst.mr->rkey, 2) != 0)
+        return false;
+    const auto wcs = wait_completions(from.cq, 2);
+    if (wcs.size() != 2) return false;
+    for (const ibv_wc& wc : wcs)
+        if (wc.status != IBV_WC_SUCCESS) return false;
+    return dst.bytes == src.bytes && back.bytes == src.bytes;
+}
+
+}  // namespace
+
+TEST_CASE("fork: a child closing its parent's objects neither hangs nor disturbs the parent",
+          "[fork]") {
+    Endpoint a(devices().a), b(devices().b);
+    connect(a, b);
+    REQUIRE(verified_write_read(a, b, 1));
+    Buffer extra(b.pd, 4096, kAll);
+
+    // What an atexit handler, a destructor or Python's multiprocessing does in the child.
+    const pid_t child = spawn([&] {
+        int failures = 0;
+        failures += ibv_destroy_qp(b.qp) != 0;
+        failures += ibv_dereg_mr(extra.mr) != 0;
+        failures += ibv_destroy_cq(b.cq) != 0;
+        failures += ibv_dealloc_pd(b.pd) != 0;
+        failures += ibv_close_device(b.ctx) != 0;
+        failures += ibv_close_device(a.ctx) != 0;  // with its QP, CQ and PD still open
+        return failures;
+    });
+    CHECK(wait_child(child) == 0);
+    // The parent's objects and sockets are all still there: traffic both ways, byte-exact.
+    CHECK(verified_write_read(a, b, 2));
+    CHECK(verified_write_read(b, a, 3));
+}
+
+TEST_CASE("fork: verbs on inherited objects fail with EIO and take none of the parent's packets",
+          "[fork]") {
+    constexpr int kMessages = 64;
+    constexpr size_t kLen = 4096;
+    Endpoint a(devices().a), b(devices().b);
+    connect(a, b);
+    Buffer src(a.pd, kLen * kMessages, kAll), dst(b.pd, kLen * kMessages, kAll);
+    fill_pattern(src.bytes.data(), src.bytes.size(), 44);
+    for (int i = 0; i < kMessages; ++i) REQUIRE(post_recv_buf(b.qp, dst, i * kLen, kLen, i) == 0);
+
+    const pid_t child = spawn([&] {
+        int wrong = 0;
+        // Polls b's CQ while the parent's messages arrive at b: each poll must fail, and
+        // none may receive a packet from the socket the child shares with its parent.
+        const auto end = std::chrono::steady_clock::now() + 300ms;
+        while (std::chrono::steady_clock::now() < end) {
+            ibv_wc wc[4];
+            if (ibv_poll_cq(b.cq, 4, wc) != -EIO) ++wrong;
+        }
+        ibv_send_wr swr{};
+        ibv_send_wr* bad_s = nullptr;
+        wrong += ibv_post_send(b.qp, &swr, &bad_s) != EIO || bad_s != &swr;
+        ibv_recv_wr rwr{};
+        ibv_recv_wr* bad_r = nullptr;
+        wrong += ibv_post_recv(b.qp, &rwr, &bad_r) != EIO || bad_r != &rwr;
+        wrong += ibv_req_notify_cq(b.cq, 0) != EIO;
+        ibv_qp_attr attr{};
+        attr.qp_state = IBV_QPS_ERR;
+        wrong += ibv_modify_qp(b.qp, &attr, IBV_QP_STATE) != EIO;
+        errno = 0;
+        wrong += ibv_alloc_pd(b.ctx) != nullptr || errno != EIO;
+        errno = 0;
+        wrong += ibv_create_cq(b.ctx, 16, nullptr, nullptr, 0) != nullptr || errno != EIO;
+        std::vector<uint8_t> mem(4096);
+        errno = 0;
+        wrong += ibv_reg_mr(b.pd, mem.data(), mem.size(), kAll) != nullptr || errno != EIO;
+        return wrong;
+    });
+    for (int i = 0; i < kMessages; ++i) {
+        REQUIRE(post_send_msg(a.qp, src, i * kLen, kLen, i) == 0);
+        std::this_thread::sleep_for(5ms);  // spread over the child's polling
+    }
+    CHECK(wait_child(child) == 0);
+    // Every message reached the parent's b, in order and byte-exact.
+    const auto sent = wait_completions(a.cq, kMessages);
+    const auto got = wait_completions(b.cq, kMessages);
+    REQUIRE(got.size() == kMessages);
+    CHECK(sent.size() == kMessages);
+    for (int i = 0; i < kMessages; ++i) {
+        CHECK(got[i].status == IBV_WC_SUCCESS);
+        CHECK(got[i].wr_id == static_cast<uint64_t>(i));
+    }
+    CHECK(dst.bytes == src.bytes);
+}
+
+TEST_CASE("fork: a child opens devices of its own and runs verified traffic", "[fork]") {
+    Endpoint a(devices().a), b(devices().b);
+    connect(a, b);
+    const pid_t child = spawn([] {
+        Endpoint c(devices().a), d(devices().b);
+        if (!c.qp || !d.qp) return 2;
+        connect(c, d);
+        int failures = 0;
+        for (uint64_t round = 0; round < 4; ++round) {
+            failures += !verified_write_read(c, d, 100 + round);
+            failures += !verified_write_read(d, c, 200 + round);
+        }
+        return failures;
+    });
+    // The parent's pair works at the same time.
+    int parent_failures = 0;
+    for (uint64_t round = 0; round < 4; ++round)
+        parent_failures += !verified_write_read(a, b, 300 + round);
+    CHECK(wait_child(child, 60s) == 0);
+    CHECK(parent_failures == 0);
+    CHECK(verified_write_read(b, a, 400));
+}
