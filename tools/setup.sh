@@ -3,7 +3,7 @@
 set -euo pipefail
 packages=(
   g++ clang meson ninja-build pkg-config
-  libibverbs-dev libevent-dev libisal-dev libcli11-dev libfmt-dev libpcap-dev libbpf-dev catch2
+  libibverbs-dev libevent-dev libisal-dev libcli11-dev libfmt-dev libpcap-dev libbpf-dev libseccomp-dev catch2
   ibverbs-utils perftest tshark iproute2 procps
   clang libclang-rt-14-dev  # libFuzzer and the sanitizers for tools/fuzz
 )
