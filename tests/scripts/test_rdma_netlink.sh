@@ -153,6 +153,14 @@ if ! command -v ibv_devices >/dev/null; then
     skip "ibv_devices through uroce run and uroce env: ibv_devices not installed"
     finish
 fi
+# A sanitizer build's provider needs the ASan runtime preloaded into ibv_devices (the
+# LD_PRELOAD of `uroce env` puts its library before it, hence the link-order option).
+asan_rt=$(ldd "$(dirname "$UROCE")/../provider/liburoce-rdmav34.so" 2>/dev/null | awk '/libasan/ { print $3 }')
+if [[ -n $asan_rt ]]; then
+    echo "# sanitizer build: LD_PRELOAD=$asan_rt for ibv_devices"
+    export LD_PRELOAD=$asan_rt
+    export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}verify_asan_link_order=0:detect_leaks=0"
+fi
 octet=$(pick_octet 232)
 name="nlv$$"
 if add_device "$name" "127.0.$octet.1"; then
