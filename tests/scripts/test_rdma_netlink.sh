@@ -18,6 +18,7 @@
 #     namespace) and stay quiet on a host without it.
 # Last line: "N passed, M failed".
 set -u
+# shellcheck source=lib.sh
 source "$(dirname "$0")/lib.sh"
 if [[ $# -ne 2 ]]; then
     echo "usage: $0 PATH_TO_UROCE PATH_TO_PROBE" >&2
@@ -72,6 +73,7 @@ expect_probe "uroce run" "$run_out" seccomp 2
 expect_eq "uroce run: no warning about the filter" "" \
     "$(grep -v 'no devices are registered' "$WORK/run.err")"
 
+# shellcheck disable=SC2016
 child_out=$("$UROCE" run -- sh -c '"$0" "$1"' "$PY" "$PROBE" 2>/dev/null)
 expect_probe "child of uroce run" "$child_out" rdma_stream EPROTONOSUPPORT
 expect_probe "child of uroce run" "$child_out" route_dump ok
@@ -165,10 +167,10 @@ octet=$(pick_octet 232)
 name="nlv$$"
 if add_device "$name" "127.0.$octet.1"; then
     out=$(timeout 30 "$UROCE" run -- ibv_devices 2>&1)
-    expect_match "uroce run -- ibv_devices lists $name" "^[[:space:]]*$name[[:space:]]" "$out"
+    expect_match "uroce run -- ibv_devices lists $name" "^[[:space:]]*${name}[[:space:]]" "$out"
     # shellcheck disable=SC2016
     out=$(timeout 30 bash -c 'eval "$("$0" env 2>/dev/null)" && exec ibv_devices' "$UROCE" 2>&1)
-    expect_match "ibv_devices after eval \"\$(uroce env)\" lists $name" "^[[:space:]]*$name[[:space:]]" "$out"
+    expect_match "ibv_devices after eval \"\$(uroce env)\" lists $name" "^[[:space:]]*${name}[[:space:]]" "$out"
     if command -v strace >/dev/null; then
         # libibverbs asks netlink first (through libnl's socket()); the filter refuses
         # it, and libibverbs reads the registry (the openat of its infiniband_verbs class).
