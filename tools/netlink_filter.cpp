@@ -47,11 +47,14 @@ std::string refuse_rdma_netlink() {
     int rc = seccomp_attr_set(filter.get(), SCMP_FLTATR_ACT_BADARCH, SCMP_ACT_ALLOW);
     if (rc == 0) {
         // socket(2) takes ints: compare the low 32 bits only, as the kernel reads them.
+        // (Plain structs: libseccomp's SCMP_A0() macros are C compound literals.)
         constexpr uint64_t kInt = 0xffffffffU;
-        rc = seccomp_rule_add(
-            filter.get(), SCMP_ACT_ERRNO(EPROTONOSUPPORT), SCMP_SYS(socket), 2,
-            SCMP_A0(SCMP_CMP_MASKED_EQ, kInt, static_cast<uint64_t>(AF_NETLINK)),
-            SCMP_A2(SCMP_CMP_MASKED_EQ, kInt, static_cast<uint64_t>(kNetlinkRdma)));
+        const scmp_arg_cmp netlink_rdma[] = {
+            {0, SCMP_CMP_MASKED_EQ, kInt, static_cast<uint64_t>(AF_NETLINK)},
+            {2, SCMP_CMP_MASKED_EQ, kInt, static_cast<uint64_t>(kNetlinkRdma)},
+        };
+        rc = seccomp_rule_add_array(filter.get(), SCMP_ACT_ERRNO(EPROTONOSUPPORT), SCMP_SYS(socket),
+                                    2, netlink_rdma);
     }
     if (rc == 0) rc = seccomp_load(filter.get());
     if (rc != 0) return fmt::format("cannot load a seccomp filter: {}", errno_text(-rc));
