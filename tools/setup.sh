@@ -4,7 +4,7 @@ set -euo pipefail
 packages=(
   g++ clang meson ninja-build pkg-config
   libibverbs-dev libevent-dev libisal-dev libcli11-dev libfmt-dev libpcap-dev libbpf-dev libseccomp-dev catch2
-  ibverbs-utils perftest tshark iproute2 procps
+  ibverbs-utils perftest tshark iproute2 procps strace  # strace: tests/scripts/test_rdma_netlink.sh
   clang libclang-rt-14-dev  # libFuzzer and the sanitizers for tools/fuzz
 )
 missing=()
