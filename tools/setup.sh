@@ -3,9 +3,10 @@
 set -euo pipefail
 packages=(
   g++ clang meson ninja-build pkg-config
-  libibverbs-dev libevent-dev libisal-dev libcli11-dev libfmt-dev libpcap-dev libbpf-dev catch2
-  ibverbs-utils perftest tshark iproute2 procps
+  libibverbs-dev libevent-dev libisal-dev libcli11-dev libfmt-dev libpcap-dev libbpf-dev libseccomp-dev catch2
+  ibverbs-utils perftest tshark iproute2 procps strace  # strace: tests/scripts/test_rdma_netlink.sh
   python3-pyverbs  # tests/scripts/test_fork.sh (fork with multiprocessing)
+  qemu-system-x86 cpio kmod xz-utils zstd ibverbs-providers  # tools/stock-kernel-test.sh
   clang libclang-rt-14-dev  # libFuzzer and the sanitizers for tools/fuzz
 )
 missing=()

@@ -4,7 +4,9 @@
 //   uroce del NAME                                  remove it
 //   uroce list                                      one line per device
 //   uroce env                                       export lines for SYSFS_PATH / RDMAV_DRIVERS
-//   uroce run -- CMD ARGS...                        exec CMD with that environment
+//                                                   / LD_PRELOAD
+//   uroce run -- CMD ARGS...                        exec CMD with that environment, RDMA
+//                                                   netlink refused (netlink_filter.h)
 //
 // Exit status: 0 success, 2 usage error, 1 any other error (`run`: the
 // command's own status, or 127/126 if it cannot be executed, like env(1)).
@@ -28,11 +30,14 @@
 #include <system_error>
 #include <vector>
 
+#include "kernel_rdma.h"
+#include "netlink_filter.h"
 #include "registry.h"
 #include "uroce_tools_config.h"
 
 namespace fs = std::filesystem;
 namespace reg = uroce::registry;
+namespace tools = uroce::tools;
 
 namespace {
 
@@ -109,6 +114,53 @@ ProviderLookup find_provider() {
     return r;
 }
 
+// The preload library for `uroce env` users (no_rdma_netlink_preload.c): next
+// to this executable (Meson build tree <build>/tools), in the install's libdir
+// relative to the executable, then at the absolute install libdir.
+ProviderLookup find_preload() {
+    ProviderLookup r;
+    std::vector<fs::path> candidates;
+    std::error_code ec;
+    fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+    if (!ec) {
+        const fs::path exe_dir = exe.parent_path();
+        candidates.push_back(exe_dir.lexically_normal());
+        const fs::path rel =
+            fs::path(UROCE_INSTALL_LIBDIR).lexically_relative(fs::path(UROCE_INSTALL_BINDIR));
+        if (!rel.empty()) candidates.push_back((exe_dir / rel).lexically_normal());
+    }
+    candidates.push_back(fs::path(UROCE_INSTALL_LIBDIR).lexically_normal());
+    for (const auto& c : candidates) {
+        if (std::find(r.tried.begin(), r.tried.end(), c) != r.tried.end()) continue;
+        r.tried.push_back(c);
+        std::error_code fec;
+        if (!r.dir && fs::is_regular_file(c / UROCE_PRELOAD_FILE, fec)) r.dir = c;
+    }
+    return r;
+}
+
+// LD_PRELOAD with the preload library first and the entries of `current` (an
+// inherited LD_PRELOAD, separated by spaces or colons) after it, without
+// repeating it: evaluating `uroce env` twice changes nothing.
+std::string ld_preload_value(const std::string& library, const char* current) {
+    std::string out = library;
+    const std::string cur = current != nullptr ? current : "";
+    size_t pos = 0;
+    while (pos < cur.size()) {
+        size_t end = cur.find_first_of(" :", pos);
+        if (end == std::string::npos) end = cur.size();
+        const std::string entry = cur.substr(pos, end - pos);
+        if (!entry.empty() && entry != library) out += " " + entry;
+        pos = end + 1;
+    }
+    return out;
+}
+
+void warn_kernel_rdma(const std::string& who) {
+    const std::string advice = tools::kernel_rdma_advice(tools::probe_kernel_rdma());
+    if (!advice.empty()) print_warnings(who, {advice});
+}
+
 struct Environment {
     std::string sysfs_path;
     std::string rdmav_drivers;
@@ -148,6 +200,7 @@ std::optional<Environment> client_environment(const std::string& who) {
 int cmd_add(const reg::DeviceConfig& cfg) {
     reg::Registry r(reg::root_from_env());
     print_warnings("uroce add", r.add(cfg));
+    warn_kernel_rdma("uroce add");
     return 0;
 }
 
@@ -170,6 +223,7 @@ int cmd_list() {
     }
     std::fflush(stdout);
     print_warnings("uroce list", warnings);
+    warn_kernel_rdma("uroce list");
     return 0;
 }
 
@@ -178,6 +232,30 @@ int cmd_env() {
     if (!env) return kExitFailure;
     fmt::print("export SYSFS_PATH={}\n", shell_quote(env->sysfs_path));
     fmt::print("export RDMAV_DRIVERS={}\n", shell_quote(env->rdmav_drivers));
+    // `uroce run` refuses RDMA netlink with a seccomp filter; a shell that evaluates
+    // these lines gets the same through the preload library.
+    ProviderLookup preload = find_preload();
+    if (!preload.dir) {
+        std::string tried;
+        for (const auto& t : preload.tried) tried += (tried.empty() ? "" : ", ") + t.string();
+        print_warnings("uroce env",
+                       {fmt::format("{} was not found (looked in {}), so no LD_PRELOAD line; "
+                                    "on a kernel with RDMA support use 'uroce run'",
+                                    UROCE_PRELOAD_FILE, tried)});
+    } else {
+        const std::string library = (*preload.dir / UROCE_PRELOAD_FILE).string();
+        if (library.find_first_of(" :") != std::string::npos) {
+            print_warnings("uroce env",
+                           {fmt::format("the path {} contains ' ' or ':', which LD_PRELOAD "
+                                        "cannot express, so no LD_PRELOAD line; move it elsewhere",
+                                        library)});
+        } else {
+            fmt::print("export LD_PRELOAD={}\n",
+                       shell_quote(ld_preload_value(library, std::getenv("LD_PRELOAD"))));
+        }
+    }
+    std::fflush(stdout);
+    warn_kernel_rdma("uroce env");
     return 0;
 }
 
@@ -188,6 +266,15 @@ int cmd_run(const std::vector<std::string>& command) {
         ::setenv("RDMAV_DRIVERS", env->rdmav_drivers.c_str(), 1) != 0) {
         print_error("uroce run", "cannot set the environment (out of memory)");
         return kExitFailure;
+    }
+    // Kernel RDMA devices are hidden from the command: libibverbs then reads the
+    // registry even on a kernel with ib_core. The filter survives the exec.
+    const std::string filter_error = tools::refuse_rdma_netlink();
+    if (!filter_error.empty()) {
+        print_warnings("uroce run",
+                       {fmt::format("{}; on a kernel with RDMA support, libibverbs will not see "
+                                    "uroce devices",
+                                    filter_error)});
     }
     std::vector<char*> argv;
     argv.reserve(command.size() + 1);
@@ -297,7 +384,9 @@ int main(int argc, char** argv) {
         app.add_subcommand("list", "List devices, one per line: NAME IPV4 PORT MTU GID NODE_GUID");
 
     auto* env = app.add_subcommand(
-        "env", "Print 'export SYSFS_PATH=...' and 'export RDMAV_DRIVERS=...' for a shell");
+        "env",
+        "Print 'export SYSFS_PATH=...', 'export RDMAV_DRIVERS=...' and 'export LD_PRELOAD=...' "
+        "for a shell");
 
     std::vector<std::string> command;
     auto* run = app.add_subcommand(
@@ -305,6 +394,9 @@ int main(int argc, char** argv) {
     run->add_option("command", command, "Command and its arguments (put '--' before them)")
         ->required();
     run->footer(
+        "The command (and its children) cannot open RDMA netlink sockets: libibverbs then\n"
+        "lists uroce devices even on a kernel with RDMA support, and hides the kernel's own\n"
+        "RDMA devices. The command runs with no_new_privs: setuid programs gain nothing.\n"
         "SYSFS_PATH and RDMAV_DRIVERS are ignored by libibverbs in setuid programs.\n"
         "Exit status: that of the command; 127 (not found) or 126 if it cannot be run.");
 

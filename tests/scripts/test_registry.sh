@@ -233,7 +233,8 @@ expect_err "*no device '$A'*uroce list*" "del of a missing device: says so"
 # -------------------------------------------------------------- env and run
 expect_rc 0 "env" env
 expect_eq "env output" "export SYSFS_PATH='$UROCE_ROOT/sys'
-export RDMAV_DRIVERS='$PROVIDER_DIR/liburoce'" "$OUT"
+export RDMAV_DRIVERS='$PROVIDER_DIR/liburoce'
+export LD_PRELOAD='$(dirname "$UROCE")/liburoce-no-rdma-netlink.so'" "$OUT"
 if [[ $ERR == *"no devices are registered"* ]]; then ok "env warns about an empty registry"; else not_ok "env warns about an empty registry" "$ERR"; fi
 env_out=$(env -u SYSFS_PATH -u RDMAV_DRIVERS sh -c 'eval "$("$0" env 2>/dev/null)"; printf "%s|%s" "$SYSFS_PATH" "$RDMAV_DRIVERS"' "$UROCE")
 expect_eq "env output evaluates in sh" "$UROCE_ROOT/sys|$PROVIDER_DIR/liburoce" "$env_out"
