@@ -692,7 +692,9 @@ std::string status_summary(const std::map<std::string, uint64_t>& m) {
     std::string s;
     for (const auto& [k, n] : m) {
         if (!s.empty()) s += ",";
-        s += k + "=" + std::to_string(n);
+        std::string name = k;  // one word, so that RESULT lines split on spaces
+        std::replace(name.begin(), name.end(), ' ', '_');
+        s += name + "=" + std::to_string(n);
     }
     return s;
 }
@@ -929,7 +931,9 @@ int run_client(const Options& o) {
     oob.send_line(std::string("DONE ") + summary);
     std::string server_line = "(no answer)";
     if (oob.recv_line_within(line, 10) && line.rfind("SERVER ", 0) == 0) server_line = line.substr(7);
-    bool server_guard_bad = server_line.find("guard_bad=0") == std::string::npos;
+    // Only a server that answered can report its guards; silence is an incomplete run.
+    bool server_answered = server_line != "(no answer)";
+    bool server_guard_bad = server_answered && server_line.find("guard_bad=0") == std::string::npos;
 
     for (const auto& p : st.problems) logf("problem at pair %" PRIu64 ": %s", p.iter, p.what.c_str());
     logf("elapsed %.2f s (%.1f pairs/s)", elapsed, elapsed > 0 ? static_cast<double>(st.pairs_done) / elapsed : 0.0);
@@ -951,7 +955,8 @@ int run_client(const Options& o) {
     close_verbs(v);
 
     if (st.read_wrong > 0 || st.guard_bad > 0 || server_guard_bad) return kExitWrongData;
-    if (st.stalled || st.error_seen || st.pairs_ok != o.iters || st.out_of_order > 0) return kExitIncomplete;
+    if (st.stalled || st.error_seen || st.pairs_ok != o.iters || st.out_of_order > 0 || !server_answered)
+        return kExitIncomplete;
     return kExitOk;
 }
 
