@@ -64,7 +64,7 @@ struct Ends {
     int app = -1;
     int view = -1;
     int writer = -1;
-    size_t capacity = 0;  // bytes the transport holds, an upper bound for purge's buffer
+    size_t capacity = 0;  // bytes the transport holds by default: purge's first buffer
     void close_all() noexcept {
         close_quietly(app);
         close_quietly(view);
@@ -105,7 +105,8 @@ bool open_socketpair(Ends* ends) noexcept {
         ends->close_all();
         return false;
     }
-    ends->capacity = static_cast<size_t>(sndbuf);
+    // A first guess; purge sizes its buffer by what is queued.
+    ends->capacity = static_cast<size_t>(sndbuf) / 8;
     return true;
 }
 
@@ -247,15 +248,17 @@ size_t CompChannel::purge(uint64_t cq_handle) noexcept {
 size_t CompChannel::purge(uint64_t cq_handle, uint64_t* taken) noexcept {
     const KeepErrno keep;
     Lock lock(&mutex_);
-    // The fd may have grown since create (F_SETPIPE_SZ on the app's end): make room first.
-    if (kind_ == Kind::Pipe) {
-        const int size = fcntl(view_fd_, F_GETPIPE_SZ);
-        if (size > 0 && static_cast<size_t>(size) / kRecord + kChunk > scratch_.size()) {
-            try {
-                scratch_.resize(static_cast<size_t>(size) / kRecord + kChunk);
-            } catch (...) {
-                // Out of memory: purge what fits; the rest stays queued.
-            }
+    // Room for everything queued now (the app's reads only make it less; nobody adds while
+    // mutex_ is held). The buffer made at create fits a default pipe; a pipe the app enlarged
+    // (F_SETPIPE_SZ) or a socket may need more.
+    int queued = 0;
+    if (ioctl(view_fd_, FIONREAD, &queued) == 0 && queued > 0 &&
+        static_cast<size_t>(queued) / kRecord + kChunk > scratch_.size()) {
+        try {
+            scratch_.resize(static_cast<size_t>(queued) / kRecord + kChunk);
+        } catch (...) {
+            // Out of memory: purge what fits; the rest stays queued, ahead of what is written
+            // back.
         }
     }
     const size_t drained = drain(scratch_.data(), scratch_.size());
