@@ -257,8 +257,8 @@ size_t CompChannel::purge(uint64_t cq_handle, uint64_t* taken) noexcept {
         try {
             scratch_.resize(static_cast<size_t>(queued) / kRecord + kChunk);
         } catch (...) {
-            // Out of memory: purge what fits; the rest stays queued, ahead of what is written
-            // back.
+            // Out of memory: purge what fits; the rest stays queued and what is written back
+            // goes behind it (out of order, but nothing of the CQ in what was drained).
         }
     }
     const size_t drained = drain(scratch_.data(), scratch_.size());
