@@ -1,10 +1,14 @@
-// The fd registry and the handlers that replace libibverbs' imports of write, read,
-// __read_chk and close. See comp_channel.h.
+// The registry of cmd_fds and channels, and the handler that replaces libibverbs' import of
+// write so that ibv_create_comp_channel gets a channel fd. See comp_channel.h.
 #include <errno.h>
+#include <fcntl.h>
 #include <infiniband/verbs.h>
 #include <pthread.h>
 #include <rdma/ib_user_verbs.h>
+#include <stdio.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -12,7 +16,7 @@
 #include <mutex>
 #include <new>
 #include <unordered_map>
-#include <unordered_set>
+#include <vector>
 
 #include "provider/comp_channel.h"
 #include "provider/got_patch.h"
@@ -22,74 +26,95 @@ namespace {
 
 // ---- registry ---------------------------------------------------------------------------
 
+// The file behind an fd number when it was registered: a number the app closes and reuses
+// names another file.
+struct FileId {
+    dev_t dev = 0;
+    ino_t ino = 0;
+    bool operator==(const FileId&) const = default;
+};
+
+bool file_id(int fd, FileId* out) noexcept {
+    const int saved = errno;
+    struct stat st {};
+    const bool ok = fstat(fd, &st) == 0;
+    errno = saved;
+    if (ok) *out = FileId{st.st_dev, st.st_ino};
+    return ok;
+}
+
 struct Registry {
     pthread_mutex_t mutex = PTHREAD_MUTEX_INITIALIZER;
     std::unordered_map<int, std::shared_ptr<CompChannel>> channels;
-    std::unordered_set<int> cmd_fds;
+    std::unordered_map<int, FileId> cmd_fds;
 };
 
-// Never destroyed: libibverbs may still call the hooks while static destructors run.
+// Never destroyed: libibverbs may still write while static destructors run.
 // nullptr only if the first call ran out of memory.
 Registry* registry() noexcept {
     static Registry* const instance = new (std::nothrow) Registry();
     return instance;
 }
 
-// channels.size() + cmd_fds.size(): lets every hook skip the lock while nothing is tracked.
-std::atomic<size_t> g_tracked{0};
+// cmd_fds.size(): lets the write hook skip the lock while no context is open.
+std::atomic<size_t> g_cmd_fds{0};
 
 class RegistryLock {
   public:
-    // Only once registry() returned non-null (tracking() true or checked by the caller).
+    // Only once registry() returned non-null.
     RegistryLock() noexcept : registry_(*registry()) { pthread_mutex_lock(&registry_.mutex); }
     ~RegistryLock() {
-        g_tracked.store(registry_.channels.size() + registry_.cmd_fds.size(),
-                        std::memory_order_release);
+        g_cmd_fds.store(registry_.cmd_fds.size(), std::memory_order_release);
         pthread_mutex_unlock(&registry_.mutex);
     }
     RegistryLock(const RegistryLock&) = delete;
     RegistryLock& operator=(const RegistryLock&) = delete;
     Registry* operator->() const noexcept { return &registry_; }
+    Registry* get() const noexcept { return &registry_; }
 
   private:
     Registry& registry_;
 };
 
-bool tracking() noexcept {
-    return g_tracked.load(std::memory_order_acquire) != 0;
-}
-
 bool is_cmd_fd(int fd) noexcept {
-    RegistryLock r;
-    return r->cmd_fds.count(fd) != 0;
+    if (g_cmd_fds.load(std::memory_order_acquire) == 0 || registry() == nullptr) return false;
+    FileId registered;
+    {
+        RegistryLock r;
+        const auto it = r->cmd_fds.find(fd);
+        if (it == r->cmd_fds.end()) return false;
+        registered = it->second;
+    }
+    FileId now;
+    return file_id(fd, &now) && now == registered;
 }
 
-// The channel behind fd, if fd still is that channel's socket. An entry whose number the app
-// closed behind libibverbs' back (and that now names something else) is dropped.
-std::shared_ptr<CompChannel> live_channel(int fd) noexcept {
-    std::shared_ptr<CompChannel> channel;
-    {
-        RegistryLock r;
-        const auto it = r->channels.find(fd);
-        if (it == r->channels.end()) return nullptr;
-        channel = it->second;
+// Drops every channel whose app fd is closed (libibverbs' ibv_destroy_comp_channel, which the
+// provider does not see) and that no CQ holds any more. The channels are destroyed after the
+// lock is released.
+size_t sweep_locked(Registry* r, std::vector<std::shared_ptr<CompChannel>>* dropped) noexcept {
+    for (auto it = r->channels.begin(); it != r->channels.end();) {
+        if (!it->second->is_open_as(it->first)) {
+            try {
+                dropped->push_back(std::move(it->second));
+            } catch (...) {
+                // Out of memory: destroyed here, under the lock; it only closes its fds.
+            }
+            it = r->channels.erase(it);
+        } else {
+            ++it;
+        }
     }
-    if (channel->is_open_as(fd)) return channel;
-    {
-        RegistryLock r;
-        const auto it = r->channels.find(fd);
-        if (it != r->channels.end() && it->second == channel) r->channels.erase(it);
-    }
-    channel->mark_closed();
-    return nullptr;
+    return r->channels.size();
 }
 
 // Publishes a new channel under its fd number, replacing stale entries of that number.
 int register_channel(const std::shared_ptr<CompChannel>& channel) noexcept {
     if (registry() == nullptr) return ENOMEM;
+    std::vector<std::shared_ptr<CompChannel>> dropped;
     RegistryLock r;
+    sweep_locked(r.get(), &dropped);
     try {
-        r->cmd_fds.erase(channel->fd());
         r->channels[channel->fd()] = channel;
     } catch (...) {
         return ENOMEM;
@@ -97,80 +122,16 @@ int register_channel(const std::shared_ptr<CompChannel>& channel) noexcept {
     return 0;
 }
 
-// ---- the previous targets of the patched slots ------------------------------------------
+// ---- the hook -----------------------------------------------------------------------------
 
 using WriteFn = ssize_t (*)(int, const void*, size_t);
-using ReadFn = ssize_t (*)(int, void*, size_t);
-using ReadChkFn = ssize_t (*)(int, void*, size_t, size_t);
-using CloseFn = int (*)(int);
-
 std::atomic<void*> g_next_write{nullptr};
-std::atomic<void*> g_next_read{nullptr};
-std::atomic<void*> g_next_read_chk{nullptr};
-std::atomic<void*> g_next_close{nullptr};
-
-template <typename Fn>
-Fn next(const std::atomic<void*>& slot) noexcept {
-    return reinterpret_cast<Fn>(slot.load(std::memory_order_acquire));
-}
-
-ssize_t next_write(int fd, const void* buf, size_t len) noexcept {
-    const auto fn = next<WriteFn>(g_next_write);
-    return fn != nullptr ? fn(fd, buf, len) : write(fd, buf, len);
-}
-
-ssize_t next_read(int fd, void* buf, size_t len) noexcept {
-    const auto fn = next<ReadFn>(g_next_read);
-    return fn != nullptr ? fn(fd, buf, len) : read(fd, buf, len);
-}
-
-int next_close(int fd) noexcept {
-    const auto fn = next<CloseFn>(g_next_close);
-    return fn != nullptr ? fn(fd) : close(fd);
-}
-
-// ---- the hooks ----------------------------------------------------------------------------
 
 ssize_t hook_write(int fd, const void* buf, size_t len) noexcept {
-    if (fd >= 0 && tracking() && is_cmd_fd(fd)) return detail::handle_cmd_write(buf, len);
-    return next_write(fd, buf, len);
+    if (fd >= 0 && is_cmd_fd(fd)) return detail::handle_cmd_write(buf, len);
+    const auto next = reinterpret_cast<WriteFn>(g_next_write.load(std::memory_order_acquire));
+    return next != nullptr ? next(fd, buf, len) : write(fd, buf, len);
 }
-
-ssize_t hook_read(int fd, void* buf, size_t len) noexcept {
-    if (fd >= 0 && tracking()) {
-        if (const auto channel = live_channel(fd)) return channel->read_event(buf, len);
-    }
-    return next_read(fd, buf, len);
-}
-
-ssize_t hook_read_chk(int fd, void* buf, size_t len, size_t buflen) noexcept {
-    if (fd >= 0 && len <= buflen && tracking()) {
-        if (const auto channel = live_channel(fd)) return channel->read_event(buf, len);
-    }
-    const auto fn = next<ReadChkFn>(g_next_read_chk);
-    return fn != nullptr ? fn(fd, buf, len, buflen) : next_read(fd, buf, len);
-}
-
-int hook_close(int fd) noexcept {
-    if (fd >= 0 && tracking()) {
-        std::shared_ptr<CompChannel> channel;
-        {
-            RegistryLock r;
-            r->cmd_fds.erase(fd);
-            const auto it = r->channels.find(fd);
-            if (it != r->channels.end()) {
-                channel = std::move(it->second);
-                r->channels.erase(it);
-            }
-        }
-        // Whether or not the number still is the channel's socket, libibverbs' close is
-        // the end of that channel's fd; the CQs' references keep the rest alive.
-        if (channel) channel->mark_closed();
-    }
-    return next_close(fd);
-}
-
-// ---- installation -------------------------------------------------------------------------
 
 void fork_prepare() noexcept {
     pthread_mutex_lock(&registry()->mutex);
@@ -178,14 +139,6 @@ void fork_prepare() noexcept {
 void fork_release() noexcept {
     pthread_mutex_unlock(&registry()->mutex);
 }
-
-struct Hook {
-    const char* symbol;
-    void* replacement;
-    std::atomic<void*>* next;
-    got::ImportSlots slots;
-    void* previous;
-};
 
 int find_libibverbs(got::LoadedObject* object) noexcept {
     // The object that defines a libibverbs function is the libibverbs this provider was
@@ -204,39 +157,21 @@ int install() noexcept {
     if (registry() == nullptr) return ENOMEM;
     got::LoadedObject ibverbs;
     if (const int rc = find_libibverbs(&ibverbs); rc != 0) return rc;
-
-    Hook hooks[] = {
-        {"write", reinterpret_cast<void*>(&hook_write), &g_next_write, {}, nullptr},
-        {"read", reinterpret_cast<void*>(&hook_read), &g_next_read, {}, nullptr},
-        {"__read_chk", reinterpret_cast<void*>(&hook_read_chk), &g_next_read_chk, {}, nullptr},
-        {"close", reinterpret_cast<void*>(&hook_close), &g_next_close, {}, nullptr},
-    };
-    for (Hook& hook : hooks) {
-        if (const int rc = got::find_import_slots(ibverbs, hook.symbol, &hook.slots); rc != 0) {
-            return rc;
-        }
-        if (hook.slots.count == 0) continue;
-        hook.previous = got::current_target(ibverbs, hook.slots, hook.symbol);
-        if (hook.previous == nullptr) return ENOENT;
-        if (hook.previous == hook.replacement) return EALREADY;
-    }
-    const bool have_read = hooks[1].slots.count != 0 || hooks[2].slots.count != 0;
-    if (hooks[0].slots.count == 0 || hooks[3].slots.count == 0 || !have_read) return ENOENT;
-
-    for (Hook& hook : hooks) hook.next->store(hook.previous, std::memory_order_release);
+    const auto replacement = reinterpret_cast<void*>(&hook_write);
+    got::ImportSlots slots;
+    if (const int rc = got::find_import_slots(ibverbs, "write", &slots); rc != 0) return rc;
+    // No write import: a libibverbs built for ioctl only, which would not use the hook.
+    if (slots.count == 0) return ENOENT;
+    void* previous = got::current_target(ibverbs, slots, "write");
+    if (previous == nullptr) return ENOENT;
+    if (previous == replacement) return EALREADY;
+    g_next_write.store(previous, std::memory_order_release);
     if (const int rc = pthread_atfork(fork_prepare, fork_release, fork_release); rc != 0) {
         return rc;
     }
-    for (size_t i = 0; i < sizeof hooks / sizeof hooks[0]; ++i) {
-        if (hooks[i].slots.count == 0) continue;
-        const int rc = got::store_import_slots(ibverbs, hooks[i].slots, hooks[i].replacement);
-        if (rc == 0) continue;
-        for (size_t j = 0; j <= i; ++j) {  // put back what was already redirected
-            if (hooks[j].slots.count != 0) {
-                static_cast<void>(
-                    got::store_import_slots(ibverbs, hooks[j].slots, hooks[j].previous));
-            }
-        }
+    if (const int rc = got::store_import_slots(ibverbs, slots, replacement); rc != 0) {
+        // Put back whatever slots were already redirected.
+        static_cast<void>(got::store_import_slots(ibverbs, slots, previous));
         return rc;
     }
     return 0;
@@ -244,6 +179,23 @@ int install() noexcept {
 
 std::once_flag g_install_once;
 int g_install_result = 0;
+
+// A file whose write fails with EPERM and whose ioctl fails with ENOTTY (as the /dev/null
+// node's does, which keeps libibverbs on its sysfs fallbacks): a memfd sealed against
+// writes. /dev/full (ENOSPC) where memfds are unavailable. Stores the write errno.
+int open_stand_in(int* write_errno) noexcept {
+    const int memfd = memfd_create("uroce-no-comp-channel", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (memfd >= 0) {
+        if (fcntl(memfd, F_ADD_SEALS, F_SEAL_WRITE | F_SEAL_GROW | F_SEAL_SHRINK | F_SEAL_SEAL) ==
+            0) {
+            *write_errno = EPERM;
+            return memfd;
+        }
+        close(memfd);
+    }
+    *write_errno = ENOSPC;
+    return open("/dev/full", O_RDWR | O_CLOEXEC);
+}
 
 }  // namespace
 
@@ -256,13 +208,21 @@ int comp_channel_hook_install() noexcept {
     return g_install_result;
 }
 
+int comp_channel_attach(int cmd_fd) noexcept {
+    int rc = comp_channel_hook_install();
+    if (rc == 0) rc = cmd_fd_register(cmd_fd);
+    if (rc != 0) detail::disable_channels(cmd_fd, rc);
+    return rc;
+}
+
 int cmd_fd_register(int cmd_fd) noexcept {
     if (cmd_fd < 0) return EBADF;
+    FileId id;
+    if (!file_id(cmd_fd, &id)) return EBADF;
     if (registry() == nullptr) return ENOMEM;
     RegistryLock r;
     try {
-        r->channels.erase(cmd_fd);  // a stale channel entry under a reused number
-        r->cmd_fds.insert(cmd_fd);
+        r->cmd_fds[cmd_fd] = id;
     } catch (...) {
         return ENOMEM;
     }
@@ -271,13 +231,22 @@ int cmd_fd_register(int cmd_fd) noexcept {
 
 void cmd_fd_unregister(int cmd_fd) noexcept {
     if (cmd_fd < 0 || registry() == nullptr) return;
+    std::vector<std::shared_ptr<CompChannel>> dropped;
     RegistryLock r;
     r->cmd_fds.erase(cmd_fd);
+    sweep_locked(r.get(), &dropped);
 }
 
 std::shared_ptr<CompChannel> comp_channel_lookup(int fd) noexcept {
     if (fd < 0 || registry() == nullptr) return nullptr;
-    return live_channel(fd);
+    std::shared_ptr<CompChannel> channel;
+    {
+        RegistryLock r;
+        const auto it = r->channels.find(fd);
+        if (it == r->channels.end()) return nullptr;
+        channel = it->second;
+    }
+    return channel->is_open_as(fd) ? channel : nullptr;
 }
 
 namespace detail {
@@ -317,10 +286,40 @@ ssize_t handle_cmd_write(const void* buf, size_t len) noexcept {
         errno = rc;
         return -1;
     }
+    channel->hand_out();
     response.fd = static_cast<uint32_t>(channel->fd());
     memcpy(reinterpret_cast<void*>(static_cast<uintptr_t>(request.response)), &response,
            sizeof response);
     return static_cast<ssize_t>(len);
+}
+
+size_t sweep_channels() noexcept {
+    if (registry() == nullptr) return 0;
+    std::vector<std::shared_ptr<CompChannel>> dropped;
+    RegistryLock r;
+    return sweep_locked(r.get(), &dropped);
+}
+
+int disable_channels(int cmd_fd, int reason) noexcept {
+    int write_errno = 0;
+    const int stand_in = open_stand_in(&write_errno);
+    if (stand_in < 0 || dup3(stand_in, cmd_fd, O_CLOEXEC) < 0) {
+        // Nothing can stand in: libibverbs' write would "succeed" and hand back a garbage
+        // fd. This cannot happen short of running out of fds at exactly this point.
+        write_errno = 0;
+    }
+    if (stand_in >= 0) close(stand_in);
+    static std::atomic<bool> said{false};
+    if (!said.exchange(true)) {
+        const char* name = strerrorname_np(reason);
+        const char* fails_with = write_errno != 0 ? strerrorname_np(write_errno) : nullptr;
+        fprintf(stderr,
+                "uroce: completion channels unavailable: cannot redirect libibverbs' write "
+                "(%s: %s); ibv_create_comp_channel fails with %s\n",
+                name != nullptr ? name : "?", strerror(reason),
+                fails_with != nullptr ? fails_with : "an unusable fd");
+    }
+    return write_errno;
 }
 
 }  // namespace detail

@@ -123,12 +123,19 @@ int destroy_cq(ibv_cq* ibcq) noexcept {
     to_uctx(ibcq->context)
         ->state->async_events.retract(reinterpret_cast<uint64_t>(ibcq), &cq->events);
     // Completion events still queued for this CQ must never reach the application...
-    if (cq->channel) cq->channel->purge(reinterpret_cast<uint64_t>(ibcq));
-    // ...and those it got must be acknowledged first (ibv_ack_cq_events), as the kernel
+    uint32_t comp_delivered = cq->comp_events_delivered.load();
+    if (cq->channel) {
+        // ...and those it read from the channel's fd are counted there, as the kernel counts
+        // them when they leave its queue (a reader between read() and the cq_event op is
+        // then waited for too).
+        uint64_t taken = 0;
+        cq->channel->purge(reinterpret_cast<uint64_t>(ibcq), &taken);
+        comp_delivered = static_cast<uint32_t>(taken);
+    }
+    // Delivered events must be acknowledged first (ibv_ack_cq_events), as the kernel
     // requires: an application that never acknowledges them blocks here, as it would there.
     wait_for_acks(&ibcq->mutex, &ibcq->cond, &ibcq->async_events_completed, cq->events.delivered);
-    wait_for_acks(&ibcq->mutex, &ibcq->cond, &ibcq->comp_events_completed,
-                  cq->comp_events_delivered.load());
+    wait_for_acks(&ibcq->mutex, &ibcq->cond, &ibcq->comp_events_completed, comp_delivered);
     to_uctx(ibcq->context)->state->live_cqs.remove(cq);
     delete cq;
     return 0;
@@ -182,7 +189,11 @@ int req_notify_cq(ibv_cq* ibcq, int solicited_only) noexcept {
 
 void cq_event(ibv_cq* ibcq) noexcept {
     if (inherited(ibcq->context)) return;
-    to_ucq(ibcq)->comp_events_delivered.fetch_add(1);
+    auto* cq = to_ucq(ibcq);
+    cq->comp_events_delivered.fetch_add(1);
+    // ibv_get_cq_event just made room in the channel's fd: records held back while it was
+    // full follow now.
+    if (cq->channel) cq->channel->refill();
 }
 
 }  // namespace uroce::provider

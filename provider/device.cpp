@@ -149,20 +149,10 @@ verbs_context* alloc_context(ibv_device* ibdev, int cmd_fd, void*) {
         ctx->vctx.context.async_fd = fd;
     }
     ctx->vctx.context.num_comp_vectors = kNumCompVectors;
-    // ibv_create_comp_channel talks to cmd_fd behind the provider's back; the hook
-    // answers it in this process.
-    if (comp_channel_hook_install() == 0 && cmd_fd_register(cmd_fd) == 0) {
-        st->cmd_fd = cmd_fd;
-    } else {
-        // Without the hook, libibverbs' write would "succeed" on our /dev/null-like node
-        // and hand back a garbage fd. /dev/full makes that write fail (ENOSPC), so channel
-        // creation fails cleanly, while ioctl still says ENOTTY for the GID fallbacks.
-        const int full = ::open("/dev/full", O_RDWR | O_CLOEXEC);
-        if (full >= 0) {
-            ::dup3(full, cmd_fd, O_CLOEXEC);
-            ::close(full);
-        }
-    }
+    // ibv_create_comp_channel talks to cmd_fd behind the provider's back; the hook answers
+    // it in this process. Without the hook, channel creation fails with a clear errno and
+    // one stderr line says why (comp_channel.h); everything else works.
+    if (comp_channel_attach(cmd_fd) == 0) st->cmd_fd = cmd_fd;
     st->engine->set_async_handler([ctx](const transport::AsyncEvent& ev) {
         ibv_event_type type = IBV_EVENT_QP_FATAL;
         switch (ev.type) {

@@ -224,7 +224,11 @@ void scan_relocations(const LoadedObject& object, const DynamicInfo& info, const
         void** slot = reinterpret_cast<void**>(address);
         bool known = false;
         for (size_t i = 0; i < out->count; ++i) known = known || out->slot[i] == slot;
-        if (known || out->count == ImportSlots::kMax) continue;
+        if (known) continue;
+        if (out->count == ImportSlots::kMax) {
+            out->overflow = true;
+            continue;
+        }
         out->slot[out->count] = slot;
         out->bound[out->count] = info.bind_now || type == kRelGlobDat;
         ++out->count;
@@ -275,7 +279,7 @@ int find_import_slots(const LoadedObject& object, const char* symbol, ImportSlot
     if (info.jmprel != nullptr && info.pltrel != DT_RELA) return ENOTSUP;
     scan_relocations(object, info, info.jmprel, info.pltrelsz, symbol, out);
     scan_relocations(object, info, info.rela, info.relasz, symbol, out);
-    return 0;
+    return out->overflow ? E2BIG : 0;
 }
 
 void* current_target(const LoadedObject& object, const ImportSlots& slots,

@@ -55,11 +55,13 @@ struct ImportSlots {
     // hold the address of its PLT stub.
     bool bound[kMax] = {};
     size_t count = 0;
+    bool overflow = false;  // the object had more than kMax slots for the symbol
 };
 
 // Collects the JUMP_SLOT and GLOB_DAT slots through which `object` imports `symbol` (matched
 // by name, any version). 0 (count may be 0 when the object does not import it), or ENOEXEC
-// when the dynamic section is unusable, ENOTSUP on an unsupported architecture or format.
+// when the dynamic section is unusable, ENOTSUP on an unsupported architecture or format,
+// E2BIG when there are more than kMax slots (redirecting only some would miss calls).
 int find_import_slots(const LoadedObject& object, const char* symbol, ImportSlots* out) noexcept;
 
 // What a call through these slots reaches today. A slot still pointing into the object
