@@ -50,6 +50,7 @@ JUNIT = ["-r", "junit", "-o"]
 TESTS = {
     "transport": ("release", None, ["tests/unit/transport/test_transport"] + JUNIT),
     "wire": ("release", None, ["tests/unit/wire/test_wire"] + JUNIT),
+    "comp_channel": ("release", None, ["tests/unit/comp_channel/test_comp_channel"] + JUNIT),
     "integration": ("release", None, ["meson", "test", "--no-rebuild", "--suite", "integration",
                                       "--test-args", " ".join(JUNIT)]),
     "abi": ("release", None, ["meson", "test", "--no-rebuild", "abi"]),
@@ -219,8 +220,11 @@ MUTANTS = [
            "    bpf_map_delete_elem(map_fd_, &slot_);", ("transport",)),
     Mutant("provider: destroy_cq does not wait for completion-event acknowledgements",
            "provider/cq.cpp",
-           "    wait_for_acks(&ibcq->mutex, &ibcq->cond, &ibcq->comp_events_completed,\n"
-           "                  cq->comp_events_delivered.load());\n", "", ("integration",)),
+           "    wait_for_acks(&ibcq->mutex, &ibcq->cond, &ibcq->comp_events_completed, comp_delivered);\n",
+           "", ("integration",)),
+    Mutant("channel: purge keeps the destroyed CQ's records", "provider/comp_channel.cpp",
+           "std::remove(scratch_.data(), scratch_.data() + drained, cq_handle)",
+           "(scratch_.data() + drained)", ("comp_channel",)),
     # LeakSanitizer reports what the context forgot when the test closes it with objects open.
     Mutant("provider: closing a context forgets its QPs and MRs", "provider/device.cpp",
            "for (UroceQp* qp : st->live_qps.take_all()) reclaim_qp(*st, qp);",

@@ -280,8 +280,7 @@ TEST_CASE("ibv_reg_mr refuses oversized and wrapping ranges", "[limits]") {
     // The iova range runs past 2^64: a remote va near it would map outside the buffer.
     CHECK(refused(buf.data(), buf.size(), UINT64_MAX - 0x7ff));
     // A sane one still works.
-    ibv_mr* mr =
-        ibv_reg_mr_iova(pd, buf.data(), buf.size(), UINT64_MAX - 0xfff, kLocalWriteOnly);
+    ibv_mr* mr = ibv_reg_mr_iova(pd, buf.data(), buf.size(), UINT64_MAX - 0xfff, kLocalWriteOnly);
     CHECK(mr);
     if (mr) ibv_dereg_mr(mr);
     ibv_dealloc_pd(pd);
