@@ -225,27 +225,69 @@ Options parse_options(int argc, char** argv) {
     int c = 0;
     while ((c = getopt_long(argc, argv, "d:g:i:s:n:q:p:vh", longopts, nullptr)) != -1) {
         switch (c) {
-            case 'd': o.device = optarg; break;
-            case 'g': o.gid_index = static_cast<int>(need_u64("-g", optarg, 0, 65535)); break;
-            case 'i': o.ib_port = static_cast<int>(need_u64("-i", optarg, 1, 255)); break;
-            case 's': o.size = need_u64("-s", optarg, 1, 1ull << 30); break;
-            case 'n': o.iters = need_u64("-n", optarg, 1, 1ull << 40); break;
-            case 'q': o.depth = static_cast<unsigned>(need_u64("-q", optarg, 1, 256)); break;
-            case 'p': o.tcp_port = static_cast<int>(need_u64("-p", optarg, 1, 65535)); break;
-            case kOptMtu: o.mtu = static_cast<int>(need_u64("--mtu", optarg, 256, 4096)); break;
-            case kOptTimeout: o.timeout = static_cast<int>(need_u64("--timeout", optarg, 0, 31)); break;
-            case kOptRetry: o.retry = static_cast<int>(need_u64("--retry", optarg, 0, 7)); break;
-            case kOptRnrRetry: o.rnr_retry = static_cast<int>(need_u64("--rnr-retry", optarg, 0, 7)); break;
-            case kOptStall: o.stall_s = need_seconds("--stall", optarg); break;
-            case kOptOobWait: o.oob_wait_s = need_seconds("--oob-wait", optarg); break;
-            case kOptSeed: o.seed = need_u64("--seed", optarg, 0, UINT64_MAX); break;
-            case kOptPsn: o.psn = static_cast<long long>(need_u64("--psn", optarg, 0, 0xffffff)); break;
-            case kOptGuard: o.guard = need_u64("--guard", optarg, 0, 1 << 20); break;
-            case kOptPoll: o.busy_poll = true; break;
-            case kOptSelfTest: o.self_test = need_u64("--self-test", optarg, 1, UINT64_MAX); break;
-            case 'v': o.verbose = true; break;
-            case 'h': usage(stdout); std::exit(kExitOk);
-            default: usage(stderr); std::exit(kExitUsage);
+            case 'd':
+                o.device = optarg;
+                break;
+            case 'g':
+                o.gid_index = static_cast<int>(need_u64("-g", optarg, 0, 65535));
+                break;
+            case 'i':
+                o.ib_port = static_cast<int>(need_u64("-i", optarg, 1, 255));
+                break;
+            case 's':
+                o.size = need_u64("-s", optarg, 1, 1ull << 30);
+                break;
+            case 'n':
+                o.iters = need_u64("-n", optarg, 1, 1ull << 40);
+                break;
+            case 'q':
+                o.depth = static_cast<unsigned>(need_u64("-q", optarg, 1, 256));
+                break;
+            case 'p':
+                o.tcp_port = static_cast<int>(need_u64("-p", optarg, 1, 65535));
+                break;
+            case kOptMtu:
+                o.mtu = static_cast<int>(need_u64("--mtu", optarg, 256, 4096));
+                break;
+            case kOptTimeout:
+                o.timeout = static_cast<int>(need_u64("--timeout", optarg, 0, 31));
+                break;
+            case kOptRetry:
+                o.retry = static_cast<int>(need_u64("--retry", optarg, 0, 7));
+                break;
+            case kOptRnrRetry:
+                o.rnr_retry = static_cast<int>(need_u64("--rnr-retry", optarg, 0, 7));
+                break;
+            case kOptStall:
+                o.stall_s = need_seconds("--stall", optarg);
+                break;
+            case kOptOobWait:
+                o.oob_wait_s = need_seconds("--oob-wait", optarg);
+                break;
+            case kOptSeed:
+                o.seed = need_u64("--seed", optarg, 0, UINT64_MAX);
+                break;
+            case kOptPsn:
+                o.psn = static_cast<long long>(need_u64("--psn", optarg, 0, 0xffffff));
+                break;
+            case kOptGuard:
+                o.guard = need_u64("--guard", optarg, 0, 1 << 20);
+                break;
+            case kOptPoll:
+                o.busy_poll = true;
+                break;
+            case kOptSelfTest:
+                o.self_test = need_u64("--self-test", optarg, 1, UINT64_MAX);
+                break;
+            case 'v':
+                o.verbose = true;
+                break;
+            case 'h':
+                usage(stdout);
+                std::exit(kExitOk);
+            default:
+                usage(stderr);
+                std::exit(kExitUsage);
         }
     }
     if (optind + 1 == argc) {
@@ -267,26 +309,41 @@ Options parse_options(int argc, char** argv) {
 
 ibv_mtu mtu_enum(int mtu) {
     switch (mtu) {
-        case 256: return IBV_MTU_256;
-        case 512: return IBV_MTU_512;
-        case 1024: return IBV_MTU_1024;
-        case 2048: return IBV_MTU_2048;
-        default: return IBV_MTU_4096;
+        case 256:
+            return IBV_MTU_256;
+        case 512:
+            return IBV_MTU_512;
+        case 1024:
+            return IBV_MTU_1024;
+        case 2048:
+            return IBV_MTU_2048;
+        default:
+            return IBV_MTU_4096;
     }
 }
 
-int mtu_bytes(ibv_mtu m) { return 128 << static_cast<int>(m); }
+int mtu_bytes(ibv_mtu m) {
+    return 128 << static_cast<int>(m);
+}
 
 const char* qp_state_name(ibv_qp_state s) {
     switch (s) {
-        case IBV_QPS_RESET: return "RESET";
-        case IBV_QPS_INIT: return "INIT";
-        case IBV_QPS_RTR: return "RTR";
-        case IBV_QPS_RTS: return "RTS";
-        case IBV_QPS_SQD: return "SQD";
-        case IBV_QPS_SQE: return "SQE";
-        case IBV_QPS_ERR: return "ERR";
-        default: return "UNKNOWN";
+        case IBV_QPS_RESET:
+            return "RESET";
+        case IBV_QPS_INIT:
+            return "INIT";
+        case IBV_QPS_RTR:
+            return "RTR";
+        case IBV_QPS_RTS:
+            return "RTS";
+        case IBV_QPS_SQD:
+            return "SQD";
+        case IBV_QPS_SQE:
+            return "SQE";
+        case IBV_QPS_ERR:
+            return "ERR";
+        default:
+            return "UNKNOWN";
     }
 }
 
@@ -311,7 +368,9 @@ void fill_data(uint8_t* p, size_t n, uint64_t seed, uint64_t iter) {
 
 // What a READ buffer holds before the READ lands: depends on the offset only, so untouched
 // stretches are recognisable.
-uint8_t canary(size_t off) { return static_cast<uint8_t>(0xc3 ^ (off * 37) ^ (off >> 8)); }
+uint8_t canary(size_t off) {
+    return static_cast<uint8_t>(0xc3 ^ (off * 37) ^ (off >> 8));
+}
 
 void fill_canary(uint8_t* p, size_t n) {
     for (size_t i = 0; i < n; ++i) p[i] = canary(i);
@@ -326,7 +385,7 @@ bool guard_intact(const uint8_t* p, size_t n) {
 // ---------------------------------------------------------------- TCP out of band
 
 class LineChannel {
-public:
+  public:
     explicit LineChannel(int fd) : fd_(fd) {}
     ~LineChannel() {
         if (fd_ >= 0) ::close(fd_);
@@ -381,7 +440,7 @@ public:
         }
     }
 
-private:
+  private:
     int fd_;
     std::string buf_;
 };
@@ -516,7 +575,8 @@ void open_verbs(const Options& o, Verbs& v, unsigned send_wrs) {
     }
     if (dev == nullptr) die(kExitUsage, "device %s not found", o.device.c_str());
     v.ctx = ibv_open_device(dev);
-    if (v.ctx == nullptr) die(kExitUsage, "ibv_open_device(%s): %s", ibv_get_device_name(dev), std::strerror(errno));
+    if (v.ctx == nullptr)
+        die(kExitUsage, "ibv_open_device(%s): %s", ibv_get_device_name(dev), std::strerror(errno));
     std::string name = ibv_get_device_name(dev);
     ibv_free_device_list(list);
     if (ibv_query_device(v.ctx, &v.dev_attr) != 0) die(kExitUsage, "ibv_query_device failed");
@@ -525,14 +585,18 @@ void open_verbs(const Options& o, Verbs& v, unsigned send_wrs) {
     if (ibv_query_gid(v.ctx, static_cast<uint8_t>(o.ib_port), o.gid_index, &v.gid) != 0)
         die(kExitUsage, "ibv_query_gid(%d) failed", o.gid_index);
     v.path_mtu = std::min(mtu_enum(o.mtu), v.port_attr.active_mtu);
-    logf("device %s port %d gid[%d] %s active_mtu %d path_mtu %d max_qp_rd_atom %d max_qp_init_rd_atom %d",
-         name.c_str(), o.ib_port, o.gid_index, gid_text(v.gid).c_str(), mtu_bytes(v.port_attr.active_mtu),
-         mtu_bytes(v.path_mtu), v.dev_attr.max_qp_rd_atom, v.dev_attr.max_qp_init_rd_atom);
+    logf(
+        "device %s port %d gid[%d] %s active_mtu %d path_mtu %d max_qp_rd_atom %d "
+        "max_qp_init_rd_atom %d",
+        name.c_str(), o.ib_port, o.gid_index, gid_text(v.gid).c_str(),
+        mtu_bytes(v.port_attr.active_mtu), mtu_bytes(v.path_mtu), v.dev_attr.max_qp_rd_atom,
+        v.dev_attr.max_qp_init_rd_atom);
     v.pd = ibv_alloc_pd(v.ctx);
     if (v.pd == nullptr) die(kExitUsage, "ibv_alloc_pd: %s", std::strerror(errno));
     if (!o.busy_poll) {
         v.channel = ibv_create_comp_channel(v.ctx);
-        if (v.channel == nullptr) die(kExitUsage, "ibv_create_comp_channel: %s", std::strerror(errno));
+        if (v.channel == nullptr)
+            die(kExitUsage, "ibv_create_comp_channel: %s", std::strerror(errno));
     }
     int cqe = static_cast<int>(send_wrs) + 4;
     v.cq = ibv_create_cq(v.ctx, cqe, nullptr, v.channel, 0);
@@ -567,7 +631,8 @@ void connect_qp(const Options& o, Verbs& v, const PeerInfo& local, const PeerInf
     a.pkey_index = 0;
     a.port_num = static_cast<uint8_t>(o.ib_port);
     a.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
-    if (ibv_modify_qp(v.qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) != 0)
+    if (ibv_modify_qp(v.qp, &a,
+                      IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) != 0)
         die(kExitUsage, "modify_qp INIT: %s", std::strerror(errno));
 
     a = {};
@@ -595,13 +660,14 @@ void connect_qp(const Options& o, Verbs& v, const PeerInfo& local, const PeerInf
     a.rnr_retry = static_cast<uint8_t>(o.rnr_retry);
     a.max_rd_atomic = static_cast<uint8_t>(max_rd_atomic);
     if (ibv_modify_qp(v.qp, &a,
-                      IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
-                          IBV_QP_MAX_QP_RD_ATOMIC) != 0)
+                      IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+                          IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC) != 0)
         die(kExitUsage, "modify_qp RTS: %s", std::strerror(errno));
-    logf("QP 0x%06x (psn 0x%06x) -> peer QP 0x%06x (psn 0x%06x) gid %s: RTS, max_rd_atomic %d, "
-         "max_dest_rd_atomic %d, timeout %d, retry %d",
-         local.qpn, local.psn, remote.qpn, remote.psn, gid_text(remote.gid).c_str(), max_rd_atomic,
-         max_dest_rd_atomic, o.timeout, o.retry);
+    logf(
+        "QP 0x%06x (psn 0x%06x) -> peer QP 0x%06x (psn 0x%06x) gid %s: RTS, max_rd_atomic %d, "
+        "max_dest_rd_atomic %d, timeout %d, retry %d",
+        local.qpn, local.psn, remote.qpn, remote.psn, gid_text(remote.gid).c_str(), max_rd_atomic,
+        max_dest_rd_atomic, o.timeout, o.retry);
 }
 
 std::string qp_state_now(Verbs& v) {
@@ -672,13 +738,13 @@ struct Problem {
 
 struct ClientStats {
     uint64_t pairs_posted = 0;
-    uint64_t pairs_done = 0;   // both completions seen, whatever their status
-    uint64_t pairs_ok = 0;     // both SUCCESS and the READ's data right
+    uint64_t pairs_done = 0;  // both completions seen, whatever their status
+    uint64_t pairs_ok = 0;    // both SUCCESS and the READ's data right
     std::map<std::string, uint64_t> write_status;
     std::map<std::string, uint64_t> read_status;
-    uint64_t read_wrong = 0;           // SUCCESS with wrong data, any kind
-    uint64_t read_wrong_untouched = 0; // ... every byte still the canary
-    uint64_t read_wrong_tail = 0;      // ... a correct head, then an untouched tail
+    uint64_t read_wrong = 0;            // SUCCESS with wrong data, any kind
+    uint64_t read_wrong_untouched = 0;  // ... every byte still the canary
+    uint64_t read_wrong_tail = 0;       // ... a correct head, then an untouched tail
     uint64_t read_wrong_other = 0;
     uint64_t guard_bad = 0;
     uint64_t out_of_order = 0;
@@ -701,7 +767,8 @@ std::string status_summary(const std::map<std::string, uint64_t>& m) {
 
 // Compares a successful READ's buffer with the data written; classifies what is wrong.
 // Returns true when the data and both guards are right.
-bool check_read(const Options& o, ClientStats& st, uint64_t iter, const uint8_t* want, const uint8_t* slot_buf) {
+bool check_read(const Options& o, ClientStats& st, uint64_t iter, const uint8_t* want,
+                const uint8_t* slot_buf) {
     const uint8_t* lo_guard = slot_buf;
     const uint8_t* got = slot_buf + o.guard;
     const uint8_t* hi_guard = got + o.size;
@@ -740,7 +807,8 @@ bool check_read(const Options& o, ClientStats& st, uint64_t iter, const uint8_t*
     }
     char msg[256];
     std::snprintf(msg, sizeof msg,
-                  "READ SUCCESS with wrong data: %s; %zu of %zu bytes wrong (%zu still canary), first at %zu, last at %zu",
+                  "READ SUCCESS with wrong data: %s; %zu of %zu bytes wrong (%zu still canary), "
+                  "first at %zu, last at %zu",
                   kind, mismatches, o.size, canaries, first, last);
     if (st.problems.size() < kMaxReportedProblems || o.verbose) st.problems.push_back({iter, msg});
     if (o.verbose) logf("pair %" PRIu64 ": %s", iter, msg);
@@ -764,7 +832,8 @@ int run_client(const Options& o) {
     local.qpn = v.qp->qp_num;
     local.psn = o.psn >= 0 ? static_cast<uint32_t>(o.psn) : (rd() & 0xffffff);
     local.gid = v.gid;
-    local.rd_atomic = std::min({static_cast<int>(depth), kMaxRdAtomic, v.dev_attr.max_qp_init_rd_atom});
+    local.rd_atomic =
+        std::min({static_cast<int>(depth), kMaxRdAtomic, v.dev_attr.max_qp_init_rd_atom});
 
     LineChannel oob(tcp_connect(o.server, o.tcp_port, o.oob_wait_s));
     if (!oob.send_line(format_peer(local))) die(kExitIncomplete, "TCP send failed");
@@ -773,15 +842,17 @@ int run_client(const Options& o) {
     if (!oob.recv_line_within(line, o.oob_wait_s) || !parse_peer(line, remote))
         die(kExitIncomplete, "no valid peer information from the server (got '%s')", line.c_str());
     if (remote.len < o.size * depth)
-        die(kExitUsage, "server region is %" PRIu64 " bytes, need %zu (same -s/-q on both sides?)", remote.len,
-            o.size * depth);
+        die(kExitUsage, "server region is %" PRIu64 " bytes, need %zu (same -s/-q on both sides?)",
+            remote.len, o.size * depth);
     int max_rd_atomic = std::max(1, std::min(local.rd_atomic, remote.rd_atomic));
-    connect_qp(o, v, local, remote, max_rd_atomic, std::min(kMaxRdAtomic, std::max(1, v.dev_attr.max_qp_rd_atom)));
+    connect_qp(o, v, local, remote, max_rd_atomic,
+               std::min(kMaxRdAtomic, std::max(1, v.dev_attr.max_qp_rd_atom)));
     if (!oob.send_line("READY")) die(kExitIncomplete, "TCP send failed");
     if (!oob.recv_line_within(line, o.oob_wait_s) || line != "READY")
         die(kExitIncomplete, "server not ready (got '%s')", line.c_str());
 
-    logf("%" PRIu64 " pairs of WRITE %zu B + READ %zu B, %u in flight, seed %" PRIu64 ", stall limit %.0f s",
+    logf("%" PRIu64 " pairs of WRITE %zu B + READ %zu B, %u in flight, seed %" PRIu64
+         ", stall limit %.0f s",
          o.iters, o.size, o.size, depth, o.seed, o.stall_s);
 
     ClientStats st;
@@ -805,7 +876,8 @@ int run_client(const Options& o) {
         std::memset(d + o.guard + o.size, kGuardByte, o.guard);
 
         ibv_sge wsge{reinterpret_cast<uintptr_t>(s), static_cast<uint32_t>(o.size), src_mr->lkey};
-        ibv_sge rsge{reinterpret_cast<uintptr_t>(d + o.guard), static_cast<uint32_t>(o.size), dst_mr->lkey};
+        ibv_sge rsge{reinterpret_cast<uintptr_t>(d + o.guard), static_cast<uint32_t>(o.size),
+                     dst_mr->lkey};
         ibv_send_wr rwr{};
         rwr.wr_id = 2 * iter + 1;
         rwr.sg_list = &rsge;
@@ -879,10 +951,11 @@ int run_client(const Options& o) {
             if (w.status != IBV_WC_SUCCESS) {
                 slot_ok[slot] = false;
                 if (!st.error_seen || o.verbose)
-                    logf("pair %" PRIu64 " %s: %s (vendor_err 0x%x)", iter, is_read ? "READ" : "WRITE",
-                         status.c_str(), w.vendor_err);
+                    logf("pair %" PRIu64 " %s: %s (vendor_err 0x%x)", iter,
+                         is_read ? "READ" : "WRITE", status.c_str(), w.vendor_err);
                 if (!st.error_seen && st.problems.size() < kMaxReportedProblems)
-                    st.problems.push_back({iter, std::string(is_read ? "READ " : "WRITE ") + status});
+                    st.problems.push_back(
+                        {iter, std::string(is_read ? "READ " : "WRITE ") + status});
                 st.error_seen = true;
                 posting = false;
             } else if (is_read) {
@@ -893,7 +966,8 @@ int run_client(const Options& o) {
                     size_t from = ((iter + 1) / o.self_test) % 2 == 1 ? o.size - o.size / 4 : 0;
                     for (size_t b = from; b < o.size; ++b) got[b] = canary(b);
                 }
-                if (!check_read(o, st, iter, src.data() + slot * o.size, dst.data() + slot * slot_bytes))
+                if (!check_read(o, st, iter, src.data() + slot * o.size,
+                                dst.data() + slot * slot_bytes))
                     slot_ok[slot] = false;
             } else if (w.opcode != IBV_WC_RDMA_WRITE) {
                 ++st.out_of_order;
@@ -912,8 +986,8 @@ int run_client(const Options& o) {
             oob.send_line("P " + std::to_string(st.pairs_done));
         }
         if (std::chrono::duration<double>(now - last_progress).count() > o.stall_s) {
-            logf("no completion for %.0f s with %" PRIu64 " work requests outstanding: giving up", o.stall_s,
-                 outstanding);
+            logf("no completion for %.0f s with %" PRIu64 " work requests outstanding: giving up",
+                 o.stall_s, outstanding);
             st.stalled = true;
             break;
         }
@@ -924,38 +998,46 @@ int run_client(const Options& o) {
 
     char summary[512];
     std::snprintf(summary, sizeof summary,
-                  "pairs=%" PRIu64 " posted=%" PRIu64 " done=%" PRIu64 " ok=%" PRIu64 " read_success_wrong_data=%" PRIu64
-                  " guard_bad=%" PRIu64 " stalled=%d",
+                  "pairs=%" PRIu64 " posted=%" PRIu64 " done=%" PRIu64 " ok=%" PRIu64
+                  " read_success_wrong_data=%" PRIu64 " guard_bad=%" PRIu64 " stalled=%d",
                   o.iters, st.pairs_posted, st.pairs_done, st.pairs_ok, st.read_wrong, st.guard_bad,
                   st.stalled ? 1 : 0);
     oob.send_line(std::string("DONE ") + summary);
     std::string server_line = "(no answer)";
-    if (oob.recv_line_within(line, 10) && line.rfind("SERVER ", 0) == 0) server_line = line.substr(7);
+    if (oob.recv_line_within(line, 10) && line.rfind("SERVER ", 0) == 0)
+        server_line = line.substr(7);
     // Only a server that answered can report its guards; silence is an incomplete run.
     bool server_answered = server_line != "(no answer)";
     bool server_guard_bad = server_answered && server_line.find("guard_bad=0") == std::string::npos;
 
-    for (const auto& p : st.problems) logf("problem at pair %" PRIu64 ": %s", p.iter, p.what.c_str());
-    logf("elapsed %.2f s (%.1f pairs/s)", elapsed, elapsed > 0 ? static_cast<double>(st.pairs_done) / elapsed : 0.0);
+    for (const auto& p : st.problems)
+        logf("problem at pair %" PRIu64 ": %s", p.iter, p.what.c_str());
+    logf("elapsed %.2f s (%.1f pairs/s)", elapsed,
+         elapsed > 0 ? static_cast<double>(st.pairs_done) / elapsed : 0.0);
     logf("WRITE completions: %s", status_summary(st.write_status).c_str());
     logf("READ completions: %s", status_summary(st.read_status).c_str());
-    logf("READ SUCCESS with wrong data: %" PRIu64 " (untouched %" PRIu64 ", untouched tail %" PRIu64 ", other %" PRIu64 ")",
+    logf("READ SUCCESS with wrong data: %" PRIu64 " (untouched %" PRIu64 ", untouched tail %" PRIu64
+         ", other %" PRIu64 ")",
          st.read_wrong, st.read_wrong_untouched, st.read_wrong_tail, st.read_wrong_other);
-    logf("guard violations (client READ buffers): %" PRIu64 "; completions out of order: %" PRIu64, st.guard_bad,
-         st.out_of_order);
+    logf("guard violations (client READ buffers): %" PRIu64 "; completions out of order: %" PRIu64,
+         st.guard_bad, st.out_of_order);
     logf("QP state at end: %s; async events: %u", qp_state.c_str(), async);
     logf("server: %s", server_line.c_str());
-    std::printf("RESULT role=client size=%zu depth=%u %s wc_write=%s wc_read=%s wrong_untouched=%" PRIu64
-                " wrong_tail=%" PRIu64 " wrong_other=%" PRIu64 " out_of_order=%" PRIu64 " qp=%s async=%u elapsed=%.2f"
-                " server={%s}\n",
-                o.size, depth, summary, status_summary(st.write_status).c_str(), status_summary(st.read_status).c_str(),
-                st.read_wrong_untouched, st.read_wrong_tail, st.read_wrong_other, st.out_of_order, qp_state.c_str(),
-                async, elapsed, server_line.c_str());
+    std::printf(
+        "RESULT role=client size=%zu depth=%u %s wc_write=%s wc_read=%s wrong_untouched=%" PRIu64
+        " wrong_tail=%" PRIu64 " wrong_other=%" PRIu64 " out_of_order=%" PRIu64
+        " qp=%s async=%u elapsed=%.2f"
+        " server={%s}\n",
+        o.size, depth, summary, status_summary(st.write_status).c_str(),
+        status_summary(st.read_status).c_str(), st.read_wrong_untouched, st.read_wrong_tail,
+        st.read_wrong_other, st.out_of_order, qp_state.c_str(), async, elapsed,
+        server_line.c_str());
     std::fflush(stdout);
     close_verbs(v);
 
     if (st.read_wrong > 0 || st.guard_bad > 0 || server_guard_bad) return kExitWrongData;
-    if (st.stalled || st.error_seen || st.pairs_ok != o.iters || st.out_of_order > 0 || !server_answered)
+    if (st.stalled || st.error_seen || st.pairs_ok != o.iters || st.out_of_order > 0 ||
+        !server_answered)
         return kExitIncomplete;
     return kExitOk;
 }
@@ -992,7 +1074,8 @@ int run_server(const Options& o) {
     if (!oob.recv_line_within(line, o.oob_wait_s) || !parse_peer(line, remote))
         die(kExitIncomplete, "no valid peer information from the client (got '%s')", line.c_str());
     if (!oob.send_line(format_peer(local))) die(kExitIncomplete, "TCP send failed");
-    connect_qp(o, v, local, remote, std::max(1, std::min({kMaxRdAtomic, v.dev_attr.max_qp_init_rd_atom})),
+    connect_qp(o, v, local, remote,
+               std::max(1, std::min({kMaxRdAtomic, v.dev_attr.max_qp_init_rd_atom})),
                local.rd_atomic);
     if (!oob.recv_line_within(line, o.oob_wait_s) || line != "READY")
         die(kExitIncomplete, "client not ready (got '%s')", line.c_str());
@@ -1022,15 +1105,18 @@ int run_server(const Options& o) {
                 finished = true;
             }
         } else if (seconds_since(last) > o.stall_s + 10) {
-            logf("no word from the client for %.0f s (last count %" PRIu64 " pairs)", o.stall_s + 10, client_pairs);
+            logf("no word from the client for %.0f s (last count %" PRIu64 " pairs)",
+                 o.stall_s + 10, client_pairs);
             break;
         }
     }
-    bool guards_ok = guard_intact(buf.data(), o.guard) && guard_intact(buf.data() + o.guard + region, o.guard);
+    bool guards_ok =
+        guard_intact(buf.data(), o.guard) && guard_intact(buf.data() + o.guard + region, o.guard);
     std::string qp_state = qp_state_now(v);
     async += report_async_events(v);
     char summary[256];
-    std::snprintf(summary, sizeof summary, "guard_bad=%d qp=%s async=%u", guards_ok ? 0 : 1, qp_state.c_str(), async);
+    std::snprintf(summary, sizeof summary, "guard_bad=%d qp=%s async=%u", guards_ok ? 0 : 1,
+                  qp_state.c_str(), async);
     if (finished) oob.send_line(std::string("SERVER ") + summary);
     logf("client: %s", finished ? done.c_str() : "(no DONE)");
     std::printf("RESULT role=server size=%zu depth=%u %s\n", o.size, o.depth, summary);

@@ -125,8 +125,7 @@ size_t count_lines(const std::string& text) {
 
 }  // namespace
 
-TEST_CASE("without the hook, channel creation fails with EPERM and says why once",
-          "[unhooked]") {
+TEST_CASE("without the hook, channel creation fails with EPERM and says why once", "[unhooked]") {
     got::LoadedObject ibverbs;
     REQUIRE(got::find_object(reinterpret_cast<const void*>(&ibv_create_comp_channel), &ibverbs) ==
             0);

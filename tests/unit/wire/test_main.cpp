@@ -92,8 +92,9 @@ void load_pcap(const std::filesystem::path& file, std::vector<CapturedPacket>& o
 std::vector<CapturedPacket> load_all() {
     const std::filesystem::path dir = captures_dir();
     if (!std::filesystem::is_directory(dir)) {
-        throw std::runtime_error("RoCEv2 captures not found at " + dir.string() +
-                                 " (they are in the repository's tests/data; UROCE_CAPTURES_DIR overrides)");
+        throw std::runtime_error(
+            "RoCEv2 captures not found at " + dir.string() +
+            " (they are in the repository's tests/data; UROCE_CAPTURES_DIR overrides)");
     }
     std::vector<std::filesystem::path> files;
     for (const auto& entry : std::filesystem::directory_iterator(dir)) {
