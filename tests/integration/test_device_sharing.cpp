@@ -2,6 +2,7 @@
 // IP:4791 by its QPN, whoever owns it. Traffic between contexts of the same device, and
 // between pairs of contexts running at once, arrives byte for byte.
 // (Across processes, with kill -9: tests/scripts/test_device_sharing.sh.)
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <memory>
@@ -91,4 +92,62 @@ TEST_CASE("QP numbers are unique across a device's contexts, and never 0 or 1", 
     CHECK(qpns.size() == eps.size());
     CHECK(slots.size() == eps.size());  // one slot per context
     CHECK(!slots.contains(0));
+}
+
+TEST_CASE("Packets for a closed context's QP reach no QP of the context that comes next",
+          "[sharing]") {
+    // A peer keeps retransmitting WRITEs to a QP whose context went away (IBA's QPN reuse
+    // rule: a new QP must not take packets meant for the old one). The context opened next
+    // on that device gets another slot (the old one rests in quarantine), so none of its
+    // QPNs is the old one; the stray packets are refused by QPN and counted; its QPs and
+    // memory see none of them.
+    QpOptions opt;
+    opt.timeout = 10;  // retransmissions every ~4 ms while the test looks
+    opt.retry_cnt = 7;
+    Endpoint peer(devices().a, opt);
+    auto gone = std::make_unique<Endpoint>(devices().b, opt);
+    connect(peer, *gone, opt);
+    const uint32_t dead_qpn = gone->qp->qp_num;
+    Buffer src(peer.pd, 1 << 16, kAccess);
+    auto target = std::make_unique<Buffer>(gone->pd, 1 << 16, kAccess);
+    const uint64_t target_addr = target->addr();
+    const uint32_t target_rkey = target->mr->rkey;
+    REQUIRE(ibv_close_device(gone->ctx) == 0);  // with its QP, MR, CQ, PD: all go with it
+    target->mr = nullptr;
+    gone->qp = nullptr;
+    gone->cq = nullptr;
+    gone->pd = nullptr;
+    gone->ctx = nullptr;
+
+    // The next contexts on the device, each with QPs ready to receive anything.
+    std::vector<std::unique_ptr<Endpoint>> next;
+    for (int i = 0; i < 3; ++i) next.push_back(std::make_unique<Endpoint>(devices().b, opt));
+    std::vector<std::unique_ptr<Buffer>> landing;
+    for (auto& e : next) {
+        CHECK(e->qp->qp_num != dead_qpn);
+        CHECK((e->qp->qp_num >> 12) != (dead_qpn >> 12));  // another slot
+        // Connected to the peer's QP, as the old QP was: only the QPN tells them apart.
+        to_rts(*e, peer.qp->qp_num, peer.gid, opt);
+        landing.push_back(std::make_unique<Buffer>(e->pd, 1 << 16, kAccess));
+        std::memset(landing.back()->bytes.data(), 0x5a, landing.back()->bytes.size());
+    }
+    fill_pattern(src.bytes.data(), src.bytes.size(), 77);
+    for (int i = 0; i < 4; ++i)
+        REQUIRE(post_rdma(peer.qp, IBV_WR_RDMA_WRITE, src, 0, 1 << 16, target_addr, target_rkey,
+                          i) == 0);
+    // The peer gives up (nobody answers for the dead QPN)...
+    const auto wcs = wait_completions(peer.cq, 4);
+    REQUIRE(wcs.size() == 4);
+    CHECK(wcs[0].status == IBV_WC_RETRY_EXC_ERR);
+    // ...while its packets reached the device and were refused by QPN.
+    uint64_t refused = 0;
+    for (auto& e : next) refused += counter(e->ctx, "rx_unknown_qp");
+    CHECK(refused > 0);
+    for (size_t i = 0; i < next.size(); ++i) {
+        ibv_wc wc{};
+        CHECK(ibv_poll_cq(next[i]->cq, 1, &wc) == 0);
+        CHECK(std::all_of(landing[i]->bytes.begin(), landing[i]->bytes.end(),
+                          [](uint8_t b) { return b == 0x5a; }));
+        CHECK(next[i]->state() == IBV_QPS_RTS);
+    }
 }
