@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "provider/objects.h"
 #include "uroce/uroce.h"
@@ -43,10 +44,10 @@ verbs_context_ops make_ops() {
 const verbs_context_ops kContextOps = make_ops();
 
 void print_counters(const ContextState& st, const char* device) noexcept {
-    const transport::EngineCounters& c = st.engine->counters();
+    const transport::CounterValues c = st.engine->counters_since_start();
     std::fprintf(stderr, "uroce %s counters:", device);
 #define UROCE_PRINT(name) \
-    std::fprintf(stderr, " %s=%llu", #name, static_cast<unsigned long long>(c.name.load()));
+    std::fprintf(stderr, " %s=%llu", #name, static_cast<unsigned long long>(c.name));
     UROCE_COUNTERS(UROCE_PRINT)
 #undef UROCE_PRINT
     std::fprintf(stderr, "\n");
@@ -54,18 +55,42 @@ void print_counters(const ContextState& st, const char* device) noexcept {
 
 }  // namespace uroce::provider
 
-extern "C" __attribute__((visibility("default"))) int uroce_read_counter(ibv_context* ctx,
-                                                                         const char* name,
-                                                                         uint64_t* value) {
-    using namespace uroce::provider;
-    if (!is_uroce_context(ctx) || !name || !value) return EINVAL;
-    const auto& c = to_uctx(ctx)->state->engine->counters();
+namespace {
+
+int lookup(const uroce::transport::CounterValues& c, const char* name, uint64_t* value) {
 #define UROCE_MATCH(n)                \
     if (std::strcmp(name, #n) == 0) { \
-        *value = c.n.load();          \
+        *value = c.n;                 \
         return 0;                     \
     }
     UROCE_COUNTERS(UROCE_MATCH)
 #undef UROCE_MATCH
     return ENOENT;
+}
+
+}  // namespace
+
+extern "C" __attribute__((visibility("default"))) int uroce_read_counter(ibv_context* ctx,
+                                                                         const char* name,
+                                                                         uint64_t* value) {
+    using namespace uroce::provider;
+    if (!is_uroce_context(ctx) || !name || !value) return EINVAL;
+    return lookup(to_uctx(ctx)->state->engine->counters_since_start(), name, value);
+}
+
+extern "C" __attribute__((visibility("default"))) int uroce_read_device_counter(ibv_context* ctx,
+                                                                                const char* name,
+                                                                                uint64_t* value) {
+    using namespace uroce::provider;
+    if (!is_uroce_context(ctx) || !name || !value) return EINVAL;
+    try {
+        uroce::transport::CounterValues totals;
+        std::string why;
+        if (!uroce::transport::DeviceCounters::read_totals(
+                to_uctx(ctx)->state->engine->config().counters_file, totals, why))
+            return EIO;
+        return lookup(totals, name, value);
+    } catch (...) {
+        return ENOMEM;  // nothing may cross the C boundary
+    }
 }

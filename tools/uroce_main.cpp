@@ -5,6 +5,7 @@
 //   uroce list                                      one line per device
 //   uroce env                                       export lines for SYSFS_PATH / RDMAV_DRIVERS
 //                                                   / LD_PRELOAD
+//   uroce stats NAME                                the device's counters (all processes)
 //   uroce run -- CMD ARGS...                        exec CMD with that environment, RDMA
 //                                                   netlink refused (netlink_filter.h)
 //
@@ -33,6 +34,7 @@
 #include "kernel_rdma.h"
 #include "netlink_filter.h"
 #include "registry.h"
+#include "transport/device_counters.h"
 #include "uroce_tools_config.h"
 
 namespace fs = std::filesystem;
@@ -227,6 +229,27 @@ int cmd_list() {
     return 0;
 }
 
+// Every counter of the device, all contexts in all processes since it was added, one
+// "name value" line each (device_counters.h).
+int cmd_stats(const std::string& name) {
+    reg::Registry r(reg::root_from_env());
+    bool found = false;
+    for (const auto& d : r.list()) found = found || d.config.name == name;
+    if (!found) throw reg::Error(reg::Error::Kind::Failure, fmt::format("no device '{}'", name));
+    const fs::path file = r.sysfs_path() / "class" / "infiniband" / name / "uroce" / "counters";
+    uroce::transport::CounterValues c;
+    std::string why;
+    if (!fs::exists(file)) {
+        // No context has opened the device yet: nothing was counted.
+    } else if (!uroce::transport::DeviceCounters::read_totals(file.string(), c, why)) {
+        throw reg::Error(reg::Error::Kind::Failure, why);
+    }
+#define UROCE_PRINT_STAT(n) fmt::print("{} {}\n", #n, c.n);
+    UROCE_COUNTERS(UROCE_PRINT_STAT)
+#undef UROCE_PRINT_STAT
+    return 0;
+}
+
 int cmd_env() {
     auto env = client_environment("uroce env");
     if (!env) return kExitFailure;
@@ -388,6 +411,11 @@ int main(int argc, char** argv) {
         "Print 'export SYSFS_PATH=...', 'export RDMAV_DRIVERS=...' and 'export LD_PRELOAD=...' "
         "for a shell");
 
+    std::string stats_name;
+    auto* stats = app.add_subcommand(
+        "stats", "Print the device's counters, all contexts in all processes: NAME VALUE lines");
+    stats->add_option("NAME", stats_name, "Device name")->required()->check(name_validator());
+
     std::vector<std::string> command;
     auto* run = app.add_subcommand(
         "run", "Run a command with SYSFS_PATH and RDMAV_DRIVERS set: uroce run -- CMD ARGS...");
@@ -408,7 +436,7 @@ int main(int argc, char** argv) {
         if (!known) {
             print_error("uroce",
                         fmt::format("unknown command '{}'; commands are add, del, list, env, "
-                                    "run (see 'uroce --help')",
+                                    "stats, run (see 'uroce --help')",
                                     first));
             return kExitUsage;
         }
@@ -427,7 +455,7 @@ int main(int argc, char** argv) {
         }
         std::string msg = e.what();
         if (subs.empty() && e.get_exit_code() == static_cast<int>(CLI::ExitCodes::RequiredError)) {
-            msg = "a command is required: add, del, list, env or run";
+            msg = "a command is required: add, del, list, env, stats or run";
         }
         if (!subs.empty() && subs.front() == run &&
             e.get_exit_code() == static_cast<int>(CLI::ExitCodes::ExtrasError)) {
@@ -446,6 +474,7 @@ int main(int argc, char** argv) {
         if (del->parsed()) return cmd_del(del_name);
         if (list->parsed()) return cmd_list();
         if (env->parsed()) return cmd_env();
+        if (stats->parsed()) return cmd_stats(stats_name);
         if (run->parsed()) return cmd_run(command);
     } catch (const reg::Error& e) {
         print_error(who, e.what());

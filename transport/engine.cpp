@@ -37,8 +37,14 @@ std::unique_ptr<Engine> Engine::create(const EngineConfig& config, std::string& 
         int steering_err = 0;
         steering = QpnSteering::open(*slot, no_sharing, steering_err);
     }
+    std::unique_ptr<DeviceCounters> counters;
+    if (slot && !config.counters_file.empty()) {
+        std::string why;  // unusable: this context counts privately (device_counters.h)
+        counters = DeviceCounters::open(config.counters_file, slot->number(), why);
+    }
     const bool shared = steering != nullptr;
-    std::unique_ptr<Engine> e(new Engine(config, std::move(slot), std::move(steering)));
+    std::unique_ptr<Engine> e(
+        new Engine(config, std::move(slot), std::move(steering), std::move(counters)));
     if (e->socket_.fd() < 0) {
         err = e->socket_.error();
         error = std::string("cannot bind UDP: ") + std::strerror(err);
@@ -82,10 +88,13 @@ std::unique_ptr<Engine> Engine::create(const EngineConfig& config, std::string& 
 }
 
 Engine::Engine(const EngineConfig& config, std::unique_ptr<DeviceSlot> slot,
-               std::unique_ptr<QpnSteering> steering)
+               std::unique_ptr<QpnSteering> steering, std::unique_ptr<DeviceCounters> counters)
     : config_(config),
       slot_(std::move(slot)),
       steering_(std::move(steering)),
+      device_counters_(std::move(counters)),
+      counters_(device_counters_ ? &device_counters_->block() : &own_counters_),
+      counters_at_start_(snapshot(*counters_)),
       socket_(config.ip, config.port, steering_ != nullptr),
       send_sockets_(config.ip, socket_),
       faults_(config.faults),
@@ -108,6 +117,14 @@ Engine::~Engine() {
     if (rx_event_) event_free(rx_event_);
     if (stop_event_) event_free(stop_event_);
     if (base_) event_base_free(base_);
+}
+
+CounterValues Engine::counters_since_start() const {
+    CounterValues v = snapshot(*counters_);
+#define UROCE_SINCE_START(name) v.name -= counters_at_start_.name;
+    UROCE_COUNTERS(UROCE_SINCE_START)
+#undef UROCE_SINCE_START
+    return v;
 }
 
 void Engine::close_sockets_after_fork() noexcept {
@@ -176,7 +193,7 @@ void Engine::detach(uint32_t qpn) {
 const UdpSocket& Engine::sender_for_qpn(uint32_t qpn) {
     const uint16_t port = source_port_for_qpn(qpn);
     const UdpSocket& sock = send_sockets_.for_port(port);
-    if (sock.port() != port) bump(counters_.tx_sport_fallback);
+    if (sock.port() != port) bump(counters_->tx_sport_fallback);
     return sock;
 }
 
@@ -188,7 +205,7 @@ Engine::TransmitResult Engine::transmit(const wire::Headers& h, std::span<const 
     out.bth.pad = wire::pad_for(payload_len);
     const size_t hlen = wire::build_headers(out, hdr);
     if (hlen == 0) {
-        bump(counters_.tx_errors);
+        bump(counters_->tx_errors);
         return TransmitResult::Failed;
     }
     static const uint8_t kZeros[4] = {0, 0, 0, 0};
@@ -213,31 +230,31 @@ Engine::TransmitResult Engine::transmit(const wire::Headers& h, std::span<const 
                        static_cast<uint8_t>(crc >> 16), static_cast<uint8_t>(crc >> 24)};
     iov[n++] = {icrc, sizeof icrc};
     if (faults_.drop_next()) {
-        bump(counters_.tx_dropped_fault);
+        bump(counters_->tx_dropped_fault);
         return TransmitResult::Lost;
     }
     if (has_transmit_filter_.load(std::memory_order_acquire) &&
         !pass_filter(std::span(iov, n), dst_ip)) {
-        bump(counters_.tx_dropped_filter);
+        bump(counters_->tx_dropped_filter);
         return TransmitResult::Lost;
     }
     switch (sock.send(dst_ip, config_.port, std::span(iov, n))) {
         case 0:
-            bump(counters_.tx_packets);
+            bump(counters_->tx_packets);
             return TransmitResult::Sent;
         case EAGAIN:
         case ENOBUFS:
             // Waiting here would stall every thread that needs this QP's mutex; the
             // retransmission machinery recovers the packet as it would a loss.
-            bump(counters_.tx_dropped_full);
+            bump(counters_->tx_dropped_full);
             return TransmitResult::Lost;
         case EMSGSIZE:
-            bump(counters_.tx_too_big);
+            bump(counters_->tx_too_big);
             return TransmitResult::Failed;
         default:
             // A route that is down for a moment (ENETUNREACH, EHOSTUNREACH, a firewall's
             // EPERM) may come back: treated as a loss, the retry counter decides.
-            bump(counters_.tx_errors);
+            bump(counters_->tx_errors);
             return TransmitResult::Lost;
     }
 }
@@ -314,10 +331,10 @@ void Engine::receive_batch() {
 
 std::shared_ptr<RcQp> Engine::deliver(std::span<const uint8_t> datagram, uint32_t src_ip,
                                       uint16_t src_port) {
-    bump(counters_.rx_packets);
+    bump(counters_->rx_packets);
     wire::ParsedPacket pkt;
     if (wire::parse_packet(datagram, pkt) != wire::ParseError::None) {
-        bump(counters_.rx_malformed);
+        bump(counters_->rx_malformed);
         return nullptr;
     }
     const wire::Ipv4Flow flow{src_ip, config_.ip, src_port, config_.port};
@@ -325,24 +342,24 @@ std::shared_ptr<RcQp> Engine::deliver(std::span<const uint8_t> datagram, uint32_
         case wire::IcrcCheck::Exact:
             break;
         case wire::IcrcCheck::MatchesUnseenFields:
-            bump(counters_.rx_icrc_unseen_fields);
+            bump(counters_->rx_icrc_unseen_fields);
             break;
         case wire::IcrcCheck::Mismatch:
-            bump(counters_.rx_bad_icrc);
+            bump(counters_->rx_bad_icrc);
             return nullptr;
     }
     // Only the default partition exists; the membership bit is not compared.
     if ((pkt.h.bth.pkey & 0x7fff) != 0x7fff) {
-        bump(counters_.rx_bad_pkey);
+        bump(counters_->rx_bad_pkey);
         return nullptr;
     }
     if (pkt.info->flags & wire::kCnp) {
         // Congestion notification from the path: counted; reacting to it comes later.
-        bump(counters_.rx_cnp);
+        bump(counters_->rx_cnp);
         return nullptr;
     }
     if ((pkt.h.bth.opcode >> 5) != static_cast<uint8_t>(wire::Transport::Rc)) {
-        bump(counters_.rx_unsupported);
+        bump(counters_->rx_unsupported);
         return nullptr;
     }
     std::shared_ptr<RcQp> qp;
@@ -352,7 +369,7 @@ std::shared_ptr<RcQp> Engine::deliver(std::span<const uint8_t> datagram, uint32_
         if (it != qps_.end()) qp = it->second;
     }
     if (!qp) {
-        bump(counters_.rx_unknown_qp);
+        bump(counters_->rx_unknown_qp);
         return nullptr;
     }
     qp->on_packet(pkt, src_ip);

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "transport/counters.h"
+#include "transport/device_counters.h"
 #include "transport/device_slots.h"
 #include "transport/fault_injector.h"
 #include "transport/memory_table.h"
@@ -43,6 +44,10 @@ struct EngineConfig {
     // other contexts through QPN steering where that is available (else it must be alone on
     // ip:port). Empty: a device of its own (unit tests).
     std::string slot_table;
+    // The device's counters file (device_counters.h), used with a slot table: this engine
+    // counts into its slot's block there, so the device's totals cover every context. Empty,
+    // or a file that cannot be used: the engine counts privately.
+    std::string counters_file;
 };
 
 struct AsyncEvent {
@@ -68,7 +73,10 @@ class Engine {
 
     const EngineConfig& config() const { return config_; }
     MemoryTable& memory() { return memory_; }
-    EngineCounters& counters() { return counters_; }
+    // The live counters (the slot's block of the device's counters, or private ones).
+    EngineCounters& counters() { return *counters_; }
+    // What this engine counted since it was created (its block may hold earlier holders').
+    CounterValues counters_since_start() const;
     event_base* base() { return base_; }
 
     // Called on the engine thread (or a posting thread) for affiliated asynchronous events.
@@ -141,7 +149,7 @@ class Engine {
                                   uint16_t src_port);
 
     Engine(const EngineConfig& config, std::unique_ptr<DeviceSlot> slot,
-           std::unique_ptr<QpnSteering> steering);
+           std::unique_ptr<QpnSteering> steering, std::unique_ptr<DeviceCounters> counters);
     static void on_readable(evutil_socket_t fd, short what, void* arg);
     void receive_batch();
     void run();
@@ -151,11 +159,15 @@ class Engine {
     // context while this socket may still receive its packets.
     std::unique_ptr<DeviceSlot> slot_;
     std::unique_ptr<QpnSteering> steering_;
+    // Before everything that counts, so it outlives it.
+    std::unique_ptr<DeviceCounters> device_counters_;
+    EngineCounters own_counters_;
+    EngineCounters* counters_;
+    CounterValues counters_at_start_;
     UdpSocket socket_;
     SendSockets send_sockets_;
     FaultInjector faults_;
     MemoryTable memory_;
-    EngineCounters counters_;
     event_base* base_ = nullptr;
     event* rx_event_ = nullptr;
     event* stop_event_ = nullptr;  // activated to end the loop, even before it started

@@ -18,6 +18,14 @@ int uroce_read_counter(struct ibv_context* ctx, const char* name, uint64_t* valu
 
 typedef int (*uroce_read_counter_fn)(struct ibv_context*, const char*, uint64_t*);
 
+// Reads the counter `name` of the whole device `ctx` belongs to: every context that has used
+// it, in any process, since the device was added (what `uroce stats DEVICE` prints). Returns
+// 0, EINVAL if ctx is not a uroce context, ENOENT for an unknown name, or EIO if the device's
+// counters file cannot be read.
+int uroce_read_device_counter(struct ibv_context* ctx, const char* name, uint64_t* value);
+
+typedef int (*uroce_read_device_counter_fn)(struct ibv_context*, const char*, uint64_t*);
+
 #ifdef __cplusplus
 }
 #endif

@@ -151,3 +151,32 @@ TEST_CASE("Packets for a closed context's QP reach no QP of the context that com
         CHECK(next[i]->state() == IBV_QPS_RTS);
     }
 }
+
+TEST_CASE("A device's counters cover all its contexts, including closed ones", "[sharing]") {
+    // Two pairs on the same two devices; one pair is closed before the totals are read.
+    Endpoint watcher(devices().b);  // stays open: reads the device's counters
+    const uint64_t tx0 = device_counter(watcher.ctx, "tx_packets");
+    const uint64_t rx0 = device_counter(watcher.ctx, "rx_packets");
+    uint64_t tx_closed = 0, rx_closed = 0;
+    {
+        Endpoint a(devices().a), b(devices().b);
+        connect(a, b);
+        exchange_and_verify(a, b, 21);
+        tx_closed = counter(b.ctx, "tx_packets");
+        rx_closed = counter(b.ctx, "rx_packets");
+        REQUIRE(tx_closed > 0);
+        REQUIRE(rx_closed > 0);
+    }
+    Endpoint a(devices().a), b(devices().b);
+    connect(a, b);
+    exchange_and_verify(a, b, 22);
+    // Every packet the device sent or received since tx0/rx0 was counted by one of b's two
+    // contexts (the watcher sent and received none): the totals add up exactly.
+    CHECK(counter(watcher.ctx, "tx_packets") == 0);
+    CHECK(device_counter(watcher.ctx, "tx_packets") - tx0 ==
+          tx_closed + counter(b.ctx, "tx_packets"));
+    CHECK(device_counter(watcher.ctx, "rx_packets") - rx0 ==
+          rx_closed + counter(b.ctx, "rx_packets"));
+    // A context's own counters start from zero even when its slot held an earlier context's.
+    CHECK(counter(b.ctx, "tx_packets") < device_counter(b.ctx, "tx_packets"));
+}

@@ -47,17 +47,32 @@ ibv_context* open_device(const std::string& name) {
     return ctx;
 }
 
+namespace {
+
+// A function the provider exports (uroce/uroce.h), found in the loaded provider.
+void* provider_symbol(const char* symbol) {
+    const char* drv = std::getenv("RDMAV_DRIVERS");
+    const std::string path = std::string(drv ? drv : "") + "-rdmav34.so";
+    void* h = ::dlopen(path.c_str(), RTLD_NOW | RTLD_NOLOAD);
+    void* fn = h ? ::dlsym(h, symbol) : nullptr;
+    if (!fn) throw std::runtime_error(std::string(symbol) + " not found in the provider");
+    return fn;
+}
+
+}  // namespace
+
 uint64_t counter(ibv_context* ctx, const char* name) {
-    static uroce_read_counter_fn fn = [] {
-        const char* drv = std::getenv("RDMAV_DRIVERS");
-        const std::string path = std::string(drv ? drv : "") + "-rdmav34.so";
-        void* h = ::dlopen(path.c_str(), RTLD_NOW | RTLD_NOLOAD);
-        return h ? reinterpret_cast<uroce_read_counter_fn>(::dlsym(h, "uroce_read_counter"))
-                 : nullptr;
-    }();
-    if (!fn) throw std::runtime_error("uroce_read_counter not found in the provider");
+    static auto fn = reinterpret_cast<uroce_read_counter_fn>(provider_symbol("uroce_read_counter"));
     uint64_t v = 0;
     if (fn(ctx, name, &v) != 0) throw std::runtime_error(std::string("no counter ") + name);
+    return v;
+}
+
+uint64_t device_counter(ibv_context* ctx, const char* name) {
+    static auto fn = reinterpret_cast<uroce_read_device_counter_fn>(
+        provider_symbol("uroce_read_device_counter"));
+    uint64_t v = 0;
+    if (fn(ctx, name, &v) != 0) throw std::runtime_error(std::string("no device counter ") + name);
     return v;
 }
 

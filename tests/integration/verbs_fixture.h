@@ -26,6 +26,9 @@ ibv_context* open_device(const std::string& name);
 
 // Reads one of the provider's counters (uroce_read_counter through dlsym).
 uint64_t counter(ibv_context* ctx, const char* name);
+// Reads a counter of the whole device of `ctx`: every context, every process
+// (uroce_read_device_counter).
+uint64_t device_counter(ibv_context* ctx, const char* name);
 
 struct QpOptions {
     int access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;

@@ -40,6 +40,13 @@ if expect_pair_ok "one device: ibv_rc_pingpong server and verifying client"; the
     expect_file_match "one device: every reply equals its message" \
         "^pingpong_verify: 300 iterations of 8192 bytes: every reply equals its message" "$CLI_OUT"
 fi
+# The device's counters (uroce stats: every context of every process, closed ones too) are
+# exactly what the two processes counted (UROCE_STATS, printed as each closed the device).
+for c in tx_packets rx_packets tx_acks; do
+    want=$(( $(counter_value "$SRV_ERR" "$A" "$c") + $(counter_value "$CLI_ERR" "$A" "$c") ))
+    got=$("$UROCE" stats "$A" | awk -v k="$c" '$1 == k { print $2 }')
+    expect_eq "uroce stats $A: $c is the sum of both processes' ($want)" "$want" "$got"
+done
 
 # start_pair LABEL ITERS: an ibv_rc_pingpong server and a verifying client on device A, in the
 # background. Sets P_SRV, P_CLI (pids of their `timeout` wrappers), P_PORT, P_OUT (prefix).

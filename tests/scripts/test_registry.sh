@@ -381,6 +381,17 @@ expect_err "*warning: device '$C'*uverbs_uroce_$C is missing*mknod*" "list warns
 expect_rc 0 "del with a missing /dev node" del "$C"
 expect_absent "$SYS/infiniband/$C" "del with a missing node removes the tree"
 
+# stats: a device no context has opened has counted nothing; an unknown one is an error.
+expect_rc 0 "stats of a device never opened" stats "$A"
+expect_eq "stats: every counter of a device never opened is 0" "" "$(awk '$2 != 0' <<<"$OUT")"
+expect_eq "stats: tx_packets listed" "tx_packets 0" "$(grep '^tx_packets ' <<<"$OUT")"
+expect_rc 1 "stats of an unknown device" stats nosuchdev
+expect_err "uroce stats: error: *no device 'nosuchdev'*" "stats names the unknown device"
+printf 'garbage' >"$SYS/infiniband/$A/uroce/counters"
+expect_rc 1 "stats of a damaged counters file" stats "$A"
+expect_err "uroce stats: error: *is not a counters file*" "stats says the file is not a counters file"
+rm -f "$SYS/infiniband/$A/uroce/counters"
+
 for n in "$A" "$B" "$D"; do expect_rc 0 "del $n" del "$n"; done
 expect_rc 0 "list after deleting everything" list
 expect_eq "list is empty" "" "$OUT"

@@ -1,0 +1,168 @@
+// See device_counters.h.
+#include "transport/device_counters.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <new>
+#include <system_error>
+
+#include "transport/device_slots.h"
+
+namespace uroce::transport {
+namespace {
+
+// Header, then DeviceSlots::kSlots blocks of kStride bytes. The file is sparse: blocks of
+// slots never used take no space.
+constexpr uint64_t kMagic = 0x31746e63656f7275ull;  // "uroecnt1"
+constexpr size_t kStride = 512;                     // room for 64 counters per block
+constexpr size_t kHeader = kStride;
+
+#define UROCE_COUNT_ONE(name) +1
+constexpr uint32_t kCounterCount = 0 UROCE_COUNTERS(UROCE_COUNT_ONE);
+#undef UROCE_COUNT_ONE
+static_assert(sizeof(EngineCounters) <= kStride);
+static_assert(sizeof(EngineCounters) == kCounterCount * sizeof(uint64_t));
+static_assert(std::atomic<uint64_t>::is_always_lock_free, "counters shared across processes");
+
+constexpr size_t kFileBytes = kHeader + DeviceSlots::kSlots * kStride;
+
+// FNV-1a over the counter names in order: a file from a build with another list differs.
+constexpr uint64_t layout_hash() {
+    uint64_t h = 0xcbf29ce484222325ull;
+    auto mix = [&h](const char* s) {
+        for (; *s; ++s) h = (h ^ static_cast<uint8_t>(*s)) * 0x100000001b3ull;
+        h = (h ^ ',') * 0x100000001b3ull;
+    };
+#define UROCE_HASH_NAME(name) mix(#name);
+    UROCE_COUNTERS(UROCE_HASH_NAME)
+#undef UROCE_HASH_NAME
+    return h;
+}
+
+struct Header {
+    uint64_t magic;
+    uint64_t layout;  // layout_hash()
+    uint32_t count;   // kCounterCount
+    uint32_t stride;  // kStride
+};
+
+std::string errno_text(const char* what, int err) {
+    return std::string(what) + ": " + std::error_code(err, std::generic_category()).message();
+}
+
+// Checks the header, or writes it into a new (all-zero) file. Needs an exclusive lock on
+// the file held by the caller when `may_write`.
+bool header_ok(Header* h, bool may_write) {
+    if (h->magic == 0 && may_write) {
+        h->layout = layout_hash();
+        h->count = kCounterCount;
+        h->stride = kStride;
+        __atomic_store_n(&h->magic, kMagic, __ATOMIC_RELEASE);
+        return true;
+    }
+    return __atomic_load_n(&h->magic, __ATOMIC_ACQUIRE) == kMagic && h->layout == layout_hash() &&
+           h->count == kCounterCount && h->stride == kStride;
+}
+
+}  // namespace
+
+CounterValues snapshot(const EngineCounters& c) {
+    CounterValues v;
+#define UROCE_SNAPSHOT(name) v.name = c.name.load(std::memory_order_relaxed);
+    UROCE_COUNTERS(UROCE_SNAPSHOT)
+#undef UROCE_SNAPSHOT
+    return v;
+}
+
+std::unique_ptr<DeviceCounters> DeviceCounters::open(const std::string& path, uint16_t slot,
+                                                     std::string& error) {
+    if (slot >= DeviceSlots::kSlots) {
+        error = "counters: slot out of range";
+        return nullptr;
+    }
+    const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+    if (fd < 0) {
+        error = errno_text(("cannot open " + path).c_str(), errno);
+        return nullptr;
+    }
+    ::fchmod(fd, 0666);  // whatever the umask (best effort), as for the slot table
+    // The first context sizes the file and writes the header, under an OFD lock so that two
+    // first contexts do not race.
+    flock lk{};
+    lk.l_type = F_WRLCK;
+    lk.l_whence = SEEK_SET;
+    if (::fcntl(fd, F_OFD_SETLKW, &lk) != 0) {
+        error = errno_text("cannot lock the counters file", errno);
+        ::close(fd);
+        return nullptr;
+    }
+    struct stat st {};
+    bool ok = ::fstat(fd, &st) == 0 &&
+              (static_cast<size_t>(st.st_size) >= kFileBytes || ::ftruncate(fd, kFileBytes) == 0);
+    void* map =
+        ok ? ::mmap(nullptr, kFileBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
+    const int map_err = errno;
+    if (map != MAP_FAILED && !header_ok(static_cast<Header*>(map), true)) {
+        error = path + " was written by a uroce with other counters";
+        ::munmap(map, kFileBytes);
+        map = MAP_FAILED;
+    } else if (map == MAP_FAILED) {
+        error = errno_text(("cannot map " + path).c_str(), map_err);
+    }
+    lk.l_type = F_UNLCK;
+    ::fcntl(fd, F_OFD_SETLK, &lk);
+    ::close(fd);  // the mapping stays
+    if (map == MAP_FAILED) return nullptr;
+    // The block is zero (new file) or holds the counts of the slot's earlier holders: both
+    // are valid states of atomics of this layout, so it is used in place.
+    auto* block = reinterpret_cast<EngineCounters*>(static_cast<char*>(map) + kHeader +
+                                                    size_t{slot} * kStride);
+    return std::unique_ptr<DeviceCounters>(new DeviceCounters(map, kFileBytes, block));
+}
+
+DeviceCounters::~DeviceCounters() {
+    ::munmap(map_, length_);
+}
+
+bool DeviceCounters::read_totals(const std::string& path, CounterValues& out, std::string& error) {
+    out = {};
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        error = errno_text(("cannot open " + path).c_str(), errno);
+        return false;
+    }
+    struct stat st {};
+    if (::fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) < kFileBytes) {
+        error = path + " is not a counters file";
+        ::close(fd);
+        return false;
+    }
+    void* map = ::mmap(nullptr, kFileBytes, PROT_READ, MAP_SHARED, fd, 0);
+    const int map_err = errno;
+    ::close(fd);
+    if (map == MAP_FAILED) {
+        error = errno_text(("cannot map " + path).c_str(), map_err);
+        return false;
+    }
+    const bool ok = header_ok(static_cast<Header*>(map), false);
+    if (!ok) {
+        error = path + " was written by a uroce with other counters";
+    } else {
+        for (size_t s = 0; s < DeviceSlots::kSlots; ++s) {
+            const auto* b = reinterpret_cast<const EngineCounters*>(static_cast<const char*>(map) +
+                                                                    kHeader + s * kStride);
+#define UROCE_SUM(name) out.name += b->name.load(std::memory_order_relaxed);
+            UROCE_COUNTERS(UROCE_SUM)
+#undef UROCE_SUM
+        }
+    }
+    ::munmap(map, kFileBytes);
+    return ok;
+}
+
+}  // namespace uroce::transport
