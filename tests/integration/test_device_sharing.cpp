@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "tests/integration/verbs_fixture.h"
+#include "transport/send_sockets.h"
 
 using namespace uroce::test;
 
@@ -179,4 +180,39 @@ TEST_CASE("A device's counters cover all its contexts, including closed ones", "
           rx_closed + counter(b.ctx, "rx_packets"));
     // A context's own counters start from zero even when its slot held an earlier context's.
     CHECK(counter(b.ctx, "tx_packets") < device_counter(b.ctx, "tx_packets"));
+}
+
+TEST_CASE("Contexts of one device share the per-QP source ports", "[sharing]") {
+    // QPs send from 49152 + a hash of their QPN. Two contexts whose QPs hash to the same port
+    // both send from it (it is bound with SO_REUSEPORT), none falls back to the device port.
+    Endpoint a(devices().a), peer(devices().b);
+    const uint16_t port = uroce::transport::source_port_for_qpn(a.qp->qp_num);
+    Endpoint other(devices().a);
+    ibv_qp* same = nullptr;
+    std::vector<ibv_qp*> tried;
+    ibv_qp_init_attr init{};
+    init.send_cq = other.cq;
+    init.recv_cq = other.cq;
+    init.qp_type = IBV_QPT_RC;
+    init.cap = {16, 16, 1, 1, 0};
+    for (int i = 0; i < 1000 && !same; ++i) {
+        ibv_qp* q = ibv_create_qp(other.pd, &init);
+        REQUIRE(q);
+        if (uroce::transport::source_port_for_qpn(q->qp_num) == port)
+            same = q;
+        else
+            tried.push_back(q);
+    }
+    for (ibv_qp* q : tried) ibv_destroy_qp(q);
+    REQUIRE(same);
+    // Both send: a to peer, and the other context's QP (same source port) to peer as well.
+    connect(a, peer);
+    Endpoint peer2(devices().b);
+    std::swap(other.qp, same);  // the fixture connects other.qp; `same` now holds the first QP
+    connect(other, peer2);
+    exchange_and_verify(a, peer, 31);
+    exchange_and_verify(other, peer2, 32);
+    CHECK(counter(a.ctx, "tx_sport_fallback") == 0);
+    CHECK(counter(other.ctx, "tx_sport_fallback") == 0);
+    ibv_destroy_qp(same);
 }
