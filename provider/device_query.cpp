@@ -8,22 +8,12 @@
 
 #include "provider/device_limits.h"
 #include "provider/objects.h"
+#include "uroce/path_mtu.h"
 
 namespace uroce::provider {
 
 ibv_mtu mtu_enum(uint32_t bytes) {
-    switch (bytes) {
-        case 256:
-            return IBV_MTU_256;
-        case 512:
-            return IBV_MTU_512;
-        case 1024:
-            return IBV_MTU_1024;
-        case 2048:
-            return IBV_MTU_2048;
-        default:
-            return IBV_MTU_4096;
-    }
+    return uroce::mtu_enum(bytes).value_or(IBV_MTU_4096);  // the registry allows no other value
 }
 
 uint32_t mtu_bytes(ibv_mtu mtu) {

@@ -84,6 +84,34 @@ bool has_provider(const fs::path& dir) {
     return fs::is_regular_file(dir / kProviderFile, ec);
 }
 
+// Where a file of ours may be: `build_rel` from this executable's directory (a Meson build
+// tree), the install directory `install_dir` relative to the executable (a relocated
+// install), then `install_dir` itself.
+std::vector<fs::path> near_executable(const fs::path& build_rel, const char* install_dir) {
+    std::vector<fs::path> candidates;
+    std::error_code ec;
+    const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+    if (!ec) {
+        const fs::path exe_dir = exe.parent_path();
+        candidates.push_back((exe_dir / build_rel).lexically_normal());
+        const fs::path rel =
+            fs::path(install_dir).lexically_relative(fs::path(UROCE_INSTALL_BINDIR));
+        if (!rel.empty()) candidates.push_back((exe_dir / rel).lexically_normal());
+    }
+    candidates.push_back(fs::path(install_dir).lexically_normal());
+    return candidates;
+}
+
+// Records every distinct candidate in r.tried and the first one `found` accepts in r.dir.
+template <class Found>
+void pick_first(ProviderLookup& r, const std::vector<fs::path>& candidates, Found found) {
+    for (const auto& c : candidates) {
+        if (std::find(r.tried.begin(), r.tried.end(), c) != r.tried.end()) continue;
+        r.tried.push_back(c);
+        if (!r.dir && found(c)) r.dir = c;
+    }
+}
+
 // UROCE_PROVIDER_DIR if set; otherwise next to this executable (Meson build
 // tree <build>/tools/uroce -> <build>/provider, installed <prefix>/bin/uroce ->
 // <prefix>/<libdir>/libibverbs), then the configured install directory.
@@ -97,22 +125,8 @@ ProviderLookup find_provider() {
         if (has_provider(dir)) r.dir = dir;
         return r;
     }
-    std::vector<fs::path> candidates;
-    std::error_code ec;
-    fs::path exe = fs::read_symlink("/proc/self/exe", ec);
-    if (!ec) {
-        const fs::path exe_dir = exe.parent_path();
-        candidates.push_back((exe_dir.parent_path() / "provider").lexically_normal());
-        const fs::path rel =
-            fs::path(UROCE_INSTALL_PROVIDER_DIR).lexically_relative(fs::path(UROCE_INSTALL_BINDIR));
-        if (!rel.empty()) candidates.push_back((exe_dir / rel).lexically_normal());
-    }
-    candidates.push_back(fs::path(UROCE_INSTALL_PROVIDER_DIR).lexically_normal());
-    for (const auto& c : candidates) {
-        if (std::find(r.tried.begin(), r.tried.end(), c) != r.tried.end()) continue;
-        r.tried.push_back(c);
-        if (!r.dir && has_provider(c)) r.dir = c;
-    }
+    // Meson build tree: <build>/tools/uroce -> <build>/provider.
+    pick_first(r, near_executable("../provider", UROCE_INSTALL_PROVIDER_DIR), has_provider);
     return r;
 }
 
@@ -121,23 +135,10 @@ ProviderLookup find_provider() {
 // relative to the executable, then at the absolute install libdir.
 ProviderLookup find_preload() {
     ProviderLookup r;
-    std::vector<fs::path> candidates;
-    std::error_code ec;
-    fs::path exe = fs::read_symlink("/proc/self/exe", ec);
-    if (!ec) {
-        const fs::path exe_dir = exe.parent_path();
-        candidates.push_back(exe_dir.lexically_normal());
-        const fs::path rel =
-            fs::path(UROCE_INSTALL_LIBDIR).lexically_relative(fs::path(UROCE_INSTALL_BINDIR));
-        if (!rel.empty()) candidates.push_back((exe_dir / rel).lexically_normal());
-    }
-    candidates.push_back(fs::path(UROCE_INSTALL_LIBDIR).lexically_normal());
-    for (const auto& c : candidates) {
-        if (std::find(r.tried.begin(), r.tried.end(), c) != r.tried.end()) continue;
-        r.tried.push_back(c);
-        std::error_code fec;
-        if (!r.dir && fs::is_regular_file(c / UROCE_PRELOAD_FILE, fec)) r.dir = c;
-    }
+    pick_first(r, near_executable(".", UROCE_INSTALL_LIBDIR), [](const fs::path& dir) {
+        std::error_code ec;
+        return fs::is_regular_file(dir / UROCE_PRELOAD_FILE, ec);
+    });
     return r;
 }
 

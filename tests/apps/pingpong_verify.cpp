@@ -28,6 +28,8 @@
 #include <thread>
 #include <vector>
 
+#include "uroce/path_mtu.h"
+
 namespace {
 
 constexpr size_t kGuard = 64;
@@ -52,20 +54,9 @@ struct Options {
 }
 
 ibv_mtu mtu_enum(int mtu) {
-    switch (mtu) {
-        case 256:
-            return IBV_MTU_256;
-        case 512:
-            return IBV_MTU_512;
-        case 1024:
-            return IBV_MTU_1024;
-        case 2048:
-            return IBV_MTU_2048;
-        case 4096:
-            return IBV_MTU_4096;
-        default:
-            fail("bad MTU " + std::to_string(mtu));
-    }
+    const auto e = uroce::mtu_enum(static_cast<uint32_t>(mtu));
+    if (!e) fail("bad MTU " + std::to_string(mtu));
+    return *e;
 }
 
 // The message bytes of iteration `iter`: different in every byte position and iteration.

@@ -51,6 +51,8 @@
 #include <string>
 #include <vector>
 
+#include "uroce/path_mtu.h"
+
 namespace {
 
 constexpr int kExitOk = 0;
@@ -308,18 +310,7 @@ Options parse_options(int argc, char** argv) {
 }
 
 ibv_mtu mtu_enum(int mtu) {
-    switch (mtu) {
-        case 256:
-            return IBV_MTU_256;
-        case 512:
-            return IBV_MTU_512;
-        case 1024:
-            return IBV_MTU_1024;
-        case 2048:
-            return IBV_MTU_2048;
-        default:
-            return IBV_MTU_4096;
-    }
+    return uroce::mtu_enum(static_cast<uint32_t>(mtu)).value_or(IBV_MTU_4096);
 }
 
 int mtu_bytes(ibv_mtu m) {
