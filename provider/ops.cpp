@@ -94,3 +94,20 @@ extern "C" __attribute__((visibility("default"))) int uroce_read_device_counter(
         return ENOMEM;  // nothing may cross the C boundary
     }
 }
+
+extern "C" __attribute__((visibility("default"))) int uroce_read_qp_counter(ibv_qp* qp,
+                                                                            const char* name,
+                                                                            uint64_t* value) {
+    using namespace uroce::provider;
+    if (!qp || !is_uroce_context(qp->context) || !name || !value) return EINVAL;
+    const uroce::transport::QpCounterValues c =
+        uroce::transport::snapshot(to_uctx(qp->context)->state->engine->qp_counters(qp->qp_num));
+#define UROCE_MATCH_QP(n)             \
+    if (std::strcmp(name, #n) == 0) { \
+        *value = c.n;                 \
+        return 0;                     \
+    }
+    UROCE_QP_COUNTERS(UROCE_MATCH_QP)
+#undef UROCE_MATCH_QP
+    return ENOENT;
+}

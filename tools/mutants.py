@@ -240,6 +240,8 @@ MUTANTS = [
     Mutant("sharing: source-port sockets not shared between contexts", "transport/send_sockets.cpp",
            "std::make_unique<UdpSocket>(ip_, port, /*reuseport=*/true)",
            "std::make_unique<UdpSocket>(ip_, port, /*reuseport=*/false)", ("integration",)),
+    Mutant("counters: a QP does not count what it receives", "transport/rc_qp.cpp",
+           "    bump(qp_counters_.rx_packets);\n", "", ("integration",)),
     Mutant("provider: destroy_qp does not wait for acknowledgements", "provider/qp.cpp",
            "    wait_for_acks(&ibqp->mutex, &ibqp->cond, &ibqp->events_completed, qp->events.delivered);\n",
            "", ("integration",)),

@@ -22,6 +22,18 @@ constexpr size_t kRxBudget = 512;
 
 std::once_flag g_libevent_threads;
 
+// The slot's shared QP counters beside the device's counters file, else private ones.
+std::unique_ptr<QpCounterTable> make_qp_counters(const EngineConfig& config, const DeviceSlot* slot,
+                                                 bool device_counters) {
+    if (slot && device_counters) {
+        std::string why;  // unusable: counted privately, as for the device's counters
+        if (auto t = QpCounterTable::open_shared(
+                QpCounterTable::path_for_slot(config.counters_file, slot->number()), why))
+            return t;
+    }
+    return QpCounterTable::make_private();
+}
+
 }  // namespace
 
 std::unique_ptr<Engine> Engine::create(const EngineConfig& config, std::string& error, int& err) {
@@ -95,6 +107,7 @@ Engine::Engine(const EngineConfig& config, std::unique_ptr<DeviceSlot> slot,
       device_counters_(std::move(counters)),
       counters_(device_counters_ ? &device_counters_->block() : &own_counters_),
       counters_at_start_(snapshot(*counters_)),
+      qp_counters_(make_qp_counters(config, slot_.get(), device_counters_ != nullptr)),
       socket_(config.ip, config.port, steering_ != nullptr),
       send_sockets_(config.ip, socket_),
       faults_(config.faults),

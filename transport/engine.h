@@ -26,6 +26,7 @@
 #include "transport/device_slots.h"
 #include "transport/fault_injector.h"
 #include "transport/memory_table.h"
+#include "transport/qp_counters.h"
 #include "transport/qpn_steering.h"
 #include "transport/rc_qp.h"
 #include "transport/send_sockets.h"
@@ -77,6 +78,8 @@ class Engine {
     EngineCounters& counters() { return *counters_; }
     // What this engine counted since it was created (its block may hold earlier holders').
     CounterValues counters_since_start() const;
+    // The counters of this engine's QP `qpn` (qp_counters.h).
+    QpCounters& qp_counters(uint32_t qpn) { return qp_counters_->for_qpn(qpn); }
     event_base* base() { return base_; }
 
     // Called on the engine thread (or a posting thread) for affiliated asynchronous events.
@@ -164,6 +167,7 @@ class Engine {
     EngineCounters own_counters_;
     EngineCounters* counters_;
     CounterValues counters_at_start_;
+    std::unique_ptr<QpCounterTable> qp_counters_;
     UdpSocket socket_;
     SendSockets send_sockets_;
     FaultInjector faults_;

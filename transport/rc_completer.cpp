@@ -169,6 +169,7 @@ void RcQp::on_response(const wire::ParsedPacket& pkt) {
             break;
         case wire::AckType::RnrNak: {
             bump(engine_.counters().rx_naks);
+            bump(qp_counters_.rx_naks);
             ack_through(psn_add(psn, kPsnMask));  // psn - 1
             if (!has_outstanding()) break;
             if (attrs_.rnr_retry != 7 && rnr_retries_left_-- <= 0) {
@@ -184,6 +185,7 @@ void RcQp::on_response(const wire::ParsedPacket& pkt) {
         }
         case wire::AckType::Nak: {
             bump(engine_.counters().rx_naks);
+            bump(qp_counters_.rx_naks);
             ack_through(psn_add(psn, kPsnMask));
             if (aeth.value() == static_cast<uint8_t>(wire::NakCode::PsnSequenceError)) {
                 // Resend from the PSN the responder expects, once per PSN: the NAKs for
@@ -325,6 +327,7 @@ void RcQp::on_timer() {
     }
     if (!has_outstanding()) return;
     bump(engine_.counters().retransmit_timeouts);
+    bump(qp_counters_.retransmit_timeouts);
     if (retries_left_-- <= 0) {
         sq_.front().failed = WcStatus::RetryExcErr;
         enter_error();

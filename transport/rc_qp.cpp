@@ -11,11 +11,13 @@ RcQp::RcQp(Engine& engine, uint32_t qpn, uint32_t pd, const QpCaps& caps,
     : engine_(engine),
       qpn_(qpn),
       sender_(engine.sender_for_qpn(qpn)),
+      qp_counters_(engine.qp_counters(qpn)),
       pd_(pd),
       caps_(caps),
       send_cq_(std::move(send_cq)),
       recv_cq_(std::move(recv_cq)),
       user_handle_(user_handle) {
+    qp_counters_.reset();  // the block may hold a destroyed QP's figures
     timer_ = evtimer_new(engine_.base(), &RcQp::timer_trampoline, this);
     responder_event_ = event_new(engine_.base(), -1, 0, &RcQp::responder_trampoline, this);
 }
@@ -155,6 +157,8 @@ void RcQp::on_packet(const wire::ParsedPacket& pkt, uint32_t src_ip) {
         bump(engine_.counters().rx_unknown_qp);
         return;
     }
+    bump(qp_counters_.rx_packets);
+    bump(qp_counters_.rx_payload_bytes, pkt.payload.size());
     if (src_ip != attrs_.dst_ip) {
         bump(engine_.counters().rx_wrong_peer);
         return;
@@ -235,8 +239,12 @@ void RcQp::flush_all() {
 }
 
 bool RcQp::transmit(const wire::Headers& h, std::span<const iovec> payload, uint32_t payload_len) {
-    return engine_.transmit(h, payload, payload_len, attrs_.dst_ip, sender_) !=
-           Engine::TransmitResult::Failed;
+    const auto result = engine_.transmit(h, payload, payload_len, attrs_.dst_ip, sender_);
+    if (result == Engine::TransmitResult::Sent) {
+        bump(qp_counters_.tx_packets);
+        bump(qp_counters_.tx_payload_bytes, payload_len);
+    }
+    return result != Engine::TransmitResult::Failed;
 }
 
 void RcQp::post_async(AsyncEventType type) {

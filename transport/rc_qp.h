@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "transport/completion_queue.h"
+#include "transport/qp_counters.h"
 #include "transport/qp_state.h"
 #include "transport/responder_resources.h"
 #include "transport/udp_socket.h"
@@ -188,6 +189,7 @@ class RcQp : public std::enable_shared_from_this<RcQp> {
     Engine& engine_;
     const uint32_t qpn_;
     const UdpSocket& sender_;  // bound to this QP's UDP source port (Engine::sender_for_qpn)
+    QpCounters& qp_counters_;  // this QP's block (qp_counters.h), zeroed at creation
     const uint32_t pd_;
     const QpCaps caps_;
     const std::shared_ptr<CompletionQueue> send_cq_;

@@ -161,7 +161,10 @@ void RcQp::pump() {
             return;
         }
         sent = true;
-        if (psn_before(psn, sent_high_)) bump(engine_.counters().retransmitted_packets);
+        if (psn_before(psn, sent_high_)) {
+            bump(engine_.counters().retransmitted_packets);
+            bump(qp_counters_.retransmitted_packets);
+        }
         // A READ request claims every PSN of its responses: they are what the peer may send.
         const uint32_t end =
             e.wqe.opcode == SendOpcode::RdmaRead ? psn_add(e.psn, e.npkts) : psn_add(psn, 1);

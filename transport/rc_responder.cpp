@@ -97,9 +97,11 @@ void RcQp::responder_error(wire::NakCode code, uint32_t psn, AsyncEventType even
     switch (code) {
         case wire::NakCode::RemoteAccessError:
             bump(engine_.counters().tx_access_naks);
+            bump(qp_counters_.tx_naks);
             break;
         default:
             bump(engine_.counters().tx_invalid_naks);
+            bump(qp_counters_.tx_naks);
             break;
     }
     send_ack(psn, wire::Aeth::make(wire::AckType::Nak, static_cast<uint8_t>(code)));
@@ -309,6 +311,7 @@ void RcQp::on_request(const wire::ParsedPacket& pkt) {
         if (!nak_sent_) {
             nak_sent_ = true;
             bump(engine_.counters().tx_seq_naks);
+            bump(qp_counters_.tx_naks);
             send_ack(epsn_,
                      wire::Aeth::make(wire::AckType::Nak,
                                       static_cast<uint8_t>(wire::NakCode::PsnSequenceError)));
@@ -379,6 +382,7 @@ void RcQp::execute_request(const wire::ParsedPacket& pkt) {
         // Receiver not ready: the requester waits and sends this packet again, and
         // everything after it, which is why what was held behind it goes too.
         bump(engine_.counters().tx_rnr_naks);
+        bump(qp_counters_.tx_naks);
         nak_sent_ = true;
         epsn_ = psn;
         held_.clear();

@@ -26,6 +26,13 @@ int uroce_read_device_counter(struct ibv_context* ctx, const char* name, uint64_
 
 typedef int (*uroce_read_device_counter_fn)(struct ibv_context*, const char*, uint64_t*);
 
+// Reads the counter `name` of one QP (see transport/qp_counters.h for the list: packets and
+// payload bytes each way, retransmissions, NAKs). Returns 0, EINVAL if qp is not a uroce QP,
+// or ENOENT for an unknown name.
+int uroce_read_qp_counter(struct ibv_qp* qp, const char* name, uint64_t* value);
+
+typedef int (*uroce_read_qp_counter_fn)(struct ibv_qp*, const char*, uint64_t*);
+
 #ifdef __cplusplus
 }
 #endif

@@ -216,3 +216,29 @@ TEST_CASE("Contexts of one device share the per-QP source ports", "[sharing]") {
     CHECK(counter(other.ctx, "tx_sport_fallback") == 0);
     ibv_destroy_qp(same);
 }
+
+TEST_CASE("Each QP counts its own packets and bytes", "[sharing]") {
+    Endpoint a(devices().a), b(devices().b);
+    // A second QP in a's context, idle: it counts nothing of a.qp's traffic.
+    ibv_qp_init_attr init{};
+    init.send_cq = a.cq;
+    init.recv_cq = a.cq;
+    init.qp_type = IBV_QPT_RC;
+    init.cap = {16, 16, 1, 1, 0};
+    ibv_qp* idle = ibv_create_qp(a.pd, &init);
+    REQUIRE(idle);
+    connect(a, b);
+    exchange_and_verify(a, b, 41);  // WRITE and SEND of kMsg from a, READ of kMsg by a
+    REQUIRE(qp_counter(a.qp, "retransmitted_packets") == 0);  // loopback: nothing lost
+    // Every packet of a's context was a.qp's.
+    CHECK(qp_counter(a.qp, "tx_packets") == counter(a.ctx, "tx_packets"));
+    CHECK(qp_counter(a.qp, "rx_packets") == counter(a.ctx, "rx_packets"));
+    CHECK(qp_counter(a.qp, "tx_payload_bytes") == 2 * kMsg);
+    CHECK(qp_counter(a.qp, "rx_payload_bytes") == kMsg);
+    CHECK(qp_counter(b.qp, "rx_payload_bytes") == 2 * kMsg);
+    CHECK(qp_counter(b.qp, "tx_payload_bytes") == kMsg);
+    for (const char* name : {"tx_packets", "rx_packets", "tx_payload_bytes", "rx_payload_bytes"})
+        CHECK(qp_counter(idle, name) == 0);
+    REQUIRE(ibv_destroy_qp(idle) == 0);
+    CHECK_THROWS(qp_counter(a.qp, "no_such_counter"));
+}

@@ -68,6 +68,14 @@ uint64_t counter(ibv_context* ctx, const char* name) {
     return v;
 }
 
+uint64_t qp_counter(ibv_qp* qp, const char* name) {
+    static auto fn =
+        reinterpret_cast<uroce_read_qp_counter_fn>(provider_symbol("uroce_read_qp_counter"));
+    uint64_t v = 0;
+    if (fn(qp, name, &v) != 0) throw std::runtime_error(std::string("no QP counter ") + name);
+    return v;
+}
+
 uint64_t device_counter(ibv_context* ctx, const char* name) {
     static auto fn = reinterpret_cast<uroce_read_device_counter_fn>(
         provider_symbol("uroce_read_device_counter"));

@@ -29,6 +29,8 @@ uint64_t counter(ibv_context* ctx, const char* name);
 // Reads a counter of the whole device of `ctx`: every context, every process
 // (uroce_read_device_counter).
 uint64_t device_counter(ibv_context* ctx, const char* name);
+// Reads a counter of one QP (uroce_read_qp_counter).
+uint64_t qp_counter(ibv_qp* qp, const char* name);
 
 struct QpOptions {
     int access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;

@@ -47,6 +47,25 @@ for c in tx_packets rx_packets tx_acks; do
     got=$("$UROCE" stats "$A" | awk -v k="$c" '$1 == k { print $2 }')
     expect_eq "uroce stats $A: $c is the sum of both processes' ($want)" "$want" "$got"
 done
+# The server's one QP did all of its process's traffic: its counters (read after the process
+# exited) equal the process's.
+srv_qpn=$(awk '/local address:/ { for (i = 1; i < NF; i++) if ($i == "QPN") { sub(",", "", $(i + 1)); print $(i + 1) } }' "$SRV_OUT")
+if [[ -n $srv_qpn ]]; then
+    for c in tx_packets rx_packets; do
+        want=$(counter_value "$SRV_ERR" "$A" "$c")
+        got=$("$UROCE" stats "$A" --qp "$srv_qpn" | awk -v k="$c" '$1 == k { print $2 }')
+        expect_eq "uroce stats $A --qp $srv_qpn (the server's QP, process gone): $c ($want)" "$want" "$got"
+    done
+    stats=$("$UROCE" stats "$A" --qp "$srv_qpn")
+    got=$(awk '$1 == "tx_payload_bytes" { print $2 }' <<<"$stats")
+    if [[ $(awk '$1 == "retransmitted_packets" { print $2 }' <<<"$stats") == 0 ]]; then
+        expect_eq "the server's QP sent 300 replies of 8192 bytes" "$((300 * 8192))" "$got"
+    else  # a stall on a loaded machine made it resend some: at least the replies
+        expect_eq "the server's QP sent at least 300 replies of 8192 bytes" 1 "$((got >= 300 * 8192))"
+    fi
+else
+    not_ok "the server printed its QPN" "$(cat "$SRV_OUT")"
+fi
 
 # start_pair LABEL ITERS: an ibv_rc_pingpong server and a verifying client on device A, in the
 # background. Sets P_SRV, P_CLI (pids of their `timeout` wrappers), P_PORT, P_OUT (prefix).
