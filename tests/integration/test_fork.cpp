@@ -3,8 +3,11 @@
 // them gets EIO and steals none of the parent's packets; a child opens devices of its own and
 // runs verified traffic on them while the parent goes on with its own.
 //
-// Children report through their exit status only (no Catch2 in a child) and the parent waits
-// for them with a time limit: a child that hangs is killed and the test fails.
+// Each scenario runs in a process of its own (the "parent" below), which forks the child:
+// if a parent is left broken (with the guard missing, a child's close can leave the parent's
+// engine unable to stop), the test fails when the time limit kills it instead of hanging the
+// test binary. Parents and children report through their exit status only (no Catch2 there:
+// a failed check prints one line on stderr and counts), and are waited for with a time limit.
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -12,6 +15,7 @@
 #include <catch2/catch.hpp>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <thread>
@@ -72,106 +76,129 @@ bool verified_write_read(Endpoint& from, Endpoint& to, uint64_t seed) {
     return dst.bytes == src.bytes && back.bytes == src.bytes;
 }
 
+// In a scenario process: counts a failed expectation and says which.
+int expect(bool ok, const char* what) {
+    if (!ok) std::fprintf(stderr, "test_fork: failed: %s\n", what);
+    return ok ? 0 : 1;
+}
+
+// Runs `scenario` in a process of its own; true if it ended in time with no failure.
+bool scenario_passes(const std::function<int()>& scenario) {
+    const int status = wait_child(spawn(scenario), 90s);
+    INFO("scenario exit status " << status << " (-1: killed after the time limit)");
+    return status == 0;
+}
+
 }  // namespace
 
 TEST_CASE("fork: a child closing its parent's objects neither hangs nor disturbs the parent",
           "[fork]") {
-    Endpoint a(devices().a), b(devices().b);
-    connect(a, b);
-    REQUIRE(verified_write_read(a, b, 1));
-    Buffer extra(b.pd, 4096, kAll);
-
-    // What an atexit handler, a destructor or Python's multiprocessing does in the child.
-    const pid_t child = spawn([&] {
-        int failures = 0;
-        failures += ibv_destroy_qp(b.qp) != 0;
-        failures += ibv_dereg_mr(extra.mr) != 0;
-        failures += ibv_destroy_cq(b.cq) != 0;
-        failures += ibv_dealloc_pd(b.pd) != 0;
-        failures += ibv_close_device(b.ctx) != 0;
-        failures += ibv_close_device(a.ctx) != 0;  // with its QP, CQ and PD still open
-        return failures;
+    const bool passed = scenario_passes([] {
+        Endpoint a(devices().a), b(devices().b);
+        connect(a, b);
+        int failures = expect(verified_write_read(a, b, 1), "traffic before the fork");
+        Buffer extra(b.pd, 4096, kAll);
+        // What an atexit handler, a destructor or Python's multiprocessing does in the child.
+        const pid_t child = spawn([&] {
+            int wrong = 0;
+            wrong += ibv_destroy_qp(b.qp) != 0;
+            wrong += ibv_dereg_mr(extra.mr) != 0;
+            wrong += ibv_destroy_cq(b.cq) != 0;
+            wrong += ibv_dealloc_pd(b.pd) != 0;
+            wrong += ibv_close_device(b.ctx) != 0;
+            wrong += ibv_close_device(a.ctx) != 0;  // with its QP, CQ and PD still open
+            return wrong;
+        });
+        failures += expect(wait_child(child) == 0, "the child's closes returned 0, in time");
+        // The parent's objects and sockets are all still there: traffic both ways.
+        failures += expect(verified_write_read(a, b, 2), "a -> b after the child closed");
+        failures += expect(verified_write_read(b, a, 3), "b -> a after the child closed");
+        return failures;  // the Endpoints are destroyed here: a hang is caught by the limit
     });
-    CHECK(wait_child(child) == 0);
-    // The parent's objects and sockets are all still there: traffic both ways, byte-exact.
-    CHECK(verified_write_read(a, b, 2));
-    CHECK(verified_write_read(b, a, 3));
+    CHECK(passed);
 }
 
 TEST_CASE("fork: verbs on inherited objects fail with EIO and take none of the parent's packets",
           "[fork]") {
-    constexpr int kMessages = 64;
-    constexpr size_t kLen = 4096;
-    Endpoint a(devices().a), b(devices().b);
-    connect(a, b);
-    Buffer src(a.pd, kLen * kMessages, kAll), dst(b.pd, kLen * kMessages, kAll);
-    fill_pattern(src.bytes.data(), src.bytes.size(), 44);
-    for (int i = 0; i < kMessages; ++i) REQUIRE(post_recv_buf(b.qp, dst, i * kLen, kLen, i) == 0);
-
-    const pid_t child = spawn([&] {
-        int wrong = 0;
-        // Polls b's CQ while the parent's messages arrive at b: each poll must fail, and
-        // none may receive a packet from the socket the child shares with its parent.
-        const auto end = std::chrono::steady_clock::now() + 300ms;
-        while (std::chrono::steady_clock::now() < end) {
-            ibv_wc wc[4];
-            if (ibv_poll_cq(b.cq, 4, wc) != -EIO) ++wrong;
+    const bool passed = scenario_passes([] {
+        constexpr int kMessages = 64;
+        constexpr size_t kLen = 4096;
+        Endpoint a(devices().a), b(devices().b);
+        connect(a, b);
+        Buffer src(a.pd, kLen * kMessages, kAll), dst(b.pd, kLen * kMessages, kAll);
+        fill_pattern(src.bytes.data(), src.bytes.size(), 44);
+        int failures = 0;
+        for (int i = 0; i < kMessages; ++i)
+            failures += expect(post_recv_buf(b.qp, dst, i * kLen, kLen, i) == 0, "post_recv");
+        const pid_t child = spawn([&] {
+            int wrong = 0;
+            // Polls b's CQ while the parent's messages arrive at b: each poll must fail, and
+            // none may receive a packet from the socket the child shares with its parent.
+            const auto end = std::chrono::steady_clock::now() + 300ms;
+            while (std::chrono::steady_clock::now() < end) {
+                ibv_wc wc[4];
+                if (ibv_poll_cq(b.cq, 4, wc) != -EIO) ++wrong;
+            }
+            ibv_send_wr swr{};
+            ibv_send_wr* bad_s = nullptr;
+            wrong += ibv_post_send(b.qp, &swr, &bad_s) != EIO || bad_s != &swr;
+            ibv_recv_wr rwr{};
+            ibv_recv_wr* bad_r = nullptr;
+            wrong += ibv_post_recv(b.qp, &rwr, &bad_r) != EIO || bad_r != &rwr;
+            wrong += ibv_req_notify_cq(b.cq, 0) != EIO;
+            ibv_qp_attr attr{};
+            attr.qp_state = IBV_QPS_ERR;
+            wrong += ibv_modify_qp(b.qp, &attr, IBV_QP_STATE) != EIO;
+            errno = 0;
+            wrong += ibv_alloc_pd(b.ctx) != nullptr || errno != EIO;
+            errno = 0;
+            wrong += ibv_create_cq(b.ctx, 16, nullptr, nullptr, 0) != nullptr || errno != EIO;
+            std::vector<uint8_t> mem(4096);
+            errno = 0;
+            wrong += ibv_reg_mr(b.pd, mem.data(), mem.size(), kAll) != nullptr || errno != EIO;
+            return wrong;
+        });
+        for (int i = 0; i < kMessages; ++i) {
+            failures += expect(post_send_msg(a.qp, src, i * kLen, kLen, i) == 0, "post_send");
+            std::this_thread::sleep_for(5ms);  // spread over the child's polling
         }
-        ibv_send_wr swr{};
-        ibv_send_wr* bad_s = nullptr;
-        wrong += ibv_post_send(b.qp, &swr, &bad_s) != EIO || bad_s != &swr;
-        ibv_recv_wr rwr{};
-        ibv_recv_wr* bad_r = nullptr;
-        wrong += ibv_post_recv(b.qp, &rwr, &bad_r) != EIO || bad_r != &rwr;
-        wrong += ibv_req_notify_cq(b.cq, 0) != EIO;
-        ibv_qp_attr attr{};
-        attr.qp_state = IBV_QPS_ERR;
-        wrong += ibv_modify_qp(b.qp, &attr, IBV_QP_STATE) != EIO;
-        errno = 0;
-        wrong += ibv_alloc_pd(b.ctx) != nullptr || errno != EIO;
-        errno = 0;
-        wrong += ibv_create_cq(b.ctx, 16, nullptr, nullptr, 0) != nullptr || errno != EIO;
-        std::vector<uint8_t> mem(4096);
-        errno = 0;
-        wrong += ibv_reg_mr(b.pd, mem.data(), mem.size(), kAll) != nullptr || errno != EIO;
-        return wrong;
+        failures += expect(wait_child(child) == 0, "every verb failed with EIO in the child");
+        // Every message reached the parent's b, in order and byte-exact.
+        const auto sent = wait_completions(a.cq, kMessages);
+        const auto got = wait_completions(b.cq, kMessages);
+        failures += expect(sent.size() == kMessages, "every SEND completed");
+        failures += expect(got.size() == kMessages, "every message arrived at the parent's b");
+        for (size_t i = 0; i < got.size(); ++i)
+            failures += expect(got[i].status == IBV_WC_SUCCESS && got[i].wr_id == i,
+                               "messages in order, successful");
+        failures += expect(dst.bytes == src.bytes, "the messages' bytes");
+        return failures;
     });
-    for (int i = 0; i < kMessages; ++i) {
-        REQUIRE(post_send_msg(a.qp, src, i * kLen, kLen, i) == 0);
-        std::this_thread::sleep_for(5ms);  // spread over the child's polling
-    }
-    CHECK(wait_child(child) == 0);
-    // Every message reached the parent's b, in order and byte-exact.
-    const auto sent = wait_completions(a.cq, kMessages);
-    const auto got = wait_completions(b.cq, kMessages);
-    REQUIRE(got.size() == kMessages);
-    CHECK(sent.size() == kMessages);
-    for (int i = 0; i < kMessages; ++i) {
-        CHECK(got[i].status == IBV_WC_SUCCESS);
-        CHECK(got[i].wr_id == static_cast<uint64_t>(i));
-    }
-    CHECK(dst.bytes == src.bytes);
+    CHECK(passed);
 }
 
 TEST_CASE("fork: a child opens devices of its own and runs verified traffic", "[fork]") {
-    Endpoint a(devices().a), b(devices().b);
-    connect(a, b);
-    const pid_t child = spawn([] {
-        Endpoint c(devices().a), d(devices().b);
-        if (!c.qp || !d.qp) return 2;
-        connect(c, d);
+    const bool passed = scenario_passes([] {
+        Endpoint a(devices().a), b(devices().b);
+        connect(a, b);
+        const pid_t child = spawn([] {
+            Endpoint c(devices().a), d(devices().b);
+            if (!c.qp || !d.qp) return 2;
+            connect(c, d);
+            int wrong = 0;
+            for (uint64_t round = 0; round < 4; ++round) {
+                wrong += !verified_write_read(c, d, 100 + round);
+                wrong += !verified_write_read(d, c, 200 + round);
+            }
+            return wrong;
+        });
+        // The parent's pair works at the same time.
         int failures = 0;
-        for (uint64_t round = 0; round < 4; ++round) {
-            failures += !verified_write_read(c, d, 100 + round);
-            failures += !verified_write_read(d, c, 200 + round);
-        }
+        for (uint64_t round = 0; round < 4; ++round)
+            failures += expect(verified_write_read(a, b, 300 + round), "the parent's traffic");
+        failures += expect(wait_child(child, 60s) == 0, "the child's own traffic");
+        failures += expect(verified_write_read(b, a, 400), "the parent's traffic after");
         return failures;
     });
-    // The parent's pair works at the same time.
-    int parent_failures = 0;
-    for (uint64_t round = 0; round < 4; ++round)
-        parent_failures += !verified_write_read(a, b, 300 + round);
-    CHECK(wait_child(child, 60s) == 0);
-    CHECK(parent_failures == 0);
-    CHECK(verified_write_read(b, a, 400));
+    CHECK(passed);
 }
