@@ -3,11 +3,10 @@
 // them gets EIO and steals none of the parent's packets; a child opens devices of its own and
 // runs verified traffic on them while the parent goes on with its own.
 //
-// Each scenario runs in a process of its own (the "parent" below), which forks the child:
-// if a parent is left broken (with the guard missing, a child's close can leave the parent's
-// engine unable to stop), the test fails when the time limit kills it instead of hanging the
-// test binary. Parents and children report through their exit status only (no Catch2 there:
-// a failed check prints one line on stderr and counts), and are waited for with a time limit.
+// Each scenario runs in a process of its own (scenario_passes, the "parent" below), which forks
+// the child: if a parent is left broken (with the guard missing, a child's close can leave the
+// parent's engine unable to stop), the test fails when the time limit kills it instead of
+// hanging the test binary.
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -21,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "tests/integration/scenario.h"
 #include "tests/integration/verbs_fixture.h"
 
 using namespace uroce::test;
@@ -29,35 +29,6 @@ using namespace std::chrono_literals;
 namespace {
 
 constexpr int kAll = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
-
-// Runs `body` in a child process; its return value is the child's exit status (an exception
-// counts as 100). The child never returns into the test runner.
-pid_t spawn(const std::function<int()>& body) {
-    const pid_t pid = ::fork();
-    if (pid == 0) {
-        int status = 100;
-        try {
-            status = body();
-        } catch (...) {
-        }
-        ::_exit(status);
-    }
-    return pid;
-}
-
-// The child's exit status, or -1 if it did not end within `limit` (it is then killed).
-int wait_child(pid_t pid, std::chrono::milliseconds limit = 20s) {
-    const auto end = std::chrono::steady_clock::now() + limit;
-    int status = 0;
-    while (std::chrono::steady_clock::now() < end) {
-        const pid_t r = ::waitpid(pid, &status, WNOHANG);
-        if (r == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-        std::this_thread::sleep_for(10ms);
-    }
-    ::kill(pid, SIGKILL);
-    ::waitpid(pid, &status, 0);
-    return -1;
-}
 
 // A WRITE of fresh bytes from `from` to `to`, then a READ of them back; true if both
 // completed and every byte matches.
@@ -74,19 +45,6 @@ bool verified_write_read(Endpoint& from, Endpoint& to, uint64_t seed) {
     for (const ibv_wc& wc : wcs)
         if (wc.status != IBV_WC_SUCCESS) return false;
     return dst.bytes == src.bytes && back.bytes == src.bytes;
-}
-
-// In a scenario process: counts a failed expectation and says which.
-int expect(bool ok, const char* what) {
-    if (!ok) std::fprintf(stderr, "test_fork: failed: %s\n", what);
-    return ok ? 0 : 1;
-}
-
-// Runs `scenario` in a process of its own; true if it ended in time with no failure.
-bool scenario_passes(const std::function<int()>& scenario) {
-    const int status = wait_child(spawn(scenario), 90s);
-    INFO("scenario exit status " << status << " (-1: killed after the time limit)");
-    return status == 0;
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "tests/integration/scenario.h"
 #include "tests/integration/verbs_fixture.h"
 
 using namespace uroce::test;
@@ -33,7 +34,7 @@ void raise_access_error(Endpoint& a, Endpoint& b, Buffer& src) {
     REQUIRE(post_rdma(a.qp, IBV_WR_RDMA_WRITE, src, 0, 64, 0x1000, 0xbad, 1) == 0);
     auto wc = wait_completions(a.cq, 1);
     REQUIRE(wc.size() == 1);
-    CHECK(wc[0].status == IBV_WC_REM_ACCESS_ERR);
+    REQUIRE(wc[0].status == IBV_WC_REM_ACCESS_ERR);
     REQUIRE(readable(b.ctx->async_fd, 5000));
 }
 
@@ -54,30 +55,36 @@ ibv_async_event read_event(ibv_context* ctx, ibv_event_type type) {
 }  // namespace
 
 TEST_CASE("destroy_qp waits until a delivered async event is acknowledged", "[lifetime]") {
-    Endpoint a(devices().a), b(devices().b);
-    connect(a, b);
-    Buffer src(a.pd, 4096, kAll);
-    raise_access_error(a, b, src);
-    ibv_async_event ev = read_event(b.ctx, IBV_EVENT_QP_ACCESS_ERR);
-    CHECK(ev.element.qp == b.qp);
-
-    std::atomic<bool> destroyed{false};
-    std::thread destroyer([&] {
-        CHECK(ibv_destroy_qp(b.qp) == 0);
-        destroyed = true;
-    });
-    // The event still names the QP: it must stay valid until acknowledged.
-    std::this_thread::sleep_for(200ms);
-    CHECK_FALSE(destroyed.load());
-    CHECK(ev.element.qp->qp_num != 0);  // readable memory (ASan would object otherwise)
-    ibv_ack_async_event(&ev);
-    for (int i = 0; i < 1000 && !destroyed.load(); ++i) std::this_thread::sleep_for(10ms);
-    CHECK(destroyed.load());
-    if (!destroyed.load())
-        destroyer.detach();  // a failure, not a hang of the whole binary
-    else
+    // In a process of its own: if destroy did not wait, acknowledging the event would touch a
+    // freed QP (its mutex), which can hang instead of failing.
+    const bool passed = scenario_passes([] {
+        Endpoint a(devices().a), b(devices().b);
+        connect(a, b);
+        Buffer src(a.pd, 4096, kAll);
+        raise_access_error(a, b, src);
+        ibv_async_event ev = read_event(b.ctx, IBV_EVENT_QP_ACCESS_ERR);
+        int failures = expect(ev.element.qp == b.qp, "the event names b's QP");
+        std::atomic<bool> destroyed{false};
+        std::thread destroyer([&] {
+            failures += expect(ibv_destroy_qp(b.qp) == 0, "destroy_qp returns 0");
+            destroyed = true;
+        });
+        // The event still names the QP: it must stay valid until acknowledged.
+        std::this_thread::sleep_for(200ms);
+        failures += expect(!destroyed.load(), "destroy_qp still waits for the acknowledgement");
+        failures += expect(ev.element.qp->qp_num != 0, "the QP is still there");
+        ibv_ack_async_event(&ev);
+        for (int i = 0; i < 1000 && !destroyed.load(); ++i) std::this_thread::sleep_for(10ms);
+        failures += expect(destroyed.load(), "destroy_qp returned after the acknowledgement");
+        if (!destroyed.load()) {
+            destroyer.detach();  // stuck: the process ends without waiting for it
+            return failures;
+        }
         destroyer.join();
-    b.qp = nullptr;
+        b.qp = nullptr;
+        return failures;
+    });
+    CHECK(passed);
 }
 
 TEST_CASE("an async event not yet read is never delivered after its QP is destroyed",
