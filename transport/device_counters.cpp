@@ -11,6 +11,7 @@
 #include <new>
 #include <system_error>
 
+#include "transport/counter_file.h"
 #include "transport/device_slots.h"
 
 namespace uroce::transport {
@@ -31,18 +32,11 @@ static_assert(std::atomic<uint64_t>::is_always_lock_free, "counters shared acros
 
 constexpr size_t kFileBytes = kHeader + DeviceSlots::kSlots * kStride;
 
-// FNV-1a over the counter names in order: a file from a build with another list differs.
+#define UROCE_NAME(name) #name,
 constexpr uint64_t layout_hash() {
-    uint64_t h = 0xcbf29ce484222325ull;
-    auto mix = [&h](const char* s) {
-        for (; *s; ++s) h = (h ^ static_cast<uint8_t>(*s)) * 0x100000001b3ull;
-        h = (h ^ ',') * 0x100000001b3ull;
-    };
-#define UROCE_HASH_NAME(name) mix(#name);
-    UROCE_COUNTERS(UROCE_HASH_NAME)
-#undef UROCE_HASH_NAME
-    return h;
+    return counter_layout_hash({UROCE_COUNTERS(UROCE_NAME)});
 }
+#undef UROCE_NAME
 
 struct Header {
     uint64_t magic;
@@ -50,10 +44,6 @@ struct Header {
     uint32_t count;   // kCounterCount
     uint32_t stride;  // kStride
 };
-
-std::string errno_text(const char* what, int err) {
-    return std::string(what) + ": " + std::error_code(err, std::generic_category()).message();
-}
 
 // Checks the header, or writes it into a new (all-zero) file. Needs an exclusive lock on
 // the file held by the caller when `may_write`.
@@ -87,7 +77,7 @@ std::unique_ptr<DeviceCounters> DeviceCounters::open(const std::string& path, ui
     }
     const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);
     if (fd < 0) {
-        error = errno_text(("cannot open " + path).c_str(), errno);
+        error = errno_text("cannot open " + path, errno);
         return nullptr;
     }
     ::fchmod(fd, 0666);  // whatever the umask (best effort), as for the slot table
@@ -112,7 +102,7 @@ std::unique_ptr<DeviceCounters> DeviceCounters::open(const std::string& path, ui
         ::munmap(map, kFileBytes);
         map = MAP_FAILED;
     } else if (map == MAP_FAILED) {
-        error = errno_text(("cannot map " + path).c_str(), map_err);
+        error = errno_text("cannot map " + path, map_err);
     }
     lk.l_type = F_UNLCK;
     ::fcntl(fd, F_OFD_SETLK, &lk);
@@ -133,7 +123,7 @@ bool DeviceCounters::read_totals(const std::string& path, CounterValues& out, st
     out = {};
     const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
-        error = errno_text(("cannot open " + path).c_str(), errno);
+        error = errno_text("cannot open " + path, errno);
         return false;
     }
     struct stat st {};
@@ -146,7 +136,7 @@ bool DeviceCounters::read_totals(const std::string& path, CounterValues& out, st
     const int map_err = errno;
     ::close(fd);
     if (map == MAP_FAILED) {
-        error = errno_text(("cannot map " + path).c_str(), map_err);
+        error = errno_text("cannot map " + path, map_err);
         return false;
     }
     const bool ok = header_ok(static_cast<Header*>(map), false);

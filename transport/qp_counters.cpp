@@ -1,6 +1,8 @@
 // See qp_counters.h.
 #include "transport/qp_counters.h"
 
+#include "transport/counter_file.h"
+
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -29,26 +31,16 @@ struct alignas(kStride) Block {
 };
 static_assert(sizeof(Block) == kStride);
 
+#define UROCE_NAME(name) #name,
 constexpr uint64_t layout_hash() {
-    uint64_t h = 0xcbf29ce484222325ull;
-    auto mix = [&h](const char* s) {
-        for (; *s; ++s) h = (h ^ static_cast<uint8_t>(*s)) * 0x100000001b3ull;
-        h = (h ^ ',') * 0x100000001b3ull;
-    };
-#define UROCE_HASH_NAME(name) mix(#name);
-    UROCE_QP_COUNTERS(UROCE_HASH_NAME)
-#undef UROCE_HASH_NAME
-    return h;
+    return counter_layout_hash({UROCE_QP_COUNTERS(UROCE_NAME)});
 }
+#undef UROCE_NAME
 
 struct Header {
     uint64_t magic;
     uint64_t layout;
 };
-
-std::string errno_text(const std::string& what, int err) {
-    return what + ": " + std::error_code(err, std::generic_category()).message();
-}
 
 bool header_ok(const Header* h) {
     return __atomic_load_n(&h->magic, __ATOMIC_ACQUIRE) == kMagic && h->layout == layout_hash();
