@@ -277,25 +277,10 @@ TEST_CASE("destroy_cq waits until delivered completion events are acknowledged",
     ibv_pd* pd = ibv_alloc_pd(ctx);
     REQUIRE(pd);
     {
-        ibv_qp_init_attr init{};
-        init.send_cq = init.recv_cq = cq;
-        init.qp_type = IBV_QPT_RC;
-        init.cap.max_send_wr = init.cap.max_recv_wr = 4;
-        init.cap.max_send_sge = init.cap.max_recv_sge = 1;
-        ibv_qp* qp = ibv_create_qp(pd, &init);
-        REQUIRE(qp);
+        FlushingQp q(pd, cq);
         REQUIRE(ibv_req_notify_cq(cq, 0) == 0);
-        auto buf = std::make_unique<Buffer>(pd, 64, kAll);
-        ibv_qp_attr attr{};
-        attr.qp_state = IBV_QPS_INIT;
-        attr.port_num = 1;
-        REQUIRE(ibv_modify_qp(
-                    qp, &attr,
-                    IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) == 0);
-        REQUIRE(post_recv_buf(qp, *buf, 0, 64, 1) == 0);
-        attr.qp_state = IBV_QPS_ERR;  // flushes the receive: one completion, one event
-        REQUIRE(ibv_modify_qp(qp, &attr, IBV_QP_STATE) == 0);
-        REQUIRE(ibv_destroy_qp(qp) == 0);
+        q.flush();  // one completion, one event
+        q.destroy();
     }
     ibv_cq* ev_cq = nullptr;
     void* ev_ctx = nullptr;

@@ -96,6 +96,18 @@ def child_uses(pair, device, out):
     out.put("ok" if ok else "the child's own QPs lost or changed bytes")
 
 
+def run_bounded(mp, target, args, seconds):
+    """Runs target(*args) in a forked child; (hung, exit code), a hung child killed."""
+    child = mp.Process(target=target, args=args)
+    child.start()
+    child.join(seconds)
+    hung = child.is_alive()
+    if hung:
+        child.kill()
+        child.join()
+    return hung, child.exitcode
+
+
 def main():
     device = sys.argv[1]
     failed = 0
@@ -109,25 +121,13 @@ def main():
     check("parent: verified WRITE before forking", pair.write_and_check(1))
     mp = multiprocessing.get_context("fork")
 
-    closer = mp.Process(target=child_closes, args=(pair,))
-    closer.start()
-    closer.join(30)
-    hung = closer.is_alive()
-    if hung:
-        closer.kill()
-        closer.join()
-    check("a child closing its inherited context ends", not hung and closer.exitcode == 0,
-          "hung" if hung else f"exit code {closer.exitcode}")
+    closer_hung, closer_exit = run_bounded(mp, child_closes, (pair,), 30)
+    check("a child closing its inherited context ends", not closer_hung and closer_exit == 0,
+          "hung" if closer_hung else f"exit code {closer_exit}")
 
     out = mp.Queue()
-    user = mp.Process(target=child_uses, args=(pair, device, out))
-    user.start()
-    user.join(60)
-    hung = user.is_alive()
-    if hung:
-        user.kill()
-        user.join()
-    result = "no answer" if hung or out.empty() else out.get()
+    user_hung, _ = run_bounded(mp, child_uses, (pair, device, out), 60)
+    result = "no answer" if user_hung or out.empty() else out.get()
     check("a child cannot poll the inherited CQ and uses its own context", result == "ok", result)
 
     for seed in (2, 3):
