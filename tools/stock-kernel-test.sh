@@ -54,9 +54,17 @@ fi
 
 # ------------------------------------------------------ Debian packages (cached)
 mkdir -p "$cache/debs"
-kpkg=$(apt-cache depends linux-image-amd64 2>/dev/null |
-    awk '/Depends: linux-image-[0-9]/ { print $2; exit }')
-[[ -n $kpkg ]] || die "cannot resolve linux-image-amd64 (apt-get update first?)"
+resolve_kernel() {
+    apt-cache depends linux-image-amd64 2>/dev/null |
+        awk '/Depends: linux-image-[0-9]/ { print $2; exit }'
+}
+kpkg=$(resolve_kernel)
+if [[ -z $kpkg ]]; then  # a machine whose package lists were never fetched
+    log "apt-get update (package lists)"
+    apt-get update -qq >/dev/null 2>&1 || true
+    kpkg=$(resolve_kernel)
+fi
+[[ -n $kpkg ]] || die "cannot resolve linux-image-amd64 (no Debian package lists, even after apt-get update)"
 kver=${kpkg#linux-image-}
 for p in "$kpkg" busybox; do
     if ! compgen -G "$cache/debs/${p}_*.deb" >/dev/null; then
