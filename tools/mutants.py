@@ -265,11 +265,12 @@ def failed_cases(report):
 
 
 def run(cmd, cwd, timeout):
-    # A Catch2 command ends with "-o"; it gets the report's absolute path.
+    # No report from an earlier command may be read as this one's (a non-Catch2 test writes
+    # none). A Catch2 command ends with "-o"; it gets the report's absolute path.
+    report = os.path.join(cwd, REPORT)
+    if os.path.exists(report):
+        os.remove(report)
     if cmd[-1] == "-o" or cmd[-1].endswith(" -o"):
-        report = os.path.join(cwd, REPORT)
-        if os.path.exists(report):
-            os.remove(report)
         cmd = cmd[:-1] + [cmd[-1] + " " + report] if cmd[-1] != "-o" else cmd + [report]
     try:
         r = subprocess.run(cmd, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
