@@ -82,13 +82,48 @@ inline bool all_bytes(const uint8_t* p, size_t n, uint8_t value) {
 
 inline constexpr uint8_t kUntouched = 0xee;
 
+// An allocator that puts guard zones of a known pattern before and after every block. A
+// Side's memory region uses it: an access that a broken bounds check lets run past the region
+// lands in a guard zone, where the Pair's destructor finds it, instead of corrupting the
+// test's heap (which can hang the binary rather than fail a check).
+template <class T>
+struct GuardedAllocator {
+    using value_type = T;
+    static constexpr size_t kGuard = 16 * 1024;
+    static constexpr uint8_t kGuardByte = 0xa7;
+    GuardedAllocator() = default;
+    template <class U>
+    GuardedAllocator(const GuardedAllocator<U>&) {}
+    T* allocate(size_t n) {
+        auto* raw = static_cast<uint8_t*>(::operator new(n * sizeof(T) + 2 * kGuard));
+        std::memset(raw, kGuardByte, kGuard);
+        std::memset(raw + kGuard + n * sizeof(T), kGuardByte, kGuard);
+        return reinterpret_cast<T*>(raw + kGuard);
+    }
+    void deallocate(T* p, size_t) { ::operator delete(reinterpret_cast<uint8_t*>(p) - kGuard); }
+    // Whether both guard zones of the block [p, p + n) still hold the pattern.
+    static bool guards_intact(const T* p, size_t n) {
+        const auto* before = reinterpret_cast<const uint8_t*>(p) - kGuard;
+        const auto* after = reinterpret_cast<const uint8_t*>(p + n);
+        auto intact = [](const uint8_t* g) {
+            return std::all_of(g, g + kGuard, [](uint8_t b) { return b == kGuardByte; });
+        };
+        return intact(before) && intact(after);
+    }
+    template <class U>
+    bool operator==(const GuardedAllocator<U>&) const {
+        return true;
+    }
+};
+using GuardedBytes = std::vector<uint8_t, GuardedAllocator<uint8_t>>;
+
 struct Side {
     uint32_t ip = 0;
     std::unique_ptr<Engine> engine;
     std::shared_ptr<CompletionQueue> scq;
     std::shared_ptr<CompletionQueue> rcq;
     std::shared_ptr<RcQp> qp;
-    std::vector<uint8_t> mem;
+    GuardedBytes mem;   // the registered region, between guard zones
     uint64_t iova = 0;  // remote address of mem[0]
     MemoryKeys keys;
 
@@ -137,6 +172,9 @@ class Pair {
     }
 
     ~Pair() {
+        // Nothing was written outside the registered regions (GuardedAllocator).
+        for (Side* s : {&a, &b})
+            CHECK(GuardedAllocator<uint8_t>::guards_intact(s->mem.data(), s->mem.capacity()));
         // QPs go before their engines: their timers belong to the engines' event bases.
         for (Side* s : {&a, &b}) {
             if (s->engine && s->qp) s->engine->detach(s->qp->qpn());

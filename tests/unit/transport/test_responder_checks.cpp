@@ -331,7 +331,7 @@ TEST_CASE("Responder: requests after a READ are executed after its responses hav
           "[responder][paced]") {
     Hostile t;
     const auto fresh = bytes(kMtu, 77);
-    const std::vector<uint8_t> old = t.p.a.mem;
+    const GuardedBytes old = t.p.a.mem;
     {
         EngineThreadBlocker hold(*t.p.a.engine);
         t.peer.inject(t.read(0, 0, 32 * kMtu));  // PSNs 0..31
@@ -384,7 +384,7 @@ TEST_CASE("Responder: out-of-sequence opcodes and wrong lengths are refused, mem
     Hostile t;
     REQUIRE(t.p.a.qp->post_recv(recv_wqe(1, {t.p.a.sge(40000, 8192)})) == 0);
     const auto mtu_bytes = bytes(kMtu, 3);
-    const std::vector<uint8_t> before = t.p.a.mem;
+    const GuardedBytes before = t.p.a.mem;
     size_t written = 0;  // bytes a first, valid packet was allowed to write at offset 0
     uint32_t bad_psn = 0;
     wire::NakCode code = wire::NakCode::InvalidRequest;
