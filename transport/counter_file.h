@@ -1,6 +1,7 @@
 // Helpers shared by the counter files (device_counters.h, qp_counters.h).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <initializer_list>
 #include <string>
@@ -24,5 +25,23 @@ constexpr uint64_t counter_layout_hash(std::initializer_list<std::string_view> n
 inline std::string errno_text(const std::string& what, int err) {
     return what + ": " + std::error_code(err, std::generic_category()).message();
 }
+
+// The first `bytes` of a counter file, mapped read-only for a reader (uroce stats); unmapped
+// when it goes.
+class CounterFileView {
+  public:
+    // False with `error` set if `path` cannot be opened or mapped, or is shorter than `bytes`
+    // (then "PATH is not a KIND file").
+    bool open(const std::string& path, size_t bytes, const char* kind, std::string& error);
+    ~CounterFileView();
+    CounterFileView() = default;
+    CounterFileView(const CounterFileView&) = delete;
+    CounterFileView& operator=(const CounterFileView&) = delete;
+    const char* data() const { return static_cast<const char*>(map_); }
+
+  private:
+    void* map_ = nullptr;
+    size_t length_ = 0;
+};
 
 }  // namespace uroce::transport

@@ -45,18 +45,22 @@ struct Header {
     uint32_t stride;  // kStride
 };
 
-// Checks the header, or writes it into a new (all-zero) file. Needs an exclusive lock on
-// the file held by the caller when `may_write`.
-bool header_ok(Header* h, bool may_write) {
-    if (h->magic == 0 && may_write) {
+bool header_matches(const Header* h) {
+    return __atomic_load_n(&h->magic, __ATOMIC_ACQUIRE) == kMagic && h->layout == layout_hash() &&
+           h->count == kCounterCount && h->stride == kStride;
+}
+
+// Checks the header, or writes it into a new (all-zero) file. The caller holds an exclusive
+// lock on the file.
+bool header_ok_or_written(Header* h) {
+    if (h->magic == 0) {
         h->layout = layout_hash();
         h->count = kCounterCount;
         h->stride = kStride;
         __atomic_store_n(&h->magic, kMagic, __ATOMIC_RELEASE);
         return true;
     }
-    return __atomic_load_n(&h->magic, __ATOMIC_ACQUIRE) == kMagic && h->layout == layout_hash() &&
-           h->count == kCounterCount && h->stride == kStride;
+    return header_matches(h);
 }
 
 }  // namespace
@@ -97,7 +101,7 @@ std::unique_ptr<DeviceCounters> DeviceCounters::open(const std::string& path, ui
     void* map =
         ok ? ::mmap(nullptr, kFileBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
     const int map_err = errno;
-    if (map != MAP_FAILED && !header_ok(static_cast<Header*>(map), true)) {
+    if (map != MAP_FAILED && !header_ok_or_written(static_cast<Header*>(map))) {
         error = path + " was written by a uroce with other counters";
         ::munmap(map, kFileBytes);
         map = MAP_FAILED;
@@ -121,38 +125,20 @@ DeviceCounters::~DeviceCounters() {
 
 bool DeviceCounters::read_totals(const std::string& path, CounterValues& out, std::string& error) {
     out = {};
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        error = errno_text("cannot open " + path, errno);
-        return false;
-    }
-    struct stat st {};
-    if (::fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) < kFileBytes) {
-        error = path + " is not a counters file";
-        ::close(fd);
-        return false;
-    }
-    void* map = ::mmap(nullptr, kFileBytes, PROT_READ, MAP_SHARED, fd, 0);
-    const int map_err = errno;
-    ::close(fd);
-    if (map == MAP_FAILED) {
-        error = errno_text("cannot map " + path, map_err);
-        return false;
-    }
-    const bool ok = header_ok(static_cast<Header*>(map), false);
-    if (!ok) {
+    CounterFileView file;
+    if (!file.open(path, kFileBytes, "counters", error)) return false;
+    if (!header_matches(reinterpret_cast<const Header*>(file.data()))) {
         error = path + " was written by a uroce with other counters";
-    } else {
-        for (size_t s = 0; s < DeviceSlots::kSlots; ++s) {
-            const auto* b = reinterpret_cast<const EngineCounters*>(static_cast<const char*>(map) +
-                                                                    kHeader + s * kStride);
-#define UROCE_SUM(name) out.name += b->name.load(std::memory_order_relaxed);
-            UROCE_COUNTERS(UROCE_SUM)
-#undef UROCE_SUM
-        }
+        return false;
     }
-    ::munmap(map, kFileBytes);
-    return ok;
+    for (size_t s = 0; s < DeviceSlots::kSlots; ++s) {
+        const auto* b =
+            reinterpret_cast<const EngineCounters*>(file.data() + kHeader + s * kStride);
+#define UROCE_SUM(name) out.name += b->name.load(std::memory_order_relaxed);
+        UROCE_COUNTERS(UROCE_SUM)
+#undef UROCE_SUM
+    }
+    return true;
 }
 
 }  // namespace uroce::transport

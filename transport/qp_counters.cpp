@@ -116,34 +116,14 @@ QpCounterTable::~QpCounterTable() {
 bool QpCounterTable::read(const std::string& path, uint32_t qpn, QpCounterValues& out,
                           std::string& error) {
     out = {};
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        error = errno_text("cannot open " + path, errno);
-        return false;
-    }
-    struct stat st {};
-    if (::fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) != kFileBytes) {
-        ::close(fd);
-        error = path + " is not a QP counters file";
-        return false;
-    }
-    void* map = ::mmap(nullptr, kFileBytes, PROT_READ, MAP_SHARED, fd, 0);
-    const int map_err = errno;
-    ::close(fd);
-    if (map == MAP_FAILED) {
-        error = errno_text("cannot map " + path, map_err);
-        return false;
-    }
-    const bool ok = header_ok(static_cast<const Header*>(map));
-    if (ok) {
-        const auto* blocks =
-            reinterpret_cast<const Block*>(static_cast<const char*>(map) + kHeader);
-        out = snapshot(blocks[qpn % kQps].c);
-    } else {
+    CounterFileView file;
+    if (!file.open(path, kFileBytes, "QP counters", error)) return false;
+    if (!header_ok(reinterpret_cast<const Header*>(file.data()))) {
         error = path + " was written by a uroce with other QP counters";
+        return false;
     }
-    ::munmap(map, kFileBytes);
-    return ok;
+    out = snapshot(reinterpret_cast<const Block*>(file.data() + kHeader)[qpn % kQps].c);
+    return true;
 }
 
 }  // namespace uroce::transport
