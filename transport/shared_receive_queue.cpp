@@ -1,0 +1,55 @@
+#include "transport/shared_receive_queue.h"
+
+#include <cerrno>
+#include <utility>
+
+namespace uroce::transport {
+
+SharedReceiveQueue::SharedReceiveQueue(uint32_t pd, uint32_t capacity, uint32_t max_sge,
+                                       std::function<void()> on_limit)
+    : pd_(pd), capacity_(capacity), max_sge_(max_sge), on_limit_(std::move(on_limit)) {}
+
+int SharedReceiveQueue::post(const RecvWqe& wqe) {
+    if (wqe.sgl.count > max_sge_) return EINVAL;
+    std::lock_guard lock(mutex_);
+    if (queue_.size() >= capacity_) return ENOMEM;
+    queue_.push_back(wqe);
+    return 0;
+}
+
+std::optional<RecvWqe> SharedReceiveQueue::take() {
+    bool fire = false;
+    std::optional<RecvWqe> out;
+    {
+        std::lock_guard lock(mutex_);
+        if (queue_.empty()) return std::nullopt;
+        out = queue_.front();
+        queue_.pop_front();
+        // One shot: the application arms it again after the event (ibv_modify_srq).
+        if (limit_ != 0 && queue_.size() < limit_) {
+            limit_ = 0;
+            fire = true;
+        }
+    }
+    if (fire && on_limit_) on_limit_();
+    return out;
+}
+
+int SharedReceiveQueue::arm_limit(uint32_t limit) {
+    if (limit > capacity_) return EINVAL;
+    std::lock_guard lock(mutex_);
+    limit_ = limit;
+    return 0;
+}
+
+uint32_t SharedReceiveQueue::limit() const {
+    std::lock_guard lock(mutex_);
+    return limit_;
+}
+
+size_t SharedReceiveQueue::depth() const {
+    std::lock_guard lock(mutex_);
+    return queue_.size();
+}
+
+}  // namespace uroce::transport

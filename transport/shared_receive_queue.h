@@ -1,0 +1,50 @@
+// A shared receive queue (IBA 10.2.9): receive WQEs that any QP attached to it may take, in
+// the order they were posted, and the one-shot limit event.
+//
+// Work in progress (issue 10): not yet used by RcQp. A QP on an SRQ takes its receive WQE
+// here instead of from its own queue when a SEND starts (take()), under the SRQ's own mutex,
+// so QPs of different engine threads can share it.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <optional>
+
+#include "transport/work_request.h"
+
+namespace uroce::transport {
+
+class SharedReceiveQueue {
+  public:
+    // `on_limit` runs (without the queue's lock) once when the armed limit is crossed:
+    // the number of WQEs drops below the limit (IBV_EVENT_SRQ_LIMIT_REACHED).
+    SharedReceiveQueue(uint32_t pd, uint32_t capacity, uint32_t max_sge,
+                       std::function<void()> on_limit);
+
+    uint32_t pd() const { return pd_; }
+    uint32_t capacity() const { return capacity_; }
+    uint32_t max_sge() const { return max_sge_; }
+
+    // 0, EINVAL (too many SGEs), or ENOMEM (queue full).
+    int post(const RecvWqe& wqe);
+    // The oldest WQE, or nothing when the queue is empty (the responder sends an RNR NAK).
+    std::optional<RecvWqe> take();
+    // Arms the limit event: it fires once when fewer than `limit` WQEs remain. 0 disarms.
+    // EINVAL if `limit` exceeds the capacity.
+    int arm_limit(uint32_t limit);
+    uint32_t limit() const;
+    size_t depth() const;
+
+  private:
+    const uint32_t pd_;
+    const uint32_t capacity_;
+    const uint32_t max_sge_;
+    std::function<void()> on_limit_;
+    mutable std::mutex mutex_;
+    std::deque<RecvWqe> queue_;
+    uint32_t limit_ = 0;  // 0: not armed
+};
+
+}  // namespace uroce::transport
