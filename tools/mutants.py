@@ -49,6 +49,8 @@ REPORT = "mutant-report.xml"
 JUNIT = ["-r", "junit", "-o"]
 TESTS = {
     "transport": ("release", None, ["tests/unit/transport/test_transport"] + JUNIT),
+    "srq": ("release", "tests/unit/transport/test_transport",
+            ["tests/unit/transport/test_transport", "[srq]"] + JUNIT),
     "wire": ("release", None, ["tests/unit/wire/test_wire"] + JUNIT),
     "comp_channel": ("release", None, ["tests/unit/comp_channel/test_comp_channel"] + JUNIT),
     "integration": ("release", None, ["meson", "test", "--no-rebuild", "--suite", "integration",
@@ -61,6 +63,20 @@ TESTS = {
 }
 
 MUTANTS = [
+    # --- shared receive queue (transport/shared_receive_queue.cpp) ---
+    Mutant("srq: too many SGEs accepted", "transport/shared_receive_queue.cpp",
+           "if (wqe.sgl.count > max_sge_) return EINVAL;", "", ("srq",)),
+    Mutant("srq: posting past capacity accepted", "transport/shared_receive_queue.cpp",
+           "if (queue_.size() >= capacity_) return ENOMEM;", "", ("srq",)),
+    Mutant("srq: limit event never fires", "transport/shared_receive_queue.cpp",
+           "if (fire && on_limit_) on_limit_();", "(void)fire;", ("srq",)),
+    Mutant("srq: limit event not one-shot", "transport/shared_receive_queue.cpp",
+           "            limit_ = 0;\n            fire = true;", "            fire = true;", ("srq",)),
+    Mutant("srq: limit above capacity accepted", "transport/shared_receive_queue.cpp",
+           "if (limit > capacity_) return EINVAL;", "", ("srq",)),
+    Mutant("srq: take without the lock", "transport/shared_receive_queue.cpp",
+           "        std::lock_guard lock(mutex_);\n        if (queue_.empty()) return std::nullopt;",
+           "        if (queue_.empty()) return std::nullopt;", ("srq",)),
     # --- memory keys and bounds (transport/memory_table.cpp) ---
     Mutant("memory: no protection-domain check", "transport/memory_table.cpp",
            "if (r->pd != pd) return KeyCheck::WrongPd;",
