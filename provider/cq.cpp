@@ -51,6 +51,10 @@ ibv_wc_opcode wc_opcode(transport::WcOpcode op) {
             return IBV_WC_RDMA_WRITE;
         case O::RdmaRead:
             return IBV_WC_RDMA_READ;
+        case O::CompSwap:
+            return IBV_WC_COMP_SWAP;
+        case O::FetchAdd:
+            return IBV_WC_FETCH_ADD;
         case O::Recv:
             return IBV_WC_RECV;
         case O::RecvRdmaWithImm:

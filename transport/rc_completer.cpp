@@ -26,6 +26,10 @@ WcOpcode wc_opcode_for(SendOpcode op) {
             return WcOpcode::RdmaWrite;
         case SendOpcode::RdmaRead:
             return WcOpcode::RdmaRead;
+        case SendOpcode::AtomicCmpSwap:
+            return WcOpcode::CompSwap;
+        case SendOpcode::AtomicFetchAdd:
+            return WcOpcode::FetchAdd;
     }
     return WcOpcode::Send;
 }

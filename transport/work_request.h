@@ -27,7 +27,20 @@ struct SgeList {
     }
 };
 
-enum class SendOpcode : uint8_t { Send, SendWithImm, RdmaWrite, RdmaWriteWithImm, RdmaRead };
+enum class SendOpcode : uint8_t {
+    Send,
+    SendWithImm,
+    RdmaWrite,
+    RdmaWriteWithImm,
+    RdmaRead,
+    AtomicCmpSwap,   // 8 bytes at remote_addr: if equal to compare_add, becomes swap
+    AtomicFetchAdd,  // 8 bytes at remote_addr: compare_add is added
+};
+
+// True for the opcodes that take a responder resource (max_rd_atomic / max_dest_rd_atomic).
+inline bool is_atomic(SendOpcode op) {
+    return op == SendOpcode::AtomicCmpSwap || op == SendOpcode::AtomicFetchAdd;
+}
 
 enum class WcStatus : uint8_t {
     Success,
@@ -44,7 +57,7 @@ enum class WcStatus : uint8_t {
     GeneralErr,
 };
 
-enum class WcOpcode : uint8_t { Send, RdmaWrite, RdmaRead, Recv, RecvRdmaWithImm };
+enum class WcOpcode : uint8_t { Send, RdmaWrite, RdmaRead, CompSwap, FetchAdd, Recv, RecvRdmaWithImm };
 
 struct SendWqe {
     uint64_t wr_id = 0;
@@ -59,6 +72,9 @@ struct SendWqe {
     uint64_t remote_addr = 0;
     uint32_t rkey = 0;
     uint32_t imm = 0;  // ImmDt as carried on the wire (host order)
+    // Atomics: the original 8 bytes land in the first SGE (8 bytes, not inline).
+    uint64_t compare_add = 0;
+    uint64_t swap = 0;
 };
 
 struct RecvWqe {
