@@ -91,6 +91,7 @@ void destroy_state(ContextState* st) {
         for (UroceMr* mr : st->live_mrs.take_all()) reclaim_mr(*st, mr);
     }
     st->engine.reset();  // stops the engine thread first: it may post async events
+    for (UroceSrq* srq : st->live_srqs.take_all()) reclaim_srq(srq);
     for (UroceCq* cq : st->live_cqs.take_all()) reclaim_cq(cq);
     for (UrocePd* pd : st->live_pds.take_all()) reclaim_pd(pd);
     if (st->cmd_fd >= 0) cmd_fd_unregister(st->cmd_fd);
@@ -172,6 +173,9 @@ verbs_context* alloc_context(ibv_device* ibdev, int cmd_fd, void*) {
             case transport::AsyncEventType::SqDrained:
                 type = IBV_EVENT_SQ_DRAINED;
                 break;
+            case transport::AsyncEventType::LastWqeReached:
+                type = IBV_EVENT_QP_LAST_WQE_REACHED;
+                break;
         }
         post_async_event(ctx, type, reinterpret_cast<uint64_t>(ev.qp_handle));
     });
@@ -205,6 +209,9 @@ AsyncEventTally* tally_for(ibv_event_type type, uint64_t element) {
         case IBV_EVENT_PATH_MIG_ERR:
         case IBV_EVENT_QP_LAST_WQE_REACHED:
             return &to_uqp(reinterpret_cast<ibv_qp*>(element))->events;
+        case IBV_EVENT_SRQ_LIMIT_REACHED:
+        case IBV_EVENT_SRQ_ERR:
+            return &to_usrq(reinterpret_cast<ibv_srq*>(element))->events;
         default:
             return nullptr;
     }

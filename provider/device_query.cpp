@@ -36,13 +36,17 @@ int query_device_ex(ibv_context* ibctx, const ibv_query_device_ex_input*, ibv_de
     d.hw_ver = 1;
     d.max_qp = kMaxQp;
     d.max_qp_wr = kMaxQpWr;
-    d.device_cap_flags = IBV_DEVICE_RC_RNR_NAK_GEN | IBV_DEVICE_SYS_IMAGE_GUID;
+    d.device_cap_flags =
+        IBV_DEVICE_RC_RNR_NAK_GEN | IBV_DEVICE_SYS_IMAGE_GUID | IBV_DEVICE_SRQ_RESIZE;
     d.max_sge = kMaxSge;
     d.max_sge_rd = kMaxSge;
     d.max_cq = kMaxCq;
     d.max_cqe = kMaxCqe;
     d.max_mr = kMaxMr;
     d.max_pd = kMaxPd;
+    d.max_srq = kMaxSrq;
+    d.max_srq_wr = kMaxSrqWr;
+    d.max_srq_sge = kMaxSge;
     d.max_qp_rd_atom = kMaxRdAtomic;
     d.max_qp_init_rd_atom = kMaxRdAtomic;
     d.max_res_rd_atom = kMaxRdAtomic * kMaxQp;

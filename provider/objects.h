@@ -20,6 +20,7 @@
 #include "transport/completion_queue.h"
 #include "transport/engine.h"
 #include "transport/rc_qp.h"
+#include "transport/shared_receive_queue.h"
 #include "uroce/verbs_abi.h"
 
 namespace uroce::provider {
@@ -41,6 +42,7 @@ struct UrocePd;
 struct UroceMr;
 struct UroceCq;
 struct UroceQp;
+struct UroceSrq;
 
 // What a context owns beyond libibverbs' part.
 struct ContextState {
@@ -56,8 +58,10 @@ struct ContextState {
     std::atomic<int> cqs{0};
     std::atomic<int> pds{0};
     std::atomic<int> mrs{0};
+    std::atomic<int> srqs{0};
     // What the application has not destroyed; free_context reclaims it.
     LiveObjects<UroceQp> live_qps;
+    LiveObjects<UroceSrq> live_srqs;
     LiveObjects<UroceCq> live_cqs;
     LiveObjects<UroceMr> live_mrs;
     LiveObjects<UrocePd> live_pds;
@@ -95,11 +99,20 @@ struct UroceCq {
     LimitedSlot slot;
 };
 
+struct UroceSrq {
+    ibv_srq srq;  // must be first
+    std::shared_ptr<transport::SharedReceiveQueue> queue;
+    std::atomic<int> qp_refs{0};  // QPs attached: destroy fails with EBUSY meanwhile
+    AsyncEventTally events;       // guarded by the context's AsyncEventQueue
+    LimitedSlot slot;
+};
+
 struct UroceQp {
     verbs_qp vqp;  // must be first
     std::shared_ptr<transport::RcQp> rc;
     UroceCq* send_cq = nullptr;
     UroceCq* recv_cq = nullptr;
+    UroceSrq* srq = nullptr;
     bool sq_sig_all = false;
     std::mutex attr_mutex;  // guards attr (the verbs view of the attributes, for query)
     ibv_qp_attr attr{};
@@ -124,6 +137,9 @@ inline UroceCq* to_ucq(ibv_cq* c) {
 }
 inline UroceQp* to_uqp(ibv_qp* q) {
     return reinterpret_cast<UroceQp*>(q);
+}
+inline UroceSrq* to_usrq(ibv_srq* s) {
+    return reinterpret_cast<UroceSrq*>(s);
 }
 
 // Queues an asynchronous event for ibv_get_async_event: `element` is the ibv_qp* or ibv_cq*
@@ -158,12 +174,21 @@ int query_qp(ibv_qp*, ibv_qp_attr*, int, ibv_qp_init_attr*) noexcept;
 int post_send(ibv_qp*, ibv_send_wr*, ibv_send_wr**) noexcept;
 int post_recv(ibv_qp*, ibv_recv_wr*, ibv_recv_wr**) noexcept;
 
+ibv_srq* create_srq(ibv_pd*, ibv_srq_init_attr*) noexcept;
+int modify_srq(ibv_srq*, ibv_srq_attr*, int) noexcept;
+int query_srq(ibv_srq*, ibv_srq_attr*) noexcept;
+int destroy_srq(ibv_srq*) noexcept;
+int post_srq_recv(ibv_srq*, ibv_recv_wr*, ibv_recv_wr**) noexcept;
+// The receive WQE in `wr`, or EINVAL (bad SGE count); shared by post_recv and post_srq_recv.
+int to_recv_wqe(const ibv_recv_wr& wr, transport::RecvWqe& out) noexcept;
+
 // Frees an object the application left when it closed its context, as the kernel frees what
 // a closed uverbs file held: nothing waits for acknowledgements nobody will give. QPs and MRs
 // go while the engine still runs (they leave its tables), CQs and PDs after it stopped.
 void reclaim_qp(ContextState&, UroceQp*) noexcept;
 void reclaim_mr(ContextState&, UroceMr*) noexcept;
 void reclaim_cq(UroceCq*) noexcept;
+void reclaim_srq(UroceSrq*) noexcept;
 void reclaim_pd(UrocePd*) noexcept;
 
 }  // namespace uroce::provider

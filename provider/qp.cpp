@@ -51,17 +51,21 @@ ibv_qp* create_qp(ibv_pd* pd, ibv_qp_init_attr* init) noexcept {
         errno = EINVAL;
         return nullptr;
     }
-    if (init->qp_type != IBV_QPT_RC || init->srq) {
-        // UC, UD, XRC and shared receive queues come later.
+    if (init->qp_type != IBV_QPT_RC) {
+        // UC, UD and XRC come later.
         errno = EOPNOTSUPP;
         return nullptr;
     }
     ibv_qp_cap& cap = init->cap;
+    UroceSrq* srq = init->srq ? to_usrq(init->srq) : nullptr;
+    // With an SRQ the receive capabilities are ignored: the QP has no receive queue.
     if (!belongs(init->send_cq, pd->context) || !belongs(init->recv_cq, pd->context) ||
+        (srq && srq->srq.context != pd->context) ||
         cap.max_send_wr > static_cast<uint32_t>(kMaxQpWr) ||
-        cap.max_recv_wr > static_cast<uint32_t>(kMaxQpWr) ||
+        (!srq && cap.max_recv_wr > static_cast<uint32_t>(kMaxQpWr)) ||
         cap.max_send_sge > static_cast<uint32_t>(kMaxSge) ||
-        cap.max_recv_sge > static_cast<uint32_t>(kMaxSge) || cap.max_inline_data > kMaxInline) {
+        (!srq && cap.max_recv_sge > static_cast<uint32_t>(kMaxSge)) ||
+        cap.max_inline_data > kMaxInline) {
         errno = EINVAL;
         return nullptr;
     }
@@ -80,19 +84,21 @@ ibv_qp* create_qp(ibv_pd* pd, ibv_qp_init_attr* init) noexcept {
     // SGE and inline limits, and the caller learns them through the written-back caps.
     transport::QpCaps caps;
     caps.max_send_wr = cap.max_send_wr ? cap.max_send_wr : 1;
-    caps.max_recv_wr = cap.max_recv_wr ? cap.max_recv_wr : 1;
+    caps.max_recv_wr = srq ? 0 : (cap.max_recv_wr ? cap.max_recv_wr : 1);
     caps.max_send_sge = kMaxSge;
-    caps.max_recv_sge = kMaxSge;
+    caps.max_recv_sge = srq ? 0 : kMaxSge;
     caps.max_inline_data = kMaxInline;
     qp->send_cq = to_ucq(init->send_cq);
     qp->recv_cq = to_ucq(init->recv_cq);
     qp->sq_sig_all = init->sq_sig_all != 0;
+    qp->srq = srq;
     transport::Engine& engine = *ctx->state->engine;
     uint32_t qpn = 0;
     try {
         qpn = engine.allocate_qpn();
-        qp->rc = std::make_shared<transport::RcQp>(
-            engine, qpn, to_upd(pd)->id, caps, qp->send_cq->queue, qp->recv_cq->queue, &qp->vqp.qp);
+        qp->rc = std::make_shared<transport::RcQp>(engine, qpn, to_upd(pd)->id, caps,
+                                                   qp->send_cq->queue, qp->recv_cq->queue,
+                                                   &qp->vqp.qp, srq ? srq->queue : nullptr);
         engine.attach(qp->rc);
     } catch (...) {
         if (qpn) engine.detach(qpn);  // gives the reserved QPN back
@@ -109,6 +115,7 @@ ibv_qp* create_qp(ibv_pd* pd, ibv_qp_init_attr* init) noexcept {
     to_upd(pd)->users.fetch_add(1);
     qp->send_cq->qp_refs.fetch_add(1);
     qp->recv_cq->qp_refs.fetch_add(1);
+    if (srq) srq->qp_refs.fetch_add(1);
 
     // What libibverbs' kernel helpers would have filled in.
     ibv_qp& q = qp->vqp.qp;
@@ -117,7 +124,7 @@ ibv_qp* create_qp(ibv_pd* pd, ibv_qp_init_attr* init) noexcept {
     q.pd = pd;
     q.send_cq = init->send_cq;
     q.recv_cq = init->recv_cq;
-    q.srq = nullptr;
+    q.srq = init->srq;
     q.handle = qp->rc->qpn();
     q.qp_num = qp->rc->qpn();
     q.state = IBV_QPS_RESET;
@@ -156,6 +163,7 @@ int destroy_qp(ibv_qp* ibqp) noexcept {
     to_upd(ibqp->pd)->users.fetch_sub(1);
     qp->send_cq->qp_refs.fetch_sub(1);
     qp->recv_cq->qp_refs.fetch_sub(1);
+    if (qp->srq) qp->srq->qp_refs.fetch_sub(1);
     pthread_cond_destroy(&ibqp->cond);
     pthread_mutex_destroy(&ibqp->mutex);
     delete qp;
@@ -213,7 +221,7 @@ int query_qp(ibv_qp* ibqp, ibv_qp_attr* attr, int, ibv_qp_init_attr* init) noexc
     init->qp_context = ibqp->qp_context;
     init->send_cq = ibqp->send_cq;
     init->recv_cq = ibqp->recv_cq;
-    init->srq = nullptr;
+    init->srq = ibqp->srq;
     init->cap = attr->cap;
     init->qp_type = IBV_QPT_RC;
     init->sq_sig_all = qp->sq_sig_all;
@@ -300,16 +308,10 @@ int post_recv(ibv_qp* ibqp, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) noexcept {
     }
     auto* qp = to_uqp(ibqp);
     for (; wr; wr = wr->next) {
-        if (wr->num_sge < 0 || wr->num_sge > kMaxSge) {
-            *bad_wr = wr;
-            return EINVAL;
-        }
         transport::RecvWqe r;
-        r.wr_id = wr->wr_id;
-        r.sgl.count = static_cast<uint32_t>(wr->num_sge);
-        for (int i = 0; i < wr->num_sge; ++i)
-            r.sgl.sge[i] = {wr->sg_list[i].addr, wr->sg_list[i].length, wr->sg_list[i].lkey};
-        if (int e = qp->rc->post_recv(r)) {
+        int e = to_recv_wqe(*wr, r);
+        if (e == 0) e = qp->rc->post_recv(r);
+        if (e) {
             *bad_wr = wr;
             return e;
         }

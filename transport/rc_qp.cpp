@@ -7,7 +7,7 @@ namespace uroce::transport {
 
 RcQp::RcQp(Engine& engine, uint32_t qpn, uint32_t pd, const QpCaps& caps,
            std::shared_ptr<CompletionQueue> send_cq, std::shared_ptr<CompletionQueue> recv_cq,
-           void* user_handle)
+           void* user_handle, std::shared_ptr<SharedReceiveQueue> srq)
     : engine_(engine),
       qpn_(qpn),
       sender_(engine.sender_for_qpn(qpn)),
@@ -16,7 +16,8 @@ RcQp::RcQp(Engine& engine, uint32_t qpn, uint32_t pd, const QpCaps& caps,
       caps_(caps),
       send_cq_(std::move(send_cq)),
       recv_cq_(std::move(recv_cq)),
-      user_handle_(user_handle) {
+      user_handle_(user_handle),
+      srq_(std::move(srq)) {
     qp_counters_.reset();  // the block may hold a destroyed QP's figures
     timer_ = evtimer_new(engine_.base(), &RcQp::timer_trampoline, this);
     responder_event_ = event_new(engine_.base(), -1, 0, &RcQp::responder_trampoline, this);
@@ -71,12 +72,14 @@ int RcQp::modify(const QpAttributes& attrs, QpState expected, QpState next) {
         case QpState::Reset:
             cancel_timer();
             sq_.clear();
+            // Discarded, as the IBA discards a reset QP's receive queue. A WQE taken from an
+            // SRQ for a message in progress goes the same way.
             rq_.clear();
+            recv_.reset();
             send_index_ = 0;
             send_pkt_ = 0;
             reads_outstanding_ = 0;
             in_message_ = InMessage::None;
-            recv_taken_ = false;
             ack_pending_ = false;
             nak_sent_ = false;
             got_first_packet_ = false;
@@ -136,7 +139,7 @@ int RcQp::post_send(const SendWqe& wqe) {
 
 int RcQp::post_recv(const RecvWqe& wqe) {
     std::lock_guard lock(mutex_);
-    if (state_ == QpState::Reset) return EINVAL;
+    if (state_ == QpState::Reset || srq_) return EINVAL;
     if (rq_.size() >= caps_.max_recv_wr) return ENOMEM;
     if (state_ == QpState::Err) {
         Completion c;
@@ -221,6 +224,16 @@ void RcQp::flush_all() {
     send_index_ = 0;
     send_pkt_ = 0;
     reads_outstanding_ = 0;
+    // The WQE of the message in progress first: it was the oldest.
+    if (recv_) {
+        Completion c;
+        c.wr_id = recv_->wr_id;
+        c.status = WcStatus::WrFlushErr;
+        c.opcode = WcOpcode::Recv;
+        c.qp_num = qpn_;
+        recv_.reset();
+        push_completion(*recv_cq_, c);
+    }
     while (!rq_.empty()) {
         Completion c;
         c.wr_id = rq_.front().wr_id;
@@ -230,12 +243,14 @@ void RcQp::flush_all() {
         rq_.pop_front();
         push_completion(*recv_cq_, c);
     }
-    recv_taken_ = false;
     in_message_ = InMessage::None;
     ack_pending_ = false;
     // No response goes out in ERR: the READs and held requests are dropped.
     reads_.clear();
     held_.clear();
+    // In ERR the QP takes nothing more from its SRQ: the application may now destroy it
+    // without losing a WQE (IBA 10.3.1 / 11.6.3, Last WQE Reached).
+    if (srq_) post_async(AsyncEventType::LastWqeReached);
 }
 
 bool RcQp::transmit(const wire::Headers& h, std::span<const iovec> payload, uint32_t payload_len) {

@@ -23,6 +23,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -30,6 +31,7 @@
 #include "transport/qp_counters.h"
 #include "transport/qp_state.h"
 #include "transport/responder_resources.h"
+#include "transport/shared_receive_queue.h"
 #include "transport/udp_socket.h"
 #include "transport/work_request.h"
 #include "uroce/wire.h"
@@ -63,13 +65,22 @@ struct QpCaps {
     uint32_t max_inline_data = 0;
 };
 
-enum class AsyncEventType { QpFatal, QpAccessError, QpRequestError, CommEstablished, SqDrained };
+enum class AsyncEventType {
+    QpFatal,
+    QpAccessError,
+    QpRequestError,
+    CommEstablished,
+    SqDrained,
+    LastWqeReached,  // a QP on an SRQ entered ERR: it takes no more WQEs from the SRQ
+};
 
 class RcQp : public std::enable_shared_from_this<RcQp> {
   public:
+    // With `srq`, receive WQEs come from that shared receive queue (the QP has no receive
+    // queue of its own, and post_recv fails with EINVAL).
     RcQp(Engine& engine, uint32_t qpn, uint32_t pd, const QpCaps& caps,
          std::shared_ptr<CompletionQueue> send_cq, std::shared_ptr<CompletionQueue> recv_cq,
-         void* user_handle);
+         void* user_handle, std::shared_ptr<SharedReceiveQueue> srq = nullptr);
     // Closes the QP (see close()) and frees its timer.
     ~RcQp();
     RcQp(const RcQp&) = delete;
@@ -79,6 +90,7 @@ class RcQp : public std::enable_shared_from_this<RcQp> {
     uint32_t pd() const { return pd_; }
     void* user_handle() const { return user_handle_; }
     const QpCaps& caps() const { return caps_; }
+    const std::shared_ptr<SharedReceiveQueue>& srq() const { return srq_; }
 
     // --- called by the provider (application threads) ---
     QpState state() const;
@@ -165,6 +177,9 @@ class RcQp : public std::enable_shared_from_this<RcQp> {
     void schedule_responder();
     void on_responder_event();
     static void responder_trampoline(evutil_socket_t, short, void* arg);
+    // Makes the receive WQE of the message starting now current (from the QP's own queue or
+    // its SRQ); false if there is none (the request gets an RNR NAK).
+    bool acquire_recv();
     WcStatus scatter_to_recv(std::span<const uint8_t> data);
     void send_ack(uint32_t psn, uint8_t syndrome);
     void send_pending_ack();
@@ -195,6 +210,7 @@ class RcQp : public std::enable_shared_from_this<RcQp> {
     const std::shared_ptr<CompletionQueue> send_cq_;
     const std::shared_ptr<CompletionQueue> recv_cq_;
     void* const user_handle_;
+    const std::shared_ptr<SharedReceiveQueue> srq_;
 
     mutable std::mutex mutex_;
     bool closed_ = false;
@@ -219,13 +235,15 @@ class RcQp : public std::enable_shared_from_this<RcQp> {
     std::chrono::steady_clock::time_point timer_deadline_{};
 
     // responder
-    std::deque<RecvWqe> rq_;
-    uint32_t epsn_ = 0;      // expected request PSN
-    uint32_t msn_ = 0;       // message sequence number
-    bool nak_sent_ = false;  // a sequence NAK for epsn_ is out
+    std::deque<RecvWqe> rq_;  // the QP's own receive queue (unused with an SRQ)
+    uint32_t epsn_ = 0;       // expected request PSN
+    uint32_t msn_ = 0;        // message sequence number
+    bool nak_sent_ = false;   // a sequence NAK for epsn_ is out
     bool ack_pending_ = false;
     enum class InMessage { None, Send, Write } in_message_ = InMessage::None;
-    bool recv_taken_ = false;  // rq_.front() belongs to the SEND in progress
+    // The receive WQE of the message in progress, taken off rq_ or the SRQ when the message
+    // needed it; completed, or flushed if the QP fails first, never dropped.
+    std::optional<RecvWqe> recv_;
     uint32_t recv_offset_ = 0;
     uint64_t write_va_ = 0;
     uint32_t write_rkey_ = 0;

@@ -77,9 +77,9 @@ void RcQp::flush_ack() {
 
 void RcQp::complete_recv(WcStatus status, uint32_t byte_len, bool with_imm, uint32_t imm,
                          bool solicited, WcOpcode opcode) {
-    if (rq_.empty()) return;
+    if (!recv_) return;
     Completion c;
-    c.wr_id = rq_.front().wr_id;
+    c.wr_id = recv_->wr_id;
     c.status = status;
     c.opcode = opcode;
     c.byte_len = byte_len;
@@ -88,8 +88,7 @@ void RcQp::complete_recv(WcStatus status, uint32_t byte_len, bool with_imm, uint
     c.with_imm = with_imm;
     c.imm = imm;
     c.solicited = solicited;
-    rq_.pop_front();
-    recv_taken_ = false;
+    recv_.reset();
     push_completion(*recv_cq_, c);
 }
 
@@ -109,8 +108,22 @@ void RcQp::responder_error(wire::NakCode code, uint32_t psn, AsyncEventType even
     enter_error();
 }
 
+bool RcQp::acquire_recv() {
+    if (recv_) return true;
+    if (srq_) {
+        recv_ = srq_->take();
+        return recv_.has_value();
+    }
+    if (rq_.empty()) return false;
+    recv_ = rq_.front();
+    rq_.pop_front();
+    return true;
+}
+
 WcStatus RcQp::scatter_to_recv(std::span<const uint8_t> data) {
-    const RecvWqe& r = rq_.front();
+    const RecvWqe& r = *recv_;
+    // An SRQ's WQEs name buffers of the SRQ's protection domain.
+    const uint32_t pd = srq_ ? srq_->pd() : pd_;
     if (recv_offset_ + data.size() > r.sgl.total_length()) {
         complete_recv(WcStatus::LocLenErr, recv_offset_, false, 0, false, WcOpcode::Recv);
         return WcStatus::LocLenErr;
@@ -130,7 +143,7 @@ WcStatus RcQp::scatter_to_recv(std::span<const uint8_t> data) {
             const uint32_t take =
                 static_cast<uint32_t>(std::min<size_t>(data.size() - done, s.length - skip));
             if (pass == 0) {
-                if (engine_.memory().check_local(s.lkey, pd_, s.addr + skip, take, kLocalWrite) !=
+                if (engine_.memory().check_local(s.lkey, pd, s.addr + skip, take, kLocalWrite) !=
                     KeyCheck::Ok) {
                     complete_recv(WcStatus::LocProtErr, recv_offset_, false, 0, false,
                                   WcOpcode::Recv);
@@ -378,7 +391,7 @@ void RcQp::execute_request(const wire::ParsedPacket& pkt) {
     const bool with_imm = pkt.info->headers & wire::kHasImm;
     const uint32_t len = static_cast<uint32_t>(pkt.payload.size());
     const bool needs_recv = (flags & wire::kSend) ? starts : (ends && with_imm);
-    if (needs_recv && rq_.empty()) {
+    if (needs_recv && !acquire_recv()) {
         // Receiver not ready: the requester waits and sends this packet again, and
         // everything after it, which is why what was held behind it goes too.
         bump(engine_.counters().tx_rnr_naks);
@@ -395,10 +408,7 @@ void RcQp::execute_request(const wire::ParsedPacket& pkt) {
     }
 
     if (flags & wire::kSend) {
-        if (starts) {
-            recv_taken_ = true;
-            recv_offset_ = 0;
-        }
+        if (starts) recv_offset_ = 0;
         if (const WcStatus s = scatter_to_recv(pkt.payload); s != WcStatus::Success) {
             // Too long for the receive buffer is the requester's error; a bad receive
             // buffer is ours.

@@ -36,9 +36,21 @@ std::optional<RecvWqe> SharedReceiveQueue::take() {
 }
 
 int SharedReceiveQueue::arm_limit(uint32_t limit) {
-    if (limit > capacity_) return EINVAL;
     std::lock_guard lock(mutex_);
+    if (limit > capacity_) return EINVAL;
     limit_ = limit;
+    return 0;
+}
+
+uint32_t SharedReceiveQueue::capacity() const {
+    std::lock_guard lock(mutex_);
+    return capacity_;
+}
+
+int SharedReceiveQueue::resize(uint32_t capacity) {
+    std::lock_guard lock(mutex_);
+    if (capacity == 0 || capacity < queue_.size() || capacity < limit_) return EINVAL;
+    capacity_ = capacity;
     return 0;
 }
 

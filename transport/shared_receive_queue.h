@@ -1,9 +1,9 @@
 // A shared receive queue (IBA 10.2.9): receive WQEs that any QP attached to it may take, in
 // the order they were posted, and the one-shot limit event.
 //
-// Work in progress (issue 10): not yet used by RcQp. A QP on an SRQ takes its receive WQE
-// here instead of from its own queue when a SEND starts (take()), under the SRQ's own mutex,
-// so QPs of different engine threads can share it.
+// A QP on an SRQ (RcQp's `srq`) takes its receive WQE here instead of from its own queue when
+// a message needs one (take()), under the SRQ's own mutex, so QPs of different engine threads
+// can share it.
 #pragma once
 
 #include <cstdint>
@@ -24,7 +24,7 @@ class SharedReceiveQueue {
                        std::function<void()> on_limit);
 
     uint32_t pd() const { return pd_; }
-    uint32_t capacity() const { return capacity_; }
+    uint32_t capacity() const;
     uint32_t max_sge() const { return max_sge_; }
 
     // 0, EINVAL (too many SGEs), or ENOMEM (queue full).
@@ -35,11 +35,14 @@ class SharedReceiveQueue {
     // EINVAL if `limit` exceeds the capacity.
     int arm_limit(uint32_t limit);
     uint32_t limit() const;
+    // ibv_modify_srq(IBV_SRQ_MAX_WR): EINVAL if fewer than the WQEs queued now, or below the
+    // armed limit.
+    int resize(uint32_t capacity);
     size_t depth() const;
 
   private:
     const uint32_t pd_;
-    const uint32_t capacity_;
+    uint32_t capacity_;  // guarded by mutex_
     const uint32_t max_sge_;
     std::function<void()> on_limit_;
     mutable std::mutex mutex_;

@@ -57,7 +57,15 @@ enum class WcStatus : uint8_t {
     GeneralErr,
 };
 
-enum class WcOpcode : uint8_t { Send, RdmaWrite, RdmaRead, CompSwap, FetchAdd, Recv, RecvRdmaWithImm };
+enum class WcOpcode : uint8_t {
+    Send,
+    RdmaWrite,
+    RdmaRead,
+    CompSwap,
+    FetchAdd,
+    Recv,
+    RecvRdmaWithImm
+};
 
 struct SendWqe {
     uint64_t wr_id = 0;

@@ -119,13 +119,16 @@ ibv_qp_state Endpoint::state() {
 }
 
 void to_rts(Endpoint& local, uint32_t remote_qpn, const ibv_gid& remote_gid, const QpOptions& opt) {
+    to_rts(local.qp, remote_qpn, remote_gid, opt);
+}
+
+void to_rts(ibv_qp* qp, uint32_t remote_qpn, const ibv_gid& remote_gid, const QpOptions& opt) {
     ibv_qp_attr a{};
     a.qp_state = IBV_QPS_INIT;
     a.pkey_index = 0;
     a.port_num = 1;
     a.qp_access_flags = opt.access & ~IBV_ACCESS_LOCAL_WRITE;
-    if (ibv_modify_qp(local.qp, &a,
-                      IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
+    if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
         throw std::runtime_error("INIT failed");
     a = {};
     a.qp_state = IBV_QPS_RTR;
@@ -139,7 +142,7 @@ void to_rts(Endpoint& local, uint32_t remote_qpn, const ibv_gid& remote_gid, con
     a.ah_attr.grh.sgid_index = 0;
     a.ah_attr.grh.hop_limit = 64;
     a.ah_attr.port_num = 1;
-    if (ibv_modify_qp(local.qp, &a,
+    if (ibv_modify_qp(qp, &a,
                       IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
                           IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
         throw std::runtime_error("RTR failed");
@@ -150,7 +153,7 @@ void to_rts(Endpoint& local, uint32_t remote_qpn, const ibv_gid& remote_gid, con
     a.retry_cnt = opt.retry_cnt;
     a.rnr_retry = opt.rnr_retry;
     a.max_rd_atomic = 16;
-    if (ibv_modify_qp(local.qp, &a,
+    if (ibv_modify_qp(qp, &a,
                       IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
                           IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC))
         throw std::runtime_error("RTS failed");

@@ -64,6 +64,7 @@ struct Endpoint {
 // INIT -> RTR -> RTS on both sides, each pointing at the other.
 void connect(Endpoint& a, Endpoint& b, const QpOptions& opt = {});
 void to_rts(Endpoint& local, uint32_t remote_qpn, const ibv_gid& remote_gid, const QpOptions& opt);
+void to_rts(ibv_qp* qp, uint32_t remote_qpn, const ibv_gid& remote_gid, const QpOptions& opt);
 
 // Polls until `n` completions arrived or `limit` passed; returns what arrived.
 std::vector<ibv_wc> wait_completions(ibv_cq* cq, size_t n,

@@ -17,6 +17,8 @@ source "$(dirname "$(readlink -f "$0")")/lib.sh"
 lib_init "$@"
 
 TESTS=(ib_write_bw ib_write_lat ib_send_bw ib_send_lat ib_read_bw ib_read_lat)
+# Each run: a tool and the options it gets beside the defaults (both sides).
+RUNS=("${TESTS[@]}" "ib_send_bw --use-srq" "ib_send_lat --use-srq" "ib_send_bw --use-srq -q 4")
 for tool in "${TESTS[@]}" ss timeout; do
     if ! command -v "$tool" >/dev/null; then
         skip "$tool is not installed (perftest)"
@@ -44,11 +46,20 @@ result_line() {
 BW_ROWS=()
 LAT_ROWS=()
 
-for t in "${TESTS[@]}"; do
+for run in "${RUNS[@]}"; do
+    read -r -a words <<<"$run"
+    tool=${words[0]}
+    extra=("${words[@]:1}")
+    t=$run  # the label
+    # With -q N the bandwidth tests count the iterations of all N QPs.
+    expect_iters=$ITERS
+    for ((i = 0; i + 1 < ${#extra[@]}; i++)); do
+        [[ ${extra[i]} == -q ]] && expect_iters=$((ITERS * extra[i + 1]))
+    done
     port=$(free_tcp_port) || { not_ok "$t: no free TCP port"; continue; }
     run_pair "$t" "$port" 120 UROCE_STATS=1 \
-        -- "$t" -d "$A" -x 0 -p "$port" -n "$ITERS" \
-        -- "$t" -d "$B" -x 0 -p "$port" -n "$ITERS" "$IP_A"
+        -- "$tool" -d "$A" -x 0 -p "$port" -n "$ITERS" "${extra[@]}" \
+        -- "$tool" -d "$B" -x 0 -p "$port" -n "$ITERS" "${extra[@]}" "$IP_A"
     expect_pair_ok "$t" || continue
     line=$(result_line "$CLI_OUT")
     if [[ -z $line ]]; then
@@ -57,16 +68,16 @@ for t in "${TESTS[@]}"; do
         ok "$t: client prints the result table line"
         echo "#   $line"
         read -r -a f <<<"$line"
-        if [[ $t == *_bw ]]; then
-            expect_eq "$t: iterations column" "$ITERS" "${f[1]}"
-            BW_ROWS+=("$(printf '%-13s %7s %6s %14s %14s %12s' "$t" "${f[0]}" "${f[1]}" "${f[3]}" "${f[2]}" "${f[4]}")")
+        if [[ $tool == *_bw ]]; then
+            expect_eq "$t: iterations column" "$expect_iters" "${f[1]}"
+            BW_ROWS+=("$(printf '%-26s %7s %6s %14s %14s %12s' "$t" "${f[0]}" "${f[1]}" "${f[3]}" "${f[2]}" "${f[4]}")")
         else
             expect_eq "$t: iterations column" "$ITERS" "${f[1]}"
-            LAT_ROWS+=("$(printf '%-13s %7s %6s %10s %10s %10s %10s %10s %10s' "$t" "${f[0]}" "${f[1]}" "${f[4]}" "${f[5]}" "${f[2]}" "${f[3]}" "${f[6]}" "${f[7]}")")
+            LAT_ROWS+=("$(printf '%-26s %7s %6s %10s %10s %10s %10s %10s %10s' "$t" "${f[0]}" "${f[1]}" "${f[4]}" "${f[5]}" "${f[2]}" "${f[3]}" "${f[6]}" "${f[7]}")")
         fi
     fi
     # The server prints the table too for these; ib_read_lat's server does not.
-    if [[ $t != ib_read_lat ]]; then
+    if [[ $tool != ib_read_lat ]]; then
         if [[ -n $(result_line "$SRV_OUT") ]]; then
             ok "$t: server prints the result table line"
         else
@@ -98,9 +109,9 @@ if awk -v l="$LOAD0" -v n="$(nproc)" 'BEGIN { exit !(l > n / 2) }'; then
     echo "#          figures are not a baseline"
 fi
 echo "# defaults except -d -x 0 -p -n $ITERS; client side figures; MTU 1024"
-printf '# %-13s %7s %6s %14s %14s %12s\n' test bytes iters "BW avg[MB/s]" "BW peak[MB/s]" "rate[Mpps]"
+printf '# %-26s %7s %6s %14s %14s %12s\n' test bytes iters "BW avg[MB/s]" "BW peak[MB/s]" "rate[Mpps]"
 for r in "${BW_ROWS[@]}"; do echo "# $r"; done
-printf '# %-13s %7s %6s %10s %10s %10s %10s %10s %10s\n' test bytes iters "typ[usec]" "avg[usec]" "min[usec]" "max[usec]" "stdev" "99%[usec]"
+printf '# %-26s %7s %6s %10s %10s %10s %10s %10s %10s\n' test bytes iters "typ[usec]" "avg[usec]" "min[usec]" "max[usec]" "stdev" "99%[usec]"
 for r in "${LAT_ROWS[@]}"; do echo "# $r"; done
 echo "# total time $((SECONDS - T0)) s"
 finish

@@ -9,7 +9,9 @@
 #   devices  ibv_devices and ibv_devinfo see the four devices as registered;
 #   poll     polling mode (the default), every size 1 B .. 64 KiB, and path MTU 4096;
 #   event    completion-channel mode (-e), the same sizes, and path MTU 4096;
-#   drop     5% of the packets each side sends dropped (UROCE_FAULTS).
+#   drop     5% of the packets each side sends dropped (UROCE_FAULTS);
+#   srq      ibv_srq_pingpong: 16 (or 4) QPs whose receives all come from one SRQ,
+#            polling and events, with and without loss.
 # Iterations: 10,000 for 1 B and 64 B messages (cheap, and many PSNs), 1,000
 # for larger ones (64 MiB each way at 64 KiB; 10,000 would only repeat the same
 # packets), 200 under loss. PINGPONG_ITERS=N sets every loss-free count to N
@@ -29,21 +31,24 @@ set -u
 source "$(dirname "$(readlink -f "$0")")/lib.sh"
 GROUP=${2:-}
 case $GROUP in
-    devices | poll | event | drop) ;;
+    devices | poll | event | drop | srq) ;;
     *)
-        echo "usage: $0 PATH_TO_UROCE devices|poll|event|drop" >&2
+        echo "usage: $0 PATH_TO_UROCE devices|poll|event|drop|srq" >&2
         exit 2
         ;;
 esac
 lib_init "$1"
 
-for tool in ibv_rc_pingpong ibv_devices ibv_devinfo ss timeout; do
+# The pingpong program the runs below use.
+PROG=ibv_rc_pingpong
+[[ $GROUP == srq ]] && PROG=ibv_srq_pingpong
+for tool in "$PROG" ibv_devices ibv_devinfo ss timeout; do
     if ! command -v "$tool" >/dev/null; then
         skip "$tool is not installed"
         finish
     fi
 done
-require_root "ibv_rc_pingpong over uroce ($GROUP)"
+require_root "$PROG over uroce ($GROUP)"
 
 T0=$SECONDS
 OCT=$(pick_octet 41) || echo "# warning: every 127.0.41..60.* block has UDP sockets; using 127.0.$OCT"
@@ -138,8 +143,8 @@ pingpong() {
         envs=(UROCE_STATS=1)
         [[ $f != - ]] && envs+=("UROCE_FAULTS=$f")
         run_pair "$label" "$port" "$secs" "${envs[@]}" \
-            -- ibv_rc_pingpong -d "$sdev" -g 0 -p "$port" -n "$iters" "$@" \
-            -- ibv_rc_pingpong -d "$cdev" -g 0 -p "$port" -n "$iters" "$@" "$sip"
+            -- "$PROG" -d "$sdev" -g 0 -p "$port" -n "$iters" "$@" \
+            -- "$PROG" -d "$cdev" -g 0 -p "$port" -n "$iters" "$@" "$sip"
         # Under loss, ibv_rc_pingpong has a teardown race that no transport can
         # avoid: a side that has everything it needs exits, and if the ACK of
         # the other side's last message was lost, the retransmission finds no
@@ -231,6 +236,13 @@ case $GROUP in
         pingpong "drop5% poll -s 65536" drop=0.05,seed=4 "$A" "$B" "$IP_A" 200 -s 65536 -c
         pingpong "drop5% event -s 65536" drop=0.05,seed=5 "$A" "$B" "$IP_A" 200 -e -s 65536 -c
         pingpong "drop5% -m 4096 -s 65536" drop=0.05,seed=6 "$B" "$C" "$IP_B" 200 -m 4096 -s 65536 -c
+        ;;
+    srq)
+        # -n counts the exchanges of each QP; -c checks every received buffer.
+        pingpong "srq poll -s 4096" - "$A" "$B" "$IP_A" "$LARGE" -s 4096 -c
+        pingpong "srq event -s 1024" - "$A" "$B" "$IP_A" "$LARGE" -e -s 1024 -c
+        pingpong "srq -q 4 -m 4096 -s 65536" - "$B" "$C" "$IP_B" 200 -q 4 -m 4096 -s 65536 -c
+        pingpong "srq drop5% -s 4096" drop=0.05,seed=7 "$A" "$B" "$IP_A" 200 -s 4096 -c
         ;;
 esac
 
