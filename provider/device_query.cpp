@@ -50,7 +50,9 @@ int query_device_ex(ibv_context* ibctx, const ibv_query_device_ex_input*, ibv_de
     d.max_qp_rd_atom = kMaxRdAtomic;
     d.max_qp_init_rd_atom = kMaxRdAtomic;
     d.max_res_rd_atom = kMaxRdAtomic * kMaxQp;
-    d.atomic_cap = IBV_ATOMIC_NONE;
+    // Atomics run as CPU atomics on the target memory (transport/rc_atomics.cpp): atomic with
+    // respect to every other atomic this device executes, as rxe reports.
+    d.atomic_cap = IBV_ATOMIC_HCA;
     d.max_pkeys = 1;
     d.local_ca_ack_delay = 15;
     d.phys_port_cnt = 1;

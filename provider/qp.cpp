@@ -253,9 +253,15 @@ int post_send(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexcept {
             case IBV_WR_RDMA_READ:
                 w.opcode = transport::SendOpcode::RdmaRead;
                 break;
+            case IBV_WR_ATOMIC_CMP_AND_SWP:
+                w.opcode = transport::SendOpcode::AtomicCmpSwap;
+                break;
+            case IBV_WR_ATOMIC_FETCH_AND_ADD:
+                w.opcode = transport::SendOpcode::AtomicFetchAdd;
+                break;
             default:
                 err = EINVAL;
-                break;  // atomics, invalidate, bind: not yet
+                break;  // invalidate, bind: not yet
         }
         const bool is_inline = wr->send_flags & IBV_SEND_INLINE;
         if (!err && (wr->num_sge < 0 || wr->num_sge > kMaxSge)) err = EINVAL;
@@ -263,6 +269,10 @@ int post_send(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexcept {
         uint64_t total = 0;
         for (int i = 0; !err && i < wr->num_sge; ++i) total += wr->sg_list[i].length;
         if (!err && (total > kMaxMessage || (is_inline && total > kMaxInline))) err = EINVAL;
+        // An atomic returns 8 bytes into a registered buffer, from an 8-byte aligned target.
+        if (!err && transport::is_atomic(w.opcode) &&
+            (is_inline || total != 8 || wr->wr.atomic.remote_addr % 8 != 0))
+            err = EINVAL;
         if (err) {
             *bad_wr = wr;
             return err;
@@ -287,8 +297,13 @@ int post_send(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexcept {
             for (int i = 0; i < wr->num_sge; ++i)
                 w.sgl.sge[i] = {wr->sg_list[i].addr, wr->sg_list[i].length, wr->sg_list[i].lkey};
         }
-        if (w.opcode != transport::SendOpcode::Send &&
-            w.opcode != transport::SendOpcode::SendWithImm) {
+        if (transport::is_atomic(w.opcode)) {
+            w.remote_addr = wr->wr.atomic.remote_addr;
+            w.rkey = wr->wr.atomic.rkey;
+            w.compare_add = wr->wr.atomic.compare_add;
+            w.swap = wr->wr.atomic.swap;
+        } else if (w.opcode != transport::SendOpcode::Send &&
+                   w.opcode != transport::SendOpcode::SendWithImm) {
             w.remote_addr = wr->wr.rdma.remote_addr;
             w.rkey = wr->wr.rdma.rkey;
         }

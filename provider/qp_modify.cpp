@@ -161,6 +161,7 @@ transport::QpAttributes to_transport(const ibv_qp_attr& a, uint32_t port_mtu) {
     if (a.qp_access_flags & IBV_ACCESS_REMOTE_WRITE) t.access |= transport::kRemoteWrite;
     if (a.qp_access_flags & IBV_ACCESS_REMOTE_READ) t.access |= transport::kRemoteRead;
     if (a.qp_access_flags & IBV_ACCESS_REMOTE_ATOMIC) t.access |= transport::kRemoteAtomic;
+    if (a.qp_access_flags & IBV_ACCESS_REMOTE_ATOMIC) t.access |= transport::kRemoteAtomic;
     gid_to_ipv4(a.ah_attr.grh.dgid, t.dst_ip);
     t.dest_qpn = a.dest_qp_num;
     // The path MTU is taken as the application sets it (both ends must agree on it, as they

@@ -58,7 +58,8 @@ void RcQp::complete_send(const SqEntry& e, WcStatus status) {
     c.wr_id = e.wqe.wr_id;
     c.status = status;
     c.opcode = wc_opcode_for(e.wqe.opcode);
-    c.byte_len = e.wqe.opcode == SendOpcode::RdmaRead ? e.wqe.length : 0;
+    // READs and atomics report the bytes that came back (8 for an atomic, as rxe does).
+    c.byte_len = takes_responder_resource(e.wqe.opcode) ? e.wqe.length : 0;
     c.qp_num = qpn_;
     push_completion(*send_cq_, c);
 }
@@ -67,7 +68,7 @@ void RcQp::retire_front(WcStatus status) {
     // Off the queue before its completion: a full CQ moves the QP to ERR, which flushes sq_.
     const SqEntry e = std::move(sq_.front());
     sq_.pop_front();
-    if (e.assigned && e.wqe.opcode == SendOpcode::RdmaRead && reads_outstanding_ > 0)
+    if (e.assigned && takes_responder_resource(e.wqe.opcode) && reads_outstanding_ > 0)
         --reads_outstanding_;
     if (send_index_ > 0)
         --send_index_;
@@ -82,7 +83,7 @@ bool RcQp::has_outstanding() const {
 
 uint32_t RcQp::oldest_unacked() const {
     const SqEntry& e = sq_.front();
-    if (e.wqe.opcode == SendOpcode::RdmaRead) return psn_add(e.psn, e.read_pkts);
+    if (takes_responder_resource(e.wqe.opcode)) return psn_add(e.psn, e.read_pkts);
     return psn_diff(una_psn_, e.psn) > 0 ? una_psn_ : e.psn;
 }
 
@@ -92,17 +93,21 @@ void RcQp::ack_through(uint32_t psn) {
     while (has_outstanding()) {
         SqEntry& e = sq_.front();
         const uint32_t last = psn_add(e.psn, e.npkts - 1);
-        if (e.wqe.opcode == SendOpcode::RdmaRead) {
+        if (takes_responder_resource(e.wqe.opcode)) {
             if (e.read_done) {
                 retire_front(WcStatus::Success);
                 progress = true;
                 continue;
             }
-            // An ACK beyond a READ whose responses have not all come means they were
-            // lost: ask again for the rest (once until the timer runs out).
+            // An ACK beyond a READ whose responses have not all come (or an atomic whose
+            // acknowledgement has not) means they were lost: ask again for the rest (once
+            // until the timer runs out). An atomic asked again is answered from the
+            // responder's replay cache, not executed again.
             if (!psn_before(psn, last) && !e.read_gap_retried) {
                 e.read_gap_retried = true;
-                if (const WcStatus status = send_read_request(e); status != WcStatus::Success) {
+                const WcStatus status =
+                    is_atomic(e.wqe.opcode) ? send_atomic_request(e) : send_read_request(e);
+                if (status != WcStatus::Success) {
                     e.failed = status;
                     enter_error();
                     return;
@@ -158,6 +163,11 @@ void RcQp::on_response(const wire::ParsedPacket& pkt) {
     }
     if (flags & wire::kRead) {
         on_read_response(pkt);
+        pump();
+        return;
+    }
+    if (flags & wire::kAtomic) {
+        on_atomic_ack(pkt);
         pump();
         return;
     }

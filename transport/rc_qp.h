@@ -132,6 +132,11 @@ class RcQp : public std::enable_shared_from_this<RcQp> {
     // LocQpOpErr (the socket refused the packet for good, e.g. larger than the IP MTU).
     WcStatus send_request_packet(SqEntry& e, uint32_t pkt_index);
     WcStatus send_read_request(SqEntry& e);
+    WcStatus send_atomic_request(SqEntry& e);
+    // Every local key of `e`'s buffer allows local writes (READ and atomic results land there).
+    bool local_buffer_writable(const SqEntry& e) const;
+    // The atomic's AtomicAckETH has come: the original value goes to the local buffer.
+    void on_atomic_ack(const wire::ParsedPacket& pkt);
     uint32_t packets_for(const SqEntry& e) const;
     void rewind_to(uint32_t psn);
     bool gather(const SqEntry& e, uint32_t offset, uint32_t len, std::span<iovec> iov,
@@ -169,6 +174,10 @@ class RcQp : public std::enable_shared_from_this<RcQp> {
     void on_duplicate(const wire::ParsedPacket& pkt);
     void execute_request(const wire::ParsedPacket& pkt);
     void execute_read(const wire::ParsedPacket& pkt);
+    // CmpSwap / FetchAdd (rc_atomics.cpp): executed once, answered from the replay cache after.
+    void execute_atomic(const wire::ParsedPacket& pkt);
+    void on_duplicate_atomic(const wire::ParsedPacket& pkt);
+    void send_atomic_ack(const ReadResource& r);
     bool length_ok(const wire::ParsedPacket& pkt, bool starts, bool ends) const;
     // Sends up to `budget` READ response packets, oldest READ first.
     void send_responses(uint32_t budget);

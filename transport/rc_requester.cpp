@@ -29,6 +29,7 @@ constexpr OpcodeSet kWriteOps{wire::Opcode::RcWriteFirst,   wire::Opcode::RcWrit
 }  // namespace
 
 uint32_t RcQp::packets_for(const SqEntry& e) const {
+    if (is_atomic(e.wqe.opcode)) return 1;
     const uint32_t mtu = attrs_.mtu;
     return std::max<uint32_t>(1, (e.wqe.length + mtu - 1) / mtu);
 }
@@ -104,18 +105,7 @@ WcStatus RcQp::send_read_request(SqEntry& e) {
     h.bth.ack_req = true;
     h.reth = {e.wqe.remote_addr + e.read_bytes, e.wqe.rkey, e.wqe.length - e.read_bytes};
     // The local buffer must be writable before we ask for data to land in it.
-    {
-        auto guard = engine_.memory().lock_shared();
-        uint32_t left = e.wqe.length;
-        for (uint32_t i = 0; i < e.wqe.sgl.count && left > 0; ++i) {
-            const Sge& s = e.wqe.sgl.sge[i];
-            const uint32_t take = std::min(left, s.length);
-            if (engine_.memory().check_local(s.lkey, pd_, s.addr, take, kLocalWrite) !=
-                KeyCheck::Ok)
-                return WcStatus::LocProtErr;
-            left -= take;
-        }
-    }
+    if (!local_buffer_writable(e)) return WcStatus::LocProtErr;
     return transmit(h, {}, 0) ? WcStatus::Success : WcStatus::LocQpOpErr;
 }
 
@@ -132,14 +122,15 @@ void RcQp::pump() {
             if (state_ == QpState::Sqd) break;
             // A new request: fences and the READ limit apply only before it first goes out.
             if (e.wqe.fence && reads_outstanding_ > 0) break;
-            if (e.wqe.opcode == SendOpcode::RdmaRead && reads_outstanding_ >= attrs_.max_rd_atomic)
+            if (takes_responder_resource(e.wqe.opcode) &&
+                reads_outstanding_ >= attrs_.max_rd_atomic)
                 break;
             if (psn_diff(next_psn_, una_psn_) >= window) break;
             e.assigned = true;
             e.psn = next_psn_;
             e.npkts = packets_for(e);
             next_psn_ = psn_add(next_psn_, e.npkts);
-            if (e.wqe.opcode == SendOpcode::RdmaRead) ++reads_outstanding_;
+            if (takes_responder_resource(e.wqe.opcode)) ++reads_outstanding_;
             send_pkt_ = 0;
         }
         const uint32_t psn = psn_add(e.psn, send_pkt_);
@@ -147,6 +138,9 @@ void RcQp::pump() {
         WcStatus status;
         if (e.wqe.opcode == SendOpcode::RdmaRead) {
             status = send_read_request(e);
+            send_pkt_ = e.npkts;
+        } else if (is_atomic(e.wqe.opcode)) {
+            status = send_atomic_request(e);
             send_pkt_ = e.npkts;
         } else {
             status = send_request_packet(e, send_pkt_);

@@ -285,6 +285,10 @@ void RcQp::on_duplicate(const wire::ParsedPacket& pkt) {
     const uint32_t psn = pkt.h.bth.psn;
     // Its original is still held, not executed yet: that one will be answered.
     if (!held_.empty() && !psn_before(psn, held_.front().h.bth.psn)) return;
+    if (pkt.info->flags & wire::kAtomic) {
+        on_duplicate_atomic(pkt);
+        return;
+    }
     if (!(pkt.info->flags & wire::kRead)) {
         // Executed already: only the acknowledgement may have been lost.
         ack_pending_ = true;
@@ -296,7 +300,7 @@ void RcQp::on_duplicate(const wire::ParsedPacket& pkt) {
     const wire::Reth& reth = pkt.h.reth;
     ReadResource* r = reads_.find(psn);
     const int64_t i = r ? r->index_of(psn) : -1;
-    if (r == nullptr || !(attrs_.access & kRemoteRead) || reth.rkey != r->rkey ||
+    if (r == nullptr || r->atomic || !(attrs_.access & kRemoteRead) || reth.rkey != r->rkey ||
         reth.va != r->va + r->offset_of(static_cast<uint32_t>(i)) ||
         uint64_t{reth.dma_len} != r->length - std::min<uint64_t>(r->length, r->offset_of(i))) {
         bump(engine_.counters().rx_duplicate_dropped);
@@ -383,8 +387,12 @@ void RcQp::execute_request(const wire::ParsedPacket& pkt) {
         execute_read(pkt);
         return;
     }
+    if (flags & wire::kAtomic) {
+        execute_atomic(pkt);
+        return;
+    }
     if (!(flags & (wire::kSend | wire::kWrite))) {
-        // Atomics and the rest are not implemented yet: say so instead of ignoring them.
+        // Nothing else is a request this QP can execute: say so instead of ignoring it.
         responder_error(wire::NakCode::InvalidRequest, psn, AsyncEventType::QpRequestError);
         return;
     }

@@ -1,5 +1,8 @@
-// Responder resources (IBA ch. 9.7): the RDMA READ requests a responder has
+// Responder resources (IBA ch. 9.7): the RDMA READ and atomic requests a responder has
 // accepted and may still have to answer, at most max_dest_rd_atomic of them.
+//
+// An atomic's resource is its replay cache: the original value it returned. A duplicate of
+// the atomic (its acknowledgement was lost) is answered from there, never executed again.
 //
 // A resource is the queue entry of its READ's responses too: the responder sends them from
 // here a few packets at a time (RcQp::send_responses), and a duplicate request is answered
@@ -27,6 +30,12 @@ struct ReadResource {
     uint32_t next = 0;       // index of the next response packet to send
     uint32_t run_start = 0;  // index where the current run of responses started (First/Only)
     uint32_t sent_once = 0;  // packets [0, sent_once) have each gone out at least once
+    bool atomic = false;     // an atomic: one PSN, answered at once with `original`
+    uint64_t original = 0;   // the value the atomic found (its AtomicAckETH)
+    // The atomic's operands: a duplicate is answered from here only if they match.
+    bool cmp_swap = false;
+    uint64_t swap_add = 0;
+    uint64_t compare = 0;
 
     bool sending() const { return next < npkts; }
     // Every response has gone out once: a conforming requester may have finished the READ.

@@ -37,9 +37,13 @@ enum class SendOpcode : uint8_t {
     AtomicFetchAdd,  // 8 bytes at remote_addr: compare_add is added
 };
 
-// True for the opcodes that take a responder resource (max_rd_atomic / max_dest_rd_atomic).
 inline bool is_atomic(SendOpcode op) {
     return op == SendOpcode::AtomicCmpSwap || op == SendOpcode::AtomicFetchAdd;
+}
+// True for the opcodes that take a responder resource (max_rd_atomic / max_dest_rd_atomic)
+// and are answered by responses of their own (READ responses, Atomic Acknowledge).
+inline bool takes_responder_resource(SendOpcode op) {
+    return op == SendOpcode::RdmaRead || is_atomic(op);
 }
 
 enum class WcStatus : uint8_t {
