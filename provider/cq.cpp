@@ -174,6 +174,7 @@ int poll_cq(ibv_cq* ibcq, int n, ibv_wc* wc) noexcept {
             w.qp_num = c[i].qp_num;
             w.src_qp = c[i].src_qp;
             w.pkey_index = 0;
+            if (c[i].with_grh) w.wc_flags |= IBV_WC_GRH;
             if (c[i].with_imm) {
                 w.wc_flags |= IBV_WC_WITH_IMM;
                 w.imm_data = htonl(c[i].imm);

@@ -92,6 +92,7 @@ void destroy_state(ContextState* st) {
     }
     st->engine.reset();  // stops the engine thread first: it may post async events
     for (UroceSrq* srq : st->live_srqs.take_all()) reclaim_srq(srq);
+    for (UroceAh* ah : st->live_ahs.take_all()) reclaim_ah(ah);
     for (UroceCq* cq : st->live_cqs.take_all()) reclaim_cq(cq);
     for (UrocePd* pd : st->live_pds.take_all()) reclaim_pd(pd);
     if (st->cmd_fd >= 0) cmd_fd_unregister(st->cmd_fd);

@@ -45,6 +45,7 @@ int query_device_ex(ibv_context* ibctx, const ibv_query_device_ex_input*, ibv_de
     d.max_mr = kMaxMr;
     d.max_pd = kMaxPd;
     d.max_srq = kMaxSrq;
+    d.max_ah = kMaxAh;
     d.max_srq_wr = kMaxSrqWr;
     d.max_srq_sge = kMaxSge;
     d.max_qp_rd_atom = kMaxRdAtomic;

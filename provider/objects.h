@@ -21,6 +21,7 @@
 #include "transport/engine.h"
 #include "transport/rc_qp.h"
 #include "transport/shared_receive_queue.h"
+#include "transport/ud_qp.h"
 #include "uroce/verbs_abi.h"
 
 namespace uroce::provider {
@@ -43,6 +44,7 @@ struct UroceMr;
 struct UroceCq;
 struct UroceQp;
 struct UroceSrq;
+struct UroceAh;
 
 // What a context owns beyond libibverbs' part.
 struct ContextState {
@@ -59,9 +61,11 @@ struct ContextState {
     std::atomic<int> pds{0};
     std::atomic<int> mrs{0};
     std::atomic<int> srqs{0};
+    std::atomic<int> ahs{0};
     // What the application has not destroyed; free_context reclaims it.
     LiveObjects<UroceQp> live_qps;
     LiveObjects<UroceSrq> live_srqs;
+    LiveObjects<UroceAh> live_ahs;
     LiveObjects<UroceCq> live_cqs;
     LiveObjects<UroceMr> live_mrs;
     LiveObjects<UrocePd> live_pds;
@@ -107,9 +111,18 @@ struct UroceSrq {
     LimitedSlot slot;
 };
 
+// An address handle: where UD SENDs that name it go.
+struct UroceAh {
+    ibv_ah ah;            // must be first
+    uint32_t dst_ip = 0;  // host order
+    LimitedSlot slot;
+};
+
 struct UroceQp {
     verbs_qp vqp;  // must be first
+    // Exactly one of them, as vqp.qp.qp_type says.
     std::shared_ptr<transport::RcQp> rc;
+    std::shared_ptr<transport::UdQp> ud;
     UroceCq* send_cq = nullptr;
     UroceCq* recv_cq = nullptr;
     UroceSrq* srq = nullptr;
@@ -140,6 +153,13 @@ inline UroceQp* to_uqp(ibv_qp* q) {
 }
 inline UroceSrq* to_usrq(ibv_srq* s) {
     return reinterpret_cast<UroceSrq*>(s);
+}
+inline UroceAh* to_uah(ibv_ah* a) {
+    return reinterpret_cast<UroceAh*>(a);
+}
+// The transport's view of the QP's state, whatever its type.
+inline transport::QpState qp_state(const UroceQp& qp) {
+    return qp.ud ? qp.ud->state() : qp.rc->state();
 }
 
 // Queues an asynchronous event for ibv_get_async_event: `element` is the ibv_qp* or ibv_cq*
@@ -179,6 +199,12 @@ int modify_srq(ibv_srq*, ibv_srq_attr*, int) noexcept;
 int query_srq(ibv_srq*, ibv_srq_attr*) noexcept;
 int destroy_srq(ibv_srq*) noexcept;
 int post_srq_recv(ibv_srq*, ibv_recv_wr*, ibv_recv_wr**) noexcept;
+ibv_ah* create_ah(ibv_pd*, ibv_ah_attr*) noexcept;
+int destroy_ah(ibv_ah*) noexcept;
+// UD QPs (ud_qp.cpp): the parts of modify_qp and post_send that differ from RC.
+int modify_ud_qp(UroceQp& qp, const ibv_qp_attr& attr, int mask, transport::QpState current,
+                 transport::QpState next) noexcept;
+int post_send_ud(UroceQp& qp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexcept;
 // The receive WQE in `wr`, or EINVAL (bad SGE count); shared by post_recv and post_srq_recv.
 int to_recv_wqe(const ibv_recv_wr& wr, transport::RecvWqe& out) noexcept;
 
@@ -189,6 +215,7 @@ void reclaim_qp(ContextState&, UroceQp*) noexcept;
 void reclaim_mr(ContextState&, UroceMr*) noexcept;
 void reclaim_cq(UroceCq*) noexcept;
 void reclaim_srq(UroceSrq*) noexcept;
+void reclaim_ah(UroceAh*) noexcept;
 void reclaim_pd(UrocePd*) noexcept;
 
 }  // namespace uroce::provider

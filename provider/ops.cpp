@@ -20,11 +20,13 @@ verbs_context_ops make_ops() {
     o.alloc_pd = alloc_pd;
     o.async_event = async_event;
     o.cq_event = cq_event;
+    o.create_ah = create_ah;
     o.create_cq = create_cq;
     o.create_qp = create_qp;
     o.create_srq = create_srq;
     o.dealloc_pd = dealloc_pd;
     o.dereg_mr = dereg_mr;
+    o.destroy_ah = destroy_ah;
     o.destroy_cq = destroy_cq;
     o.destroy_qp = destroy_qp;
     o.destroy_srq = destroy_srq;

@@ -51,8 +51,8 @@ ibv_qp* create_qp(ibv_pd* pd, ibv_qp_init_attr* init) noexcept {
         errno = EINVAL;
         return nullptr;
     }
-    if (init->qp_type != IBV_QPT_RC) {
-        // UC, UD and XRC come later.
+    if (init->qp_type != IBV_QPT_RC && init->qp_type != IBV_QPT_UD) {
+        // UC and XRC come later.
         errno = EOPNOTSUPP;
         return nullptr;
     }
@@ -96,10 +96,17 @@ ibv_qp* create_qp(ibv_pd* pd, ibv_qp_init_attr* init) noexcept {
     uint32_t qpn = 0;
     try {
         qpn = engine.allocate_qpn();
-        qp->rc = std::make_shared<transport::RcQp>(engine, qpn, to_upd(pd)->id, caps,
-                                                   qp->send_cq->queue, qp->recv_cq->queue,
-                                                   &qp->vqp.qp, srq ? srq->queue : nullptr);
-        engine.attach(qp->rc);
+        if (init->qp_type == IBV_QPT_UD) {
+            qp->ud = std::make_shared<transport::UdQp>(engine, qpn, to_upd(pd)->id, caps,
+                                                       qp->send_cq->queue, qp->recv_cq->queue,
+                                                       &qp->vqp.qp, srq ? srq->queue : nullptr);
+            engine.attach(qp->ud);
+        } else {
+            qp->rc = std::make_shared<transport::RcQp>(engine, qpn, to_upd(pd)->id, caps,
+                                                       qp->send_cq->queue, qp->recv_cq->queue,
+                                                       &qp->vqp.qp, srq ? srq->queue : nullptr);
+            engine.attach(qp->rc);
+        }
     } catch (...) {
         if (qpn) engine.detach(qpn);  // gives the reserved QPN back
         delete qp;
@@ -125,10 +132,10 @@ ibv_qp* create_qp(ibv_pd* pd, ibv_qp_init_attr* init) noexcept {
     q.send_cq = init->send_cq;
     q.recv_cq = init->recv_cq;
     q.srq = init->srq;
-    q.handle = qp->rc->qpn();
-    q.qp_num = qp->rc->qpn();
+    q.handle = qpn;
+    q.qp_num = qpn;
     q.state = IBV_QPS_RESET;
-    q.qp_type = IBV_QPT_RC;
+    q.qp_type = init->qp_type;
     q.events_completed = 0;
     pthread_mutex_init(&q.mutex, nullptr);
     pthread_cond_init(&q.cond, nullptr);
@@ -154,8 +161,9 @@ int destroy_qp(ibv_qp* ibqp) noexcept {
     ContextState* st = to_uctx(ibqp->context)->state;
     st->live_qps.remove(qp);
     // After detach no packet, timer or transport event reaches the QP.
-    st->engine->detach(qp->rc->qpn());
+    st->engine->detach(ibqp->qp_num);
     qp->rc.reset();
+    qp->ud.reset();
     // Events not yet read never will be; those the application has read it must acknowledge
     // before the QP goes (libibverbs' contract: a kernel provider waits the same way).
     st->async_events.retract(reinterpret_cast<uint64_t>(ibqp), &qp->events);
@@ -171,8 +179,9 @@ int destroy_qp(ibv_qp* ibqp) noexcept {
 }
 
 void reclaim_qp(ContextState& st, UroceQp* qp) noexcept {
-    st.engine->detach(qp->rc->qpn());
+    st.engine->detach(qp->vqp.qp.qp_num);
     qp->rc.reset();
+    qp->ud.reset();
     pthread_cond_destroy(&qp->vqp.qp.cond);
     pthread_mutex_destroy(&qp->vqp.qp.mutex);
     delete qp;
@@ -183,9 +192,9 @@ int modify_qp(ibv_qp* ibqp, ibv_qp_attr* attr, int mask) noexcept {
     if (!attr) return EINVAL;
     auto* qp = to_uqp(ibqp);
     std::lock_guard lock(qp->attr_mutex);
-    const QpState current = qp->rc->state();
+    const QpState current = qp_state(*qp);
     QpState next;
-    if (int err = check_modify(current, *attr, mask, next)) return err;
+    if (int err = check_modify(ibqp->qp_type, current, *attr, mask, next)) return err;
     merge_attributes(qp->attr, *attr, mask);
     if (next == QpState::Reset) {
         // Back to the defaults a new QP has.
@@ -199,6 +208,7 @@ int modify_qp(ibv_qp* ibqp, ibv_qp_attr* attr, int mask) noexcept {
     qp->attr.qp_state = to_ibv(next);
     qp->attr.cur_qp_state = to_ibv(next);
     qp->attr.sq_draining = next == QpState::Sqd;
+    if (qp->ud) return modify_ud_qp(*qp, qp->attr, mask, current, next);
     const uint32_t port_mtu = to_uctx(ibqp->context)->state->device->config.mtu;
     return qp->rc->modify(to_transport(qp->attr, port_mtu), current, next);
 }
@@ -212,7 +222,7 @@ int query_qp(ibv_qp* ibqp, ibv_qp_attr* attr, int, ibv_qp_init_attr* init) noexc
         *attr = qp->attr;
     }
     // The transport may have moved the QP to ERR on its own.
-    const QpState s = qp->rc->state();
+    const QpState s = qp_state(*qp);
     attr->qp_state = to_ibv(s);
     attr->cur_qp_state = attr->qp_state;
     attr->sq_draining = s == QpState::Sqd;
@@ -223,7 +233,7 @@ int query_qp(ibv_qp* ibqp, ibv_qp_attr* attr, int, ibv_qp_init_attr* init) noexc
     init->recv_cq = ibqp->recv_cq;
     init->srq = ibqp->srq;
     init->cap = attr->cap;
-    init->qp_type = IBV_QPT_RC;
+    init->qp_type = ibqp->qp_type;
     init->sq_sig_all = qp->sq_sig_all;
     return 0;
 }
@@ -234,6 +244,7 @@ int post_send(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexcept {
         return EIO;
     }
     auto* qp = to_uqp(ibqp);
+    if (qp->ud) return post_send_ud(*qp, wr, bad_wr);
     for (; wr; wr = wr->next) {
         transport::SendWqe w;
         int err = 0;
@@ -325,7 +336,7 @@ int post_recv(ibv_qp* ibqp, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) noexcept {
     for (; wr; wr = wr->next) {
         transport::RecvWqe r;
         int e = to_recv_wqe(*wr, r);
-        if (e == 0) e = qp->rc->post_recv(r);
+        if (e == 0) e = qp->ud ? qp->ud->post_recv(r) : qp->rc->post_recv(r);
         if (e) {
             *bad_wr = wr;
             return e;

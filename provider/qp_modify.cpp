@@ -5,6 +5,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <span>
 
 #include "provider/device_limits.h"
 #include "provider/objects.h"
@@ -48,7 +49,7 @@ struct MaskRule {
 constexpr int kAltPath = IBV_QP_ALT_PATH;
 
 // RC rows of the IBA's transition table. Moves to RESET and ERR take no attributes.
-constexpr MaskRule kRules[] = {
+constexpr MaskRule kRcRules[] = {
     {QpState::Reset, QpState::Init, IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS, 0},
     {QpState::Init, QpState::Init, 0, IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS},
     {QpState::Init, QpState::Rtr,
@@ -73,7 +74,21 @@ constexpr MaskRule kRules[] = {
     {QpState::Sqe, QpState::Rts, 0, IBV_QP_CUR_STATE | IBV_QP_ACCESS_FLAGS},
 };
 
-// IPv4-mapped IPv6 address (::ffff:a.b.c.d), the only GID form this version routes.
+// UD rows: no connection, so no address, PSN to expect, timers or access rights; a Q_Key.
+constexpr MaskRule kUdRules[] = {
+    {QpState::Reset, QpState::Init, IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY, 0},
+    {QpState::Init, QpState::Init, 0, IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY},
+    {QpState::Init, QpState::Rtr, 0, IBV_QP_PKEY_INDEX | IBV_QP_QKEY},
+    {QpState::Rtr, QpState::Rts, IBV_QP_SQ_PSN, IBV_QP_CUR_STATE | IBV_QP_QKEY},
+    {QpState::Rts, QpState::Rts, 0, IBV_QP_CUR_STATE | IBV_QP_QKEY},
+    {QpState::Rts, QpState::Sqd, 0, IBV_QP_EN_SQD_ASYNC_NOTIFY},
+    {QpState::Sqd, QpState::Rts, 0, IBV_QP_CUR_STATE | IBV_QP_QKEY},
+    {QpState::Sqd, QpState::Sqd, 0, IBV_QP_PKEY_INDEX | IBV_QP_QKEY},
+    {QpState::Sqe, QpState::Rts, 0, IBV_QP_CUR_STATE | IBV_QP_QKEY},
+};
+
+}  // namespace
+
 bool gid_to_ipv4(const ibv_gid& gid, uint32_t& ip) {
     static const uint8_t kPrefix[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
     if (std::memcmp(gid.raw, kPrefix, sizeof kPrefix) != 0) return false;
@@ -83,9 +98,8 @@ bool gid_to_ipv4(const ibv_gid& gid, uint32_t& ip) {
     return ip != 0;
 }
 
-}  // namespace
-
-int check_modify(QpState current, const ibv_qp_attr& attr, int mask, QpState& next) {
+int check_modify(ibv_qp_type type, QpState current, const ibv_qp_attr& attr, int mask,
+                 QpState& next) {
     bool ok = true;
     next = (mask & IBV_QP_STATE) ? to_state(attr.qp_state, ok) : current;
     if (!ok) return EINVAL;
@@ -98,7 +112,10 @@ int check_modify(QpState current, const ibv_qp_attr& attr, int mask, QpState& ne
     if (next == QpState::Reset || next == QpState::Err) {
         return (attrs & ~IBV_QP_CUR_STATE) ? EINVAL : 0;
     }
-    for (const MaskRule& r : kRules) {
+    const std::span<const MaskRule> rules = type == IBV_QPT_UD
+                                                ? std::span<const MaskRule>(kUdRules)
+                                                : std::span<const MaskRule>(kRcRules);
+    for (const MaskRule& r : rules) {
         if (r.from != current || r.to != next) continue;
         if ((attrs & r.required) != r.required) return EINVAL;
         if (attrs & ~(r.required | r.optional)) return EINVAL;
@@ -154,13 +171,13 @@ void merge_attributes(ibv_qp_attr& stored, const ibv_qp_attr& a, int mask) {
     if (mask & IBV_QP_RNR_RETRY) stored.rnr_retry = a.rnr_retry;
     if (mask & IBV_QP_PATH_MIG_STATE) stored.path_mig_state = a.path_mig_state;
     if (mask & IBV_QP_EN_SQD_ASYNC_NOTIFY) stored.en_sqd_async_notify = a.en_sqd_async_notify;
+    if (mask & IBV_QP_QKEY) stored.qkey = a.qkey;
 }
 
 transport::QpAttributes to_transport(const ibv_qp_attr& a, uint32_t port_mtu) {
     transport::QpAttributes t;
     if (a.qp_access_flags & IBV_ACCESS_REMOTE_WRITE) t.access |= transport::kRemoteWrite;
     if (a.qp_access_flags & IBV_ACCESS_REMOTE_READ) t.access |= transport::kRemoteRead;
-    if (a.qp_access_flags & IBV_ACCESS_REMOTE_ATOMIC) t.access |= transport::kRemoteAtomic;
     if (a.qp_access_flags & IBV_ACCESS_REMOTE_ATOMIC) t.access |= transport::kRemoteAtomic;
     gid_to_ipv4(a.ah_attr.grh.dgid, t.dst_ip);
     t.dest_qpn = a.dest_qp_num;

@@ -1,4 +1,4 @@
-// Checking and applying ibv_modify_qp attributes for RC QPs.
+// Checking and applying ibv_modify_qp attributes (RC and UD QPs).
 #pragma once
 
 #include <infiniband/verbs.h>
@@ -10,8 +10,12 @@ namespace uroce::provider {
 
 // 0 if `mask` and the values in `attr` form a valid modify of a QP in `current`; sets
 // `next` to the state it moves to. EINVAL otherwise.
-int check_modify(transport::QpState current, const ibv_qp_attr& attr, int mask,
+int check_modify(ibv_qp_type type, transport::QpState current, const ibv_qp_attr& attr, int mask,
                  transport::QpState& next);
+
+// The IPv4 address of an IPv4-mapped GID (::ffff:a.b.c.d), the only GID form this version
+// routes; false for any other GID or 0.0.0.0.
+bool gid_to_ipv4(const ibv_gid& gid, uint32_t& ip);
 
 // Copies the attributes named by `mask` into `stored`.
 void merge_attributes(ibv_qp_attr& stored, const ibv_qp_attr& attr, int mask);

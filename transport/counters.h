@@ -37,7 +37,9 @@ namespace uroce::transport {
     X(tx_dropped_full)           /* socket buffer full: dropped, recovered as a loss */      \
     X(tx_too_big)                /* EMSGSIZE: packet larger than the path's IP MTU */        \
     X(tx_sport_fallback)         /* QPs sending from the main port: source port not bound */ \
-    X(cq_overruns)               /* completions that found their CQ full */
+    X(cq_overruns)               /* completions that found their CQ full */                  \
+    X(rx_bad_qkey)               /* UD packets whose Q_Key is not the QP's */                \
+    X(rx_no_recv_wqe)            /* UD packets dropped: no receive WQE posted */
 
 struct EngineCounters {
 #define UROCE_COUNTER_FIELD(name) std::atomic<uint64_t> name{0};

@@ -184,13 +184,13 @@ uint32_t Engine::allocate_qpn() {
     return qpn;
 }
 
-void Engine::attach(const std::shared_ptr<RcQp>& qp) {
+void Engine::attach(const std::shared_ptr<Qp>& qp) {
     std::unique_lock lock(qps_mutex_);
     qps_[qp->qpn()] = qp;
 }
 
 void Engine::detach(uint32_t qpn) {
-    std::shared_ptr<RcQp> keep;
+    std::shared_ptr<Qp> keep;
     {
         std::unique_lock lock(qps_mutex_);
         auto it = qps_.find(qpn);
@@ -342,8 +342,8 @@ void Engine::receive_batch() {
     touched_.clear();
 }
 
-std::shared_ptr<RcQp> Engine::deliver(std::span<const uint8_t> datagram, uint32_t src_ip,
-                                      uint16_t src_port) {
+std::shared_ptr<Qp> Engine::deliver(std::span<const uint8_t> datagram, uint32_t src_ip,
+                                    uint16_t src_port) {
     bump(counters_->rx_packets);
     wire::ParsedPacket pkt;
     if (wire::parse_packet(datagram, pkt) != wire::ParseError::None) {
@@ -371,15 +371,18 @@ std::shared_ptr<RcQp> Engine::deliver(std::span<const uint8_t> datagram, uint32_
         bump(counters_->rx_cnp);
         return nullptr;
     }
-    if ((pkt.h.bth.opcode >> 5) != static_cast<uint8_t>(wire::Transport::Rc)) {
-        bump(counters_->rx_unsupported);
-        return nullptr;
-    }
-    std::shared_ptr<RcQp> qp;
+    std::shared_ptr<Qp> qp;
     {
         std::shared_lock lock(qps_mutex_);
         auto it = qps_.find(pkt.h.bth.dest_qp);
         if (it != qps_.end()) qp = it->second;
+    }
+    // A transport uroce has no QP of (RD), or not the one this QP speaks (a UD packet for an
+    // RC QP): the QP never sees it.
+    if ((pkt.h.bth.opcode >> 5) == static_cast<uint8_t>(wire::Transport::Rd) ||
+        (qp && (pkt.h.bth.opcode >> 5) != static_cast<uint8_t>(qp->transport()))) {
+        bump(counters_->rx_unsupported);
+        return nullptr;
     }
     if (!qp) {
         bump(counters_->rx_unknown_qp);

@@ -90,7 +90,7 @@ class Engine {
     // cannot guess it; it stays reserved until detach(). Throws std::bad_alloc when none
     // is free.
     uint32_t allocate_qpn();
-    void attach(const std::shared_ptr<RcQp>& qp);
+    void attach(const std::shared_ptr<Qp>& qp);
     // Removes the QP from the table and closes it (RcQp::close): once this returns, no
     // packet, timer or async event reaches it.
     void detach(uint32_t qpn);
@@ -148,8 +148,8 @@ class Engine {
     // Asks the transmit filter about the packet gathered from `iov`.
     bool pass_filter(std::span<const iovec> iov, uint32_t dst_ip);
     // Checks one received UDP payload and hands it to its QP; returns that QP.
-    std::shared_ptr<RcQp> deliver(std::span<const uint8_t> datagram, uint32_t src_ip,
-                                  uint16_t src_port);
+    std::shared_ptr<Qp> deliver(std::span<const uint8_t> datagram, uint32_t src_ip,
+                                uint16_t src_port);
 
     Engine(const EngineConfig& config, std::unique_ptr<DeviceSlot> slot,
            std::unique_ptr<QpnSteering> steering, std::unique_ptr<DeviceCounters> counters);
@@ -179,7 +179,7 @@ class Engine {
 
     std::shared_mutex qps_mutex_;
     // QPN -> QP; a null entry is a QPN allocated but not yet attached.
-    std::unordered_map<uint32_t, std::shared_ptr<RcQp>> qps_;
+    std::unordered_map<uint32_t, std::shared_ptr<Qp>> qps_;
 
     std::mutex filter_mutex_;
     TransmitFilter transmit_filter_;
@@ -193,7 +193,7 @@ class Engine {
 
     std::mutex rx_mutex_;  // one receiver at a time; guards rx_buffers_ and touched_
     std::vector<uint8_t> rx_buffers_;
-    std::vector<std::shared_ptr<RcQp>> touched_;
+    std::vector<std::shared_ptr<Qp>> touched_;
 };
 
 }  // namespace uroce::transport

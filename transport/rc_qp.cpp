@@ -8,7 +8,8 @@ namespace uroce::transport {
 RcQp::RcQp(Engine& engine, uint32_t qpn, uint32_t pd, const QpCaps& caps,
            std::shared_ptr<CompletionQueue> send_cq, std::shared_ptr<CompletionQueue> recv_cq,
            void* user_handle, std::shared_ptr<SharedReceiveQueue> srq)
-    : engine_(engine),
+    : Qp(qpn),
+      engine_(engine),
       qpn_(qpn),
       sender_(engine.sender_for_qpn(qpn)),
       qp_counters_(engine.qp_counters(qpn)),

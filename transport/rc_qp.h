@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "transport/completion_queue.h"
+#include "transport/qp.h"
 #include "transport/qp_counters.h"
 #include "transport/qp_state.h"
 #include "transport/responder_resources.h"
@@ -57,24 +58,7 @@ struct QpAttributes {
     bool sqd_notify = false;  // raise SqDrained when the send queue has drained in SQD
 };
 
-struct QpCaps {
-    uint32_t max_send_wr = 0;
-    uint32_t max_recv_wr = 0;
-    uint32_t max_send_sge = 0;
-    uint32_t max_recv_sge = 0;
-    uint32_t max_inline_data = 0;
-};
-
-enum class AsyncEventType {
-    QpFatal,
-    QpAccessError,
-    QpRequestError,
-    CommEstablished,
-    SqDrained,
-    LastWqeReached,  // a QP on an SRQ entered ERR: it takes no more WQEs from the SRQ
-};
-
-class RcQp : public std::enable_shared_from_this<RcQp> {
+class RcQp final : public Qp {
   public:
     // With `srq`, receive WQEs come from that shared receive queue (the QP has no receive
     // queue of its own, and post_recv fails with EINVAL).
@@ -82,11 +66,9 @@ class RcQp : public std::enable_shared_from_this<RcQp> {
          std::shared_ptr<CompletionQueue> send_cq, std::shared_ptr<CompletionQueue> recv_cq,
          void* user_handle, std::shared_ptr<SharedReceiveQueue> srq = nullptr);
     // Closes the QP (see close()) and frees its timer.
-    ~RcQp();
-    RcQp(const RcQp&) = delete;
-    RcQp& operator=(const RcQp&) = delete;
+    ~RcQp() override;
 
-    uint32_t qpn() const { return qpn_; }
+    wire::Transport transport() const override { return wire::Transport::Rc; }
     uint32_t pd() const { return pd_; }
     void* user_handle() const { return user_handle_; }
     const QpCaps& caps() const { return caps_; }
@@ -105,12 +87,12 @@ class RcQp : public std::enable_shared_from_this<RcQp> {
     // Stops the QP for good: after this returns no packet, timer or async event reaches it
     // and it sends nothing more. Waits for a timer callback running on the engine thread.
     // Engine::detach() calls it; must not be called with the QP's mutex held.
-    void close();
+    void close() override;
 
     // --- called by the engine thread ---
-    void on_packet(const wire::ParsedPacket& pkt, uint32_t src_ip);
+    void on_packet(const wire::ParsedPacket& pkt, uint32_t src_ip) override;
     // Sends the ACK that packets of the last receive batch asked for, if any.
-    void flush_ack();
+    void flush_ack() override;
     uint32_t peer_ip() const { return attrs_.dst_ip; }
 
   private:
@@ -211,7 +193,7 @@ class RcQp : public std::enable_shared_from_this<RcQp> {
     void post_async(AsyncEventType type);
 
     Engine& engine_;
-    const uint32_t qpn_;
+    const uint32_t qpn_;       // qpn(), kept here for the hot paths
     const UdpSocket& sender_;  // bound to this QP's UDP source port (Engine::sender_for_qpn)
     QpCounters& qp_counters_;  // this QP's block (qp_counters.h), zeroed at creation
     const uint32_t pd_;

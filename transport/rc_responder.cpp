@@ -15,6 +15,7 @@
 #include "transport/engine.h"
 #include "transport/psn.h"
 #include "transport/rc_qp.h"
+#include "transport/scatter.h"
 
 namespace uroce::transport {
 
@@ -128,33 +129,12 @@ WcStatus RcQp::scatter_to_recv(std::span<const uint8_t> data) {
         complete_recv(WcStatus::LocLenErr, recv_offset_, false, 0, false, WcOpcode::Recv);
         return WcStatus::LocLenErr;
     }
-    auto guard = engine_.memory().lock_shared();
     // Every piece this packet lands in is checked before any is written, so a refused
     // packet leaves the buffer as it was.
-    for (int pass = 0; pass < 2; ++pass) {
-        uint32_t skip = recv_offset_;
-        size_t done = 0;
-        for (uint32_t i = 0; i < r.sgl.count && done < data.size(); ++i) {
-            const Sge& s = r.sgl.sge[i];
-            if (skip >= s.length) {
-                skip -= s.length;
-                continue;
-            }
-            const uint32_t take =
-                static_cast<uint32_t>(std::min<size_t>(data.size() - done, s.length - skip));
-            if (pass == 0) {
-                if (engine_.memory().check_local(s.lkey, pd, s.addr + skip, take, kLocalWrite) !=
-                    KeyCheck::Ok) {
-                    complete_recv(WcStatus::LocProtErr, recv_offset_, false, 0, false,
-                                  WcOpcode::Recv);
-                    return WcStatus::LocProtErr;
-                }
-            } else {
-                std::memcpy(reinterpret_cast<void*>(s.addr + skip), data.data() + done, take);
-            }
-            done += take;
-            skip = 0;
-        }
+    const std::span<const uint8_t> pieces[] = {data};
+    if (scatter_checked(engine_.memory(), r.sgl, pd, recv_offset_, pieces) != KeyCheck::Ok) {
+        complete_recv(WcStatus::LocProtErr, recv_offset_, false, 0, false, WcOpcode::Recv);
+        return WcStatus::LocProtErr;
     }
     recv_offset_ += static_cast<uint32_t>(data.size());
     return WcStatus::Success;

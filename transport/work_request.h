@@ -103,7 +103,8 @@ struct Completion {
     uint32_t src_qp = 0;
     bool with_imm = false;
     bool solicited = false;
-    uint32_t imm = 0;  // host order, as parsed from ImmDt
+    uint32_t imm = 0;       // host order, as parsed from ImmDt
+    bool with_grh = false;  // UD: the buffer starts with the 40-byte GRH area
 };
 
 const char* to_string(WcStatus s);

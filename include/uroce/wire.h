@@ -55,6 +55,8 @@ enum class Opcode : uint8_t {
     RcFetchAdd = 0x14,
     RcSendLastInv = 0x16,
     RcSendOnlyInv = 0x17,
+    UdSendOnly = 0x64,
+    UdSendOnlyImm = 0x65,
     // RoCEv2 congestion notification packet (Annex A17.9.2): BTH, 16 reserved bytes, ICRC.
     Cnp = 0x81,
 };

@@ -157,7 +157,7 @@ TEST_CASE("hostile packets are dropped and counted; the connection keeps working
         peer.send(devices().ip_b, peer.packet(h, devices().ip_b, 64));
         REQUIRE(wait_counter(b.ctx, "rx_bad_pkey", pkey + 1));
         h = w;
-        h.bth.opcode = 0x64;  // UD SEND ONLY: no UD QPs yet
+        h.bth.opcode = 0x64;  // UD SEND ONLY, for an RC QP
         const uint64_t unsupported = counter(b.ctx, "rx_unsupported");
         peer.send(devices().ip_b, peer.packet(h, devices().ip_b, 0));
         REQUIRE(wait_counter(b.ctx, "rx_unsupported", unsupported + 1));

@@ -11,7 +11,9 @@
 #   event    completion-channel mode (-e), the same sizes, and path MTU 4096;
 #   drop     5% of the packets each side sends dropped (UROCE_FAULTS);
 #   srq      ibv_srq_pingpong: 16 (or 4) QPs whose receives all come from one SRQ,
-#            polling and events, with and without loss.
+#            polling and events, with and without loss;
+#   ud       ibv_ud_pingpong: datagrams up to the port MTU, polling and events (no loss:
+#            UD does not recover it, and the pingpong would wait for ever).
 # Iterations: 10,000 for 1 B and 64 B messages (cheap, and many PSNs), 1,000
 # for larger ones (64 MiB each way at 64 KiB; 10,000 would only repeat the same
 # packets), 200 under loss. PINGPONG_ITERS=N sets every loss-free count to N
@@ -31,9 +33,9 @@ set -u
 source "$(dirname "$(readlink -f "$0")")/lib.sh"
 GROUP=${2:-}
 case $GROUP in
-    devices | poll | event | drop | srq) ;;
+    devices | poll | event | drop | srq | ud) ;;
     *)
-        echo "usage: $0 PATH_TO_UROCE devices|poll|event|drop|srq" >&2
+        echo "usage: $0 PATH_TO_UROCE devices|poll|event|drop|srq|ud" >&2
         exit 2
         ;;
 esac
@@ -42,6 +44,7 @@ lib_init "$1"
 # The pingpong program the runs below use.
 PROG=ibv_rc_pingpong
 [[ $GROUP == srq ]] && PROG=ibv_srq_pingpong
+[[ $GROUP == ud ]] && PROG=ibv_ud_pingpong
 for tool in "$PROG" ibv_devices ibv_devinfo ss timeout; do
     if ! command -v "$tool" >/dev/null; then
         skip "$tool is not installed"
@@ -243,6 +246,13 @@ case $GROUP in
         pingpong "srq event -s 1024" - "$A" "$B" "$IP_A" "$LARGE" -e -s 1024 -c
         pingpong "srq -q 4 -m 4096 -s 65536" - "$B" "$C" "$IP_B" 200 -q 4 -m 4096 -s 65536 -c
         pingpong "srq drop5% -s 4096" drop=0.05,seed=7 "$A" "$B" "$IP_A" 200 -s 4096 -c
+        ;;
+    ud)
+        # A message must fit the port MTU: 1024 on A, 4096 on B and C; 256 on D.
+        pingpong "ud poll -s 1024" - "$A" "$B" "$IP_A" "$LARGE" -s 1024 -c
+        pingpong "ud event -s 1" - "$A" "$B" "$IP_A" "$LARGE" -e -s 1 -c
+        pingpong "ud poll -s 4096 (B<-C)" - "$B" "$C" "$IP_B" "$LARGE" -s 4096 -c
+        pingpong "ud event -s 256 (D<-A)" - "$D" "$A" "$IP_D" "$LARGE" -e -s 256 -c
         ;;
 esac
 

@@ -1,0 +1,269 @@
+// UD QPs and address handles through the real libibverbs: datagrams with their GRH, replies
+// through an AH made from the work completion, Q_Keys, and what the verbs refuse.
+#include <arpa/inet.h>
+
+#include <catch2/catch.hpp>
+#include <cerrno>
+#include <cstring>
+#include <memory>
+
+#include "tests/integration/verbs_fixture.h"
+
+using namespace uroce::test;
+
+namespace {
+
+constexpr uint32_t kQkey = 0x11111111;
+constexpr int kAccess = IBV_ACCESS_LOCAL_WRITE;
+constexpr uint32_t kGrh = 40;
+
+// A context with a UD QP in RTS.
+struct UdEnd {
+    ibv_context* ctx = nullptr;
+    ibv_pd* pd = nullptr;
+    ibv_cq* cq = nullptr;
+    ibv_qp* qp = nullptr;
+    ibv_gid gid{};
+
+    explicit UdEnd(const std::string& device, uint32_t qkey = kQkey) {
+        ctx = open_device(device);
+        REQUIRE(ctx);
+        pd = ibv_alloc_pd(ctx);
+        cq = ibv_create_cq(ctx, 256, nullptr, nullptr, 0);
+        REQUIRE(pd);
+        REQUIRE(cq);
+        ibv_qp_init_attr init{};
+        init.send_cq = init.recv_cq = cq;
+        init.qp_type = IBV_QPT_UD;
+        init.cap.max_send_wr = init.cap.max_recv_wr = 64;
+        init.cap.max_send_sge = init.cap.max_recv_sge = 2;
+        qp = ibv_create_qp(pd, &init);
+        REQUIRE(qp);
+        REQUIRE(ibv_query_gid(ctx, 1, 0, &gid) == 0);
+        ibv_qp_attr a{};
+        a.qp_state = IBV_QPS_INIT;
+        a.port_num = 1;
+        a.qkey = qkey;
+        REQUIRE(ibv_modify_qp(qp, &a,
+                              IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY) == 0);
+        a = {};
+        a.qp_state = IBV_QPS_RTR;
+        REQUIRE(ibv_modify_qp(qp, &a, IBV_QP_STATE) == 0);
+        a = {};
+        a.qp_state = IBV_QPS_RTS;
+        a.sq_psn = 0x42;
+        REQUIRE(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_SQ_PSN) == 0);
+    }
+    ~UdEnd() {
+        if (qp) ibv_destroy_qp(qp);
+        if (cq) ibv_destroy_cq(cq);
+        if (pd) ibv_dealloc_pd(pd);
+        if (ctx) ibv_close_device(ctx);
+    }
+    UdEnd(const UdEnd&) = delete;
+    UdEnd& operator=(const UdEnd&) = delete;
+
+    ibv_ah* ah_to(const ibv_gid& dgid) {
+        ibv_ah_attr attr{};
+        attr.is_global = 1;
+        attr.grh.dgid = dgid;
+        attr.grh.hop_limit = 64;
+        attr.port_num = 1;
+        return ibv_create_ah(pd, &attr);
+    }
+};
+
+int post_ud_send(ibv_qp* qp, ibv_ah* ah, uint32_t remote_qpn, uint32_t remote_qkey, const Buffer& b,
+                 size_t offset, uint32_t len, uint64_t wr_id) {
+    ibv_sge sge{b.addr() + offset, len, b.mr->lkey};
+    ibv_send_wr wr{};
+    wr.wr_id = wr_id;
+    wr.opcode = IBV_WR_SEND;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.send_flags = IBV_SEND_SIGNALED;
+    wr.wr.ud.ah = ah;
+    wr.wr.ud.remote_qpn = remote_qpn;
+    wr.wr.ud.remote_qkey = remote_qkey;
+    ibv_send_wr* bad = nullptr;
+    return ibv_post_send(qp, &wr, &bad);
+}
+
+ibv_wc one(ibv_cq* cq) {
+    const auto wcs = wait_completions(cq, 1);
+    REQUIRE(wcs.size() == 1);
+    return wcs[0];
+}
+
+}  // namespace
+
+TEST_CASE("UD: a datagram, its GRH, and a reply through an AH made from the completion", "[ud]") {
+    UdEnd a(devices().a), b(devices().b);
+    Buffer in_b(b.pd, 4096, kAccess), out_a(a.pd, 4096, kAccess);
+    Buffer in_a(a.pd, 4096, kAccess), out_b(b.pd, 4096, kAccess);
+    REQUIRE(post_recv_buf(b.qp, in_b, 0, kGrh + 1000, 1) == 0);
+    fill_pattern(out_a.bytes.data(), 1000, 31);
+    ibv_ah* ah = a.ah_to(b.gid);
+    REQUIRE(ah);
+    REQUIRE(post_ud_send(a.qp, ah, b.qp->qp_num, kQkey, out_a, 0, 1000, 5) == 0);
+    const ibv_wc s = one(a.cq);
+    CHECK(s.status == IBV_WC_SUCCESS);
+    CHECK(s.opcode == IBV_WC_SEND);
+    const ibv_wc r = one(b.cq);
+    REQUIRE(r.status == IBV_WC_SUCCESS);
+    CHECK(r.opcode == IBV_WC_RECV);
+    CHECK(r.byte_len == kGrh + 1000);
+    CHECK(r.src_qp == a.qp->qp_num);
+    CHECK((r.wc_flags & IBV_WC_GRH) != 0);
+    CHECK(std::memcmp(in_b.bytes.data() + kGrh, out_a.bytes.data(), 1000) == 0);
+
+    // libibverbs reads the sender's address back out of the GRH area.
+    ibv_ah_attr from{};
+    REQUIRE(ibv_init_ah_from_wc(b.ctx, 1, const_cast<ibv_wc*>(&r),
+                                reinterpret_cast<ibv_grh*>(in_b.bytes.data()), &from) == 0);
+    CHECK(from.is_global == 1);
+    CHECK(std::memcmp(from.grh.dgid.raw, a.gid.raw, 16) == 0);
+    ibv_ah* reply = ibv_create_ah_from_wc(b.pd, const_cast<ibv_wc*>(&r),
+                                          reinterpret_cast<ibv_grh*>(in_b.bytes.data()), 1);
+    REQUIRE(reply);
+    REQUIRE(post_recv_buf(a.qp, in_a, 0, kGrh + 64, 2) == 0);
+    fill_pattern(out_b.bytes.data(), 64, 32);
+    REQUIRE(post_ud_send(b.qp, reply, r.src_qp, kQkey, out_b, 0, 64, 6) == 0);
+    CHECK(one(b.cq).status == IBV_WC_SUCCESS);
+    const ibv_wc r2 = one(a.cq);
+    CHECK(r2.status == IBV_WC_SUCCESS);
+    CHECK(r2.src_qp == b.qp->qp_num);
+    CHECK(std::memcmp(in_a.bytes.data() + kGrh, out_b.bytes.data(), 64) == 0);
+    CHECK(ibv_destroy_ah(reply) == 0);
+    CHECK(ibv_destroy_ah(ah) == 0);
+
+    ibv_qp_attr qa{};
+    ibv_qp_init_attr qi{};
+    REQUIRE(ibv_query_qp(b.qp, &qa, IBV_QP_QKEY | IBV_QP_STATE, &qi) == 0);
+    CHECK(qa.qkey == kQkey);
+    CHECK(qa.qp_state == IBV_QPS_RTS);
+    CHECK(qi.qp_type == IBV_QPT_UD);
+}
+
+TEST_CASE("UD: a datagram with a wrong Q_Key is dropped and counted", "[ud]") {
+    UdEnd a(devices().a), b(devices().b);
+    Buffer in_b(b.pd, 4096, kAccess), out_a(a.pd, 4096, kAccess);
+    ibv_ah* ah = a.ah_to(b.gid);
+    REQUIRE(ah);
+    REQUIRE(post_recv_buf(b.qp, in_b, 0, 4096, 1) == 0);
+    const uint64_t bad = counter(b.ctx, "rx_bad_qkey");
+    REQUIRE(post_ud_send(a.qp, ah, b.qp->qp_num, kQkey + 1, out_a, 0, 100, 1) == 0);
+    CHECK(one(a.cq).status == IBV_WC_SUCCESS);  // sent: UD promises no more
+    bool dropped = false;
+    for (int i = 0; i < 2000 && !dropped; ++i) {
+        dropped = counter(b.ctx, "rx_bad_qkey") > bad;
+        if (!dropped) wait_completions(b.cq, 1, std::chrono::milliseconds(5));
+    }
+    CHECK(dropped);
+    ibv_wc wc{};
+    CHECK(ibv_poll_cq(b.cq, 1, &wc) == 0);
+    // The right Q_Key (here through the privileged bit: a's own Q_Key is the same) goes in.
+    REQUIRE(post_ud_send(a.qp, ah, b.qp->qp_num, 0x80000000u, out_a, 0, 100, 2) == 0);
+    CHECK(one(a.cq).status == IBV_WC_SUCCESS);
+    CHECK(one(b.cq).status == IBV_WC_SUCCESS);
+    ibv_destroy_ah(ah);
+}
+
+TEST_CASE("UD: what the verbs refuse", "[ud]") {
+    UdEnd a(devices().a);
+    Buffer out(a.pd, 8192, kAccess);
+    SECTION("AHs without a GRH or with a GID that is not IPv4-mapped") {
+        ibv_ah_attr attr{};
+        attr.port_num = 1;
+        errno = 0;
+        CHECK(ibv_create_ah(a.pd, &attr) == nullptr);
+        CHECK(errno == EINVAL);
+        attr.is_global = 1;
+        attr.grh.dgid.raw[0] = 0xfe;
+        attr.grh.dgid.raw[1] = 0x80;
+        errno = 0;
+        CHECK(ibv_create_ah(a.pd, &attr) == nullptr);
+        CHECK(errno == EINVAL);
+    }
+    SECTION("sends: larger than the MTU, not a SEND, no AH") {
+        ibv_ah* ah = a.ah_to(a.gid);
+        REQUIRE(ah);
+        ibv_port_attr port{};
+        REQUIRE(ibv_query_port(a.ctx, 1, &port) == 0);
+        const uint32_t mtu = 128u << port.active_mtu;
+        REQUIRE(mtu < out.bytes.size());
+        CHECK(post_ud_send(a.qp, ah, a.qp->qp_num, kQkey, out, 0, mtu + 1, 1) == EINVAL);
+        CHECK(post_ud_send(a.qp, nullptr, a.qp->qp_num, kQkey, out, 0, 8, 1) == EINVAL);
+        CHECK(post_rdma(a.qp, IBV_WR_RDMA_WRITE, out, 0, 8, 0, 0, 1) == EINVAL);
+        ibv_wc wc{};
+        CHECK(ibv_poll_cq(a.cq, 1, &wc) == 0);
+        CHECK(ibv_dealloc_pd(a.pd) == EBUSY);  // the AH (and the MR) are in it
+        CHECK(ibv_destroy_ah(ah) == 0);
+    }
+    SECTION("modify: INIT needs a Q_Key, and takes no access flags") {
+        ibv_qp_init_attr init{};
+        init.send_cq = init.recv_cq = a.cq;
+        init.qp_type = IBV_QPT_UD;
+        init.cap.max_send_wr = init.cap.max_recv_wr = 4;
+        init.cap.max_send_sge = init.cap.max_recv_sge = 1;
+        ibv_qp* qp = ibv_create_qp(a.pd, &init);
+        REQUIRE(qp);
+        ibv_qp_attr attr{};
+        attr.qp_state = IBV_QPS_INIT;
+        attr.port_num = 1;
+        CHECK(ibv_modify_qp(qp, &attr, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT) == EINVAL);
+        CHECK(ibv_modify_qp(qp, &attr,
+                            IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY |
+                                IBV_QP_ACCESS_FLAGS) == EINVAL);
+        CHECK(ibv_modify_qp(qp, &attr,
+                            IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY) == 0);
+        CHECK(ibv_destroy_qp(qp) == 0);
+    }
+}
+
+TEST_CASE("UD: a QP on an SRQ takes datagrams from it", "[ud][srq]") {
+    UdEnd a(devices().a);
+    Endpoint bep(devices().b);  // context, PD, CQ
+    ibv_srq_init_attr sinit{};
+    sinit.attr.max_wr = 8;
+    sinit.attr.max_sge = 1;
+    ibv_srq* srq = ibv_create_srq(bep.pd, &sinit);
+    REQUIRE(srq);
+    ibv_qp_init_attr init{};
+    init.send_cq = init.recv_cq = bep.cq;
+    init.srq = srq;
+    init.qp_type = IBV_QPT_UD;
+    init.cap.max_send_wr = 4;
+    init.cap.max_send_sge = 1;
+    ibv_qp* qp = ibv_create_qp(bep.pd, &init);
+    REQUIRE(qp);
+    ibv_qp_attr at{};
+    at.qp_state = IBV_QPS_INIT;
+    at.port_num = 1;
+    at.qkey = kQkey;
+    REQUIRE(ibv_modify_qp(qp, &at, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY) ==
+            0);
+    at = {};
+    at.qp_state = IBV_QPS_RTR;
+    REQUIRE(ibv_modify_qp(qp, &at, IBV_QP_STATE) == 0);
+    Buffer in(bep.pd, 4096, kAccess), out(a.pd, 4096, kAccess);
+    ibv_sge sge{in.addr(), 4096, in.mr->lkey};
+    ibv_recv_wr wr{};
+    wr.wr_id = 77;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    ibv_recv_wr* bad = nullptr;
+    REQUIRE(ibv_post_srq_recv(srq, &wr, &bad) == 0);
+    ibv_ah* ah = a.ah_to(bep.gid);
+    REQUIRE(ah);
+    fill_pattern(out.bytes.data(), 500, 4);
+    REQUIRE(post_ud_send(a.qp, ah, qp->qp_num, kQkey, out, 0, 500, 1) == 0);
+    const auto wcs = wait_completions(bep.cq, 1);
+    REQUIRE(wcs.size() == 1);
+    CHECK(wcs[0].status == IBV_WC_SUCCESS);
+    CHECK(wcs[0].wr_id == 77);
+    CHECK(std::memcmp(in.bytes.data() + kGrh, out.bytes.data(), 500) == 0);
+    ibv_destroy_ah(ah);
+    CHECK(ibv_destroy_qp(qp) == 0);
+    CHECK(ibv_destroy_srq(srq) == 0);
+}

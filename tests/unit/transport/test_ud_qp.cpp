@@ -1,0 +1,174 @@
+// UD queue pairs between two engines: datagrams with their GRH area, Q_Key checks, the
+// privileged Q_Key bit, and what happens to datagrams nobody can take.
+#include <arpa/inet.h>
+
+#include <catch2/catch.hpp>
+#include <cerrno>
+#include <cstring>
+#include <memory>
+
+#include "tests/unit/transport/engine_pair.h"
+#include "tests/unit/transport/forged_peer.h"
+#include "transport/ud_qp.h"
+
+using namespace uroce::transport;
+using namespace uroce::transport::test;
+namespace wire = uroce::wire;
+
+namespace {
+
+constexpr uint32_t kQkey = 0x11111111;
+
+// A UD QP on side `s` (beside its RC QP), detached again when the holder goes.
+struct UdOn {
+    Side& side;
+    std::shared_ptr<UdQp> qp;
+    UdOn(Side& s, uint32_t qkey = kQkey, std::shared_ptr<SharedReceiveQueue> srq = nullptr)
+        : side(s) {
+        qp = std::make_shared<UdQp>(*s.engine, s.engine->allocate_qpn(), kPd,
+                                    QpCaps{64, 64, kMaxSge, kMaxSge, kMaxInlineData}, s.scq, s.rcq,
+                                    &s, std::move(srq));
+        s.engine->attach(qp);
+        UdAttributes a;
+        a.qkey = qkey;
+        a.mtu = kMtu;
+        REQUIRE(qp->modify(a, QpState::Reset, QpState::Init) == 0);
+        REQUIRE(qp->modify(a, QpState::Init, QpState::Rtr) == 0);
+        REQUIRE(qp->modify(a, QpState::Rtr, QpState::Rts) == 0);
+    }
+    ~UdOn() { side.engine->detach(qp->qpn()); }
+    UdDestination to(const UdOn& other, uint32_t qkey = kQkey) const {
+        return UdDestination{other.side.ip, other.qp->qpn(), qkey};
+    }
+};
+
+SendWqe ud_send(uint64_t wr_id, Side& s, size_t offset, uint32_t len) {
+    return send_wqe(wr_id, {s.sge(offset, len)});
+}
+
+uint16_t ipv4_checksum(const uint8_t* h) {
+    uint32_t sum = 0;
+    for (int i = 0; i < 20; i += 2) sum += (uint32_t{h[i]} << 8) | h[i + 1];
+    while (sum >> 16) sum = (sum & 0xffff) + (sum >> 16);
+    return static_cast<uint16_t>(sum);
+}
+
+}  // namespace
+
+TEST_CASE("UD: a datagram arrives after its GRH area, with its source QP", "[ud]") {
+    Pair p;
+    UdOn a(p.a), b(p.b);
+    REQUIRE(b.qp->post_recv(recv_wqe(7, {p.b.sge(0, 40 + 300)})) == 0);
+    fill(p.a.at(0), 300, 3);
+    SendWqe w = ud_send(1, p.a, 0, 300);
+    w.opcode = SendOpcode::SendWithImm;
+    w.imm = 0xa1b2c3d4;
+    REQUIRE(a.qp->post_send(w, a.to(b)) == 0);
+    const Completion s = p.wait_one(*p.a.scq);
+    CHECK(s.status == WcStatus::Success);
+    CHECK(s.wr_id == 1);
+    const Completion r = p.wait_one(*p.b.rcq);
+    CHECK(r.status == WcStatus::Success);
+    CHECK(r.wr_id == 7);
+    CHECK(r.byte_len == 340);
+    CHECK(r.src_qp == a.qp->qpn());
+    CHECK(r.qp_num == b.qp->qpn());
+    CHECK(r.with_grh);
+    CHECK(r.with_imm);
+    CHECK(r.imm == 0xa1b2c3d4);
+    CHECK(first_mismatch(p.b.at(40), 300, 3) == 300);
+    CHECK(all_bytes(p.b.at(340), 64, kUntouched));
+    // The GRH area: 20 zero bytes, then an IPv4 header with a valid checksum.
+    CHECK(all_bytes(p.b.at(0), 20, 0));
+    const uint8_t* ip = p.b.at(20);
+    CHECK(ip[0] == 0x45);
+    CHECK(ip[9] == 17);
+    CHECK(ipv4_checksum(ip) == 0xffff);
+    uint32_t src = 0, dst = 0;
+    std::memcpy(&src, ip + 12, 4);
+    std::memcpy(&dst, ip + 16, 4);
+    CHECK(ntohl(src) == p.a.ip);
+    CHECK(ntohl(dst) == p.b.ip);
+    // IP + UDP + BTH + DETH + ImmDt + payload + ICRC.
+    CHECK(((ip[2] << 8) | ip[3]) == 20 + 8 + 12 + 8 + 4 + 300 + 4);
+}
+
+TEST_CASE("UD: Q_Keys", "[ud]") {
+    Pair p;
+    UdOn a(p.a, 0x2222), b(p.b);
+    REQUIRE(b.qp->post_recv(recv_wqe(7, {p.b.sge(0, 128)})) == 0);
+    SECTION("a wrong Q_Key is dropped and counted") {
+        REQUIRE(a.qp->post_send(ud_send(1, p.a, 0, 16), a.to(b, 0x3333)) == 0);
+        REQUIRE(p.wait_until([&] { return p.b.counters().rx_bad_qkey.load() == 1; }));
+        CHECK(p.b.rcq->depth() == 0);
+        // The right one still goes in.
+        REQUIRE(a.qp->post_send(ud_send(2, p.a, 0, 16), a.to(b, kQkey)) == 0);
+        CHECK(p.wait_one(*p.b.rcq).status == WcStatus::Success);
+    }
+    SECTION("the privileged bit sends the QP's own Q_Key") {
+        // a's own Q_Key (0x2222) is not b's: the datagram is refused.
+        REQUIRE(a.qp->post_send(ud_send(1, p.a, 0, 16), a.to(b, kPrivilegedQkeyBit)) == 0);
+        REQUIRE(p.wait_until([&] { return p.b.counters().rx_bad_qkey.load() == 1; }));
+        UdOn a2(p.a, kQkey);
+        REQUIRE(a2.qp->post_send(ud_send(2, p.a, 0, 16), a2.to(b, kPrivilegedQkeyBit | 5)) == 0);
+        const Completion r = p.wait_one(*p.b.rcq);
+        CHECK(r.status == WcStatus::Success);
+        CHECK(r.src_qp == a2.qp->qpn());
+    }
+}
+
+TEST_CASE("UD: datagrams nobody can take", "[ud]") {
+    Pair p;
+    UdOn a(p.a), b(p.b);
+    SECTION("no receive WQE: dropped and counted, the QP goes on") {
+        REQUIRE(a.qp->post_send(ud_send(1, p.a, 0, 16), a.to(b)) == 0);
+        REQUIRE(p.wait_until([&] { return p.b.counters().rx_no_recv_wqe.load() == 1; }));
+        CHECK(p.wait_one(*p.a.scq).status == WcStatus::Success);  // sent is all UD promises
+        REQUIRE(b.qp->post_recv(recv_wqe(7, {p.b.sge(0, 128)})) == 0);
+        REQUIRE(a.qp->post_send(ud_send(2, p.a, 0, 16), a.to(b)) == 0);
+        CHECK(p.wait_one(*p.b.rcq).status == WcStatus::Success);
+    }
+    SECTION("a buffer too small: that WQE completes with a length error, nothing written") {
+        REQUIRE(b.qp->post_recv(recv_wqe(7, {p.b.sge(0, 40 + 10)})) == 0);
+        REQUIRE(b.qp->post_recv(recv_wqe(8, {p.b.sge(100, 40 + 64)})) == 0);
+        REQUIRE(a.qp->post_send(ud_send(1, p.a, 0, 11), a.to(b)) == 0);
+        const Completion r = p.wait_one(*p.b.rcq);
+        CHECK(r.wr_id == 7);
+        CHECK(r.status == WcStatus::LocLenErr);
+        CHECK(all_bytes(p.b.at(0), 50, kUntouched));
+        CHECK(b.qp->state() == QpState::Rts);
+        REQUIRE(a.qp->post_send(ud_send(2, p.a, 0, 64), a.to(b)) == 0);
+        const Completion r2 = p.wait_one(*p.b.rcq);
+        CHECK(r2.wr_id == 8);
+        CHECK(r2.status == WcStatus::Success);
+    }
+    SECTION("an RC packet for a UD QP never reaches it") {
+        ForgedPeer peer{*p.b.engine, p.a.ip, p.b.engine->config().port, 77, b.qp->qpn()};
+        REQUIRE(b.qp->post_recv(recv_wqe(7, {p.b.sge(0, 128)})) == 0);
+        peer.inject(peer.headers(wire::Opcode::RcSendOnly, 0), std::vector<uint8_t>(8, 1));
+        CHECK(p.b.counters().rx_unsupported.load() == 1);
+        CHECK(p.stays_empty(*p.b.rcq));
+    }
+}
+
+TEST_CASE("UD: what post_send refuses, and ERR", "[ud]") {
+    Pair p;
+    UdOn a(p.a), b(p.b);
+    // Larger than the MTU, or not a SEND.
+    CHECK(a.qp->post_send(ud_send(1, p.a, 0, kMtu + 1), a.to(b)) == EINVAL);
+    SendWqe w = ud_send(2, p.a, 0, 8);
+    w.opcode = SendOpcode::RdmaWrite;
+    CHECK(a.qp->post_send(w, a.to(b)) == EINVAL);
+    CHECK(p.stays_empty(*p.a.scq));
+    // ERR flushes the receive queue and every later post.
+    REQUIRE(b.qp->post_recv(recv_wqe(7, {p.b.sge(0, 128)})) == 0);
+    REQUIRE(b.qp->modify(UdAttributes{kQkey, 0, kMtu, false}, QpState::Rts, QpState::Err) == 0);
+    const Completion r = p.wait_one(*p.b.rcq);
+    CHECK(r.wr_id == 7);
+    CHECK(r.status == WcStatus::WrFlushErr);
+    REQUIRE(b.qp->post_send(ud_send(3, p.b, 0, 8), b.to(a)) == 0);
+    CHECK(p.wait_one(*p.b.scq).status == WcStatus::WrFlushErr);
+    // Datagrams for it are not taken.
+    REQUIRE(a.qp->post_send(ud_send(4, p.a, 0, 8), a.to(b)) == 0);
+    REQUIRE(p.wait_until([&] { return p.b.counters().rx_wrong_state.load() == 1; }));
+}

@@ -1,0 +1,55 @@
+// What the engine knows of a queue pair, whatever its transport: a QPN that packets are
+// steered to, the BTH transport it speaks (RC, UC, UD), and how to stop it for good.
+// RcQp (rc_qp.h) and UdQp (ud_qp.h) are the implementations.
+#pragma once
+
+#include <cstdint>
+
+#include "uroce/wire.h"
+
+namespace uroce::transport {
+
+struct QpCaps {
+    uint32_t max_send_wr = 0;
+    uint32_t max_recv_wr = 0;
+    uint32_t max_send_sge = 0;
+    uint32_t max_recv_sge = 0;
+    uint32_t max_inline_data = 0;
+};
+
+enum class AsyncEventType {
+    QpFatal,
+    QpAccessError,
+    QpRequestError,
+    CommEstablished,
+    SqDrained,
+    LastWqeReached,  // a QP on an SRQ entered ERR: it takes no more WQEs from the SRQ
+};
+
+class Qp {
+  public:
+    explicit Qp(uint32_t qpn) : qpn_(qpn) {}
+    virtual ~Qp() = default;
+    Qp(const Qp&) = delete;
+    Qp& operator=(const Qp&) = delete;
+
+    uint32_t qpn() const { return qpn_; }
+    // The transport of the packets this QP takes (the top 3 bits of their opcode); the
+    // engine drops others before they reach it.
+    virtual wire::Transport transport() const = 0;
+
+    // --- called by the engine thread (or a polling application thread) ---
+    // One packet that passed the engine's checks (parse, ICRC, P_Key, transport, QPN).
+    virtual void on_packet(const wire::ParsedPacket& pkt, uint32_t src_ip) = 0;
+    // Sends the acknowledgement the last receive batch asked for, if any.
+    virtual void flush_ack() {}
+
+    // Stops the QP for good: after this returns no packet, timer or async event reaches it
+    // and it sends nothing more. Engine::detach() calls it.
+    virtual void close() = 0;
+
+  private:
+    const uint32_t qpn_;
+};
+
+}  // namespace uroce::transport

@@ -1,0 +1,301 @@
+#include "transport/ud_qp.h"
+
+#include <arpa/inet.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "transport/engine.h"
+#include "transport/psn.h"
+#include "transport/scatter.h"
+
+namespace uroce::transport {
+
+namespace {
+
+constexpr uint32_t kIcrcBytes = 4;
+constexpr uint32_t kUdpHeaderBytes = 8;
+constexpr uint32_t kIpv4HeaderBytes = 20;
+
+// The GRH area of a UD receive for a RoCEv2 packet over IPv4, as the kernel's rxe fills it:
+// 20 zero bytes, then the IPv4 header of the packet. The socket does not hand uroce the
+// header it received, so it is rebuilt from what the packet was: its addresses, protocol
+// UDP, its length, DF, a TTL of 64 (what Linux sends with), and a valid checksum, which
+// ibv_init_ah_from_wc uses to tell an IPv4 header from an IPv6 GRH.
+void build_grh(uint8_t* grh, uint32_t src_ip, uint32_t dst_ip, uint32_t udp_payload_bytes) {
+    std::memset(grh, 0, kGrhBytes);
+    uint8_t* ip = grh + kGrhBytes - kIpv4HeaderBytes;
+    const uint16_t total =
+        static_cast<uint16_t>(kIpv4HeaderBytes + kUdpHeaderBytes + udp_payload_bytes);
+    ip[0] = 0x45;  // version 4, 5 words
+    ip[2] = static_cast<uint8_t>(total >> 8);
+    ip[3] = static_cast<uint8_t>(total);
+    ip[6] = 0x40;  // DF
+    ip[8] = 64;    // TTL
+    ip[9] = 17;    // UDP
+    const uint32_t src = htonl(src_ip), dst = htonl(dst_ip);
+    std::memcpy(ip + 12, &src, 4);
+    std::memcpy(ip + 16, &dst, 4);
+    uint32_t sum = 0;
+    for (uint32_t i = 0; i < kIpv4HeaderBytes; i += 2) sum += (uint32_t{ip[i]} << 8) | ip[i + 1];
+    while (sum >> 16) sum = (sum & 0xffff) + (sum >> 16);
+    const uint16_t check = static_cast<uint16_t>(~sum);
+    ip[10] = static_cast<uint8_t>(check >> 8);
+    ip[11] = static_cast<uint8_t>(check);
+}
+
+}  // namespace
+
+UdQp::UdQp(Engine& engine, uint32_t qpn, uint32_t pd, const QpCaps& caps,
+           std::shared_ptr<CompletionQueue> send_cq, std::shared_ptr<CompletionQueue> recv_cq,
+           void* user_handle, std::shared_ptr<SharedReceiveQueue> srq)
+    : Qp(qpn),
+      engine_(engine),
+      sender_(engine.sender_for_qpn(qpn)),
+      qp_counters_(engine.qp_counters(qpn)),
+      pd_(pd),
+      caps_(caps),
+      send_cq_(std::move(send_cq)),
+      recv_cq_(std::move(recv_cq)),
+      user_handle_(user_handle),
+      srq_(std::move(srq)) {
+    qp_counters_.reset();
+}
+
+UdQp::~UdQp() {
+    close();
+}
+
+void UdQp::close() {
+    std::lock_guard lock(mutex_);
+    closed_ = true;  // no timers, nothing in flight: nothing else to wait for
+}
+
+QpState UdQp::state() const {
+    std::lock_guard lock(mutex_);
+    return state_;
+}
+
+UdAttributes UdQp::attributes() const {
+    std::lock_guard lock(mutex_);
+    return attrs_;
+}
+
+int UdQp::modify(const UdAttributes& attrs, QpState expected, QpState next) {
+    std::lock_guard lock(mutex_);
+    const QpState prev = state_;
+    if (prev != expected && next != QpState::Reset && next != QpState::Err) return EINVAL;
+    attrs_ = attrs;
+    if (next == prev && next != QpState::Sqd) return 0;
+    switch (next) {
+        case QpState::Reset:
+            rq_.clear();  // discarded, as the IBA discards a reset QP's receive queue
+            break;
+        case QpState::Rts:
+            if (prev == QpState::Rtr) next_psn_ = attrs_.sq_psn & kPsnMask;
+            break;
+        case QpState::Err:
+            state_ = QpState::Err;
+            flush_all();
+            return 0;
+        default:
+            break;
+    }
+    state_ = next;
+    // Sends complete as they are posted: in SQD the send queue is always drained.
+    if (next == QpState::Sqd && attrs_.sqd_notify) post_async(AsyncEventType::SqDrained);
+    return 0;
+}
+
+void UdQp::complete_send(const SendWqe& wqe, WcStatus status) {
+    if (status == WcStatus::Success && !wqe.signaled) return;
+    Completion c;
+    c.wr_id = wqe.wr_id;
+    c.status = status;
+    c.opcode = WcOpcode::Send;
+    c.qp_num = qpn();
+    if (!send_cq_->push(c)) {
+        bump(engine_.counters().cq_overruns);
+        if (state_ != QpState::Err) {
+            post_async(AsyncEventType::QpFatal);
+            state_ = QpState::Err;
+            flush_all();
+        }
+    }
+}
+
+WcStatus UdQp::send_now(const SendWqe& wqe, const UdDestination& dest) {
+    if (wqe.length > attrs_.mtu) return WcStatus::LocLenErr;
+    const bool with_imm = wqe.opcode == SendOpcode::SendWithImm;
+    wire::Headers h;
+    h.bth.opcode =
+        static_cast<uint8_t>(with_imm ? wire::Opcode::UdSendOnlyImm : wire::Opcode::UdSendOnly);
+    h.bth.dest_qp = dest.qpn & kPsnMask;
+    h.bth.psn = next_psn_;
+    h.bth.solicited = wqe.solicited;
+    next_psn_ = psn_add(next_psn_, 1);
+    h.deth.qkey = (dest.qkey & kPrivilegedQkeyBit) ? attrs_.qkey : dest.qkey;
+    h.deth.src_qp = qpn();
+    if (with_imm) h.imm = wqe.imm;
+    iovec iov[kMaxSge];
+    size_t niov = 0;
+    auto guard = engine_.memory().lock_shared();
+    if (wqe.is_inline) {
+        if (wqe.length) iov[niov++] = {const_cast<uint8_t*>(wqe.inline_data.data()), wqe.length};
+    } else {
+        for (uint32_t i = 0; i < wqe.sgl.count; ++i) {
+            const Sge& s = wqe.sgl.sge[i];
+            if (s.length == 0) continue;
+            if (engine_.memory().check_local(s.lkey, pd_, s.addr, s.length, 0) != KeyCheck::Ok)
+                return WcStatus::LocProtErr;
+            iov[niov++] = {reinterpret_cast<void*>(s.addr), s.length};
+        }
+    }
+    const auto result = engine_.transmit(h, std::span(iov, niov), wqe.length, dest.ip, sender_);
+    if (result == Engine::TransmitResult::Failed) return WcStatus::LocQpOpErr;
+    if (result == Engine::TransmitResult::Sent) {
+        bump(qp_counters_.tx_packets);
+        bump(qp_counters_.tx_payload_bytes, wqe.length);
+    }
+    return WcStatus::Success;  // a loss on the way is the datagram service's to have
+}
+
+int UdQp::post_send(const SendWqe& wqe, const UdDestination& dest) {
+    std::lock_guard lock(mutex_);
+    if (wqe.opcode != SendOpcode::Send && wqe.opcode != SendOpcode::SendWithImm) return EINVAL;
+    switch (state_) {
+        case QpState::Rts:
+        case QpState::Sqd:
+        case QpState::Err:
+            break;
+        default:
+            return EINVAL;
+    }
+    if (wqe.length > attrs_.mtu) return EINVAL;
+    if (state_ == QpState::Err) {
+        complete_send(wqe, WcStatus::WrFlushErr);
+        return 0;
+    }
+    if (state_ == QpState::Sqd) return EINVAL;  // SQD takes no new work (it has none queued)
+    const WcStatus status = send_now(wqe, dest);
+    if (status != WcStatus::Success) {
+        // The IBA puts a QP whose send failed locally into ERR, as for RC.
+        complete_send(wqe, status);
+        if (state_ != QpState::Err) {
+            state_ = QpState::Err;
+            flush_all();
+        }
+        return 0;
+    }
+    complete_send(wqe, WcStatus::Success);
+    return 0;
+}
+
+int UdQp::post_recv(const RecvWqe& wqe) {
+    std::lock_guard lock(mutex_);
+    if (state_ == QpState::Reset || srq_) return EINVAL;
+    if (rq_.size() >= caps_.max_recv_wr) return ENOMEM;
+    if (state_ == QpState::Err) {
+        Completion c;
+        c.wr_id = wqe.wr_id;
+        c.status = WcStatus::WrFlushErr;
+        c.opcode = WcOpcode::Recv;
+        c.qp_num = qpn();
+        if (!recv_cq_->push(c)) bump(engine_.counters().cq_overruns);
+        return 0;
+    }
+    rq_.push_back(wqe);
+    return 0;
+}
+
+void UdQp::on_packet(const wire::ParsedPacket& pkt, uint32_t src_ip) {
+    std::lock_guard lock(mutex_);
+    if (closed_) {
+        bump(engine_.counters().rx_unknown_qp);
+        return;
+    }
+    bump(qp_counters_.rx_packets);
+    bump(qp_counters_.rx_payload_bytes, pkt.payload.size());
+    if (state_ != QpState::Rtr && state_ != QpState::Rts && state_ != QpState::Sqd) {
+        bump(engine_.counters().rx_wrong_state);
+        return;
+    }
+    if (pkt.h.deth.qkey != attrs_.qkey) {
+        bump(engine_.counters().rx_bad_qkey);
+        return;
+    }
+    // A datagram longer than the port's MTU cannot have come from a conforming sender.
+    if (pkt.payload.size() > attrs_.mtu) {
+        bump(engine_.counters().rx_malformed);
+        return;
+    }
+    std::optional<RecvWqe> wqe;
+    if (srq_) {
+        wqe = srq_->take();
+    } else if (!rq_.empty()) {
+        wqe = rq_.front();
+        rq_.pop_front();
+    }
+    if (!wqe) {
+        bump(engine_.counters().rx_no_recv_wqe);
+        return;
+    }
+    const bool with_imm = pkt.info->headers & wire::kHasImm;
+    Completion c;
+    c.wr_id = wqe->wr_id;
+    c.opcode = WcOpcode::Recv;
+    c.qp_num = qpn();
+    c.src_qp = pkt.h.deth.src_qp;
+    c.with_imm = with_imm;
+    c.imm = pkt.h.imm;
+    c.solicited = pkt.h.bth.solicited;
+    c.with_grh = true;
+    const uint32_t len = static_cast<uint32_t>(pkt.payload.size());
+    if (uint64_t{kGrhBytes} + len > wqe->sgl.total_length()) {
+        // Too long for the buffer: this WQE completes in error, the QP goes on (a peer must
+        // not be able to stop it with one packet).
+        c.status = WcStatus::LocLenErr;
+    } else {
+        uint8_t grh[kGrhBytes];
+        build_grh(grh, src_ip, engine_.config().ip,
+                  pkt.info->header_bytes + len + pkt.h.bth.pad + kIcrcBytes);
+        const std::span<const uint8_t> pieces[] = {{grh, kGrhBytes}, pkt.payload};
+        const uint32_t pd = srq_ ? srq_->pd() : pd_;
+        c.status = scatter_checked(engine_.memory(), wqe->sgl, pd, 0, pieces) == KeyCheck::Ok
+                       ? WcStatus::Success
+                       : WcStatus::LocProtErr;
+        c.byte_len = kGrhBytes + len;
+    }
+    if (!recv_cq_->push(c)) {
+        bump(engine_.counters().cq_overruns);
+        post_async(AsyncEventType::QpFatal);
+        state_ = QpState::Err;
+        flush_all();
+        return;
+    }
+    if (c.status == WcStatus::LocProtErr) {
+        // Our own receive buffer is bad: the QP cannot go on (as for RC).
+        post_async(AsyncEventType::QpFatal);
+        state_ = QpState::Err;
+        flush_all();
+    }
+}
+
+void UdQp::flush_all() {
+    while (!rq_.empty()) {
+        Completion c;
+        c.wr_id = rq_.front().wr_id;
+        c.status = WcStatus::WrFlushErr;
+        c.opcode = WcOpcode::Recv;
+        c.qp_num = qpn();
+        rq_.pop_front();
+        if (!recv_cq_->push(c)) bump(engine_.counters().cq_overruns);
+    }
+    if (srq_) post_async(AsyncEventType::LastWqeReached);
+}
+
+void UdQp::post_async(AsyncEventType type) {
+    engine_.post_async(AsyncEvent{type, user_handle_});
+}
+
+}  // namespace uroce::transport

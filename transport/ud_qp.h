@@ -1,0 +1,100 @@
+// An unreliable-datagram queue pair (IBA 9.8): single-packet SENDs (with or without
+// immediate data) to any QP named per work request, no acknowledgements, no retries.
+//
+// Send: each WQE becomes one UD SEND Only packet with a DETH (the Q_Key, and this QP's number
+// as the source) as soon as it is posted in RTS, and completes once handed to the socket; a
+// packet lost on the way is lost. Receive: a packet whose Q_Key matches takes the next
+// receive WQE (the QP's own or its SRQ's), which gets the 40-byte GRH area first (for RoCEv2
+// over IPv4: 20 zero bytes, then the packet's IPv4 header, as rxe writes it) and the payload
+// after it; with no WQE posted the packet is dropped (rx_ud_no_wqe), with a wrong Q_Key too
+// (rx_bad_qkey). No packet a peer sends can move the QP out of its state.
+#pragma once
+
+#include <sys/uio.h>
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+
+#include "transport/completion_queue.h"
+#include "transport/qp.h"
+#include "transport/qp_counters.h"
+#include "transport/qp_state.h"
+#include "transport/shared_receive_queue.h"
+#include "transport/udp_socket.h"
+#include "transport/work_request.h"
+
+namespace uroce::transport {
+
+class Engine;
+
+// The GRH area at the start of every UD receive buffer (IBA 11.4.1.2).
+inline constexpr uint32_t kGrhBytes = 40;
+// A remote Q_Key with this bit set asks for the sending QP's own Q_Key (IBA 10.2.5).
+inline constexpr uint32_t kPrivilegedQkeyBit = 0x80000000u;
+
+struct UdAttributes {
+    uint32_t qkey = 0;
+    uint32_t sq_psn = 0;
+    uint32_t mtu = 1024;  // the port's MTU: the largest message
+    bool sqd_notify = false;
+};
+
+// Where one UD SEND goes: the address handle's destination and the WR's remote QP and Q_Key.
+struct UdDestination {
+    uint32_t ip = 0;  // host order
+    uint32_t qpn = 0;
+    uint32_t qkey = 0;
+};
+
+class UdQp final : public Qp {
+  public:
+    UdQp(Engine& engine, uint32_t qpn, uint32_t pd, const QpCaps& caps,
+         std::shared_ptr<CompletionQueue> send_cq, std::shared_ptr<CompletionQueue> recv_cq,
+         void* user_handle, std::shared_ptr<SharedReceiveQueue> srq = nullptr);
+    ~UdQp() override;
+
+    wire::Transport transport() const override { return wire::Transport::Ud; }
+    void* user_handle() const { return user_handle_; }
+
+    QpState state() const;
+    UdAttributes attributes() const;
+    // Applies `attrs` and moves to `next` (the provider checked the transition from
+    // `expected`); EINVAL if the QP left `expected` meanwhile.
+    int modify(const UdAttributes& attrs, QpState expected, QpState next);
+    // 0 or an errno: EINVAL outside RTS/SQD/ERR or for a message longer than the MTU,
+    // ENOMEM when the send queue is full. Only Send and SendWithImm.
+    int post_send(const SendWqe& wqe, const UdDestination& dest);
+    // EINVAL in RESET or with an SRQ, ENOMEM when full.
+    int post_recv(const RecvWqe& wqe);
+
+    void on_packet(const wire::ParsedPacket& pkt, uint32_t src_ip) override;
+    void close() override;
+
+  private:
+    // Sends `wqe` now; the status its completion carries.
+    WcStatus send_now(const SendWqe& wqe, const UdDestination& dest);
+    void complete_send(const SendWqe& wqe, WcStatus status);
+    void flush_all();
+    void post_async(AsyncEventType type);
+
+    Engine& engine_;
+    const UdpSocket& sender_;
+    QpCounters& qp_counters_;
+    const uint32_t pd_;
+    const QpCaps caps_;
+    const std::shared_ptr<CompletionQueue> send_cq_;
+    const std::shared_ptr<CompletionQueue> recv_cq_;
+    void* const user_handle_;
+    const std::shared_ptr<SharedReceiveQueue> srq_;
+
+    mutable std::mutex mutex_;
+    bool closed_ = false;
+    QpState state_ = QpState::Reset;
+    UdAttributes attrs_;
+    uint32_t next_psn_ = 0;
+    std::deque<RecvWqe> rq_;
+};
+
+}  // namespace uroce::transport
