@@ -21,6 +21,7 @@
 #include "transport/engine.h"
 #include "transport/rc_qp.h"
 #include "transport/shared_receive_queue.h"
+#include "transport/uc_qp.h"
 #include "transport/ud_qp.h"
 #include "uroce/verbs_abi.h"
 
@@ -122,6 +123,7 @@ struct UroceQp {
     verbs_qp vqp;  // must be first
     // Exactly one of them, as vqp.qp.qp_type says.
     std::shared_ptr<transport::RcQp> rc;
+    std::shared_ptr<transport::UcQp> uc;
     std::shared_ptr<transport::UdQp> ud;
     UroceCq* send_cq = nullptr;
     UroceCq* recv_cq = nullptr;
@@ -159,7 +161,9 @@ inline UroceAh* to_uah(ibv_ah* a) {
 }
 // The transport's view of the QP's state, whatever its type.
 inline transport::QpState qp_state(const UroceQp& qp) {
-    return qp.ud ? qp.ud->state() : qp.rc->state();
+    if (qp.ud) return qp.ud->state();
+    if (qp.uc) return qp.uc->state();
+    return qp.rc->state();
 }
 
 // Queues an asynchronous event for ibv_get_async_event: `element` is the ibv_qp* or ibv_cq*

@@ -51,8 +51,8 @@ ibv_qp* create_qp(ibv_pd* pd, ibv_qp_init_attr* init) noexcept {
         errno = EINVAL;
         return nullptr;
     }
-    if (init->qp_type != IBV_QPT_RC && init->qp_type != IBV_QPT_UD) {
-        // UC and XRC come later.
+    if (init->qp_type != IBV_QPT_RC && init->qp_type != IBV_QPT_UC && init->qp_type != IBV_QPT_UD) {
+        // XRC and raw packet QPs come later.
         errno = EOPNOTSUPP;
         return nullptr;
     }
@@ -101,6 +101,11 @@ ibv_qp* create_qp(ibv_pd* pd, ibv_qp_init_attr* init) noexcept {
                                                        qp->send_cq->queue, qp->recv_cq->queue,
                                                        &qp->vqp.qp, srq ? srq->queue : nullptr);
             engine.attach(qp->ud);
+        } else if (init->qp_type == IBV_QPT_UC) {
+            qp->uc = std::make_shared<transport::UcQp>(engine, qpn, to_upd(pd)->id, caps,
+                                                       qp->send_cq->queue, qp->recv_cq->queue,
+                                                       &qp->vqp.qp, srq ? srq->queue : nullptr);
+            engine.attach(qp->uc);
         } else {
             qp->rc = std::make_shared<transport::RcQp>(engine, qpn, to_upd(pd)->id, caps,
                                                        qp->send_cq->queue, qp->recv_cq->queue,
@@ -163,6 +168,7 @@ int destroy_qp(ibv_qp* ibqp) noexcept {
     // After detach no packet, timer or transport event reaches the QP.
     st->engine->detach(ibqp->qp_num);
     qp->rc.reset();
+    qp->uc.reset();
     qp->ud.reset();
     // Events not yet read never will be; those the application has read it must acknowledge
     // before the QP goes (libibverbs' contract: a kernel provider waits the same way).
@@ -181,6 +187,7 @@ int destroy_qp(ibv_qp* ibqp) noexcept {
 void reclaim_qp(ContextState& st, UroceQp* qp) noexcept {
     st.engine->detach(qp->vqp.qp.qp_num);
     qp->rc.reset();
+    qp->uc.reset();
     qp->ud.reset();
     pthread_cond_destroy(&qp->vqp.qp.cond);
     pthread_mutex_destroy(&qp->vqp.qp.mutex);
@@ -210,6 +217,7 @@ int modify_qp(ibv_qp* ibqp, ibv_qp_attr* attr, int mask) noexcept {
     qp->attr.sq_draining = next == QpState::Sqd;
     if (qp->ud) return modify_ud_qp(*qp, qp->attr, mask, current, next);
     const uint32_t port_mtu = to_uctx(ibqp->context)->state->device->config.mtu;
+    if (qp->uc) return qp->uc->modify(to_transport(qp->attr, port_mtu), current, next);
     return qp->rc->modify(to_transport(qp->attr, port_mtu), current, next);
 }
 
@@ -319,7 +327,7 @@ int post_send(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexcept {
             w.rkey = wr->wr.rdma.rkey;
         }
         w.imm = ntohl(wr->imm_data);
-        if (int e = qp->rc->post_send(w)) {
+        if (int e = qp->uc ? qp->uc->post_send(w) : qp->rc->post_send(w)) {
             *bad_wr = wr;
             return e;
         }
@@ -336,7 +344,10 @@ int post_recv(ibv_qp* ibqp, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) noexcept {
     for (; wr; wr = wr->next) {
         transport::RecvWqe r;
         int e = to_recv_wqe(*wr, r);
-        if (e == 0) e = qp->ud ? qp->ud->post_recv(r) : qp->rc->post_recv(r);
+        if (e == 0)
+            e = qp->ud   ? qp->ud->post_recv(r)
+                : qp->uc ? qp->uc->post_recv(r)
+                         : qp->rc->post_recv(r);
         if (e) {
             *bad_wr = wr;
             return e;

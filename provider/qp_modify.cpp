@@ -74,6 +74,25 @@ constexpr MaskRule kRcRules[] = {
     {QpState::Sqe, QpState::Rts, 0, IBV_QP_CUR_STATE | IBV_QP_ACCESS_FLAGS},
 };
 
+// UC rows: RC's without what acknowledgements need (timers, retries, READ/atomic resources).
+constexpr MaskRule kUcRules[] = {
+    {QpState::Reset, QpState::Init, IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS, 0},
+    {QpState::Init, QpState::Init, 0, IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS},
+    {QpState::Init, QpState::Rtr, IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN,
+     kAltPath | IBV_QP_ACCESS_FLAGS | IBV_QP_PKEY_INDEX},
+    {QpState::Rtr, QpState::Rts, IBV_QP_SQ_PSN,
+     IBV_QP_CUR_STATE | kAltPath | IBV_QP_ACCESS_FLAGS | IBV_QP_PATH_MIG_STATE},
+    {QpState::Rts, QpState::Rts, 0,
+     IBV_QP_CUR_STATE | IBV_QP_ACCESS_FLAGS | kAltPath | IBV_QP_PATH_MIG_STATE},
+    {QpState::Rts, QpState::Sqd, 0, IBV_QP_EN_SQD_ASYNC_NOTIFY},
+    {QpState::Sqd, QpState::Rts, 0,
+     IBV_QP_CUR_STATE | IBV_QP_ACCESS_FLAGS | kAltPath | IBV_QP_PATH_MIG_STATE},
+    {QpState::Sqd, QpState::Sqd, 0,
+     IBV_QP_CUR_STATE | IBV_QP_AV | kAltPath | IBV_QP_ACCESS_FLAGS | IBV_QP_PKEY_INDEX |
+         IBV_QP_PATH_MIG_STATE},
+    {QpState::Sqe, QpState::Rts, 0, IBV_QP_CUR_STATE | IBV_QP_ACCESS_FLAGS},
+};
+
 // UD rows: no connection, so no address, PSN to expect, timers or access rights; a Q_Key.
 constexpr MaskRule kUdRules[] = {
     {QpState::Reset, QpState::Init, IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY, 0},
@@ -112,9 +131,9 @@ int check_modify(ibv_qp_type type, QpState current, const ibv_qp_attr& attr, int
     if (next == QpState::Reset || next == QpState::Err) {
         return (attrs & ~IBV_QP_CUR_STATE) ? EINVAL : 0;
     }
-    const std::span<const MaskRule> rules = type == IBV_QPT_UD
-                                                ? std::span<const MaskRule>(kUdRules)
-                                                : std::span<const MaskRule>(kRcRules);
+    std::span<const MaskRule> rules = kRcRules;
+    if (type == IBV_QPT_UD) rules = kUdRules;
+    if (type == IBV_QPT_UC) rules = kUcRules;
     for (const MaskRule& r : rules) {
         if (r.from != current || r.to != next) continue;
         if ((attrs & r.required) != r.required) return EINVAL;

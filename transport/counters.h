@@ -39,7 +39,8 @@ namespace uroce::transport {
     X(tx_sport_fallback)         /* QPs sending from the main port: source port not bound */ \
     X(cq_overruns)               /* completions that found their CQ full */                  \
     X(rx_bad_qkey)               /* UD packets whose Q_Key is not the QP's */                \
-    X(rx_no_recv_wqe)            /* UD packets dropped: no receive WQE posted */
+    X(rx_no_recv_wqe)            /* UD/UC messages dropped: no receive WQE posted */         \
+    X(rx_uc_dropped)             /* UC messages given up: a lost packet, a bad key or length */
 
 struct EngineCounters {
 #define UROCE_COUNTER_FIELD(name) std::atomic<uint64_t> name{0};

@@ -4,6 +4,7 @@
 #include "transport/engine.h"
 #include "transport/psn.h"
 #include "transport/rc_qp.h"
+#include "transport/scatter.h"
 
 namespace uroce::transport {
 
@@ -36,27 +37,7 @@ uint32_t RcQp::packets_for(const SqEntry& e) const {
 
 bool RcQp::gather(const SqEntry& e, uint32_t offset, uint32_t len, std::span<iovec> iov,
                   size_t& niov) const {
-    niov = 0;
-    if (len == 0) return true;
-    if (e.wqe.is_inline) {
-        iov[niov++] = {const_cast<uint8_t*>(e.wqe.inline_data.data()) + offset, len};
-        return true;
-    }
-    const MemoryTable& mem = engine_.memory();
-    uint32_t skip = offset;
-    for (uint32_t i = 0; i < e.wqe.sgl.count && len > 0; ++i) {
-        const Sge& s = e.wqe.sgl.sge[i];
-        if (skip >= s.length) {
-            skip -= s.length;
-            continue;
-        }
-        const uint32_t take = std::min(len, s.length - skip);
-        if (mem.check_local(s.lkey, pd_, s.addr + skip, take, 0) != KeyCheck::Ok) return false;
-        iov[niov++] = {reinterpret_cast<void*>(s.addr + skip), take};
-        len -= take;
-        skip = 0;
-    }
-    return len == 0;
+    return gather_checked(engine_.memory(), e.wqe, pd_, offset, len, iov, niov);
 }
 
 WcStatus RcQp::send_request_packet(SqEntry& e, uint32_t pkt_index) {

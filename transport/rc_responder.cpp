@@ -31,14 +31,6 @@ constexpr size_t kMaxHeld = 1024;
 // The IBA limits a message (the RETH DMA length) to 2^31 bytes.
 constexpr uint64_t kMaxMessageBytes = 1ull << 31;
 
-// Copies so that the last byte becomes visible last: applications (ib_write_lat among
-// them) poll the final byte of an RDMA WRITE to learn that the whole message is there.
-void copy_last_byte_last(uint8_t* dst, const uint8_t* src, size_t len) {
-    if (len == 0) return;
-    std::memcpy(dst, src, len - 1);
-    std::atomic_ref<uint8_t>(dst[len - 1]).store(src[len - 1], std::memory_order_release);
-}
-
 uint32_t read_packets(uint32_t dma_len, uint32_t mtu) {
     return static_cast<uint32_t>(std::max<uint64_t>(1, (uint64_t{dma_len} + mtu - 1) / mtu));
 }

@@ -1,9 +1,41 @@
 #include "transport/scatter.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 
 namespace uroce::transport {
+
+void copy_last_byte_last(uint8_t* dst, const uint8_t* src, size_t len) {
+    if (len == 0) return;
+    std::memcpy(dst, src, len - 1);
+    std::atomic_ref<uint8_t>(dst[len - 1]).store(src[len - 1], std::memory_order_release);
+}
+
+bool gather_checked(const MemoryTable& memory, const SendWqe& wqe, uint32_t pd, uint32_t offset,
+                    uint32_t len, std::span<iovec> iov, size_t& niov) {
+    niov = 0;
+    if (len == 0) return true;
+    if (wqe.is_inline) {
+        iov[niov++] = {const_cast<uint8_t*>(wqe.inline_data.data()) + offset, len};
+        return true;
+    }
+    uint32_t skip = offset;
+    for (uint32_t i = 0; i < wqe.sgl.count && len > 0; ++i) {
+        const Sge& s = wqe.sgl.sge[i];
+        if (skip >= s.length) {
+            skip -= s.length;
+            continue;
+        }
+        const uint32_t take = std::min(len, s.length - skip);
+        if (memory.check_local(s.lkey, pd, s.addr + skip, take, 0) != KeyCheck::Ok) return false;
+        if (niov == iov.size()) return false;
+        iov[niov++] = {reinterpret_cast<void*>(s.addr + skip), take};
+        len -= take;
+        skip = 0;
+    }
+    return len == 0;
+}
 
 KeyCheck scatter_checked(const MemoryTable& memory, const SgeList& sgl, uint32_t pd,
                          uint32_t offset, std::span<const std::span<const uint8_t>> pieces) {

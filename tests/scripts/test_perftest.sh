@@ -21,7 +21,8 @@ TESTS=(ib_write_bw ib_write_lat ib_send_bw ib_send_lat ib_read_bw ib_read_lat ib
 # Each run: a tool and the options it gets beside the defaults (both sides).
 RUNS=("${TESTS[@]}" "ib_send_bw --use-srq" "ib_send_lat --use-srq" "ib_send_bw --use-srq -q 4"
     ib_atomic_bw ib_atomic_lat "ib_atomic_bw -A CMP_AND_SWAP" "ib_atomic_bw -q 4"
-    "ib_send_bw -c UD" "ib_send_lat -c UD" "ib_send_bw -c UD -q 4")
+    "ib_send_bw -c UD" "ib_send_lat -c UD" "ib_send_bw -c UD -q 4"
+    "ib_send_bw -c UC" "ib_write_bw -c UC" "ib_send_lat -c UC" "ib_write_lat -c UC")
 for tool in "${TESTS[@]}" ss timeout; do
     if ! command -v "$tool" >/dev/null; then
         skip "$tool is not installed (perftest)"

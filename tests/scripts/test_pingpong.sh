@@ -13,7 +13,8 @@
 #   srq      ibv_srq_pingpong: 16 (or 4) QPs whose receives all come from one SRQ,
 #            polling and events, with and without loss;
 #   ud       ibv_ud_pingpong: datagrams up to the port MTU, polling and events (no loss:
-#            UD does not recover it, and the pingpong would wait for ever).
+#            UD does not recover it, and the pingpong would wait for ever);
+#   uc       ibv_uc_pingpong: multi-packet messages, polling and events (no loss either).
 # Iterations: 10,000 for 1 B and 64 B messages (cheap, and many PSNs), 1,000
 # for larger ones (64 MiB each way at 64 KiB; 10,000 would only repeat the same
 # packets), 200 under loss. PINGPONG_ITERS=N sets every loss-free count to N
@@ -33,9 +34,9 @@ set -u
 source "$(dirname "$(readlink -f "$0")")/lib.sh"
 GROUP=${2:-}
 case $GROUP in
-    devices | poll | event | drop | srq | ud) ;;
+    devices | poll | event | drop | srq | ud | uc) ;;
     *)
-        echo "usage: $0 PATH_TO_UROCE devices|poll|event|drop|srq|ud" >&2
+        echo "usage: $0 PATH_TO_UROCE devices|poll|event|drop|srq|ud|uc" >&2
         exit 2
         ;;
 esac
@@ -45,6 +46,7 @@ lib_init "$1"
 PROG=ibv_rc_pingpong
 [[ $GROUP == srq ]] && PROG=ibv_srq_pingpong
 [[ $GROUP == ud ]] && PROG=ibv_ud_pingpong
+[[ $GROUP == uc ]] && PROG=ibv_uc_pingpong
 for tool in "$PROG" ibv_devices ibv_devinfo ss timeout; do
     if ! command -v "$tool" >/dev/null; then
         skip "$tool is not installed"
@@ -253,6 +255,11 @@ case $GROUP in
         pingpong "ud event -s 1" - "$A" "$B" "$IP_A" "$LARGE" -e -s 1 -c
         pingpong "ud poll -s 4096 (B<-C)" - "$B" "$C" "$IP_B" "$LARGE" -s 4096 -c
         pingpong "ud event -s 256 (D<-A)" - "$D" "$A" "$IP_D" "$LARGE" -e -s 256 -c
+        ;;
+    uc)
+        pingpong "uc poll -s 4096" - "$A" "$B" "$IP_A" "$LARGE" -s 4096 -c
+        pingpong "uc event -s 65536" - "$A" "$B" "$IP_A" "$LARGE" -e -s 65536 -c
+        pingpong "uc poll -m 4096 -s 16384 (B<-C)" - "$B" "$C" "$IP_B" "$LARGE" -m 4096 -s 16384 -c
         ;;
 esac
 
