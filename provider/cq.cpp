@@ -186,6 +186,15 @@ int poll_cq(ibv_cq* ibcq, int n, ibv_wc* wc) noexcept {
     return total;
 }
 
+int resize_cq(ibv_cq* ibcq, int cqe) noexcept {
+    if (inherited(ibcq->context)) return EIO;
+    if (cqe < 1 || cqe > kMaxCqe) return EINVAL;
+    // Completions waiting stay; a size below their number is refused.
+    if (int e = to_ucq(ibcq)->queue->resize(static_cast<uint32_t>(cqe))) return e;
+    ibcq->cqe = cqe;
+    return 0;
+}
+
 int req_notify_cq(ibv_cq* ibcq, int solicited_only) noexcept {
     if (inherited(ibcq->context)) return EIO;
     to_ucq(ibcq)->queue->arm(solicited_only != 0);

@@ -126,6 +126,49 @@ ibv_mr* reg_mr(ibv_pd* ibpd, void* addr, size_t length, uint64_t hca_va, int acc
     return &mr->vmr.ibv_mr;
 }
 
+int rereg_mr(verbs_mr* vmr, int flags, ibv_pd* ibpd, void* addr, size_t length,
+             int access) noexcept {
+    ibv_context* ctx = vmr->ibv_mr.context;
+    if (inherited(ctx)) return EIO;
+    auto* mr = reinterpret_cast<UroceMr*>(vmr);
+    transport::MemoryTable::Change change;
+    access &= ~IBV_ACCESS_OPTIONAL_RANGE;
+    if (flags &
+        ~(IBV_REREG_MR_CHANGE_TRANSLATION | IBV_REREG_MR_CHANGE_PD | IBV_REREG_MR_CHANGE_ACCESS))
+        return EINVAL;
+    if (flags & IBV_REREG_MR_CHANGE_ACCESS) {
+        if ((access & ~kSupportedAccess) ||
+            ((access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) &&
+             !(access & IBV_ACCESS_LOCAL_WRITE)))
+            return EINVAL;
+        change.access = transport_access(access);
+    }
+    if (flags & IBV_REREG_MR_CHANGE_PD) {
+        if (!ibpd || ibpd->context != ctx) return EINVAL;
+        change.pd = to_upd(ibpd)->id;
+    }
+    if (flags & IBV_REREG_MR_CHANGE_TRANSLATION) {
+        if (!addr || length == 0 || length > kMaxMrSize) return EINVAL;
+        change.translation = true;
+        change.addr = reinterpret_cast<uint64_t>(addr);
+        change.length = length;
+        change.iova = change.addr;  // as ibv_reg_mr addresses it
+    }
+    try {
+        if (!to_uctx(ctx)->state->engine->memory().modify(vmr->ibv_mr.lkey, change)) return EINVAL;
+    } catch (...) {
+        return EINVAL;  // a range that runs past 2^64
+    }
+    // libibverbs sets mr->pd, addr and length itself once this returns 0.
+    if (flags & IBV_REREG_MR_CHANGE_PD) {
+        to_upd(vmr->ibv_mr.pd)->users.fetch_sub(1);
+        to_upd(ibpd)->users.fetch_add(1);
+        mr->pd_id = to_upd(ibpd)->id;
+    }
+    if (flags & IBV_REREG_MR_CHANGE_ACCESS) vmr->access = access;
+    return 0;
+}
+
 int dereg_mr(verbs_mr* vmr) noexcept {
     if (inherited(vmr->ibv_mr.context)) return 0;  // the parent's (fork_guard.h)
     auto* mr = reinterpret_cast<UroceMr*>(vmr);

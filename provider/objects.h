@@ -184,11 +184,13 @@ ibv_pd* alloc_pd(ibv_context*) noexcept;
 int dealloc_pd(ibv_pd*) noexcept;
 ibv_mr* reg_mr(ibv_pd*, void*, size_t, uint64_t, int) noexcept;
 int dereg_mr(verbs_mr*) noexcept;
+int rereg_mr(verbs_mr*, int, ibv_pd*, void*, size_t, int) noexcept;
 
 ibv_cq* create_cq(ibv_context*, int, ibv_comp_channel*, int) noexcept;
 int destroy_cq(ibv_cq*) noexcept;
 int poll_cq(ibv_cq*, int, ibv_wc*) noexcept;
 int req_notify_cq(ibv_cq*, int) noexcept;
+int resize_cq(ibv_cq*, int) noexcept;
 void cq_event(ibv_cq*) noexcept;
 
 ibv_qp* create_qp(ibv_pd*, ibv_qp_init_attr*) noexcept;

@@ -43,6 +43,8 @@ verbs_context_ops make_ops() {
     o.query_srq = query_srq;
     o.reg_mr = reg_mr;
     o.req_notify_cq = req_notify_cq;
+    o.rereg_mr = rereg_mr;
+    o.resize_cq = resize_cq;
     return o;
 }
 

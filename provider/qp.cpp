@@ -215,10 +215,22 @@ int modify_qp(ibv_qp* ibqp, ibv_qp_attr* attr, int mask) noexcept {
     qp->attr.qp_state = to_ibv(next);
     qp->attr.cur_qp_state = to_ibv(next);
     qp->attr.sq_draining = next == QpState::Sqd;
-    if (qp->ud) return modify_ud_qp(*qp, qp->attr, mask, current, next);
     const uint32_t port_mtu = to_uctx(ibqp->context)->state->device->config.mtu;
-    if (qp->uc) return qp->uc->modify(to_transport(qp->attr, port_mtu), current, next);
-    return qp->rc->modify(to_transport(qp->attr, port_mtu), current, next);
+    int err;
+    if (qp->ud)
+        err = modify_ud_qp(*qp, qp->attr, mask, current, next);
+    else if (qp->uc)
+        err = qp->uc->modify(to_transport(qp->attr, port_mtu), current, next);
+    else
+        err = qp->rc->modify(to_transport(qp->attr, port_mtu), current, next);
+    if (err == 0 && next == QpState::Reset && current != QpState::Reset) {
+        // Completions of work requests the reset discarded (the flushes of an earlier ERR)
+        // leave the CQs, as NICs clean their CQs on reset: after RESET -> RTS the application
+        // must not poll stale completions of the QP's previous life.
+        qp->send_cq->queue->remove_qp(ibqp->qp_num);
+        qp->recv_cq->queue->remove_qp(ibqp->qp_num);
+    }
+    return err;
 }
 
 int query_qp(ibv_qp* ibqp, ibv_qp_attr* attr, int, ibv_qp_init_attr* init) noexcept {

@@ -1,5 +1,7 @@
 #include "transport/completion_queue.h"
 
+#include <cerrno>
+
 #include <algorithm>
 
 namespace uroce::transport {
@@ -88,6 +90,25 @@ const char* to_string(WcStatus s) {
             return "general error";
     }
     return "?";
+}
+
+uint32_t CompletionQueue::capacity() const {
+    std::lock_guard lock(mutex_);
+    return capacity_;
+}
+
+size_t CompletionQueue::remove_qp(uint32_t qpn) {
+    std::lock_guard lock(mutex_);
+    const size_t before = queue_.size();
+    std::erase_if(queue_, [qpn](const Completion& c) { return c.qp_num == qpn; });
+    return before - queue_.size();
+}
+
+int CompletionQueue::resize(uint32_t capacity) {
+    std::lock_guard lock(mutex_);
+    if (capacity == 0 || capacity < queue_.size()) return EINVAL;
+    capacity_ = capacity;
+    return 0;
 }
 
 }  // namespace uroce::transport

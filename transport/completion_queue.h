@@ -29,11 +29,16 @@ class CompletionQueue {
     // on the next solicited or unsuccessful one.
     void arm(bool solicited_only);
 
-    uint32_t capacity() const { return capacity_; }
+    uint32_t capacity() const;
     size_t depth() const;
+    // Takes out every completion of QP `qpn` (a QP moved to RESET: its work requests are
+    // gone, and so are their completions, as NICs clean their CQs then). Returns how many.
+    size_t remove_qp(uint32_t qpn);
+    // ibv_resize_cq: EINVAL if fewer entries than the completions waiting now.
+    int resize(uint32_t capacity);
 
   private:
-    const uint32_t capacity_;
+    uint32_t capacity_;  // guarded by mutex_
     std::function<void()> on_event_;
     std::function<void()> on_overflow_;
     mutable std::mutex mutex_;

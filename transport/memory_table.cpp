@@ -69,6 +69,24 @@ bool MemoryTable::remove(uint32_t lkey) {
     return true;
 }
 
+bool MemoryTable::modify(uint32_t lkey, const Change& change) {
+    if (change.translation &&
+        (wraps(change.addr, change.length) || wraps(change.iova, change.length)))
+        throw std::invalid_argument("memory range wraps around 2^64");
+    std::unique_lock lock(mutex_);
+    auto it = by_index_.find(lkey >> 8);
+    if (it == by_index_.end() || it->second.keys.lkey != lkey) return false;
+    Region& r = it->second;
+    if (change.pd) r.pd = *change.pd;
+    if (change.access) r.access = *change.access;
+    if (change.translation) {
+        r.addr = change.addr;
+        r.length = change.length;
+        r.iova = change.iova;
+    }
+    return true;
+}
+
 size_t MemoryTable::size() const {
     std::shared_lock lock(mutex_);
     return by_index_.size();

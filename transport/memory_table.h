@@ -42,6 +42,21 @@ class MemoryTable {
     MemoryKeys add(uint32_t pd, uint64_t addr, uint64_t length, uint64_t iova, uint32_t access);
     bool remove(uint32_t lkey);
 
+    // ibv_rereg_mr: what changes in the region of `lkey`; its keys stay. Takes effect as
+    // remove() does: checks that start afterwards see the new region, and this waits for
+    // accesses that passed a check on the old one.
+    struct Change {
+        std::optional<uint32_t> pd;
+        std::optional<uint32_t> access;
+        // New translation: [addr, addr+length), addressed remotely from iova.
+        bool translation = false;
+        uint64_t addr = 0;
+        uint64_t length = 0;
+        uint64_t iova = 0;
+    };
+    // False if `lkey` names no region. Throws std::invalid_argument for a wrapping range.
+    bool modify(uint32_t lkey, const Change& change);
+
     // A guard that keeps the table from changing while the caller touches the memory.
     using ReadLock = std::shared_lock<std::shared_mutex>;
     ReadLock lock_shared() const { return ReadLock(mutex_); }

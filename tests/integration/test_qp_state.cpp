@@ -342,3 +342,32 @@ TEST_CASE("contexts and QPs open and close repeatedly", "[qp][lifecycle]") {
         REQUIRE(ibv_destroy_qp(extra) == 0);
     }
 }
+
+TEST_CASE("RESET takes the QP's waiting completions out of its CQs, and only the QP's", "[qp]") {
+    Endpoint a(devices().a), b(devices().b);
+    connect(a, b);
+    Buffer buf(a.pd, 4096, kAll);
+    // A second QP on the same CQ, whose completion must stay.
+    ibv_qp_init_attr init{};
+    init.send_cq = init.recv_cq = a.cq;
+    init.qp_type = IBV_QPT_RC;
+    init.cap.max_send_wr = init.cap.max_recv_wr = 4;
+    init.cap.max_send_sge = init.cap.max_recv_sge = 1;
+    ibv_qp* other = ibv_create_qp(a.pd, &init);
+    REQUIRE(other);
+    ibv_qp_attr attr = init_attr();
+    REQUIRE(ibv_modify_qp(other, &attr, kInitMask) == 0);
+    REQUIRE(post_recv_buf(other, buf, 0, 64, 99) == 0);
+    for (int i = 0; i < 5; ++i) REQUIRE(post_recv_buf(a.qp, buf, 64 * i, 64, i) == 0);
+    attr = {};
+    attr.qp_state = IBV_QPS_ERR;
+    REQUIRE(ibv_modify_qp(a.qp, &attr, IBV_QP_STATE) == 0);   // 5 flush completions
+    REQUIRE(ibv_modify_qp(other, &attr, IBV_QP_STATE) == 0);  // 1 flush completion
+    attr.qp_state = IBV_QPS_RESET;
+    REQUIRE(ibv_modify_qp(a.qp, &attr, IBV_QP_STATE) == 0);
+    const auto wcs = wait_completions(a.cq, 2, std::chrono::milliseconds(200));
+    REQUIRE(wcs.size() == 1);
+    CHECK(wcs[0].wr_id == 99);
+    CHECK(wcs[0].qp_num == other->qp_num);
+    CHECK(ibv_destroy_qp(other) == 0);
+}

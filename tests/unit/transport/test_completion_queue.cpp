@@ -341,3 +341,34 @@ TEST_CASE("CompletionQueue concurrent producers and consumers", "[cq]") {
     CHECK(per_producer_order);
     for (uint64_t c : counts) CHECK(c == kEach);
 }
+
+TEST_CASE("CQ: remove_qp takes out one QP's completions and keeps the order of the rest", "[cq]") {
+    CompletionQueue cq(8, nullptr, nullptr);
+    for (uint64_t i = 0; i < 6; ++i) {
+        Completion c;
+        c.wr_id = i;
+        c.qp_num = i % 2 ? 7 : 9;
+        REQUIRE(cq.push(c));
+    }
+    CHECK(cq.remove_qp(7) == 3);
+    CHECK(cq.remove_qp(7) == 0);
+    Completion out[8];
+    REQUIRE(cq.poll(std::span(out, 8)) == 3);
+    CHECK(out[0].wr_id == 0);
+    CHECK(out[1].wr_id == 2);
+    CHECK(out[2].wr_id == 4);
+}
+
+TEST_CASE("CQ: resize keeps what waits and refuses to shrink below it", "[cq]") {
+    CompletionQueue cq(2, nullptr, nullptr);
+    Completion c;
+    REQUIRE(cq.push(c));
+    REQUIRE(cq.push(c));
+    CHECK_FALSE(cq.push(c));  // full at 2
+    CHECK(cq.resize(1) == EINVAL);
+    CHECK(cq.resize(0) == EINVAL);
+    REQUIRE(cq.resize(3) == 0);
+    CHECK(cq.capacity() == 3);
+    CHECK(cq.push(c));
+    CHECK(cq.depth() == 3);
+}
