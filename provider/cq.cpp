@@ -9,8 +9,6 @@
 
 namespace uroce::provider {
 
-namespace {
-
 ibv_wc_status wc_status(transport::WcStatus s) {
     using S = transport::WcStatus;
     switch (s) {
@@ -63,10 +61,7 @@ ibv_wc_opcode wc_opcode(transport::WcOpcode op) {
     return IBV_WC_SEND;
 }
 
-}  // namespace
-
-ibv_cq* create_cq(ibv_context* ibctx, int cqe, ibv_comp_channel* channel,
-                  int comp_vector) noexcept {
+UroceCq* new_cq(ibv_context* ibctx, int cqe, ibv_comp_channel* channel, int comp_vector) noexcept {
     if (inherited(ibctx)) {
         errno = EIO;
         return nullptr;
@@ -116,7 +111,13 @@ ibv_cq* create_cq(ibv_context* ibctx, int cqe, ibv_comp_channel* channel,
     }
     cq->channel = std::move(chan);
     cq->vcq.cq.cqe = cqe;
-    return &cq->vcq.cq;
+    return cq;
+}
+
+ibv_cq* create_cq(ibv_context* ibctx, int cqe, ibv_comp_channel* channel,
+                  int comp_vector) noexcept {
+    UroceCq* cq = new_cq(ibctx, cqe, channel, comp_vector);
+    return cq ? &cq->vcq.cq : nullptr;
 }
 
 int destroy_cq(ibv_cq* ibcq) noexcept {
@@ -155,8 +156,14 @@ int poll_cq(ibv_cq* ibcq, int n, ibv_wc* wc) noexcept {
     if (inherited(ibcq->context)) return -EIO;
     if (n <= 0) return n < 0 ? -EINVAL : 0;
     auto* cq = to_ucq(ibcq);
-    // An empty queue: do the receive work here rather than wait for the engine thread.
+    // An empty queue: do the receive work here rather than wait for the engine thread. What
+    // this poll takes needs no completion event (see CompletionQueue::hold_events).
+    cq->queue->hold_events();
     if (cq->queue->depth() == 0) to_uctx(ibcq->context)->state->engine->progress();
+    struct Release {
+        transport::CompletionQueue& q;
+        ~Release() { q.release_events(); }
+    } release{*cq->queue};
     constexpr int kChunk = 32;
     transport::Completion c[kChunk];
     int total = 0;

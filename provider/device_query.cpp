@@ -58,6 +58,9 @@ int query_device_ex(ibv_context* ibctx, const ibv_query_device_ex_input*, ibv_de
     d.local_ca_ack_delay = 15;
     d.phys_port_cnt = 1;
     a.phys_port_cnt_ex = 1;
+    // Completion timestamps are CLOCK_MONOTONIC nanoseconds (provider/cq_ex.cpp).
+    a.completion_timestamp_mask = ~uint64_t{0};
+    a.hca_core_clock = 1000000;  // kHz
     std::memcpy(out, &a, std::min(attr_size, sizeof a));
     if (attr_size > sizeof a)
         std::memset(reinterpret_cast<char*>(out) + sizeof a, 0, attr_size - sizeof a);

@@ -101,6 +101,9 @@ struct UroceCq {
     // Completion events handed to the application by ibv_get_cq_event (through the cq_event
     // op); destroy waits until ibv_ack_cq_events has acknowledged as many.
     std::atomic<uint32_t> comp_events_delivered{0};
+    // ibv_cq_ex polling (cq_ex.cpp): the completion start_poll/next_poll made current.
+    transport::Completion current{};
+    uint64_t wc_flags_asked = 0;  // what create_cq_ex was asked to report
     LimitedSlot slot;
 };
 
@@ -187,6 +190,12 @@ int dereg_mr(verbs_mr*) noexcept;
 int rereg_mr(verbs_mr*, int, ibv_pd*, void*, size_t, int) noexcept;
 
 ibv_cq* create_cq(ibv_context*, int, ibv_comp_channel*, int) noexcept;
+// The CQ both create_cq and create_cq_ex make (nullptr with errno set).
+UroceCq* new_cq(ibv_context*, int cqe, ibv_comp_channel*, int comp_vector) noexcept;
+ibv_cq_ex* create_cq_ex(ibv_context*, ibv_cq_init_attr_ex*) noexcept;
+int query_rt_values(ibv_context*, ibv_values_ex*) noexcept;
+ibv_wc_status wc_status(transport::WcStatus s);
+ibv_wc_opcode wc_opcode(transport::WcOpcode op);
 int destroy_cq(ibv_cq*) noexcept;
 int poll_cq(ibv_cq*, int, ibv_wc*) noexcept;
 int req_notify_cq(ibv_cq*, int) noexcept;

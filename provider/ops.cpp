@@ -22,6 +22,7 @@ verbs_context_ops make_ops() {
     o.cq_event = cq_event;
     o.create_ah = create_ah;
     o.create_cq = create_cq;
+    o.create_cq_ex = create_cq_ex;
     o.create_qp = create_qp;
     o.create_srq = create_srq;
     o.dealloc_pd = dealloc_pd;
@@ -40,6 +41,7 @@ verbs_context_ops make_ops() {
     o.query_device_ex = query_device_ex;
     o.query_port = query_port;
     o.query_qp = query_qp;
+    o.query_rt_values = query_rt_values;
     o.query_srq = query_srq;
     o.reg_mr = reg_mr;
     o.req_notify_cq = req_notify_cq;

@@ -1,5 +1,7 @@
 #include "transport/completion_queue.h"
 
+#include <time.h>
+
 #include <cerrno>
 
 #include <algorithm>
@@ -22,11 +24,20 @@ bool CompletionQueue::push(const Completion& c) {
             overflowed_ = true;
         } else {
             queue_.push_back(c);
+            // The completion timestamp (ibv_wc_read_completion_ts): when it entered the CQ.
+            timespec ts{};
+            clock_gettime(CLOCK_MONOTONIC, &ts);
+            queue_.back().timestamp_ns = static_cast<uint64_t>(ts.tv_sec) * 1000000000ull +
+                                         static_cast<uint64_t>(ts.tv_nsec);
             queued = true;
             if (arm_ == Arm::Next ||
                 (arm_ == Arm::Solicited && (c.solicited || c.status != WcStatus::Success))) {
-                arm_ = Arm::None;
-                fire = true;
+                if (holders_ > 0) {
+                    held_event_ = true;  // decided when the poller lets go
+                } else {
+                    arm_ = Arm::None;
+                    fire = true;
+                }
             }
         }
     }
@@ -51,6 +62,27 @@ void CompletionQueue::arm(bool solicited_only) {
     // A stronger arming is not weakened by a later solicited-only request.
     if (arm_ == Arm::Next) return;
     arm_ = solicited_only ? Arm::Solicited : Arm::Next;
+}
+
+void CompletionQueue::hold_events() {
+    std::lock_guard lock(mutex_);
+    ++holders_;
+}
+
+void CompletionQueue::release_events() {
+    bool fire = false;
+    {
+        std::lock_guard lock(mutex_);
+        if (holders_ > 0) --holders_;
+        if (holders_ == 0 && held_event_) {
+            held_event_ = false;
+            if (!queue_.empty() && arm_ != Arm::None) {
+                arm_ = Arm::None;
+                fire = true;
+            }
+        }
+    }
+    if (fire && on_event_) on_event_();
 }
 
 size_t CompletionQueue::depth() const {

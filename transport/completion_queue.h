@@ -29,6 +29,15 @@ class CompletionQueue {
     // on the next solicited or unsuccessful one.
     void arm(bool solicited_only);
 
+    // A poller that is about to receive on its own thread (Engine::progress) and then take
+    // completions holds events back meanwhile: a completion it takes itself needs no event,
+    // and an event for it would be stale by the time the application reads it (it would
+    // find the CQ empty: ibv_start_poll returns ENOENT after an event). release_events()
+    // fires the held-back event if a completion that earned one is still queued; if the
+    // poller took them all, no event goes out and the queue stays armed for the next one.
+    void hold_events();
+    void release_events();
+
     uint32_t capacity() const;
     size_t depth() const;
     // Takes out every completion of QP `qpn` (a QP moved to RESET: its work requests are
@@ -45,6 +54,8 @@ class CompletionQueue {
     std::deque<Completion> queue_;
     enum class Arm { None, Next, Solicited } arm_ = Arm::None;
     bool overflowed_ = false;
+    int holders_ = 0;          // pollers holding events back
+    bool held_event_ = false;  // a completion earned an event while they did
 };
 
 }  // namespace uroce::transport

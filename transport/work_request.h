@@ -105,6 +105,7 @@ struct Completion {
     bool solicited = false;
     uint32_t imm = 0;       // host order, as parsed from ImmDt
     bool with_grh = false;  // UD: the buffer starts with the 40-byte GRH area
+    uint64_t timestamp_ns = 0;  // CLOCK_MONOTONIC when the completion entered its CQ
 };
 
 const char* to_string(WcStatus s);

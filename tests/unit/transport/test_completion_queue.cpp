@@ -372,3 +372,39 @@ TEST_CASE("CQ: resize keeps what waits and refuses to shrink below it", "[cq]") 
     CHECK(cq.push(c));
     CHECK(cq.depth() == 3);
 }
+
+TEST_CASE("CQ: a poller holding events back takes what it polls without an event", "[cq]") {
+    int events = 0;
+    CompletionQueue cq(
+        8, [&events] { ++events; }, nullptr);
+    Completion c;
+    cq.arm(false);
+    SECTION("taken by the poller: no event, still armed") {
+        cq.hold_events();
+        REQUIRE(cq.push(c));
+        Completion out[1];
+        REQUIRE(cq.poll(std::span(out, 1)) == 1);
+        cq.release_events();
+        CHECK(events == 0);
+        REQUIRE(cq.push(c));  // the arming is still there for the next one
+        CHECK(events == 1);
+    }
+    SECTION("left in the queue: the event goes out when the poller lets go") {
+        cq.hold_events();
+        REQUIRE(cq.push(c));
+        CHECK(events == 0);
+        cq.release_events();
+        CHECK(events == 1);
+        REQUIRE(cq.push(c));  // disarmed by that event
+        CHECK(events == 1);
+    }
+    SECTION("not armed: nothing held, nothing fired") {
+        Completion out[1];
+        REQUIRE(cq.push(c));  // fires the arming
+        REQUIRE(cq.poll(std::span(out, 1)) == 1);
+        cq.hold_events();
+        REQUIRE(cq.push(c));
+        cq.release_events();
+        CHECK(events == 1);
+    }
+}
