@@ -122,6 +122,12 @@ struct UroceAh {
     LimitedSlot slot;
 };
 
+// A batch of ibv_wr_* work requests (qp_ex.cpp).
+struct WrBatch;
+struct WrBatchDeleter {
+    void operator()(WrBatch* b) const noexcept;
+};
+
 struct UroceQp {
     verbs_qp vqp;  // must be first
     // Exactly one of them, as vqp.qp.qp_type says.
@@ -131,6 +137,8 @@ struct UroceQp {
     UroceCq* send_cq = nullptr;
     UroceCq* recv_cq = nullptr;
     UroceSrq* srq = nullptr;
+    // Made by ibv_create_qp_ex with send_ops_flags: the ibv_wr_* batch being built.
+    std::unique_ptr<WrBatch, WrBatchDeleter> batch;
     bool sq_sig_all = false;
     std::mutex attr_mutex;  // guards attr (the verbs view of the attributes, for query)
     ibv_qp_attr attr{};
@@ -203,6 +211,7 @@ int resize_cq(ibv_cq*, int) noexcept;
 void cq_event(ibv_cq*) noexcept;
 
 ibv_qp* create_qp(ibv_pd*, ibv_qp_init_attr*) noexcept;
+ibv_qp* create_qp_ex(ibv_context*, ibv_qp_init_attr_ex*) noexcept;
 int destroy_qp(ibv_qp*) noexcept;
 int modify_qp(ibv_qp*, ibv_qp_attr*, int) noexcept;
 int query_qp(ibv_qp*, ibv_qp_attr*, int, ibv_qp_init_attr*) noexcept;

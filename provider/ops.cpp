@@ -24,6 +24,7 @@ verbs_context_ops make_ops() {
     o.create_cq = create_cq;
     o.create_cq_ex = create_cq_ex;
     o.create_qp = create_qp;
+    o.create_qp_ex = create_qp_ex;
     o.create_srq = create_srq;
     o.dealloc_pd = dealloc_pd;
     o.dereg_mr = dereg_mr;

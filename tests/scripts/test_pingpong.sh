@@ -225,6 +225,8 @@ case $GROUP in
         pingpong "poll -m 4096 -s 65536 (B<-C)" - "$B" "$C" "$IP_B" "$LARGE" -m 4096 -s 65536 -c
         # -t: extended CQs (ibv_create_cq_ex, start/next/end_poll) with completion timestamps.
         pingpong "poll -t -s 4096" - "$A" "$B" "$IP_A" "$LARGE" -t -s 4096 -c
+        # -N: ibv_create_qp_ex and the ibv_wr_* send API.
+        pingpong "poll -N -s 16384" - "$A" "$B" "$IP_A" "$LARGE" -N -s 16384 -c
         ;;
     event)
         pingpong "event -s 1 -n $SMALL" - "$A" "$B" "$IP_A" "$SMALL" -e -s 1
@@ -235,6 +237,7 @@ case $GROUP in
         pingpong "event -s 65536 -n $LARGE" - "$A" "$B" "$IP_A" "$LARGE" -e -s 65536 -c
         pingpong "event -m 4096 -s 4096 (C<-B)" - "$C" "$B" "$IP_C" "$LARGE" -e -m 4096 -s 4096
         pingpong "event -t -s 4096" - "$A" "$B" "$IP_A" "$LARGE" -e -t -s 4096 -c
+        pingpong "event -N -t -s 1024" - "$A" "$B" "$IP_A" "$LARGE" -e -N -t -s 1024 -c
         ;;
     drop)
         # 5% of the packets each side sends are dropped.

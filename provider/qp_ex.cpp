@@ -1,0 +1,270 @@
+// ibv_create_qp_ex and the ibv_wr_* send API. A batch of work requests builds up between
+// wr_start and wr_complete as ordinary ibv_send_wr (inline data copied at once, as the API
+// allows the caller to reuse its buffer), and wr_complete posts it through post_send, so both
+// APIs share one set of checks and one path into the transport. A bad request (too many
+// SGEs, inline data too long, an opcode the QP was not created for) fails the whole batch at
+// wr_complete, with nothing posted.
+#include <cerrno>
+#include <cstring>
+#include <deque>
+#include <memory>
+#include <new>
+#include <vector>
+
+#include "provider/device_limits.h"
+#include "provider/objects.h"
+
+namespace uroce::provider {
+
+struct WrBatch {
+    std::vector<ibv_send_wr> wrs;
+    std::deque<std::vector<ibv_sge>> sges;         // stable storage for sg_list
+    std::deque<std::vector<uint8_t>> inline_data;  // copies of inline buffers
+    uint64_t ops = 0;                              // IBV_QP_EX_WITH_* the QP was created with
+    int error = 0;                                 // first build error, reported by wr_complete
+};
+
+namespace {
+
+WrBatch& batch_of(ibv_qp_ex* qpx) {
+    return *reinterpret_cast<UroceQp*>(qpx)->batch;
+}
+
+void fail(WrBatch& b, int err) {
+    if (!b.error) b.error = err;
+}
+
+// Starts a work request with `opcode`, if the QP was created for `op_flag`.
+ibv_send_wr* begin(ibv_qp_ex* qpx, ibv_wr_opcode opcode, uint64_t op_flag) {
+    WrBatch& b = batch_of(qpx);
+    if (!(b.ops & op_flag)) {
+        fail(b, EINVAL);
+        return nullptr;
+    }
+    try {
+        ibv_send_wr wr{};
+        wr.wr_id = qpx->wr_id;
+        wr.opcode = opcode;
+        wr.send_flags = static_cast<int>(qpx->wr_flags);
+        b.wrs.push_back(wr);
+        b.sges.emplace_back();
+    } catch (...) {
+        fail(b, ENOMEM);
+        return nullptr;
+    }
+    return &b.wrs.back();
+}
+
+// The request the setters apply to, or nullptr (none started: the batch fails).
+ibv_send_wr* current(ibv_qp_ex* qpx) {
+    WrBatch& b = batch_of(qpx);
+    if (b.wrs.empty()) {
+        fail(b, EINVAL);
+        return nullptr;
+    }
+    return &b.wrs.back();
+}
+
+void wr_start(ibv_qp_ex* qpx) {
+    WrBatch& b = batch_of(qpx);
+    b.wrs.clear();
+    b.sges.clear();
+    b.inline_data.clear();
+    b.error = 0;
+}
+
+void wr_abort(ibv_qp_ex* qpx) {
+    wr_start(qpx);  // nothing was posted: dropping the batch is all
+}
+
+int wr_complete(ibv_qp_ex* qpx) {
+    WrBatch& b = batch_of(qpx);
+    int err = b.error;
+    if (!err && !b.wrs.empty()) {
+        for (size_t i = 0; i < b.wrs.size(); ++i) {
+            b.wrs[i].sg_list = b.sges[i].data();
+            b.wrs[i].num_sge = static_cast<int>(b.sges[i].size());
+            b.wrs[i].next = i + 1 < b.wrs.size() ? &b.wrs[i + 1] : nullptr;
+        }
+        ibv_send_wr* bad = nullptr;
+        err = post_send(&qpx->qp_base, b.wrs.data(), &bad);
+    }
+    wr_start(qpx);
+    return err;
+}
+
+void wr_send(ibv_qp_ex* qpx) {
+    begin(qpx, IBV_WR_SEND, IBV_QP_EX_WITH_SEND);
+}
+
+void wr_send_imm(ibv_qp_ex* qpx, __be32 imm) {
+    if (ibv_send_wr* wr = begin(qpx, IBV_WR_SEND_WITH_IMM, IBV_QP_EX_WITH_SEND_WITH_IMM))
+        wr->imm_data = imm;
+}
+
+void wr_rdma_write(ibv_qp_ex* qpx, uint32_t rkey, uint64_t addr) {
+    if (ibv_send_wr* wr = begin(qpx, IBV_WR_RDMA_WRITE, IBV_QP_EX_WITH_RDMA_WRITE))
+        wr->wr.rdma = {addr, rkey};
+}
+
+void wr_rdma_write_imm(ibv_qp_ex* qpx, uint32_t rkey, uint64_t addr, __be32 imm) {
+    if (ibv_send_wr* wr =
+            begin(qpx, IBV_WR_RDMA_WRITE_WITH_IMM, IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM)) {
+        wr->wr.rdma = {addr, rkey};
+        wr->imm_data = imm;
+    }
+}
+
+void wr_rdma_read(ibv_qp_ex* qpx, uint32_t rkey, uint64_t addr) {
+    if (ibv_send_wr* wr = begin(qpx, IBV_WR_RDMA_READ, IBV_QP_EX_WITH_RDMA_READ))
+        wr->wr.rdma = {addr, rkey};
+}
+
+void wr_atomic_cmp_swp(ibv_qp_ex* qpx, uint32_t rkey, uint64_t addr, uint64_t compare,
+                       uint64_t swap) {
+    if (ibv_send_wr* wr = begin(qpx, IBV_WR_ATOMIC_CMP_AND_SWP, IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP))
+        wr->wr.atomic = {addr, compare, swap, rkey};
+}
+
+void wr_atomic_fetch_add(ibv_qp_ex* qpx, uint32_t rkey, uint64_t addr, uint64_t add) {
+    if (ibv_send_wr* wr =
+            begin(qpx, IBV_WR_ATOMIC_FETCH_AND_ADD, IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD))
+        wr->wr.atomic = {addr, add, 0, rkey};
+}
+
+void wr_set_ud_addr(ibv_qp_ex* qpx, ibv_ah* ah, uint32_t remote_qpn, uint32_t remote_qkey) {
+    if (ibv_send_wr* wr = current(qpx)) wr->wr.ud = {ah, remote_qpn, remote_qkey};
+}
+
+void wr_set_sge_list(ibv_qp_ex* qpx, size_t num_sge, const ibv_sge* sg_list) {
+    WrBatch& b = batch_of(qpx);
+    if (!current(qpx)) return;
+    if (num_sge > static_cast<size_t>(kMaxSge) || (num_sge && !sg_list)) {
+        fail(b, EINVAL);
+        return;
+    }
+    try {
+        b.sges.back().assign(sg_list, sg_list + num_sge);
+    } catch (...) {
+        fail(b, ENOMEM);
+    }
+}
+
+void wr_set_sge(ibv_qp_ex* qpx, uint32_t lkey, uint64_t addr, uint32_t length) {
+    const ibv_sge sge{addr, length, lkey};
+    wr_set_sge_list(qpx, 1, &sge);
+}
+
+void wr_set_inline_data_list(ibv_qp_ex* qpx, size_t num_buf, const ibv_data_buf* bufs) {
+    WrBatch& b = batch_of(qpx);
+    ibv_send_wr* wr = current(qpx);
+    if (!wr) return;
+    size_t total = 0;
+    for (size_t i = 0; i < num_buf; ++i) total += bufs[i].length;
+    if (total > kMaxInline || (num_buf && !bufs)) {
+        fail(b, EINVAL);
+        return;
+    }
+    try {
+        std::vector<uint8_t> data(total);
+        size_t off = 0;
+        for (size_t i = 0; i < num_buf; ++i) {
+            if (bufs[i].length) std::memcpy(data.data() + off, bufs[i].addr, bufs[i].length);
+            off += bufs[i].length;
+        }
+        b.inline_data.push_back(std::move(data));
+        const std::vector<uint8_t>& kept = b.inline_data.back();
+        b.sges.back().assign(
+            1, ibv_sge{reinterpret_cast<uint64_t>(kept.data()), static_cast<uint32_t>(total), 0});
+        wr->send_flags |= IBV_SEND_INLINE;
+    } catch (...) {
+        fail(b, ENOMEM);
+    }
+}
+
+void wr_set_inline_data(ibv_qp_ex* qpx, void* addr, size_t length) {
+    const ibv_data_buf buf{addr, length};
+    wr_set_inline_data_list(qpx, 1, &buf);
+}
+
+// What each QP type can be asked for.
+constexpr uint64_t kRcOps = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM |
+                            IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM |
+                            IBV_QP_EX_WITH_RDMA_READ | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP |
+                            IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD;
+constexpr uint64_t kUcOps = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM |
+                            IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM;
+constexpr uint64_t kUdOps = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM;
+
+}  // namespace
+
+ibv_qp* create_qp_ex(ibv_context* ctx, ibv_qp_init_attr_ex* attr) noexcept {
+    if (!attr || !(attr->comp_mask & IBV_QP_INIT_ATTR_PD) || !attr->pd ||
+        attr->pd->context != ctx) {
+        errno = EINVAL;
+        return nullptr;
+    }
+    // XRC domains, RSS, TSO, create flags and the rest are not offered.
+    if (attr->comp_mask &
+        ~static_cast<uint32_t>(IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS |
+                               IBV_QP_INIT_ATTR_CREATE_FLAGS)) {
+        errno = EOPNOTSUPP;
+        return nullptr;
+    }
+    if ((attr->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) && attr->create_flags) {
+        errno = EOPNOTSUPP;
+        return nullptr;
+    }
+    uint64_t ops = 0;
+    if (attr->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) {
+        const uint64_t allowed = attr->qp_type == IBV_QPT_RC   ? kRcOps
+                                 : attr->qp_type == IBV_QPT_UC ? kUcOps
+                                 : attr->qp_type == IBV_QPT_UD ? kUdOps
+                                                               : 0;
+        if (attr->send_ops_flags & ~allowed) {
+            errno = EOPNOTSUPP;  // bind/invalidate, TSO, ... (or not on this QP type)
+            return nullptr;
+        }
+        ops = attr->send_ops_flags;
+    }
+    std::unique_ptr<WrBatch> batch;
+    if (ops) {
+        batch.reset(new (std::nothrow) WrBatch);
+        if (!batch) {
+            errno = ENOMEM;
+            return nullptr;
+        }
+        batch->ops = ops;
+    }
+    // ibv_qp_init_attr_ex starts with the fields of ibv_qp_init_attr (libibverbs relies on
+    // this too), so the one creation path serves both.
+    ibv_qp* ibqp = create_qp(attr->pd, reinterpret_cast<ibv_qp_init_attr*>(attr));
+    if (!ibqp || !ops) return ibqp;
+    UroceQp* qp = to_uqp(ibqp);
+    qp->batch.reset(batch.release());
+    qp->vqp.comp_mask |= VERBS_QP_EX;
+    ibv_qp_ex& x = qp->vqp.qp_ex;
+    x.comp_mask = 0;
+    x.wr_start = wr_start;
+    x.wr_complete = wr_complete;
+    x.wr_abort = wr_abort;
+    x.wr_send = wr_send;
+    x.wr_send_imm = wr_send_imm;
+    x.wr_rdma_write = wr_rdma_write;
+    x.wr_rdma_write_imm = wr_rdma_write_imm;
+    x.wr_rdma_read = wr_rdma_read;
+    x.wr_atomic_cmp_swp = wr_atomic_cmp_swp;
+    x.wr_atomic_fetch_add = wr_atomic_fetch_add;
+    x.wr_set_ud_addr = wr_set_ud_addr;
+    x.wr_set_sge = wr_set_sge;
+    x.wr_set_sge_list = wr_set_sge_list;
+    x.wr_set_inline_data = wr_set_inline_data;
+    x.wr_set_inline_data_list = wr_set_inline_data_list;
+    return ibqp;
+}
+
+void WrBatchDeleter::operator()(WrBatch* b) const noexcept {
+    delete b;
+}
+
+}  // namespace uroce::provider

@@ -1,0 +1,185 @@
+// ibv_create_qp_ex and the ibv_wr_* send API through the real libibverbs: every opcode in one
+// batch with SGE lists and inline data, wr_abort, and the batch that fails as a whole.
+#include <arpa/inet.h>
+
+#include <catch2/catch.hpp>
+#include <cerrno>
+#include <cstring>
+#include <vector>
+
+#include "tests/integration/verbs_fixture.h"
+
+using namespace uroce::test;
+
+namespace {
+
+constexpr int kAll = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+                     IBV_ACCESS_REMOTE_ATOMIC;
+constexpr uint64_t kRcOps = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM |
+                            IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM |
+                            IBV_QP_EX_WITH_RDMA_READ | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP |
+                            IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD;
+
+ibv_qp* make_qp_ex(Endpoint& ep, ibv_qp_type type, uint64_t ops) {
+    ibv_qp_init_attr_ex attr{};
+    attr.send_cq = attr.recv_cq = ep.cq;
+    attr.qp_type = type;
+    attr.cap.max_send_wr = attr.cap.max_recv_wr = 64;
+    attr.cap.max_send_sge = attr.cap.max_recv_sge = 4;
+    attr.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+    attr.pd = ep.pd;
+    attr.send_ops_flags = ops;
+    return ibv_create_qp_ex(ep.ctx, &attr);
+}
+
+// Replaces `ep`'s RC QP by one made with ibv_create_qp_ex.
+ibv_qp_ex* use_qp_ex(Endpoint& ep, uint64_t ops = kRcOps) {
+    ibv_qp* qp = make_qp_ex(ep, IBV_QPT_RC, ops);
+    REQUIRE(qp);
+    ibv_destroy_qp(ep.qp);
+    ep.qp = qp;
+    ibv_qp_ex* qpx = ibv_qp_to_qp_ex(qp);
+    REQUIRE(qpx);
+    return qpx;
+}
+
+}  // namespace
+
+TEST_CASE("qp_ex: every RC opcode in one batch, with SGE lists and inline data", "[qp_ex]") {
+    QpOptions opt;
+    opt.access = kAll;
+    Endpoint a(devices().a, opt), b(devices().b, opt);
+    ibv_qp_ex* qpx = use_qp_ex(a);
+    connect(a, b, opt);
+    Buffer src(a.pd, 8192, kAll), dst(b.pd, 8192, kAll);
+    fill_pattern(src.bytes.data(), 4096, 12);
+    uint64_t counter = 40;
+    std::memcpy(dst.bytes.data() + 8000, &counter, 8);
+    fill_pattern(dst.bytes.data() + 6000, 500, 13);
+    REQUIRE(post_recv_buf(b.qp, dst, 0, 1024, 100) == 0);
+    REQUIRE(post_recv_buf(b.qp, dst, 1024, 1024, 101) == 0);
+    REQUIRE(post_recv_buf(b.qp, dst, 2048, 64, 102) == 0);
+    const char inline_msg[] = "inline over uroce";
+
+    ibv_wr_start(qpx);
+    qpx->wr_id = 1;
+    qpx->wr_flags = IBV_SEND_SIGNALED;
+    ibv_wr_send(qpx);
+    const ibv_sge two[2] = {{src.addr(), 100, src.mr->lkey}, {src.addr() + 500, 50, src.mr->lkey}};
+    ibv_wr_set_sge_list(qpx, 2, two);
+    qpx->wr_id = 2;
+    ibv_wr_send_imm(qpx, htonl(0x1234));
+    ibv_wr_set_inline_data(qpx, const_cast<char*>(inline_msg), sizeof inline_msg);
+    qpx->wr_id = 3;
+    ibv_wr_rdma_write(qpx, dst.mr->rkey, dst.addr() + 4096);
+    ibv_wr_set_sge(qpx, src.mr->lkey, src.addr() + 1000, 700);
+    qpx->wr_id = 4;
+    ibv_wr_rdma_write_imm(qpx, dst.mr->rkey, dst.addr() + 5000, htonl(7));
+    ibv_wr_set_sge(qpx, src.mr->lkey, src.addr() + 2000, 300);
+    qpx->wr_id = 5;
+    ibv_wr_rdma_read(qpx, dst.mr->rkey, dst.addr() + 6000);
+    ibv_wr_set_sge(qpx, src.mr->lkey, src.addr() + 5000, 500);
+    qpx->wr_id = 6;
+    ibv_wr_atomic_fetch_add(qpx, dst.mr->rkey, dst.addr() + 8000, 2);
+    ibv_wr_set_sge(qpx, src.mr->lkey, src.addr() + 7000, 8);
+    qpx->wr_id = 7;
+    ibv_wr_atomic_cmp_swp(qpx, dst.mr->rkey, dst.addr() + 8000, 42, 99);
+    ibv_wr_set_sge(qpx, src.mr->lkey, src.addr() + 7008, 8);
+    REQUIRE(ibv_wr_complete(qpx) == 0);
+
+    const auto s = wait_completions(a.cq, 7);
+    REQUIRE(s.size() == 7);
+    for (size_t i = 0; i < 7; ++i) {
+        CHECK(s[i].status == IBV_WC_SUCCESS);
+        CHECK(s[i].wr_id == i + 1);
+    }
+    const auto r = wait_completions(b.cq, 3);
+    REQUIRE(r.size() == 3);
+    CHECK(r[0].byte_len == 150);
+    CHECK(std::memcmp(dst.bytes.data(), src.bytes.data(), 100) == 0);
+    CHECK(std::memcmp(dst.bytes.data() + 100, src.bytes.data() + 500, 50) == 0);
+    CHECK(r[1].byte_len == sizeof inline_msg);
+    CHECK(ntohl(r[1].imm_data) == 0x1234);
+    CHECK(std::memcmp(dst.bytes.data() + 1024, inline_msg, sizeof inline_msg) == 0);
+    CHECK(r[2].opcode == IBV_WC_RECV_RDMA_WITH_IMM);
+    CHECK(ntohl(r[2].imm_data) == 7);
+    CHECK(std::memcmp(dst.bytes.data() + 4096, src.bytes.data() + 1000, 700) == 0);
+    CHECK(std::memcmp(dst.bytes.data() + 5000, src.bytes.data() + 2000, 300) == 0);
+    CHECK(std::memcmp(src.bytes.data() + 5000, dst.bytes.data() + 6000, 500) == 0);
+    uint64_t fetched = 0, swapped = 0;
+    std::memcpy(&fetched, src.bytes.data() + 7000, 8);
+    std::memcpy(&swapped, src.bytes.data() + 7008, 8);
+    std::memcpy(&counter, dst.bytes.data() + 8000, 8);
+    CHECK(fetched == 40);
+    CHECK(swapped == 42);
+    CHECK(counter == 99);
+}
+
+TEST_CASE("qp_ex: wr_abort sends nothing; a bad request fails its whole batch", "[qp_ex]") {
+    Endpoint a(devices().a), b(devices().b);
+    ibv_qp_ex* qpx = use_qp_ex(a, IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_RDMA_WRITE);
+    connect(a, b);
+    Buffer src(a.pd, 4096, IBV_ACCESS_LOCAL_WRITE), dst(b.pd, 4096, IBV_ACCESS_LOCAL_WRITE);
+    REQUIRE(post_recv_buf(b.qp, dst, 0, 4096, 1) == 0);
+    const uint64_t sent = counter(a.ctx, "tx_packets");
+    ibv_wr_start(qpx);
+    qpx->wr_flags = IBV_SEND_SIGNALED;
+    ibv_wr_send(qpx);
+    ibv_wr_set_sge(qpx, src.mr->lkey, src.addr(), 64);
+    ibv_wr_abort(qpx);
+    // An opcode the QP was not created for, or too many SGEs: nothing of the batch goes.
+    ibv_wr_start(qpx);
+    ibv_wr_send(qpx);
+    ibv_wr_set_sge(qpx, src.mr->lkey, src.addr(), 64);
+    ibv_wr_rdma_read(qpx, 1, 0);
+    CHECK(ibv_wr_complete(qpx) == EINVAL);
+    std::vector<ibv_sge> many(17, ibv_sge{src.addr(), 1, src.mr->lkey});
+    ibv_wr_start(qpx);
+    ibv_wr_send(qpx);
+    ibv_wr_set_sge_list(qpx, many.size(), many.data());
+    CHECK(ibv_wr_complete(qpx) == EINVAL);
+    std::vector<char> big(1000, 'x');
+    ibv_wr_start(qpx);
+    ibv_wr_send(qpx);
+    ibv_wr_set_inline_data(qpx, big.data(), big.size());
+    CHECK(ibv_wr_complete(qpx) == EINVAL);
+    ibv_wc wc{};
+    CHECK(ibv_poll_cq(a.cq, 1, &wc) == 0);
+    CHECK(ibv_poll_cq(b.cq, 1, &wc) == 0);
+    CHECK(counter(a.ctx, "tx_packets") == sent);
+    // The QP still works.
+    ibv_wr_start(qpx);
+    qpx->wr_id = 9;
+    qpx->wr_flags = IBV_SEND_SIGNALED;
+    ibv_wr_send(qpx);
+    ibv_wr_set_sge(qpx, src.mr->lkey, src.addr(), 64);
+    REQUIRE(ibv_wr_complete(qpx) == 0);
+    CHECK(wait_completions(a.cq, 1).size() == 1);
+    CHECK(wait_completions(b.cq, 1).size() == 1);
+}
+
+TEST_CASE("qp_ex: what ibv_create_qp_ex refuses", "[qp_ex]") {
+    Endpoint a(devices().a);
+    errno = 0;
+    CHECK(make_qp_ex(a, IBV_QPT_RC, IBV_QP_EX_WITH_BIND_MW) == nullptr);
+    CHECK(errno == EOPNOTSUPP);
+    errno = 0;
+    CHECK(make_qp_ex(a, IBV_QPT_UD, IBV_QP_EX_WITH_RDMA_WRITE) == nullptr);
+    CHECK(errno == EOPNOTSUPP);
+    ibv_qp_init_attr_ex attr{};
+    attr.send_cq = attr.recv_cq = a.cq;
+    attr.qp_type = IBV_QPT_RC;
+    attr.cap.max_send_wr = attr.cap.max_recv_wr = 4;
+    attr.cap.max_send_sge = attr.cap.max_recv_sge = 1;
+    attr.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS;
+    attr.pd = a.pd;
+    attr.create_flags = IBV_QP_CREATE_SCATTER_FCS;
+    errno = 0;
+    CHECK(ibv_create_qp_ex(a.ctx, &attr) == nullptr);
+    CHECK(errno == EOPNOTSUPP);
+    // A UD QP can take the send API too (SEND, with wr_set_ud_addr for the destination).
+    ibv_qp* ud = make_qp_ex(a, IBV_QPT_UD, IBV_QP_EX_WITH_SEND);
+    REQUIRE(ud);
+    CHECK(ibv_qp_to_qp_ex(ud) != nullptr);
+    CHECK(ibv_destroy_qp(ud) == 0);
+}
