@@ -133,6 +133,12 @@ int RcQp::post_send(const SendWqe& wqe) {
         complete_send(e, WcStatus::WrFlushErr);
         return 0;
     }
+    // This may answer a message whose completion was just seen while its ACK still waits
+    // for the end of the receive batch: the ACK goes first. Answer before ACK is an order
+    // hardware never shows, and a peer that waits for its send completion before the
+    // answer (ib_send_lat -e: one event per wait, a send CQ of one entry) would take the
+    // answer's event instead and later overrun its send CQ.
+    send_pending_ack();
     sq_.push_back(SqEntry{wqe});
     if (state_ == QpState::Rts) pump();
     return 0;
