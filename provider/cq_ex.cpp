@@ -113,9 +113,17 @@ ibv_cq_ex* create_cq_ex(ibv_context* ibctx, ibv_cq_init_attr_ex* attr) noexcept 
         errno = EINVAL;
         return nullptr;
     }
-    // Parent domains and CQ flags (single-threaded hints) are not offered.
-    if (attr->comp_mask & ~static_cast<uint32_t>(IBV_CQ_INIT_ATTR_MASK_FLAGS)) {
+    // CQ flags (single-threaded hints) are not offered; a parent domain is taken (it only
+    // names allocators, which uroce's queues do not use) if it is one of this context.
+    if (attr->comp_mask &
+        ~static_cast<uint32_t>(IBV_CQ_INIT_ATTR_MASK_FLAGS | IBV_CQ_INIT_ATTR_MASK_PD)) {
         errno = EOPNOTSUPP;
+        return nullptr;
+    }
+    if ((attr->comp_mask & IBV_CQ_INIT_ATTR_MASK_PD) &&
+        (!attr->parent_domain || attr->parent_domain->context != ibctx ||
+         !to_upd(attr->parent_domain)->protection_domain)) {
+        errno = EINVAL;
         return nullptr;
     }
     if ((attr->comp_mask & IBV_CQ_INIT_ATTR_MASK_FLAGS) && attr->flags) {

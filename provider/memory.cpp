@@ -55,11 +55,53 @@ ibv_pd* alloc_pd(ibv_context* ibctx) noexcept {
     return &pd->pd;
 }
 
+ibv_pd* alloc_parent_domain(ibv_context* ibctx, ibv_parent_domain_init_attr* attr) noexcept {
+    if (inherited(ibctx)) {
+        errno = EIO;
+        return nullptr;
+    }
+    // A parent domain of a parent domain, one of another context, or a thread domain (uroce
+    // offers none) is refused.
+    if (!attr || !attr->pd || attr->pd->context != ibctx || to_upd(attr->pd)->protection_domain ||
+        attr->td) {
+        errno = EINVAL;
+        return nullptr;
+    }
+    auto* pd = new (std::nothrow) UrocePd{};
+    if (!pd) {
+        errno = ENOMEM;
+        return nullptr;
+    }
+    ContextState& st = *to_uctx(ibctx)->state;
+    if (!pd->slot.acquire(st.pds, kMaxPd)) {
+        delete pd;
+        errno = EINVAL;
+        return nullptr;
+    }
+    if (!st.live_pds.add(pd)) {
+        delete pd;
+        errno = ENOMEM;
+        return nullptr;
+    }
+    // Objects made in it belong to the protection domain it wraps. Its allocators would
+    // provide the memory of provider-owned queues; uroce's queues live in the transport and
+    // need none, so they are never called (IBV_ALLOCATOR_USE_DEFAULT in effect).
+    UrocePd* inner = to_upd(attr->pd);
+    pd->protection_domain = inner;
+    pd->id = inner->id;
+    inner->users.fetch_add(1);
+    pd->pd.context = ibctx;
+    pd->pd.handle = pd->id;
+    return &pd->pd;
+}
+
 int dealloc_pd(ibv_pd* pd) noexcept {
     if (inherited(pd->context)) return 0;  // the parent's (fork_guard.h)
-    if (to_upd(pd)->users.load() > 0) return EBUSY;
-    to_uctx(pd->context)->state->live_pds.remove(to_upd(pd));
-    delete to_upd(pd);
+    UrocePd* upd = to_upd(pd);
+    if (upd->users.load() > 0) return EBUSY;
+    to_uctx(pd->context)->state->live_pds.remove(upd);
+    if (upd->protection_domain) upd->protection_domain->users.fetch_sub(1);
+    delete upd;
     return 0;
 }
 

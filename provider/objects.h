@@ -80,8 +80,11 @@ struct UroceContext {
 };
 
 struct UrocePd {
-    ibv_pd pd;  // must be first
-    uint32_t id = 0;
+    ibv_pd pd;        // must be first
+    uint32_t id = 0;  // a parent domain has the id of the PD it wraps
+    // Set for a parent domain (ibv_alloc_parent_domain): the PD it stands for, kept busy
+    // while the parent domain lives.
+    UrocePd* protection_domain = nullptr;
     std::atomic<int> users{0};  // MRs and QPs in this PD
     LimitedSlot slot;
 };
@@ -192,6 +195,7 @@ void async_event(ibv_context*, ibv_async_event*) noexcept;
 void free_context(ibv_context*) noexcept;
 
 ibv_pd* alloc_pd(ibv_context*) noexcept;
+ibv_pd* alloc_parent_domain(ibv_context*, ibv_parent_domain_init_attr*) noexcept;
 int dealloc_pd(ibv_pd*) noexcept;
 ibv_mr* reg_mr(ibv_pd*, void*, size_t, uint64_t, int) noexcept;
 int dereg_mr(verbs_mr*) noexcept;

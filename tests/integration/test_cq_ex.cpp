@@ -137,3 +137,54 @@ TEST_CASE("cq_ex: what create_cq_ex refuses", "[cq_ex]") {
     CHECK(ibv_destroy_cq(ibv_cq_ex_to_cq(cq)) == 0);
     CHECK(ibv_destroy_comp_channel(ch) == 0);
 }
+
+TEST_CASE("parent domains: objects made in one belong to its PD", "[cq_ex][pd]") {
+    Endpoint a(devices().a), b(devices().b);
+    ibv_parent_domain_init_attr pattr{};
+    pattr.pd = b.pd;
+    ibv_pd* parent = ibv_alloc_parent_domain(b.ctx, &pattr);
+    REQUIRE(parent);
+    CHECK(ibv_dealloc_pd(b.pd) == EBUSY);  // the parent domain holds it
+    // A parent domain of a parent domain, or of another context's PD, is refused.
+    ibv_parent_domain_init_attr nested{};
+    nested.pd = parent;
+    errno = 0;
+    CHECK(ibv_alloc_parent_domain(b.ctx, &nested) == nullptr);
+    CHECK(errno == EINVAL);
+    nested.pd = a.pd;
+    CHECK(ibv_alloc_parent_domain(b.ctx, &nested) == nullptr);
+    // A CQ naming the parent domain, a QP and an MR made in it.
+    ibv_cq_init_attr_ex cattr{};
+    cattr.cqe = 16;
+    cattr.comp_mask = IBV_CQ_INIT_ATTR_MASK_PD;
+    cattr.parent_domain = parent;
+    ibv_cq_ex* cq = ibv_create_cq_ex(b.ctx, &cattr);
+    REQUIRE(cq);
+    ibv_qp_init_attr init{};
+    init.send_cq = init.recv_cq = ibv_cq_ex_to_cq(cq);
+    init.qp_type = IBV_QPT_RC;
+    init.cap.max_send_wr = init.cap.max_recv_wr = 4;
+    init.cap.max_send_sge = init.cap.max_recv_sge = 1;
+    ibv_qp* qp = ibv_create_qp(parent, &init);
+    REQUIRE(qp);
+    ibv_destroy_qp(b.qp);
+    b.qp = qp;
+    connect(a, b);
+    Buffer src(a.pd, 4096, kAll), dst(parent, 4096, kAll);
+    fill_pattern(src.bytes.data(), 4096, 21);
+    REQUIRE(post_rdma(a.qp, IBV_WR_RDMA_WRITE, src, 0, 4096, dst.addr(), dst.mr->rkey, 1) == 0);
+    const auto wcs = wait_completions(a.cq, 1);
+    REQUIRE(wcs.size() == 1);
+    CHECK(wcs[0].status == IBV_WC_SUCCESS);
+    CHECK(std::memcmp(dst.bytes.data(), src.bytes.data(), 4096) == 0);
+    // An MR of the wrapped PD serves the QP of the parent domain too: same protection domain.
+    Buffer same(b.pd, 64, kAll);
+    REQUIRE(post_rdma(a.qp, IBV_WR_RDMA_WRITE, src, 0, 64, same.addr(), same.mr->rkey, 2) == 0);
+    const auto wcs2 = wait_completions(a.cq, 1);
+    REQUIRE(wcs2.size() == 1);
+    CHECK(wcs2[0].status == IBV_WC_SUCCESS);
+    CHECK(ibv_destroy_qp(b.qp) == 0);
+    b.qp = nullptr;
+    CHECK(ibv_destroy_cq(ibv_cq_ex_to_cq(cq)) == 0);
+    CHECK(ibv_dealloc_pd(parent) == EBUSY);  // dst's MR is in it
+}
