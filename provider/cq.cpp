@@ -34,6 +34,8 @@ ibv_wc_status wc_status(transport::WcStatus s) {
             return IBV_WC_RETRY_EXC_ERR;
         case S::RnrRetryExcErr:
             return IBV_WC_RNR_RETRY_EXC_ERR;
+        case S::MwBindErr:
+            return IBV_WC_MW_BIND_ERR;
         case S::GeneralErr:
             return IBV_WC_GENERAL_ERR;
     }
@@ -53,6 +55,10 @@ ibv_wc_opcode wc_opcode(transport::WcOpcode op) {
             return IBV_WC_COMP_SWAP;
         case O::FetchAdd:
             return IBV_WC_FETCH_ADD;
+        case O::BindMw:
+            return IBV_WC_BIND_MW;
+        case O::LocalInv:
+            return IBV_WC_LOCAL_INV;
         case O::Recv:
             return IBV_WC_RECV;
         case O::RecvRdmaWithImm:
@@ -182,6 +188,10 @@ int poll_cq(ibv_cq* ibcq, int n, ibv_wc* wc) noexcept {
             w.src_qp = c[i].src_qp;
             w.pkey_index = 0;
             if (c[i].with_grh) w.wc_flags |= IBV_WC_GRH;
+            if (c[i].with_inv) {
+                w.wc_flags |= IBV_WC_WITH_INV;
+                w.invalidated_rkey = c[i].imm;
+            }
             if (c[i].with_imm) {
                 w.wc_flags |= IBV_WC_WITH_IMM;
                 w.imm_data = htonl(c[i].imm);

@@ -85,6 +85,7 @@ unsigned int read_wc_flags(ibv_cq_ex* c) {
     unsigned int f = 0;
     if (cur.with_imm) f |= IBV_WC_WITH_IMM;
     if (cur.with_grh) f |= IBV_WC_GRH;
+    if (cur.with_inv) f |= IBV_WC_WITH_INV;
     return f;
 }
 uint32_t read_slid(ibv_cq_ex*) {

@@ -88,6 +88,7 @@ void destroy_state(ContextState* st) {
     // MRs (no access is under way once they are out of the memory table).
     if (st->engine) {
         for (UroceQp* qp : st->live_qps.take_all()) reclaim_qp(*st, qp);
+        for (UroceMw* mw : st->live_mws.take_all()) reclaim_mw(*st, mw);
         for (UroceMr* mr : st->live_mrs.take_all()) reclaim_mr(*st, mr);
     }
     st->engine.reset();  // stops the engine thread first: it may post async events

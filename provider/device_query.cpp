@@ -36,8 +36,9 @@ int query_device_ex(ibv_context* ibctx, const ibv_query_device_ex_input*, ibv_de
     d.hw_ver = 1;
     d.max_qp = kMaxQp;
     d.max_qp_wr = kMaxQpWr;
-    d.device_cap_flags =
-        IBV_DEVICE_RC_RNR_NAK_GEN | IBV_DEVICE_SYS_IMAGE_GUID | IBV_DEVICE_SRQ_RESIZE;
+    d.device_cap_flags = IBV_DEVICE_RC_RNR_NAK_GEN | IBV_DEVICE_SYS_IMAGE_GUID |
+                         IBV_DEVICE_SRQ_RESIZE | IBV_DEVICE_MEM_WINDOW |
+                         IBV_DEVICE_MEM_WINDOW_TYPE_2B;
     d.max_sge = kMaxSge;
     d.max_sge_rd = kMaxSge;
     d.max_cq = kMaxCq;
@@ -46,6 +47,7 @@ int query_device_ex(ibv_context* ibctx, const ibv_query_device_ex_input*, ibv_de
     d.max_pd = kMaxPd;
     d.max_srq = kMaxSrq;
     d.max_ah = kMaxAh;
+    d.max_mw = kMaxMw;
     d.max_srq_wr = kMaxSrqWr;
     d.max_srq_sge = kMaxSge;
     d.max_qp_rd_atom = kMaxRdAtomic;

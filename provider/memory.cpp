@@ -11,10 +11,7 @@ namespace uroce::provider {
 
 namespace {
 
-// MW_BIND is the right to bind memory windows to the region. No window can be allocated yet
-// (ibv_alloc_mw fails with EOPNOTSUPP), so it grants nothing, but refusing the flag made
-// registrations fail that merely ask for it (rdma-core's suite registers with it before it
-// finds out whether windows are supported).
+// MW_BIND is the right to bind memory windows to the region (provider/mw.cpp).
 constexpr int kSupportedAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
                                  IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC |
                                  IBV_ACCESS_RELAXED_ORDERING | IBV_ACCESS_MW_BIND;
@@ -25,6 +22,7 @@ uint32_t transport_access(int access) {
     if (access & IBV_ACCESS_REMOTE_WRITE) a |= transport::kRemoteWrite;
     if (access & IBV_ACCESS_REMOTE_READ) a |= transport::kRemoteRead;
     if (access & IBV_ACCESS_REMOTE_ATOMIC) a |= transport::kRemoteAtomic;
+    if (access & IBV_ACCESS_MW_BIND) a |= transport::kMwBind;
     return a;
 }
 

@@ -46,6 +46,7 @@ struct UroceCq;
 struct UroceQp;
 struct UroceSrq;
 struct UroceAh;
+struct UroceMw;
 
 // What a context owns beyond libibverbs' part.
 struct ContextState {
@@ -67,6 +68,8 @@ struct ContextState {
     LiveObjects<UroceQp> live_qps;
     LiveObjects<UroceSrq> live_srqs;
     LiveObjects<UroceAh> live_ahs;
+    LiveObjects<UroceMw> live_mws;
+    std::atomic<int> mws{0};
     LiveObjects<UroceCq> live_cqs;
     LiveObjects<UroceMr> live_mrs;
     LiveObjects<UrocePd> live_pds;
@@ -115,6 +118,12 @@ struct UroceSrq {
     std::shared_ptr<transport::SharedReceiveQueue> queue;
     std::atomic<int> qp_refs{0};  // QPs attached: destroy fails with EBUSY meanwhile
     AsyncEventTally events;       // guarded by the context's AsyncEventQueue
+    LimitedSlot slot;
+};
+
+// A memory window: its rkey lives in the engine's memory table.
+struct UroceMw {
+    ibv_mw mw;  // must be first
     LimitedSlot slot;
 };
 
@@ -227,6 +236,13 @@ int modify_srq(ibv_srq*, ibv_srq_attr*, int) noexcept;
 int query_srq(ibv_srq*, ibv_srq_attr*) noexcept;
 int destroy_srq(ibv_srq*) noexcept;
 int post_srq_recv(ibv_srq*, ibv_recv_wr*, ibv_recv_wr**) noexcept;
+ibv_mw* alloc_mw(ibv_pd*, ibv_mw_type) noexcept;
+int dealloc_mw(ibv_mw*) noexcept;
+int bind_mw(ibv_qp*, ibv_mw*, ibv_mw_bind*) noexcept;
+// The transport's bind of `mw` (of type `type`) under `new_rkey`: EINVAL for a window of
+// another type or context, an rkey of another window, or access flags it cannot grant.
+int mw_bind_wqe(ibv_qp* qp, ibv_mw* mw, uint32_t new_rkey, const ibv_mw_bind_info& info,
+                ibv_mw_type type, transport::MwBind& out) noexcept;
 ibv_ah* create_ah(ibv_pd*, ibv_ah_attr*) noexcept;
 int destroy_ah(ibv_ah*) noexcept;
 // UD QPs (ud_qp.cpp): the parts of modify_qp and post_send that differ from RC.
@@ -244,6 +260,7 @@ void reclaim_mr(ContextState&, UroceMr*) noexcept;
 void reclaim_cq(UroceCq*) noexcept;
 void reclaim_srq(UroceSrq*) noexcept;
 void reclaim_ah(UroceAh*) noexcept;
+void reclaim_mw(ContextState&, UroceMw*) noexcept;
 void reclaim_pd(UrocePd*) noexcept;
 
 }  // namespace uroce::provider

@@ -18,7 +18,9 @@ namespace {
 verbs_context_ops make_ops() {
     verbs_context_ops o{};
     o.alloc_parent_domain = alloc_parent_domain;
+    o.alloc_mw = alloc_mw;
     o.alloc_pd = alloc_pd;
+    o.bind_mw = bind_mw;
     o.async_event = async_event;
     o.cq_event = cq_event;
     o.create_ah = create_ah;
@@ -28,6 +30,7 @@ verbs_context_ops make_ops() {
     o.create_qp_ex = create_qp_ex;
     o.create_srq = create_srq;
     o.dealloc_pd = dealloc_pd;
+    o.dealloc_mw = dealloc_mw;
     o.dereg_mr = dereg_mr;
     o.destroy_ah = destroy_ah;
     o.destroy_cq = destroy_cq;

@@ -290,10 +290,25 @@ int post_send(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexcept {
             case IBV_WR_ATOMIC_FETCH_AND_ADD:
                 w.opcode = transport::SendOpcode::AtomicFetchAdd;
                 break;
+            case IBV_WR_SEND_WITH_INV:
+                w.opcode = transport::SendOpcode::SendWithInv;
+                w.rkey = wr->invalidate_rkey;
+                break;
+            case IBV_WR_LOCAL_INV:
+                w.opcode = transport::SendOpcode::LocalInv;
+                w.rkey = wr->invalidate_rkey;
+                break;
+            case IBV_WR_BIND_MW:
+                w.opcode = transport::SendOpcode::BindMw;
+                err = mw_bind_wqe(ibqp, wr->bind_mw.mw, wr->bind_mw.rkey, wr->bind_mw.bind_info,
+                                  IBV_MW_TYPE_2, w.bind);
+                break;
             default:
                 err = EINVAL;
-                break;  // invalidate, bind: not yet
+                break;
         }
+        // Local operations carry no data.
+        if (!err && transport::is_local_op(w.opcode) && wr->num_sge != 0) err = EINVAL;
         const bool is_inline = wr->send_flags & IBV_SEND_INLINE;
         if (!err && (wr->num_sge < 0 || wr->num_sge > kMaxSge)) err = EINVAL;
         if (!err && is_inline && w.opcode == transport::SendOpcode::RdmaRead) err = EINVAL;
@@ -334,7 +349,9 @@ int post_send(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexcept {
             w.compare_add = wr->wr.atomic.compare_add;
             w.swap = wr->wr.atomic.swap;
         } else if (w.opcode != transport::SendOpcode::Send &&
-                   w.opcode != transport::SendOpcode::SendWithImm) {
+                   w.opcode != transport::SendOpcode::SendWithImm &&
+                   w.opcode != transport::SendOpcode::SendWithInv &&
+                   !transport::is_local_op(w.opcode)) {
             w.remote_addr = wr->wr.rdma.remote_addr;
             w.rkey = wr->wr.rdma.rkey;
         }
@@ -343,6 +360,8 @@ int post_send(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexcept {
             *bad_wr = wr;
             return e;
         }
+        // The window answers to its new rkey from now on (the bind runs in queue order).
+        if (w.opcode == transport::SendOpcode::BindMw) wr->bind_mw.mw->rkey = w.bind.new_rkey;
     }
     return 0;
 }

@@ -132,6 +132,28 @@ void wr_atomic_fetch_add(ibv_qp_ex* qpx, uint32_t rkey, uint64_t addr, uint64_t 
         wr->wr.atomic = {addr, add, 0, rkey};
 }
 
+void wr_send_inv(ibv_qp_ex* qpx, uint32_t invalidate_rkey) {
+    if (ibv_send_wr* wr = begin(qpx, IBV_WR_SEND_WITH_INV, IBV_QP_EX_WITH_SEND_WITH_INV))
+        wr->invalidate_rkey = invalidate_rkey;
+}
+
+void wr_local_inv(ibv_qp_ex* qpx, uint32_t invalidate_rkey) {
+    if (ibv_send_wr* wr = begin(qpx, IBV_WR_LOCAL_INV, IBV_QP_EX_WITH_LOCAL_INV))
+        wr->invalidate_rkey = invalidate_rkey;
+}
+
+void wr_bind_mw(ibv_qp_ex* qpx, ibv_mw* mw, uint32_t rkey, const ibv_mw_bind_info* info) {
+    ibv_send_wr* wr = begin(qpx, IBV_WR_BIND_MW, IBV_QP_EX_WITH_BIND_MW);
+    if (!wr) return;
+    if (!info) {
+        fail(batch_of(qpx), EINVAL);
+        return;
+    }
+    wr->bind_mw.mw = mw;
+    wr->bind_mw.rkey = rkey;
+    wr->bind_mw.bind_info = *info;
+}
+
 void wr_set_ud_addr(ibv_qp_ex* qpx, ibv_ah* ah, uint32_t remote_qpn, uint32_t remote_qkey) {
     if (ibv_send_wr* wr = current(qpx)) wr->wr.ud = {ah, remote_qpn, remote_qkey};
 }
@@ -191,7 +213,8 @@ void wr_set_inline_data(ibv_qp_ex* qpx, void* addr, size_t length) {
 constexpr uint64_t kRcOps = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM |
                             IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM |
                             IBV_QP_EX_WITH_RDMA_READ | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP |
-                            IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD;
+                            IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD | IBV_QP_EX_WITH_BIND_MW |
+                            IBV_QP_EX_WITH_LOCAL_INV | IBV_QP_EX_WITH_SEND_WITH_INV;
 constexpr uint64_t kUcOps = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM |
                             IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM;
 constexpr uint64_t kUdOps = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM;
@@ -256,6 +279,9 @@ ibv_qp* create_qp_ex(ibv_context* ctx, ibv_qp_init_attr_ex* attr) noexcept {
     x.wr_atomic_cmp_swp = wr_atomic_cmp_swp;
     x.wr_atomic_fetch_add = wr_atomic_fetch_add;
     x.wr_set_ud_addr = wr_set_ud_addr;
+    x.wr_send_inv = wr_send_inv;
+    x.wr_local_inv = wr_local_inv;
+    x.wr_bind_mw = wr_bind_mw;
     x.wr_set_sge = wr_set_sge;
     x.wr_set_sge_list = wr_set_sge_list;
     x.wr_set_inline_data = wr_set_inline_data;

@@ -118,6 +118,8 @@ const char* to_string(WcStatus s) {
             return "retry count exceeded";
         case WcStatus::RnrRetryExcErr:
             return "RNR retry count exceeded";
+        case WcStatus::MwBindErr:
+            return "memory window bind error";
         case WcStatus::GeneralErr:
             return "general error";
     }

@@ -48,6 +48,13 @@ MemoryKeys MemoryTable::add(uint32_t pd, uint64_t addr, uint64_t length, uint64_
     auto rbyte = static_cast<uint8_t>(r >> 8);
     if (rbyte == lbyte) rbyte = static_cast<uint8_t>(lbyte ^ (1u + ((r >> 16) % 255)));
     std::unique_lock lock(mutex_);
+    const uint32_t index = next_free_index();
+    const MemoryKeys keys{(index << 8) | lbyte, (index << 8) | rbyte};
+    by_index_.emplace(index, Region{pd, addr, length, iova, access, keys});
+    return keys;
+}
+
+uint32_t MemoryTable::next_free_index() {
     // Keys carry a 24-bit index; after 2^24 registrations it wraps, skipping indices whose
     // region is still registered, so a live key is never handed out twice.
     if (by_index_.size() >= kIndexMask) throw std::bad_alloc();
@@ -56,9 +63,72 @@ MemoryKeys MemoryTable::add(uint32_t pd, uint64_t addr, uint64_t length, uint64_
         index = next_index_;
         next_index_ = (next_index_ & kIndexMask) == kIndexMask ? 1 : next_index_ + 1;
     } while (by_index_.contains(index));
-    const MemoryKeys keys{(index << 8) | lbyte, (index << 8) | rbyte};
-    by_index_.emplace(index, Region{pd, addr, length, iova, access, keys});
-    return keys;
+    return index;
+}
+
+uint32_t MemoryTable::add_window(uint32_t pd, bool type2) {
+    const auto kbyte = static_cast<uint8_t>(random_u64());
+    std::unique_lock lock(mutex_);
+    const uint32_t index = next_free_index();
+    Region w{pd, 0, 0, 0, 0, MemoryKeys{0, (index << 8) | kbyte}};
+    w.window = true;
+    w.type2 = type2;
+    by_index_.emplace(index, w);
+    return w.keys.rkey;
+}
+
+bool MemoryTable::remove_window(uint32_t rkey) {
+    std::unique_lock lock(mutex_);
+    auto it = by_index_.find(rkey >> 8);
+    if (it == by_index_.end() || !it->second.window) return false;
+    by_index_.erase(it);
+    return true;
+}
+
+KeyCheck MemoryTable::bind_window(uint32_t rkey, uint32_t new_rkey, uint32_t pd,
+                                  const WindowBind& bind) {
+    std::unique_lock lock(mutex_);
+    auto wit = by_index_.find(rkey >> 8);
+    if (wit == by_index_.end() || !wit->second.window || (new_rkey >> 8) != (rkey >> 8))
+        return KeyCheck::BadKey;
+    Region& w = wit->second;
+    if (w.keys.rkey != rkey) return KeyCheck::BadKey;
+    if (w.pd != pd) return KeyCheck::WrongPd;
+    if (bind.length > 0) {
+        auto mit = by_index_.find(bind.mr_lkey >> 8);
+        if (mit == by_index_.end() || mit->second.window || mit->second.keys.lkey != bind.mr_lkey)
+            return KeyCheck::BadKey;
+        const Region& mr = mit->second;
+        if (mr.pd != pd) return KeyCheck::WrongPd;
+        if (bind.addr < mr.iova || bind.length > mr.length ||
+            bind.addr - mr.iova > mr.length - bind.length)
+            return KeyCheck::OutOfBounds;
+        // The IBA: remote write or atomic rights need the region's local write right.
+        if (!(mr.access & kMwBind) ||
+            ((bind.access & (kRemoteWrite | kRemoteAtomic)) && !(mr.access & kLocalWrite)))
+            return KeyCheck::NoAccess;
+    }
+    w.keys.rkey = new_rkey;
+    w.bound = bind.length > 0;
+    w.mr_lkey = bind.mr_lkey;
+    w.addr = bind.addr;
+    w.length = bind.length;
+    w.access = bind.access & (kRemoteWrite | kRemoteRead | kRemoteAtomic);
+    w.qpn = w.type2 ? bind.qpn : 0;
+    return KeyCheck::Ok;
+}
+
+KeyCheck MemoryTable::invalidate_window(uint32_t rkey, uint32_t pd, uint32_t qpn) {
+    std::unique_lock lock(mutex_);
+    auto it = by_index_.find(rkey >> 8);
+    if (it == by_index_.end() || !it->second.window || it->second.keys.rkey != rkey ||
+        !it->second.type2 || !it->second.bound)
+        return KeyCheck::BadKey;
+    Region& w = it->second;
+    if (w.pd != pd) return KeyCheck::WrongPd;
+    if (qpn != 0 && w.qpn != qpn) return KeyCheck::NoAccess;
+    w.bound = false;
+    return KeyCheck::Ok;
 }
 
 bool MemoryTable::remove(uint32_t lkey) {
@@ -105,14 +175,31 @@ KeyCheck MemoryTable::check(const Region* r, uint32_t pd, uint64_t base, uint64_
 KeyCheck MemoryTable::check_local(uint32_t lkey, uint32_t pd, uint64_t addr, uint64_t length,
                                   uint32_t access) const {
     auto it = by_index_.find(lkey >> 8);
-    if (it == by_index_.end() || it->second.keys.lkey != lkey) return KeyCheck::BadKey;
+    if (it == by_index_.end() || it->second.window || it->second.keys.lkey != lkey)
+        return KeyCheck::BadKey;
     return check(&it->second, pd, it->second.addr, addr, length, access);
 }
 
 KeyCheck MemoryTable::check_remote(uint32_t rkey, uint32_t pd, uint64_t va, uint64_t length,
-                                   uint32_t access, uint64_t& local) const {
+                                   uint32_t access, uint64_t& local, uint32_t qpn) const {
     auto it = by_index_.find(rkey >> 8);
     if (it == by_index_.end() || it->second.keys.rkey != rkey) return KeyCheck::BadKey;
+    if (it->second.window) {
+        const Region& w = it->second;
+        if (!w.bound) return KeyCheck::BadKey;
+        if (w.type2 && w.qpn != qpn) return KeyCheck::NoAccess;
+        // The window's own range and rights first, then the region it lies in.
+        const KeyCheck c = check(&w, pd, w.addr, va, length, access);
+        if (c != KeyCheck::Ok) return c;
+        auto mit = by_index_.find(w.mr_lkey >> 8);
+        if (mit == by_index_.end() || mit->second.window || mit->second.keys.lkey != w.mr_lkey)
+            return KeyCheck::BadKey;  // its region was deregistered
+        const Region& mr = mit->second;
+        if (va < mr.iova || length > mr.length || va - mr.iova > mr.length - length)
+            return KeyCheck::OutOfBounds;  // the region shrank under it (rereg)
+        local = mr.addr + (va - mr.iova);
+        return KeyCheck::Ok;
+    }
     const Region& r = it->second;
     const KeyCheck c = check(&r, pd, r.iova, va, length, access);
     if (c == KeyCheck::Ok) local = r.addr + (va - r.iova);

@@ -21,6 +21,7 @@ enum Access : uint32_t {
     kRemoteWrite = 1u << 1,
     kRemoteRead = 1u << 2,
     kRemoteAtomic = 1u << 3,
+    kMwBind = 1u << 4,  // memory windows may be bound to the region
 };
 
 struct MemoryKeys {
@@ -65,8 +66,30 @@ class MemoryTable {
     KeyCheck check_local(uint32_t lkey, uint32_t pd, uint64_t addr, uint64_t length,
                          uint32_t access) const;
     // `va` is in the region's iova space; on success `local` is the address in this process.
+    // The rkey may name a memory window: then its range and rights apply, and a type 2
+    // window answers only requests arriving on the QP it was bound on (`qpn`).
     KeyCheck check_remote(uint32_t rkey, uint32_t pd, uint64_t va, uint64_t length, uint32_t access,
-                          uint64_t& local) const;
+                          uint64_t& local, uint32_t qpn = 0) const;
+
+    // Memory windows (IBA 10.6.7). A window has an rkey from the same key space as regions;
+    // it grants nothing until bound.
+    uint32_t add_window(uint32_t pd, bool type2);
+    bool remove_window(uint32_t rkey);
+    struct WindowBind {
+        uint32_t mr_lkey = 0;
+        uint64_t addr = 0;  // in the region's iova space
+        uint64_t length = 0;
+        uint32_t access = 0;  // remote rights the window grants
+        uint32_t qpn = 0;     // type 2: the QP that bound it
+    };
+    // Binds the window `rkey` names (its current key) under `new_rkey` (same index, a new
+    // key byte): the region must be of `pd`, allow kMwBind, cover the range and allow local
+    // write if remote write or atomics are granted. A zero length leaves the window bound to
+    // nothing (type 1 invalidation).
+    KeyCheck bind_window(uint32_t rkey, uint32_t new_rkey, uint32_t pd, const WindowBind& bind);
+    // Local or remote invalidation of a type 2 window: `qpn` must be the QP it was bound on
+    // when given (remote invalidation), and it must belong to `pd`.
+    KeyCheck invalidate_window(uint32_t rkey, uint32_t pd, uint32_t qpn);
 
     size_t size() const;
 
@@ -78,7 +101,15 @@ class MemoryTable {
         uint64_t iova;
         uint32_t access;
         MemoryKeys keys;
+        // Memory windows: addr/length/access are the bound range (in the region's iova
+        // space) and rights; the region is found again through its lkey.
+        bool window = false;
+        bool type2 = false;
+        bool bound = false;
+        uint32_t mr_lkey = 0;
+        uint32_t qpn = 0;
     };
+    uint32_t next_free_index();
     static KeyCheck check(const Region* r, uint32_t pd, uint64_t base, uint64_t addr,
                           uint64_t length, uint32_t access);
 

@@ -153,8 +153,8 @@ void RcQp::execute_atomic(const wire::ParsedPacket& pkt) {
     {
         auto guard = engine_.memory().lock_shared();
         uint64_t local = 0;
-        if (engine_.memory().check_remote(a.rkey, pd_, a.va, kAtomicBytes, kRemoteAtomic, local) !=
-                KeyCheck::Ok ||
+        if (engine_.memory().check_remote(a.rkey, pd_, a.va, kAtomicBytes, kRemoteAtomic, local,
+                                          qpn_) != KeyCheck::Ok ||
             local % kAtomicBytes != 0) {
             // (A region registered at an address of another alignment than its iova can
             // map an aligned va to an unaligned byte: no CPU atomic can work there.)

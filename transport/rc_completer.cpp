@@ -20,7 +20,12 @@ WcOpcode wc_opcode_for(SendOpcode op) {
     switch (op) {
         case SendOpcode::Send:
         case SendOpcode::SendWithImm:
+        case SendOpcode::SendWithInv:
             return WcOpcode::Send;
+        case SendOpcode::BindMw:
+            return WcOpcode::BindMw;
+        case SendOpcode::LocalInv:
+            return WcOpcode::LocalInv;
         case SendOpcode::RdmaWrite:
         case SendOpcode::RdmaWriteWithImm:
             return WcOpcode::RdmaWrite;
@@ -92,6 +97,16 @@ void RcQp::ack_through(uint32_t psn) {
     bool progress = false;
     while (has_outstanding()) {
         SqEntry& e = sq_.front();
+        if (is_local_op(e.wqe.opcode)) {
+            // Executed when the requester reached it; it completes in queue order.
+            if (e.failed != WcStatus::Success) {
+                enter_error();
+                return;
+            }
+            retire_front(WcStatus::Success);
+            progress = true;
+            continue;
+        }
         const uint32_t last = psn_add(e.psn, e.npkts - 1);
         if (takes_responder_resource(e.wqe.opcode)) {
             if (e.read_done) {

@@ -115,6 +115,8 @@ class RcQp final : public Qp {
     WcStatus send_request_packet(SqEntry& e, uint32_t pkt_index);
     WcStatus send_read_request(SqEntry& e);
     WcStatus send_atomic_request(SqEntry& e);
+    // BindMw / LocalInv: the memory table change, and the status their completion carries.
+    WcStatus run_local_op(const SendWqe& wqe);
     // Every local key of `e`'s buffer allows local writes (READ and atomic results land there).
     bool local_buffer_writable(const SqEntry& e) const;
     // The atomic's AtomicAckETH has come: the original value goes to the local buffer.
@@ -176,7 +178,7 @@ class RcQp final : public Qp {
     void send_pending_ack();
     void responder_error(wire::NakCode code, uint32_t psn, AsyncEventType event);
     void complete_recv(WcStatus status, uint32_t byte_len, bool with_imm, uint32_t imm,
-                       bool solicited, WcOpcode opcode);
+                       bool solicited, WcOpcode opcode, bool with_inv = false);
 
     // rc_qp.cpp
     // Every completion goes through here. A completion that finds its CQ full is lost, so

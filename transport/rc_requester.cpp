@@ -41,8 +41,10 @@ bool RcQp::gather(const SqEntry& e, uint32_t offset, uint32_t len, std::span<iov
 }
 
 WcStatus RcQp::send_request_packet(SqEntry& e, uint32_t pkt_index) {
-    const bool is_send =
-        e.wqe.opcode == SendOpcode::Send || e.wqe.opcode == SendOpcode::SendWithImm;
+    const bool is_send = e.wqe.opcode == SendOpcode::Send ||
+                         e.wqe.opcode == SendOpcode::SendWithImm ||
+                         e.wqe.opcode == SendOpcode::SendWithInv;
+    const bool with_inv = e.wqe.opcode == SendOpcode::SendWithInv;
     const bool with_imm =
         e.wqe.opcode == SendOpcode::SendWithImm || e.wqe.opcode == SendOpcode::RdmaWriteWithImm;
     const OpcodeSet& ops = is_send ? kSendOps : kWriteOps;
@@ -62,6 +64,11 @@ WcStatus RcQp::send_request_packet(SqEntry& e, uint32_t pkt_index) {
         op = with_imm ? ops.last_imm : ops.last;
     else
         op = ops.middle;
+    if (with_inv && last) {
+        // The invalidate variants exist for Last and Only (IBA 9.2, opcodes 0x16 and 0x17).
+        op = first ? wire::Opcode::RcSendOnlyInv : wire::Opcode::RcSendLastInv;
+        h.ieth = e.wqe.rkey;
+    }
     h.bth.opcode = static_cast<uint8_t>(op);
     h.bth.dest_qp = attrs_.dest_qpn;
     h.bth.psn = psn_add(e.psn, pkt_index);
@@ -99,6 +106,22 @@ void RcQp::pump() {
     bool sent = false;
     while (send_index_ < sq_.size()) {
         SqEntry& e = sq_[send_index_];
+        if (is_local_op(e.wqe.opcode)) {
+            // A bind or local invalidate runs when the requester reaches it, after what was
+            // posted before it went out (a fence also waits for READs and atomics), and
+            // completes in order once everything before it has.
+            if (!e.assigned) {
+                if (state_ == QpState::Sqd) break;
+                if (e.wqe.fence && reads_outstanding_ > 0) break;
+                e.assigned = true;
+                e.psn = next_psn_;
+                e.npkts = 0;
+                e.failed = run_local_op(e.wqe);
+            }
+            ++send_index_;
+            send_pkt_ = 0;
+            continue;
+        }
         if (!e.assigned) {
             if (state_ == QpState::Sqd) break;
             // A new request: fences and the READ limit apply only before it first goes out.
@@ -150,6 +173,31 @@ void RcQp::pump() {
         }
     }
     if (sent) arm_timer();
+    // Local operations at the front have nothing to wait for.
+    while (!sq_.empty() && sq_.front().assigned && is_local_op(sq_.front().wqe.opcode)) {
+        if (sq_.front().failed != WcStatus::Success) {
+            enter_error();
+            return;
+        }
+        retire_front(WcStatus::Success);
+    }
+}
+
+WcStatus RcQp::run_local_op(const SendWqe& wqe) {
+    MemoryTable& mem = engine_.memory();
+    if (wqe.opcode == SendOpcode::BindMw) {
+        MemoryTable::WindowBind b;
+        b.mr_lkey = wqe.bind.mr_lkey;
+        b.addr = wqe.bind.addr;
+        b.length = wqe.bind.length;
+        b.access = wqe.bind.access;
+        b.qpn = qpn_;
+        return mem.bind_window(wqe.bind.mw_rkey, wqe.bind.new_rkey, pd_, b) == KeyCheck::Ok
+                   ? WcStatus::Success
+                   : WcStatus::MwBindErr;
+    }
+    return mem.invalidate_window(wqe.rkey, pd_, 0) == KeyCheck::Ok ? WcStatus::Success
+                                                                   : WcStatus::LocQpOpErr;
 }
 
 // Go back N: send everything again from `psn`, the oldest PSN the responder lacks.

@@ -69,7 +69,7 @@ void RcQp::flush_ack() {
 }
 
 void RcQp::complete_recv(WcStatus status, uint32_t byte_len, bool with_imm, uint32_t imm,
-                         bool solicited, WcOpcode opcode) {
+                         bool solicited, WcOpcode opcode, bool with_inv) {
     if (!recv_) return;
     Completion c;
     c.wr_id = recv_->wr_id;
@@ -81,6 +81,7 @@ void RcQp::complete_recv(WcStatus status, uint32_t byte_len, bool with_imm, uint
     c.with_imm = with_imm;
     c.imm = imm;
     c.solicited = solicited;
+    c.with_inv = with_inv;
     recv_.reset();
     push_completion(*recv_cq_, c);
 }
@@ -185,7 +186,7 @@ void RcQp::send_responses(uint32_t budget) {
             if (!(attrs_.access & kRemoteRead) ||
                 (len > 0 &&
                  engine_.memory().check_remote(r->rkey, pd_, r->va + r->offset_of(i), len,
-                                               kRemoteRead, local) != KeyCheck::Ok)) {
+                                               kRemoteRead, local, qpn_) != KeyCheck::Ok)) {
                 guard.unlock();
                 responder_error(wire::NakCode::RemoteAccessError, r->psn,
                                 AsyncEventType::QpAccessError);
@@ -228,8 +229,8 @@ void RcQp::execute_read(const wire::ParsedPacket& pkt) {
         // returns nothing, not its first packets.
         auto guard = engine_.memory().lock_shared();
         uint64_t local = 0;
-        if (engine_.memory().check_remote(reth.rkey, pd_, reth.va, reth.dma_len, kRemoteRead,
-                                          local) != KeyCheck::Ok) {
+        if (engine_.memory().check_remote(reth.rkey, pd_, reth.va, reth.dma_len, kRemoteRead, local,
+                                          qpn_) != KeyCheck::Ok) {
             guard.unlock();
             responder_error(wire::NakCode::RemoteAccessError, psn, AsyncEventType::QpAccessError);
             return;
@@ -350,11 +351,6 @@ void RcQp::execute_request(const wire::ParsedPacket& pkt) {
         responder_error(wire::NakCode::InvalidRequest, psn, AsyncEventType::QpRequestError);
         return;
     }
-    if (pkt.info->headers & wire::kHasIeth) {
-        // SEND with Invalidate needs memory windows / invalidation, which come later.
-        responder_error(wire::NakCode::InvalidRequest, psn, AsyncEventType::QpRequestError);
-        return;
-    }
     if (flags & wire::kRead) {
         execute_read(pkt);
         return;
@@ -389,6 +385,13 @@ void RcQp::execute_request(const wire::ParsedPacket& pkt) {
 
     if (flags & wire::kSend) {
         if (starts) recv_offset_ = 0;
+        const bool with_inv = pkt.info->headers & wire::kHasIeth;
+        // SEND with Invalidate: the window goes before the message completes; one that is
+        // not a type 2 window of this QP (bound here, same PD) fails the request.
+        if (with_inv && engine_.memory().invalidate_window(pkt.h.ieth, pd_, qpn_) != KeyCheck::Ok) {
+            responder_error(wire::NakCode::InvalidRequest, psn, AsyncEventType::QpRequestError);
+            return;
+        }
         if (const WcStatus s = scatter_to_recv(pkt.payload); s != WcStatus::Success) {
             // Too long for the receive buffer is the requester's error; a bad receive
             // buffer is ours.
@@ -402,8 +405,9 @@ void RcQp::execute_request(const wire::ParsedPacket& pkt) {
         if (ends) {
             ++msn_;
             in_message_ = InMessage::None;
-            complete_recv(WcStatus::Success, recv_offset_, with_imm, pkt.h.imm, pkt.h.bth.solicited,
-                          WcOpcode::Recv);
+            complete_recv(WcStatus::Success, recv_offset_, with_imm,
+                          with_inv ? pkt.h.ieth : pkt.h.imm, pkt.h.bth.solicited, WcOpcode::Recv,
+                          with_inv);
         } else {
             in_message_ = InMessage::Send;
         }
@@ -425,7 +429,7 @@ void RcQp::execute_request(const wire::ParsedPacket& pkt) {
                 auto guard = engine_.memory().lock_shared();
                 uint64_t local = 0;
                 if (engine_.memory().check_remote(reth.rkey, pd_, reth.va, reth.dma_len,
-                                                  kRemoteWrite, local) != KeyCheck::Ok) {
+                                                  kRemoteWrite, local, qpn_) != KeyCheck::Ok) {
                     guard.unlock();
                     responder_error(wire::NakCode::RemoteAccessError, psn,
                                     AsyncEventType::QpAccessError);
@@ -446,8 +450,8 @@ void RcQp::execute_request(const wire::ParsedPacket& pkt) {
             auto guard = engine_.memory().lock_shared();
             // Checked again per packet: a region deregistered mid-message stops at once.
             uint64_t local = 0;
-            if (engine_.memory().check_remote(write_rkey_, pd_, write_va_, len, kRemoteWrite,
-                                              local) != KeyCheck::Ok) {
+            if (engine_.memory().check_remote(write_rkey_, pd_, write_va_, len, kRemoteWrite, local,
+                                              qpn_) != KeyCheck::Ok) {
                 guard.unlock();
                 responder_error(wire::NakCode::RemoteAccessError, psn,
                                 AsyncEventType::QpAccessError);

@@ -333,7 +333,7 @@ void UcQp::on_request(const wire::ParsedPacket& pkt) {
         if (reth.dma_len > kMaxMessageBytes || !(attrs_.access & kRemoteWrite) ||
             (reth.dma_len > 0 &&
              engine_.memory().check_remote(reth.rkey, pd_, reth.va, reth.dma_len, kRemoteWrite,
-                                           local) != KeyCheck::Ok)) {
+                                           local, qpn()) != KeyCheck::Ok)) {
             guard.unlock();
             drop_message();
             return;
@@ -351,8 +351,8 @@ void UcQp::on_request(const wire::ParsedPacket& pkt) {
         auto guard = engine_.memory().lock_shared();
         uint64_t local = 0;
         // Checked again per packet: a region deregistered mid-message stops it at once.
-        if (engine_.memory().check_remote(write_rkey_, pd_, write_va_, len, kRemoteWrite, local) !=
-            KeyCheck::Ok) {
+        if (engine_.memory().check_remote(write_rkey_, pd_, write_va_, len, kRemoteWrite, local,
+                                          qpn()) != KeyCheck::Ok) {
             guard.unlock();
             drop_message();
             return;

@@ -35,6 +35,24 @@ enum class SendOpcode : uint8_t {
     RdmaRead,
     AtomicCmpSwap,   // 8 bytes at remote_addr: if equal to compare_add, becomes swap
     AtomicFetchAdd,  // 8 bytes at remote_addr: compare_add is added
+    SendWithInv,     // a SEND whose last packet invalidates `rkey` at the responder
+    BindMw,          // local: binds a memory window (`bind`)
+    LocalInv,        // local: invalidates the type 2 window `rkey`
+};
+
+// Executed by the QP itself, in send queue order; nothing goes on the wire.
+inline bool is_local_op(SendOpcode op) {
+    return op == SendOpcode::BindMw || op == SendOpcode::LocalInv;
+}
+
+// What a memory window bind asks for (IBV_WR_BIND_MW, ibv_bind_mw).
+struct MwBind {
+    uint32_t mw_rkey = 0;   // the window's current rkey
+    uint32_t new_rkey = 0;  // the rkey it has once bound
+    uint32_t mr_lkey = 0;
+    uint64_t addr = 0;
+    uint64_t length = 0;
+    uint32_t access = 0;  // memory_table.h Access bits
 };
 
 inline bool is_atomic(SendOpcode op) {
@@ -59,6 +77,7 @@ enum class WcStatus : uint8_t {
     RetryExcErr,
     RnrRetryExcErr,
     GeneralErr,
+    MwBindErr,
 };
 
 enum class WcOpcode : uint8_t {
@@ -67,6 +86,8 @@ enum class WcOpcode : uint8_t {
     RdmaRead,
     CompSwap,
     FetchAdd,
+    BindMw,
+    LocalInv,
     Recv,
     RecvRdmaWithImm
 };
@@ -87,6 +108,7 @@ struct SendWqe {
     // Atomics: the original 8 bytes land in the first SGE (8 bytes, not inline).
     uint64_t compare_add = 0;
     uint64_t swap = 0;
+    MwBind bind;  // BindMw
 };
 
 struct RecvWqe {
@@ -103,8 +125,9 @@ struct Completion {
     uint32_t src_qp = 0;
     bool with_imm = false;
     bool solicited = false;
-    uint32_t imm = 0;       // host order, as parsed from ImmDt
-    bool with_grh = false;  // UD: the buffer starts with the 40-byte GRH area
+    uint32_t imm = 0;           // host order, as parsed from ImmDt
+    bool with_grh = false;      // UD: the buffer starts with the 40-byte GRH area
+    bool with_inv = false;      // a SEND with invalidate: `imm` holds the invalidated rkey
     uint64_t timestamp_ns = 0;  // CLOCK_MONOTONIC when the completion entered its CQ
 };
 

@@ -1,0 +1,168 @@
+// Memory windows through the real libibverbs: type 1 and type 2 binds, access through a
+// window and only within it, local and remote invalidation, deallocation, refused binds.
+#include <arpa/inet.h>
+
+#include <catch2/catch.hpp>
+#include <cerrno>
+#include <cstring>
+
+#include "tests/integration/verbs_fixture.h"
+
+using namespace uroce::test;
+
+namespace {
+
+constexpr int kMrAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND;
+constexpr int kSrc = IBV_ACCESS_LOCAL_WRITE;
+
+ibv_wc one(ibv_cq* cq) {
+    const auto wcs = wait_completions(cq, 1);
+    REQUIRE(wcs.size() == 1);
+    return wcs[0];
+}
+
+int post_bind2(ibv_qp* qp, ibv_mw* mw, uint32_t rkey, ibv_mr* mr, uint64_t addr, uint64_t len,
+               uint64_t wr_id) {
+    ibv_send_wr wr{};
+    wr.wr_id = wr_id;
+    wr.opcode = IBV_WR_BIND_MW;
+    wr.send_flags = IBV_SEND_SIGNALED;
+    wr.bind_mw.mw = mw;
+    wr.bind_mw.rkey = rkey;
+    wr.bind_mw.bind_info.mr = mr;
+    wr.bind_mw.bind_info.addr = addr;
+    wr.bind_mw.bind_info.length = len;
+    wr.bind_mw.bind_info.mw_access_flags = IBV_ACCESS_REMOTE_WRITE;
+    ibv_send_wr* bad = nullptr;
+    return ibv_post_send(qp, &wr, &bad);
+}
+
+int post_inv(ibv_qp* qp, ibv_wr_opcode op, uint32_t rkey, const Buffer* src, uint64_t wr_id) {
+    ibv_sge sge{src ? src->addr() : 0, 16, src ? src->mr->lkey : 0};
+    ibv_send_wr wr{};
+    wr.wr_id = wr_id;
+    wr.opcode = op;
+    wr.send_flags = IBV_SEND_SIGNALED;
+    wr.invalidate_rkey = rkey;
+    wr.sg_list = src ? &sge : nullptr;
+    wr.num_sge = src ? 1 : 0;
+    ibv_send_wr* bad = nullptr;
+    return ibv_post_send(qp, &wr, &bad);
+}
+
+}  // namespace
+
+TEST_CASE("MW type 2: access through the window, within it only, until invalidated", "[mw]") {
+    QpOptions opt;
+    opt.access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
+    Endpoint a(devices().a, opt), b(devices().b, opt);
+    connect(a, b, opt);
+    Buffer src(a.pd, 4096, kSrc), dst(b.pd, 4096, kMrAccess);
+    ibv_mw* mw = ibv_alloc_mw(b.pd, IBV_MW_TYPE_2);
+    REQUIRE(mw);
+    const uint32_t rkey = ibv_inc_rkey(mw->rkey);
+    // The window covers bytes 1024..2047 of the region.
+    REQUIRE(post_bind2(b.qp, mw, rkey, dst.mr, dst.addr() + 1024, 1024, 1) == 0);
+    ibv_wc wc = one(b.cq);
+    CHECK(wc.status == IBV_WC_SUCCESS);
+    CHECK(wc.opcode == IBV_WC_BIND_MW);
+    CHECK(mw->rkey == rkey);
+    fill_pattern(src.bytes.data(), 4096, 8);
+    REQUIRE(post_rdma(a.qp, IBV_WR_RDMA_WRITE, src, 0, 512, dst.addr() + 1024, rkey, 2) == 0);
+    CHECK(one(a.cq).status == IBV_WC_SUCCESS);
+    CHECK(std::memcmp(dst.bytes.data() + 1024, src.bytes.data(), 512) == 0);
+
+    SECTION("outside the window: refused, nothing written") {
+        REQUIRE(post_rdma(a.qp, IBV_WR_RDMA_WRITE, src, 0, 64, dst.addr(), rkey, 3) == 0);
+        CHECK(one(a.cq).status == IBV_WC_REM_ACCESS_ERR);
+        CHECK(dst.bytes[0] == 0);
+    }
+    SECTION("invalidated locally") {
+        REQUIRE(post_inv(b.qp, IBV_WR_LOCAL_INV, rkey, nullptr, 4) == 0);
+        wc = one(b.cq);
+        CHECK(wc.status == IBV_WC_SUCCESS);
+        CHECK(wc.opcode == IBV_WC_LOCAL_INV);
+        REQUIRE(post_rdma(a.qp, IBV_WR_RDMA_WRITE, src, 0, 64, dst.addr() + 1024, rkey, 5) == 0);
+        CHECK(one(a.cq).status == IBV_WC_REM_ACCESS_ERR);
+    }
+    SECTION("invalidated by the peer's SEND with invalidate") {
+        Buffer rbuf(b.pd, 64, IBV_ACCESS_LOCAL_WRITE);
+        REQUIRE(post_recv_buf(b.qp, rbuf, 0, 64, 6) == 0);
+        REQUIRE(post_inv(a.qp, IBV_WR_SEND_WITH_INV, rkey, &src, 7) == 0);
+        CHECK(one(a.cq).status == IBV_WC_SUCCESS);
+        wc = one(b.cq);
+        CHECK(wc.status == IBV_WC_SUCCESS);
+        CHECK((wc.wc_flags & IBV_WC_WITH_INV) != 0);
+        CHECK(wc.invalidated_rkey == rkey);
+        CHECK(wc.byte_len == 16);
+        REQUIRE(post_rdma(a.qp, IBV_WR_RDMA_WRITE, src, 0, 64, dst.addr() + 1024, rkey, 8) == 0);
+        CHECK(one(a.cq).status == IBV_WC_REM_ACCESS_ERR);
+    }
+    SECTION("deallocated") {
+        REQUIRE(ibv_dealloc_mw(mw) == 0);
+        mw = nullptr;
+        REQUIRE(post_rdma(a.qp, IBV_WR_RDMA_WRITE, src, 0, 64, dst.addr() + 1024, rkey, 9) == 0);
+        CHECK(one(a.cq).status == IBV_WC_REM_ACCESS_ERR);
+    }
+    if (mw) CHECK(ibv_dealloc_mw(mw) == 0);
+}
+
+TEST_CASE("MW type 1: ibv_bind_mw, and a zero-length bind takes the access away", "[mw]") {
+    QpOptions opt;
+    opt.access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
+    Endpoint a(devices().a, opt), b(devices().b, opt);
+    connect(a, b, opt);
+    Buffer src(a.pd, 4096, kSrc), dst(b.pd, 4096, kMrAccess);
+    ibv_mw* mw = ibv_alloc_mw(b.pd, IBV_MW_TYPE_1);
+    REQUIRE(mw);
+    ibv_mw_bind bind{};
+    bind.wr_id = 1;
+    bind.send_flags = IBV_SEND_SIGNALED;
+    bind.bind_info.mr = dst.mr;
+    bind.bind_info.addr = dst.addr();
+    bind.bind_info.length = 4096;
+    bind.bind_info.mw_access_flags = IBV_ACCESS_REMOTE_WRITE;
+    REQUIRE(ibv_bind_mw(b.qp, mw, &bind) == 0);
+    CHECK(one(b.cq).status == IBV_WC_SUCCESS);
+    fill_pattern(src.bytes.data(), 4096, 9);
+    REQUIRE(post_rdma(a.qp, IBV_WR_RDMA_WRITE, src, 0, 4096, dst.addr(), mw->rkey, 2) == 0);
+    CHECK(one(a.cq).status == IBV_WC_SUCCESS);
+    CHECK(std::memcmp(dst.bytes.data(), src.bytes.data(), 4096) == 0);
+    const uint32_t old_rkey = mw->rkey;
+    bind.bind_info.length = 0;
+    bind.bind_info.mw_access_flags = 0;
+    REQUIRE(ibv_bind_mw(b.qp, mw, &bind) == 0);
+    CHECK(one(b.cq).status == IBV_WC_SUCCESS);
+    REQUIRE(post_rdma(a.qp, IBV_WR_RDMA_WRITE, src, 0, 64, dst.addr(), old_rkey, 3) == 0);
+    CHECK(one(a.cq).status == IBV_WC_REM_ACCESS_ERR);
+    CHECK(ibv_dealloc_mw(mw) == 0);
+}
+
+TEST_CASE("MW: binds that cannot be made", "[mw]") {
+    Endpoint b(devices().b);
+    errno = 0;
+    CHECK(ibv_alloc_mw(b.pd, static_cast<ibv_mw_type>(3)) == nullptr);
+    CHECK(errno == EINVAL);
+    ibv_mw* mw = ibv_alloc_mw(b.pd, IBV_MW_TYPE_2);
+    REQUIRE(mw);
+    QpOptions opt;
+    Endpoint a(devices().a, opt);
+    connect(a, b, opt);
+    SECTION("a region registered without MW_BIND: the bind fails and the QP stops") {
+        Buffer dst(b.pd, 4096, IBV_ACCESS_LOCAL_WRITE);
+        REQUIRE(post_bind2(b.qp, mw, ibv_inc_rkey(mw->rkey), dst.mr, dst.addr(), 64, 1) == 0);
+        CHECK(one(b.cq).status == IBV_WC_MW_BIND_ERR);
+        CHECK(b.state() == IBV_QPS_ERR);
+    }
+    SECTION("an rkey of another window, or a type 1 window posted as type 2") {
+        Buffer dst(b.pd, 4096, kMrAccess);
+        CHECK(post_bind2(b.qp, mw, mw->rkey + 0x100, dst.mr, dst.addr(), 64, 1) == EINVAL);
+        ibv_mw* t1 = ibv_alloc_mw(b.pd, IBV_MW_TYPE_1);
+        REQUIRE(t1);
+        CHECK(post_bind2(b.qp, t1, ibv_inc_rkey(t1->rkey), dst.mr, dst.addr(), 64, 2) == EINVAL);
+        CHECK(ibv_dealloc_mw(t1) == 0);
+        ibv_wc wc{};
+        CHECK(ibv_poll_cq(b.cq, 1, &wc) == 0);
+    }
+    CHECK(ibv_dealloc_mw(mw) == 0);
+}
