@@ -148,6 +148,15 @@ TEST_CASE("UC: messages the responder cannot take are dropped, the QP goes on", 
         REQUIRE(p.wait_until([&] { return p.b.counters().rx_uc_dropped.load() == 1; }));
         CHECK(all_bytes(p.b.at(p.b.mem.size() - 50), 50, kUntouched));
     }
+    SECTION("a WRITE whose first packet fits but whose whole runs past the region") {
+        // Refused on its first packet: not even the part that would fit is written.
+        fill(p.a.at(4096), 2 * kMtu, 4);
+        const size_t at = p.b.mem.size() - kMtu - 8;
+        REQUIRE(uc.a->post_send(rdma_wqe(SendOpcode::RdmaWrite, 10, {p.a.sge(4096, 2 * kMtu)},
+                                         p.b.iova + at, p.b.keys.rkey)) == 0);
+        REQUIRE(p.wait_until([&] { return p.b.counters().rx_uc_dropped.load() >= 1; }));
+        CHECK(all_bytes(p.b.at(at), kMtu + 8, kUntouched));
+    }
     SECTION("a SEND longer than the buffer: a length error for that WQE") {
         REQUIRE(uc.b->post_recv(recv_wqe(1, {p.b.sge(0, 50)})) == 0);
         REQUIRE(uc.a->post_send(send_wqe(10, {p.a.sge(0, 100)})) == 0);
