@@ -162,14 +162,10 @@ int poll_cq(ibv_cq* ibcq, int n, ibv_wc* wc) noexcept {
     if (inherited(ibcq->context)) return -EIO;
     if (n <= 0) return n < 0 ? -EINVAL : 0;
     auto* cq = to_ucq(ibcq);
-    // An empty queue: do the receive work here rather than wait for the engine thread. What
-    // this poll takes needs no completion event (see CompletionQueue::hold_events).
-    cq->queue->hold_events();
+    // An empty queue: do the receive work here rather than wait for the engine thread. (Events
+    // are not held back here, unlike ibv_start_poll: an armed CQ signals every completion that
+    // reaches it, as hardware does, and ibv_poll_cq users take an empty CQ after an event.)
     if (cq->queue->depth() == 0) to_uctx(ibcq->context)->state->engine->progress();
-    struct Release {
-        transport::CompletionQueue& q;
-        ~Release() { q.release_events(); }
-    } release{*cq->queue};
     constexpr int kChunk = 32;
     transport::Completion c[kChunk];
     int total = 0;

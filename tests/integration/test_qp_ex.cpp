@@ -161,7 +161,7 @@ TEST_CASE("qp_ex: wr_abort sends nothing; a bad request fails its whole batch", 
 TEST_CASE("qp_ex: what ibv_create_qp_ex refuses", "[qp_ex]") {
     Endpoint a(devices().a);
     errno = 0;
-    CHECK(make_qp_ex(a, IBV_QPT_RC, IBV_QP_EX_WITH_BIND_MW) == nullptr);
+    CHECK(make_qp_ex(a, IBV_QPT_RC, IBV_QP_EX_WITH_TSO) == nullptr);
     CHECK(errno == EOPNOTSUPP);
     errno = 0;
     CHECK(make_qp_ex(a, IBV_QPT_UD, IBV_QP_EX_WITH_RDMA_WRITE) == nullptr);
