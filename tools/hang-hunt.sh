@@ -166,7 +166,8 @@ run_pair() {
             stats_delta "$d" >>"$LOG"
         done
         for side in server:$srv_out client:$cli_out; do
-            log "## ${side%%:*} output (tail)"
+            log "## ${side%%:*} output: error lines and tail"
+            grep -Eai 'fail|error|couldn|scnt=' "${side#*:}" | head -n 10 >>"$LOG"
             tail -n 15 "${side#*:}" >>"$LOG"
         done
         return 1

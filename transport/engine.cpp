@@ -187,6 +187,7 @@ uint32_t Engine::allocate_qpn() {
 void Engine::attach(const std::shared_ptr<Qp>& qp) {
     std::unique_lock lock(qps_mutex_);
     qps_[qp->qpn()] = qp;
+    qp_count_.fetch_add(1, std::memory_order_relaxed);
 }
 
 void Engine::detach(uint32_t qpn) {
@@ -197,6 +198,7 @@ void Engine::detach(uint32_t qpn) {
         if (it == qps_.end()) return;
         keep = std::move(it->second);
         qps_.erase(it);
+        if (keep) qp_count_.fetch_sub(1, std::memory_order_relaxed);
     }
     // Outside the table lock: closing waits for a timer callback that may be running. The
     // receive path may still hold a reference for a moment; a closed QP ignores what it gets.

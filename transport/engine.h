@@ -94,6 +94,8 @@ class Engine {
     // Removes the QP from the table and closes it (RcQp::close): once this returns, no
     // packet, timer or async event reaches it.
     void detach(uint32_t qpn);
+    // QPs attached now (read without the table lock: a hint for sizing send windows).
+    uint32_t qp_count() const { return qp_count_.load(std::memory_order_relaxed); }
 
     // Receives and handles whatever packets are waiting, on the caller's thread, unless
     // another thread is already doing so. Called by pollers that found nothing: on a busy
@@ -180,6 +182,7 @@ class Engine {
     std::shared_mutex qps_mutex_;
     // QPN -> QP; a null entry is a QPN allocated but not yet attached.
     std::unordered_map<uint32_t, std::shared_ptr<Qp>> qps_;
+    std::atomic<uint32_t> qp_count_{0};
 
     std::mutex filter_mutex_;
     TransmitFilter transmit_filter_;

@@ -14,6 +14,11 @@ namespace {
 // busy. Each loss costs a resend of what followed it (go-back-N), so a larger window
 // multiplies the cost of loss; at 10% loss the sender already sends many times the data.
 constexpr uint32_t kSendWindowBytes = 256 * 1024;
+// Bytes in flight from all the QPs of an engine together: they all land in the peer's one
+// receive socket, and more than it holds are dropped, each drop costing a go-back-N resend
+// that drops more (16 QPs of 256 KiB each both ways lost a third of their packets and
+// failed with RETRY_EXC_ERR). Each QP gets its share, never less than 16 packets.
+constexpr uint32_t kEngineWindowBytes = 2 * 1024 * 1024;
 // Ask for an ACK at least this often inside long messages so the window keeps moving.
 constexpr uint32_t kAckRequestInterval = 16;
 
@@ -101,8 +106,9 @@ WcStatus RcQp::send_read_request(SqEntry& e) {
 void RcQp::pump() {
     // SQD finishes (and retransmits) what was started but starts nothing new.
     if ((state_ != QpState::Rts && state_ != QpState::Sqd) || rnr_wait_) return;
-    const int32_t window =
-        static_cast<int32_t>(std::max<uint32_t>(16, kSendWindowBytes / attrs_.mtu));
+    const uint32_t share = kEngineWindowBytes / std::max<uint32_t>(1, engine_.qp_count());
+    const int32_t window = static_cast<int32_t>(
+        std::max<uint32_t>(16, std::min(kSendWindowBytes, share) / attrs_.mtu));
     bool sent = false;
     while (send_index_ < sq_.size()) {
         SqEntry& e = sq_[send_index_];

@@ -45,3 +45,52 @@ TEST_CASE("ACK order: an answer posted as soon as a message completes follows it
     p.b.qp->flush_ack();
     CHECK(b_out.count_opcode(wire::Opcode::RcAcknowledge) == 1);
 }
+
+namespace {
+
+// A QP of `s` connected to a peer that never answers, with no retransmission timer (timeout
+// 0): what it sends is exactly what its window lets out, once.
+std::shared_ptr<RcQp> silent_qp(Side& s, uint32_t peer_ip) {
+    auto qp = std::make_shared<RcQp>(*s.engine, s.engine->allocate_qpn(), kPd,
+                                     QpCaps{64, 64, kMaxSge, kMaxSge, kMaxInlineData}, s.scq, s.rcq,
+                                     nullptr);
+    s.engine->attach(qp);
+    QpAttributes attrs = default_attributes();
+    attrs.dst_ip = peer_ip;
+    attrs.dest_qpn = 0xabcde;
+    attrs.timeout = 0;
+    REQUIRE(qp->modify(attrs, QpState::Reset, QpState::Init) == 0);
+    REQUIRE(qp->modify(attrs, QpState::Init, QpState::Rtr) == 0);
+    REQUIRE(qp->modify(attrs, QpState::Rtr, QpState::Rts) == 0);
+    return qp;
+}
+
+}  // namespace
+
+// ib_write_bw -q 16 -b failed with RETRY_EXC_ERR: 16 QPs with 256 KiB in flight each (4 MiB
+// per direction) overran the peer's receive socket, a third of the packets were dropped and
+// the go-back-N resends dropped more. The QPs of an engine share 2 MiB in flight; a QP alone
+// keeps its 256 KiB.
+TEST_CASE("Send window: the QPs of an engine share what may be in flight", "[rc]") {
+    PairOptions opt;
+    opt.mem_bytes = 1 << 20;
+    Pair p(opt);
+    TxRecorder a_out(*p.a.engine, {}, false);
+    const auto write_all = [&](std::vector<std::shared_ptr<RcQp>>& qps) {
+        for (auto& qp : qps)
+            REQUIRE(qp->post_send(rdma_wqe(SendOpcode::RdmaWrite, 1, {p.a.sge(0, 1 << 20)},
+                                           p.b.iova, p.b.keys.rkey)) == 0);
+    };
+    // The Pair's own QP (not connected) is attached too: 2 QPs, then 16.
+    std::vector<std::shared_ptr<RcQp>> qps{silent_qp(p.a, p.b.ip)};
+    write_all(qps);
+    CHECK(a_out.packets().size() == 256 * 1024 / kMtu);
+    for (auto& qp : qps) p.a.engine->detach(qp->qpn());
+    qps.clear();
+    a_out.clear();
+
+    for (int i = 0; i < 15; ++i) qps.push_back(silent_qp(p.a, p.b.ip));
+    write_all(qps);
+    CHECK(a_out.packets().size() == 15 * (2 * 1024 * 1024 / 16) / kMtu);
+    for (auto& qp : qps) p.a.engine->detach(qp->qpn());
+}
