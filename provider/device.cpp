@@ -96,6 +96,7 @@ void destroy_state(ContextState* st) {
     for (UroceAh* ah : st->live_ahs.take_all()) reclaim_ah(ah);
     for (UroceCq* cq : st->live_cqs.take_all()) reclaim_cq(cq);
     for (UrocePd* pd : st->live_pds.take_all()) reclaim_pd(pd);
+    for (UroceXrcd* x : st->live_xrcds.take_all()) reclaim_xrcd(x);
     if (st->cmd_fd >= 0) cmd_fd_unregister(st->cmd_fd);
     delete st;
 }

@@ -27,6 +27,7 @@ inline constexpr int kMaxPd = 1 << 16;
 inline constexpr int kMaxSrq = 4096;
 inline constexpr int kMaxAh = 1 << 16;
 inline constexpr int kMaxMw = 1 << 16;
+inline constexpr int kMaxXrcd = 1 << 16;
 // WQEs per SRQ: UCX asks for 4095 and more; rxe allows 16384 too.
 inline constexpr int kMaxSrqWr = 16384;
 // What rxe advertises for max_qp_rd_atom and max_qp_init_rd_atom: perftest sets the value

@@ -38,7 +38,7 @@ int query_device_ex(ibv_context* ibctx, const ibv_query_device_ex_input*, ibv_de
     d.max_qp_wr = kMaxQpWr;
     d.device_cap_flags = IBV_DEVICE_RC_RNR_NAK_GEN | IBV_DEVICE_SYS_IMAGE_GUID |
                          IBV_DEVICE_SRQ_RESIZE | IBV_DEVICE_MEM_WINDOW |
-                         IBV_DEVICE_MEM_WINDOW_TYPE_2B;
+                         IBV_DEVICE_MEM_WINDOW_TYPE_2B | IBV_DEVICE_XRC;
     d.max_sge = kMaxSge;
     d.max_sge_rd = kMaxSge;
     d.max_cq = kMaxCq;

@@ -11,6 +11,9 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
+
+#include <sys/types.h>
 
 #include "provider/async_events.h"
 #include "provider/comp_channel.h"
@@ -47,6 +50,8 @@ struct UroceQp;
 struct UroceSrq;
 struct UroceAh;
 struct UroceMw;
+struct UroceXrcd;
+struct XrcDomain;
 
 // What a context owns beyond libibverbs' part.
 struct ContextState {
@@ -70,6 +75,12 @@ struct ContextState {
     LiveObjects<UroceAh> live_ahs;
     LiveObjects<UroceMw> live_mws;
     std::atomic<int> mws{0};
+    std::atomic<int> xrcds{0};
+    LiveObjects<UroceXrcd> live_xrcds;
+    // The XRC domains open on files, found again by the file's identity (xrc.cpp).
+    std::mutex xrc_domains_mutex;
+    std::vector<std::weak_ptr<XrcDomain>> xrc_domains;
+    std::atomic<uint32_t> next_xrcd{1};
     LiveObjects<UroceCq> live_cqs;
     LiveObjects<UroceMr> live_mrs;
     LiveObjects<UrocePd> live_pds;
@@ -113,9 +124,29 @@ struct UroceCq {
     LimitedSlot slot;
 };
 
+// An XRC domain (ibv_open_xrcd): XRC SRQs and XRC target QPs of one domain belong together.
+// Every ibv_open_xrcd of the same file in a context gets its own handle on one domain.
+struct XrcDomain {
+    uint32_t id = 0;
+    bool on_file = false;  // opened with a file: found again by dev/ino
+    dev_t dev = 0;
+    ino_t ino = 0;
+    std::atomic<int> users{0};  // XRC SRQs and target QPs in it
+    int handles = 0;            // open handles; guarded by the context's xrc_domains_mutex
+};
+
+struct UroceXrcd {
+    verbs_xrcd vxrcd;  // must be first
+    std::shared_ptr<XrcDomain> domain;
+    LimitedSlot slot;
+};
+
 struct UroceSrq {
     ibv_srq srq;  // must be first
     std::shared_ptr<transport::SharedReceiveQueue> queue;
+    // XRC SRQs: their domain and their CQ (kept from destruction while the SRQ lives).
+    std::shared_ptr<XrcDomain> xrcd;
+    UroceCq* cq = nullptr;
     std::atomic<int> qp_refs{0};  // QPs attached: destroy fails with EBUSY meanwhile
     AsyncEventTally events;       // guarded by the context's AsyncEventQueue
     LimitedSlot slot;
@@ -149,6 +180,7 @@ struct UroceQp {
     UroceCq* send_cq = nullptr;
     UroceCq* recv_cq = nullptr;
     UroceSrq* srq = nullptr;
+    std::shared_ptr<XrcDomain> xrcd;  // XRC target QPs: their domain
     // Made by ibv_create_qp_ex with send_ops_flags: the ibv_wr_* batch being built.
     std::unique_ptr<WrBatch, WrBatchDeleter> batch;
     bool sq_sig_all = false;
@@ -178,6 +210,9 @@ inline UroceQp* to_uqp(ibv_qp* q) {
 }
 inline UroceSrq* to_usrq(ibv_srq* s) {
     return reinterpret_cast<UroceSrq*>(s);
+}
+inline UroceXrcd* to_uxrcd(ibv_xrcd* x) {
+    return reinterpret_cast<UroceXrcd*>(x);
 }
 inline UroceAh* to_uah(ibv_ah* a) {
     return reinterpret_cast<UroceAh*>(a);
@@ -224,6 +259,8 @@ int resize_cq(ibv_cq*, int) noexcept;
 void cq_event(ibv_cq*) noexcept;
 
 ibv_qp* create_qp(ibv_pd*, ibv_qp_init_attr*) noexcept;
+// The QP create_qp and create_qp_ex make: `pd` is null, and `xrcd` set, for an XRC target.
+ibv_qp* new_qp(ibv_context*, ibv_pd*, ibv_qp_init_attr*, UroceXrcd* xrcd) noexcept;
 ibv_qp* create_qp_ex(ibv_context*, ibv_qp_init_attr_ex*) noexcept;
 int destroy_qp(ibv_qp*) noexcept;
 int modify_qp(ibv_qp*, ibv_qp_attr*, int) noexcept;
@@ -232,6 +269,13 @@ int post_send(ibv_qp*, ibv_send_wr*, ibv_send_wr**) noexcept;
 int post_recv(ibv_qp*, ibv_recv_wr*, ibv_recv_wr**) noexcept;
 
 ibv_srq* create_srq(ibv_pd*, ibv_srq_init_attr*) noexcept;
+// The SRQ create_srq and create_srq_ex make: an XRC SRQ with `xrcd` and `cq`.
+ibv_srq* new_srq(ibv_pd*, ibv_srq_init_attr*, UroceXrcd* xrcd, UroceCq* cq) noexcept;
+// XRC (xrc.cpp).
+ibv_xrcd* open_xrcd(ibv_context*, ibv_xrcd_init_attr*) noexcept;
+int close_xrcd(ibv_xrcd*) noexcept;
+ibv_srq* create_srq_ex(ibv_context*, ibv_srq_init_attr_ex*) noexcept;
+int get_srq_num(ibv_srq*, uint32_t*) noexcept;
 int modify_srq(ibv_srq*, ibv_srq_attr*, int) noexcept;
 int query_srq(ibv_srq*, ibv_srq_attr*) noexcept;
 int destroy_srq(ibv_srq*) noexcept;
@@ -262,5 +306,6 @@ void reclaim_srq(UroceSrq*) noexcept;
 void reclaim_ah(UroceAh*) noexcept;
 void reclaim_mw(ContextState&, UroceMw*) noexcept;
 void reclaim_pd(UrocePd*) noexcept;
+void reclaim_xrcd(UroceXrcd*) noexcept;
 
 }  // namespace uroce::provider

@@ -21,6 +21,7 @@ verbs_context_ops make_ops() {
     o.alloc_mw = alloc_mw;
     o.alloc_pd = alloc_pd;
     o.bind_mw = bind_mw;
+    o.close_xrcd = close_xrcd;
     o.async_event = async_event;
     o.cq_event = cq_event;
     o.create_ah = create_ah;
@@ -29,6 +30,7 @@ verbs_context_ops make_ops() {
     o.create_qp = create_qp;
     o.create_qp_ex = create_qp_ex;
     o.create_srq = create_srq;
+    o.create_srq_ex = create_srq_ex;
     o.dealloc_pd = dealloc_pd;
     o.dealloc_mw = dealloc_mw;
     o.dereg_mr = dereg_mr;
@@ -37,8 +39,10 @@ verbs_context_ops make_ops() {
     o.destroy_qp = destroy_qp;
     o.destroy_srq = destroy_srq;
     o.free_context = free_context;
+    o.get_srq_num = get_srq_num;
     o.modify_qp = modify_qp;
     o.modify_srq = modify_srq;
+    o.open_xrcd = open_xrcd;
     o.poll_cq = poll_cq;
     o.post_recv = post_recv;
     o.post_send = post_send;

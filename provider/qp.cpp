@@ -43,7 +43,11 @@ bool belongs(ibv_cq* cq, ibv_context* ctx) {
 }  // namespace
 
 ibv_qp* create_qp(ibv_pd* pd, ibv_qp_init_attr* init) noexcept {
-    if (inherited(pd->context)) {
+    return new_qp(pd->context, pd, init, nullptr);
+}
+
+ibv_qp* new_qp(ibv_context* ibctx, ibv_pd* pd, ibv_qp_init_attr* init, UroceXrcd* xrcd) noexcept {
+    if (inherited(ibctx)) {
         errno = EIO;
         return nullptr;
     }
@@ -51,16 +55,37 @@ ibv_qp* create_qp(ibv_pd* pd, ibv_qp_init_attr* init) noexcept {
         errno = EINVAL;
         return nullptr;
     }
-    if (init->qp_type != IBV_QPT_RC && init->qp_type != IBV_QPT_UC && init->qp_type != IBV_QPT_UD) {
-        // XRC and raw packet QPs come later.
-        errno = EOPNOTSUPP;
+    const ibv_qp_type type = init->qp_type;
+    if (type != IBV_QPT_RC && type != IBV_QPT_UC && type != IBV_QPT_UD &&
+        type != IBV_QPT_XRC_SEND && type != IBV_QPT_XRC_RECV) {
+        errno = EOPNOTSUPP;  // raw packet QPs
         return nullptr;
     }
+    // An XRC target has no PD, no CQs and no queues of its own: it needs a domain. An XRC
+    // initiator sends only: it has no receive CQ, SRQ or receive queue.
+    const bool target = type == IBV_QPT_XRC_RECV;
+    const bool initiator = type == IBV_QPT_XRC_SEND;
+    if (target != (xrcd != nullptr) || target != (pd == nullptr)) {
+        errno = EINVAL;
+        return nullptr;
+    }
+    // What an XRC QP has no use for is ignored, as the kernel ignores it.
+    ibv_cq* const send_cq = target ? nullptr : init->send_cq;
+    ibv_cq* const recv_cq = (initiator || target) ? nullptr : init->recv_cq;
+    ibv_srq* const ibsrq = (initiator || target) ? nullptr : init->srq;
     ibv_qp_cap& cap = init->cap;
-    UroceSrq* srq = init->srq ? to_usrq(init->srq) : nullptr;
-    // With an SRQ the receive capabilities are ignored: the QP has no receive queue.
-    if (!belongs(init->send_cq, pd->context) || !belongs(init->recv_cq, pd->context) ||
-        (srq && srq->srq.context != pd->context) ||
+    if (initiator || target) {
+        cap.max_recv_wr = 0;
+        cap.max_recv_sge = 0;
+    }
+    if (target) cap = ibv_qp_cap{};
+    UroceSrq* srq = ibsrq ? to_usrq(ibsrq) : nullptr;
+    // With an SRQ the receive capabilities are ignored: the QP has no receive queue. An XRC
+    // SRQ is found by the requests that name it, never attached to a QP.
+    if ((!target && !belongs(send_cq, ibctx)) ||
+        (!target && !initiator && !belongs(recv_cq, ibctx)) ||
+        (srq && (srq->srq.context != ibctx || srq->xrcd)) ||
+        (xrcd && xrcd->vxrcd.xrcd.context != ibctx) ||
         cap.max_send_wr > static_cast<uint32_t>(kMaxQpWr) ||
         (!srq && cap.max_recv_wr > static_cast<uint32_t>(kMaxQpWr)) ||
         cap.max_send_sge > static_cast<uint32_t>(kMaxSge) ||
@@ -69,7 +94,7 @@ ibv_qp* create_qp(ibv_pd* pd, ibv_qp_init_attr* init) noexcept {
         errno = EINVAL;
         return nullptr;
     }
-    auto* ctx = to_uctx(pd->context);
+    auto* ctx = to_uctx(ibctx);
     auto* qp = new (std::nothrow) UroceQp{};
     if (!qp) {
         errno = ENOMEM;
@@ -83,13 +108,15 @@ ibv_qp* create_qp(ibv_pd* pd, ibv_qp_init_attr* init) noexcept {
     // The queues hold what was asked for (at least one entry); every QP takes the device's
     // SGE and inline limits, and the caller learns them through the written-back caps.
     transport::QpCaps caps;
-    caps.max_send_wr = cap.max_send_wr ? cap.max_send_wr : 1;
-    caps.max_recv_wr = srq ? 0 : (cap.max_recv_wr ? cap.max_recv_wr : 1);
-    caps.max_send_sge = kMaxSge;
-    caps.max_recv_sge = srq ? 0 : kMaxSge;
-    caps.max_inline_data = kMaxInline;
-    qp->send_cq = to_ucq(init->send_cq);
-    qp->recv_cq = to_ucq(init->recv_cq);
+    const bool sends = !target;
+    const bool receives = !srq && !initiator && !target;
+    caps.max_send_wr = sends ? (cap.max_send_wr ? cap.max_send_wr : 1) : 0;
+    caps.max_recv_wr = receives ? (cap.max_recv_wr ? cap.max_recv_wr : 1) : 0;
+    caps.max_send_sge = sends ? kMaxSge : 0;
+    caps.max_recv_sge = receives ? kMaxSge : 0;
+    caps.max_inline_data = sends ? kMaxInline : 0;
+    qp->send_cq = send_cq ? to_ucq(send_cq) : nullptr;
+    qp->recv_cq = recv_cq ? to_ucq(recv_cq) : nullptr;
     qp->sq_sig_all = init->sq_sig_all != 0;
     qp->srq = srq;
     transport::Engine& engine = *ctx->state->engine;
@@ -107,9 +134,14 @@ ibv_qp* create_qp(ibv_pd* pd, ibv_qp_init_attr* init) noexcept {
                                                        &qp->vqp.qp, srq ? srq->queue : nullptr);
             engine.attach(qp->uc);
         } else {
-            qp->rc = std::make_shared<transport::RcQp>(engine, qpn, to_upd(pd)->id, caps,
-                                                       qp->send_cq->queue, qp->recv_cq->queue,
-                                                       &qp->vqp.qp, srq ? srq->queue : nullptr);
+            const transport::XrcRole role = target      ? transport::XrcRole::Target
+                                            : initiator ? transport::XrcRole::Initiator
+                                                        : transport::XrcRole::None;
+            qp->rc = std::make_shared<transport::RcQp>(engine, qpn, pd ? to_upd(pd)->id : 0, caps,
+                                                       qp->send_cq ? qp->send_cq->queue : nullptr,
+                                                       qp->recv_cq ? qp->recv_cq->queue : nullptr,
+                                                       &qp->vqp.qp, srq ? srq->queue : nullptr,
+                                                       role, xrcd ? xrcd->domain->id : 0);
             engine.attach(qp->rc);
         }
     } catch (...) {
@@ -124,19 +156,25 @@ ibv_qp* create_qp(ibv_pd* pd, ibv_qp_init_attr* init) noexcept {
         errno = ENOMEM;
         return nullptr;
     }
-    to_upd(pd)->users.fetch_add(1);
-    qp->send_cq->qp_refs.fetch_add(1);
-    qp->recv_cq->qp_refs.fetch_add(1);
+    if (pd) to_upd(pd)->users.fetch_add(1);
+    if (qp->send_cq) qp->send_cq->qp_refs.fetch_add(1);
+    if (qp->recv_cq) qp->recv_cq->qp_refs.fetch_add(1);
     if (srq) srq->qp_refs.fetch_add(1);
+    if (xrcd) {
+        qp->xrcd = xrcd->domain;
+        qp->xrcd->users.fetch_add(1);
+        qp->vqp.comp_mask |= VERBS_QP_XRCD;
+        qp->vqp.xrcd = &xrcd->vxrcd;
+    }
 
     // What libibverbs' kernel helpers would have filled in.
     ibv_qp& q = qp->vqp.qp;
-    q.context = pd->context;
+    q.context = ibctx;
     q.qp_context = init->qp_context;
     q.pd = pd;
-    q.send_cq = init->send_cq;
-    q.recv_cq = init->recv_cq;
-    q.srq = init->srq;
+    q.send_cq = send_cq;
+    q.recv_cq = recv_cq;
+    q.srq = ibsrq;
     q.handle = qpn;
     q.qp_num = qpn;
     q.state = IBV_QPS_RESET;
@@ -174,10 +212,11 @@ int destroy_qp(ibv_qp* ibqp) noexcept {
     // before the QP goes (libibverbs' contract: a kernel provider waits the same way).
     st->async_events.retract(reinterpret_cast<uint64_t>(ibqp), &qp->events);
     wait_for_acks(&ibqp->mutex, &ibqp->cond, &ibqp->events_completed, qp->events.delivered);
-    to_upd(ibqp->pd)->users.fetch_sub(1);
-    qp->send_cq->qp_refs.fetch_sub(1);
-    qp->recv_cq->qp_refs.fetch_sub(1);
+    if (ibqp->pd) to_upd(ibqp->pd)->users.fetch_sub(1);
+    if (qp->send_cq) qp->send_cq->qp_refs.fetch_sub(1);
+    if (qp->recv_cq) qp->recv_cq->qp_refs.fetch_sub(1);
     if (qp->srq) qp->srq->qp_refs.fetch_sub(1);
+    if (qp->xrcd) qp->xrcd->users.fetch_sub(1);
     pthread_cond_destroy(&ibqp->cond);
     pthread_mutex_destroy(&ibqp->mutex);
     delete qp;
@@ -227,8 +266,8 @@ int modify_qp(ibv_qp* ibqp, ibv_qp_attr* attr, int mask) noexcept {
         // Completions of work requests the reset discarded (the flushes of an earlier ERR)
         // leave the CQs, as NICs clean their CQs on reset: after RESET -> RTS the application
         // must not poll stale completions of the QP's previous life.
-        qp->send_cq->queue->remove_qp(ibqp->qp_num);
-        qp->recv_cq->queue->remove_qp(ibqp->qp_num);
+        if (qp->send_cq) qp->send_cq->queue->remove_qp(ibqp->qp_num);
+        if (qp->recv_cq) qp->recv_cq->queue->remove_qp(ibqp->qp_num);
     }
     return err;
 }
@@ -356,6 +395,7 @@ int post_send(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexcept {
             w.rkey = wr->wr.rdma.rkey;
         }
         w.imm = ntohl(wr->imm_data);
+        w.remote_srqn = wr->qp_type.xrc.remote_srqn;
         if (int e = qp->uc ? qp->uc->post_send(w) : qp->rc->post_send(w)) {
             *bad_wr = wr;
             return e;

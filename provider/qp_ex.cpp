@@ -158,6 +158,10 @@ void wr_set_ud_addr(ibv_qp_ex* qpx, ibv_ah* ah, uint32_t remote_qpn, uint32_t re
     if (ibv_send_wr* wr = current(qpx)) wr->wr.ud = {ah, remote_qpn, remote_qkey};
 }
 
+void wr_set_xrc_srqn(ibv_qp_ex* qpx, uint32_t remote_srqn) {
+    if (ibv_send_wr* wr = current(qpx)) wr->qp_type.xrc.remote_srqn = remote_srqn;
+}
+
 void wr_set_sge_list(ibv_qp_ex* qpx, size_t num_sge, const ibv_sge* sg_list) {
     WrBatch& b = batch_of(qpx);
     if (!current(qpx)) return;
@@ -222,15 +226,23 @@ constexpr uint64_t kUdOps = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM;
 }  // namespace
 
 ibv_qp* create_qp_ex(ibv_context* ctx, ibv_qp_init_attr_ex* attr) noexcept {
-    if (!attr || !(attr->comp_mask & IBV_QP_INIT_ATTR_PD) || !attr->pd ||
-        attr->pd->context != ctx) {
+    if (!attr) {
         errno = EINVAL;
         return nullptr;
     }
-    // XRC domains, RSS, TSO, create flags and the rest are not offered.
+    // An XRC target belongs to an XRC domain and has no PD; every other QP has a PD.
+    const bool target = attr->qp_type == IBV_QPT_XRC_RECV;
+    if (target
+            ? !(attr->comp_mask & IBV_QP_INIT_ATTR_XRCD) || !attr->xrcd ||
+                  attr->xrcd->context != ctx
+            : !(attr->comp_mask & IBV_QP_INIT_ATTR_PD) || !attr->pd || attr->pd->context != ctx) {
+        errno = EINVAL;
+        return nullptr;
+    }
+    // RSS, TSO, create flags and the rest are not offered.
     if (attr->comp_mask &
         ~static_cast<uint32_t>(IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS |
-                               IBV_QP_INIT_ATTR_CREATE_FLAGS)) {
+                               IBV_QP_INIT_ATTR_CREATE_FLAGS | IBV_QP_INIT_ATTR_XRCD)) {
         errno = EOPNOTSUPP;
         return nullptr;
     }
@@ -240,10 +252,11 @@ ibv_qp* create_qp_ex(ibv_context* ctx, ibv_qp_init_attr_ex* attr) noexcept {
     }
     uint64_t ops = 0;
     if (attr->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) {
-        const uint64_t allowed = attr->qp_type == IBV_QPT_RC   ? kRcOps
-                                 : attr->qp_type == IBV_QPT_UC ? kUcOps
-                                 : attr->qp_type == IBV_QPT_UD ? kUdOps
-                                                               : 0;
+        const uint64_t allowed = attr->qp_type == IBV_QPT_RC         ? kRcOps
+                                 : attr->qp_type == IBV_QPT_XRC_SEND ? kRcOps
+                                 : attr->qp_type == IBV_QPT_UC       ? kUcOps
+                                 : attr->qp_type == IBV_QPT_UD       ? kUdOps
+                                                                     : 0;
         if (attr->send_ops_flags & ~allowed) {
             errno = EOPNOTSUPP;  // bind/invalidate, TSO, ... (or not on this QP type)
             return nullptr;
@@ -261,7 +274,9 @@ ibv_qp* create_qp_ex(ibv_context* ctx, ibv_qp_init_attr_ex* attr) noexcept {
     }
     // ibv_qp_init_attr_ex starts with the fields of ibv_qp_init_attr (libibverbs relies on
     // this too), so the one creation path serves both.
-    ibv_qp* ibqp = create_qp(attr->pd, reinterpret_cast<ibv_qp_init_attr*>(attr));
+    ibv_qp* ibqp =
+        new_qp(ctx, target ? nullptr : attr->pd, reinterpret_cast<ibv_qp_init_attr*>(attr),
+               target ? to_uxrcd(attr->xrcd) : nullptr);
     if (!ibqp || !ops) return ibqp;
     UroceQp* qp = to_uqp(ibqp);
     qp->batch.reset(batch.release());
@@ -279,6 +294,7 @@ ibv_qp* create_qp_ex(ibv_context* ctx, ibv_qp_init_attr_ex* attr) noexcept {
     x.wr_atomic_cmp_swp = wr_atomic_cmp_swp;
     x.wr_atomic_fetch_add = wr_atomic_fetch_add;
     x.wr_set_ud_addr = wr_set_ud_addr;
+    x.wr_set_xrc_srqn = wr_set_xrc_srqn;
     x.wr_send_inv = wr_send_inv;
     x.wr_local_inv = wr_local_inv;
     x.wr_bind_mw = wr_bind_mw;

@@ -93,6 +93,54 @@ constexpr MaskRule kUcRules[] = {
     {QpState::Sqe, QpState::Rts, 0, IBV_QP_CUR_STATE | IBV_QP_ACCESS_FLAGS},
 };
 
+// XRC rows (IBA 11.2.5 for XRC, as Linux lays them out): the initiator needs no receive
+// resources to reach RTR, the target no retry counts or READ credits to reach RTS. Each also
+// takes the other's attributes as optional, since applications commonly pass RC's full set.
+constexpr int kRtsAttrs =
+    IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC;
+constexpr int kRtrRecvAttrs = IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
+constexpr MaskRule kXrcInitiatorRules[] = {
+    {QpState::Reset, QpState::Init, IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS, 0},
+    {QpState::Init, QpState::Init, 0, IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS},
+    {QpState::Init, QpState::Rtr, IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN,
+     kAltPath | IBV_QP_ACCESS_FLAGS | IBV_QP_PKEY_INDEX | kRtrRecvAttrs},
+    {QpState::Rtr, QpState::Rts, IBV_QP_SQ_PSN | kRtsAttrs,
+     IBV_QP_CUR_STATE | kAltPath | IBV_QP_ACCESS_FLAGS | IBV_QP_MIN_RNR_TIMER |
+         IBV_QP_PATH_MIG_STATE},
+    {QpState::Rts, QpState::Rts, 0,
+     IBV_QP_CUR_STATE | IBV_QP_ACCESS_FLAGS | kAltPath | IBV_QP_PATH_MIG_STATE |
+         IBV_QP_MIN_RNR_TIMER},
+    {QpState::Rts, QpState::Sqd, 0, IBV_QP_EN_SQD_ASYNC_NOTIFY},
+    {QpState::Sqd, QpState::Rts, 0,
+     IBV_QP_CUR_STATE | IBV_QP_ACCESS_FLAGS | kAltPath | IBV_QP_MIN_RNR_TIMER |
+         IBV_QP_PATH_MIG_STATE},
+    {QpState::Sqd, QpState::Sqd, 0,
+     IBV_QP_CUR_STATE | IBV_QP_AV | kAltPath | IBV_QP_ACCESS_FLAGS | IBV_QP_PKEY_INDEX |
+         IBV_QP_PATH_MIG_STATE | kRtsAttrs},
+    {QpState::Sqe, QpState::Rts, 0, IBV_QP_CUR_STATE | IBV_QP_ACCESS_FLAGS},
+};
+constexpr MaskRule kXrcTargetRules[] = {
+    {QpState::Reset, QpState::Init, IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS, 0},
+    {QpState::Init, QpState::Init, 0, IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS},
+    {QpState::Init, QpState::Rtr,
+     IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN | kRtrRecvAttrs,
+     kAltPath | IBV_QP_ACCESS_FLAGS | IBV_QP_PKEY_INDEX},
+    {QpState::Rtr, QpState::Rts, IBV_QP_SQ_PSN | IBV_QP_TIMEOUT,
+     IBV_QP_CUR_STATE | kAltPath | IBV_QP_ACCESS_FLAGS | IBV_QP_MIN_RNR_TIMER |
+         IBV_QP_PATH_MIG_STATE | kRtsAttrs},
+    {QpState::Rts, QpState::Rts, 0,
+     IBV_QP_CUR_STATE | IBV_QP_ACCESS_FLAGS | kAltPath | IBV_QP_PATH_MIG_STATE |
+         IBV_QP_MIN_RNR_TIMER},
+    {QpState::Rts, QpState::Sqd, 0, IBV_QP_EN_SQD_ASYNC_NOTIFY},
+    {QpState::Sqd, QpState::Rts, 0,
+     IBV_QP_CUR_STATE | IBV_QP_ACCESS_FLAGS | kAltPath | IBV_QP_MIN_RNR_TIMER |
+         IBV_QP_PATH_MIG_STATE},
+    {QpState::Sqd, QpState::Sqd, 0,
+     IBV_QP_CUR_STATE | IBV_QP_AV | kAltPath | IBV_QP_ACCESS_FLAGS | IBV_QP_PKEY_INDEX |
+         IBV_QP_MIN_RNR_TIMER | IBV_QP_PATH_MIG_STATE | IBV_QP_MAX_DEST_RD_ATOMIC},
+    {QpState::Sqe, QpState::Rts, 0, IBV_QP_CUR_STATE | IBV_QP_ACCESS_FLAGS},
+};
+
 // UD rows: no connection, so no address, PSN to expect, timers or access rights; a Q_Key.
 constexpr MaskRule kUdRules[] = {
     {QpState::Reset, QpState::Init, IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY, 0},
@@ -134,6 +182,8 @@ int check_modify(ibv_qp_type type, QpState current, const ibv_qp_attr& attr, int
     std::span<const MaskRule> rules = kRcRules;
     if (type == IBV_QPT_UD) rules = kUdRules;
     if (type == IBV_QPT_UC) rules = kUcRules;
+    if (type == IBV_QPT_XRC_SEND) rules = kXrcInitiatorRules;
+    if (type == IBV_QPT_XRC_RECV) rules = kXrcTargetRules;
     for (const MaskRule& r : rules) {
         if (r.from != current || r.to != next) continue;
         if ((attrs & r.required) != r.required) return EINVAL;

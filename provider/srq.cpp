@@ -23,6 +23,10 @@ int to_recv_wqe(const ibv_recv_wr& wr, transport::RecvWqe& out) noexcept {
 }
 
 ibv_srq* create_srq(ibv_pd* pd, ibv_srq_init_attr* init) noexcept {
+    return new_srq(pd, init, nullptr, nullptr);
+}
+
+ibv_srq* new_srq(ibv_pd* pd, ibv_srq_init_attr* init, UroceXrcd* xrcd, UroceCq* cq) noexcept {
     if (inherited(pd->context)) {
         errno = EIO;
         return nullptr;
@@ -46,20 +50,37 @@ ibv_srq* create_srq(ibv_pd* pd, ibv_srq_init_attr* init) noexcept {
     // At least one SGE per WQE, as the QPs' own queues have.
     const uint32_t max_sge = init->attr.max_sge ? init->attr.max_sge : 1;
     const uint64_t handle = reinterpret_cast<uint64_t>(&srq->srq);
+    transport::Engine& engine = *ctx->state->engine;
+    transport::XrcSrqBinding xrc;
     try {
+        if (xrcd) {
+            xrc.srqn = engine.allocate_srqn();
+            xrc.xrcd = xrcd->domain->id;
+            xrc.cq = cq->queue;
+        }
         // srq_limit is not armed here: ibv_create_srq ignores it (ibv_modify_srq arms it).
         srq->queue = std::make_shared<transport::SharedReceiveQueue>(
             to_upd(pd)->id, init->attr.max_wr, max_sge,
-            [ctx, handle] { post_async_event(ctx, IBV_EVENT_SRQ_LIMIT_REACHED, handle); });
+            [ctx, handle] { post_async_event(ctx, IBV_EVENT_SRQ_LIMIT_REACHED, handle); }, xrc);
     } catch (...) {
+        if (xrc.srqn) engine.detach_xrc_srq(xrc.srqn);
         delete srq;
         errno = ENOMEM;
         return nullptr;
     }
     if (!ctx->state->live_srqs.add(srq)) {
+        if (xrc.srqn) engine.detach_xrc_srq(xrc.srqn);
         delete srq;
         errno = ENOMEM;
         return nullptr;
+    }
+    if (xrcd) {
+        srq->xrcd = xrcd->domain;
+        srq->xrcd->users.fetch_add(1);
+        srq->cq = cq;
+        cq->qp_refs.fetch_add(1);
+        // From now on requests can name it.
+        engine.attach_xrc_srq(srq->queue);
     }
     to_upd(pd)->users.fetch_add(1);
     ibv_srq& s = srq->srq;
@@ -106,10 +127,17 @@ int destroy_srq(ibv_srq* ibsrq) noexcept {
     ContextState* st = to_uctx(ibsrq->context)->state;
     // No QP is attached, so no limit event can come any more: take back the unread ones and
     // wait for the acknowledgement of those read.
+    // An XRC SRQ first stops being found by new requests (a target QP in the middle of a
+    // message keeps the queue alive until it is done with it).
+    if (srq->xrcd) st->engine->detach_xrc_srq(srq->queue->xrc().srqn);
     st->async_events.retract(reinterpret_cast<uint64_t>(ibsrq), &srq->events);
     wait_for_acks(&ibsrq->mutex, &ibsrq->cond, &ibsrq->events_completed, srq->events.delivered);
     st->live_srqs.remove(srq);
     to_upd(ibsrq->pd)->users.fetch_sub(1);
+    if (srq->xrcd) {
+        srq->xrcd->users.fetch_sub(1);
+        srq->cq->qp_refs.fetch_sub(1);
+    }
     pthread_cond_destroy(&ibsrq->cond);
     pthread_mutex_destroy(&ibsrq->mutex);
     delete srq;

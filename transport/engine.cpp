@@ -160,28 +160,66 @@ void Engine::post_async(const AsyncEvent& ev) {
     if (async_handler_) async_handler_(ev);
 }
 
-uint32_t Engine::allocate_qpn() {
-    std::unique_lock lock(qps_mutex_);
-    if (slot_) {
-        // The slot is the QPN's top 12 bits (never 0, so never QP0 or QP1): QPNs are unique
-        // across the device's contexts, and steering finds this context's socket by it.
+namespace {
+
+// A number for a new QP or XRC SRQ, none of those in `taken`, drawn at random so that a
+// blind attacker cannot guess it. With a device slot the slot is its top 12 bits (never 0,
+// so never QP0 or QP1): numbers are unique across the device's contexts, and steering finds
+// this context's socket by a QPN. Throws std::bad_alloc when none is free.
+template <typename Map>
+uint32_t draw_number(const Map& taken, const DeviceSlot* slot) {
+    if (slot) {
         constexpr uint32_t kPerSlot = 1u << DeviceSlots::kQpnBits;
-        if (qps_.size() >= kPerSlot) throw std::bad_alloc();
-        const uint32_t base = uint32_t{slot_->number()} << DeviceSlots::kQpnBits;
+        if (taken.size() >= kPerSlot) throw std::bad_alloc();
+        const uint32_t base = uint32_t{slot->number()} << DeviceSlots::kQpnBits;
         uint32_t low = static_cast<uint32_t>(random_u64() % kPerSlot);
-        while (qps_.contains(base | low)) low = (low + 1) % kPerSlot;
-        qps_.emplace(base | low, nullptr);
+        while (taken.contains(base | low)) low = (low + 1) % kPerSlot;
         return base | low;
     }
     // QPs 0 and 1 are the IBA's special QPs.
-    constexpr uint32_t kFirstQpn = 2;
-    constexpr uint32_t kQpns = wire::kQpnMask + 1 - kFirstQpn;
-    if (qps_.size() >= kQpns) throw std::bad_alloc();
-    uint32_t qpn = kFirstQpn + static_cast<uint32_t>(random_u64() % kQpns);
+    constexpr uint32_t kFirst = 2;
+    constexpr uint32_t kNumbers = wire::kQpnMask + 1 - kFirst;
+    if (taken.size() >= kNumbers) throw std::bad_alloc();
+    uint32_t n = kFirst + static_cast<uint32_t>(random_u64() % kNumbers);
     // Taken: the next free one after it (the table is far from full in practice).
-    while (qps_.contains(qpn)) qpn = qpn >= wire::kQpnMask ? kFirstQpn : qpn + 1;
+    while (taken.contains(n)) n = n >= wire::kQpnMask ? kFirst : n + 1;
+    return n;
+}
+
+}  // namespace
+
+uint32_t Engine::allocate_qpn() {
+    std::unique_lock lock(qps_mutex_);
+    const uint32_t qpn = draw_number(qps_, slot_.get());
     qps_.emplace(qpn, nullptr);
     return qpn;
+}
+
+uint32_t Engine::allocate_srqn() {
+    std::unique_lock lock(qps_mutex_);
+    const uint32_t srqn = draw_number(xrc_srqs_, slot_.get());
+    xrc_srqs_.emplace(srqn, nullptr);
+    return srqn;
+}
+
+void Engine::attach_xrc_srq(const std::shared_ptr<SharedReceiveQueue>& srq) {
+    std::unique_lock lock(qps_mutex_);
+    xrc_srqs_[srq->xrc().srqn] = srq;
+}
+
+void Engine::detach_xrc_srq(uint32_t srqn) {
+    std::shared_ptr<SharedReceiveQueue> keep;  // freed outside the lock
+    std::unique_lock lock(qps_mutex_);
+    auto it = xrc_srqs_.find(srqn);
+    if (it == xrc_srqs_.end()) return;
+    keep = std::move(it->second);
+    xrc_srqs_.erase(it);
+}
+
+std::shared_ptr<SharedReceiveQueue> Engine::xrc_srq(uint32_t srqn) {
+    std::shared_lock lock(qps_mutex_);
+    auto it = xrc_srqs_.find(srqn);
+    return it != xrc_srqs_.end() ? it->second : nullptr;
 }
 
 void Engine::attach(const std::shared_ptr<Qp>& qp) {

@@ -94,6 +94,15 @@ class Engine {
     // Removes the QP from the table and closes it (RcQp::close): once this returns, no
     // packet, timer or async event reaches it.
     void detach(uint32_t qpn);
+    // XRC SRQs, by the number XRC requests name in their XRCETH. allocate_srqn() draws a
+    // number as allocate_qpn() does (unique on the device); attach_xrc_srq() makes the SRQ
+    // findable; detach_xrc_srq() ends that and frees the number. Throws std::bad_alloc
+    // when no number is free.
+    uint32_t allocate_srqn();
+    void attach_xrc_srq(const std::shared_ptr<SharedReceiveQueue>& srq);
+    void detach_xrc_srq(uint32_t srqn);
+    // The attached XRC SRQ numbered `srqn`, or nullptr.
+    std::shared_ptr<SharedReceiveQueue> xrc_srq(uint32_t srqn);
     // QPs attached now (read without the table lock: a hint for sizing send windows).
     uint32_t qp_count() const { return qp_count_.load(std::memory_order_relaxed); }
 
@@ -183,6 +192,8 @@ class Engine {
     // QPN -> QP; a null entry is a QPN allocated but not yet attached.
     std::unordered_map<uint32_t, std::shared_ptr<Qp>> qps_;
     std::atomic<uint32_t> qp_count_{0};
+    // XRC SRQ number -> SRQ (null while reserved); guarded by qps_mutex_.
+    std::unordered_map<uint32_t, std::shared_ptr<SharedReceiveQueue>> xrc_srqs_;
 
     std::mutex filter_mutex_;
     TransmitFilter transmit_filter_;

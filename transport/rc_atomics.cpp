@@ -45,9 +45,9 @@ WcStatus RcQp::send_atomic_request(SqEntry& e) {
     if (!local_buffer_writable(e)) return WcStatus::LocProtErr;
     const bool cmp_swap = e.wqe.opcode == SendOpcode::AtomicCmpSwap;
     wire::Headers h;
-    h.bth.opcode =
-        static_cast<uint8_t>(cmp_swap ? wire::Opcode::RcCompareSwap : wire::Opcode::RcFetchAdd);
+    h.bth.opcode = opcode(cmp_swap ? wire::Opcode::RcCompareSwap : wire::Opcode::RcFetchAdd);
     h.bth.dest_qp = attrs_.dest_qpn;
+    h.xrc_srqn = e.wqe.remote_srqn;
     h.bth.psn = e.psn;
     h.bth.ack_req = true;
     h.atomic.va = e.wqe.remote_addr;
@@ -107,7 +107,7 @@ void RcQp::on_atomic_ack(const wire::ParsedPacket& pkt) {
 
 void RcQp::send_atomic_ack(const ReadResource& r) {
     wire::Headers h;
-    h.bth.opcode = static_cast<uint8_t>(wire::Opcode::RcAtomicAcknowledge);
+    h.bth.opcode = opcode(wire::Opcode::RcAtomicAcknowledge);
     h.bth.dest_qp = attrs_.dest_qpn;
     h.bth.psn = r.psn;
     h.aeth.syndrome = wire::Aeth::make(wire::AckType::Ack, wire::kAethInvalidCredits);
@@ -142,7 +142,9 @@ void RcQp::execute_atomic(const wire::ParsedPacket& pkt) {
     r.atomic = true;
     r.swap_add = a.swap_add;
     r.compare = a.compare;
-    r.cmp_swap = pkt.h.bth.opcode == static_cast<uint8_t>(wire::Opcode::RcCompareSwap);
+    r.cmp_swap =
+        wire::operation_of(pkt.h.bth.opcode) == static_cast<uint8_t>(wire::Opcode::RcCompareSwap);
+    r.pd = responder_pd();
     // The resource first: without one the atomic must not run (more atomics and READs
     // outstanding than the max_dest_rd_atomic we gave).
     ReadResource* res = reads_.admit(r);
@@ -153,7 +155,7 @@ void RcQp::execute_atomic(const wire::ParsedPacket& pkt) {
     {
         auto guard = engine_.memory().lock_shared();
         uint64_t local = 0;
-        if (engine_.memory().check_remote(a.rkey, pd_, a.va, kAtomicBytes, kRemoteAtomic, local,
+        if (engine_.memory().check_remote(a.rkey, res->pd, a.va, kAtomicBytes, kRemoteAtomic, local,
                                           qpn_) != KeyCheck::Ok ||
             local % kAtomicBytes != 0) {
             // (A region registered at an address of another alignment than its iova can
@@ -178,7 +180,8 @@ void RcQp::execute_atomic(const wire::ParsedPacket& pkt) {
 void RcQp::on_duplicate_atomic(const wire::ParsedPacket& pkt) {
     const uint32_t psn = pkt.h.bth.psn;
     const wire::AtomicEth& a = pkt.h.atomic;
-    const bool cmp_swap = pkt.h.bth.opcode == static_cast<uint8_t>(wire::Opcode::RcCompareSwap);
+    const bool cmp_swap =
+        wire::operation_of(pkt.h.bth.opcode) == static_cast<uint8_t>(wire::Opcode::RcCompareSwap);
     // Answered again only if it is the very request executed at that PSN: anything else is
     // a replay or a forgery, and running it (or answering it) would be wrong.
     ReadResource* r = reads_.find(psn);

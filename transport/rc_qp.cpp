@@ -7,7 +7,8 @@ namespace uroce::transport {
 
 RcQp::RcQp(Engine& engine, uint32_t qpn, uint32_t pd, const QpCaps& caps,
            std::shared_ptr<CompletionQueue> send_cq, std::shared_ptr<CompletionQueue> recv_cq,
-           void* user_handle, std::shared_ptr<SharedReceiveQueue> srq)
+           void* user_handle, std::shared_ptr<SharedReceiveQueue> srq, XrcRole xrc_role,
+           uint32_t xrcd)
     : Qp(qpn),
       engine_(engine),
       qpn_(qpn),
@@ -18,7 +19,10 @@ RcQp::RcQp(Engine& engine, uint32_t qpn, uint32_t pd, const QpCaps& caps,
       send_cq_(std::move(send_cq)),
       recv_cq_(std::move(recv_cq)),
       user_handle_(user_handle),
-      srq_(std::move(srq)) {
+      srq_(std::move(srq)),
+      xrc_role_(xrc_role),
+      xrcd_(xrcd),
+      opcode_base_(xrc_role == XrcRole::None ? 0 : wire::kXrcOpcodeBase) {
     qp_counters_.reset();  // the block may hold a destroyed QP's figures
     timer_ = evtimer_new(engine_.base(), &RcQp::timer_trampoline, this);
     responder_event_ = event_new(engine_.base(), -1, 0, &RcQp::responder_trampoline, this);
@@ -77,6 +81,7 @@ int RcQp::modify(const QpAttributes& attrs, QpState expected, QpState next) {
             // SRQ for a message in progress goes the same way.
             rq_.clear();
             recv_.reset();
+            xrc_srq_.reset();
             send_index_ = 0;
             send_pkt_ = 0;
             reads_outstanding_ = 0;
@@ -118,6 +123,7 @@ int RcQp::modify(const QpAttributes& attrs, QpState expected, QpState next) {
 
 int RcQp::post_send(const SendWqe& wqe) {
     std::lock_guard lock(mutex_);
+    if (xrc_role_ == XrcRole::Target) return EINVAL;  // it only receives
     switch (state_) {
         case QpState::Reset:
         case QpState::Init:
@@ -146,7 +152,7 @@ int RcQp::post_send(const SendWqe& wqe) {
 
 int RcQp::post_recv(const RecvWqe& wqe) {
     std::lock_guard lock(mutex_);
-    if (state_ == QpState::Reset || srq_) return EINVAL;
+    if (state_ == QpState::Reset || srq_ || xrc_role_ != XrcRole::None) return EINVAL;
     if (rq_.size() >= caps_.max_recv_wr) return ENOMEM;
     if (state_ == QpState::Err) {
         Completion c;
@@ -174,6 +180,11 @@ void RcQp::on_packet(const wire::ParsedPacket& pkt, uint32_t src_ip) {
         return;
     }
     const uint16_t flags = pkt.info->flags;
+    // Each half of an XRC connection takes one direction only.
+    if (xrc_role_ == (flags & wire::kRequest ? XrcRole::Initiator : XrcRole::Target)) {
+        bump(engine_.counters().rx_unsupported);
+        return;
+    }
     if (flags & wire::kRequest) {
         if (state_ == QpState::Reset || state_ == QpState::Init || state_ == QpState::Err) {
             bump(engine_.counters().rx_wrong_state);
@@ -239,7 +250,7 @@ void RcQp::flush_all() {
         c.opcode = WcOpcode::Recv;
         c.qp_num = qpn_;
         recv_.reset();
-        push_completion(*recv_cq_, c);
+        if (CompletionQueue* cq = recv_cq()) push_completion(*cq, c);
     }
     while (!rq_.empty()) {
         Completion c;

@@ -58,17 +58,29 @@ struct QpAttributes {
     bool sqd_notify = false;  // raise SqDrained when the send queue has drained in SQD
 };
 
+// The two halves of an XRC connection (IBA 9.8, "Extended Reliable Connected"): the
+// initiator sends requests that each name an XRC SRQ on the far side (XRCETH) and takes only
+// responses; the target takes only requests, and each goes into the XRC SRQ it names, which
+// must be in the target's XRC domain. Apart from that both are RC, with XRC opcodes.
+enum class XrcRole : uint8_t { None, Initiator, Target };
+
 class RcQp final : public Qp {
   public:
     // With `srq`, receive WQEs come from that shared receive queue (the QP has no receive
-    // queue of its own, and post_recv fails with EINVAL).
+    // queue of its own, and post_recv fails with EINVAL). An XRC initiator has no receive
+    // side, an XRC target no send queue and no CQs (its SRQs have theirs); `xrcd` is the
+    // target's XRC domain.
     RcQp(Engine& engine, uint32_t qpn, uint32_t pd, const QpCaps& caps,
          std::shared_ptr<CompletionQueue> send_cq, std::shared_ptr<CompletionQueue> recv_cq,
-         void* user_handle, std::shared_ptr<SharedReceiveQueue> srq = nullptr);
+         void* user_handle, std::shared_ptr<SharedReceiveQueue> srq = nullptr,
+         XrcRole xrc_role = XrcRole::None, uint32_t xrcd = 0);
     // Closes the QP (see close()) and frees its timer.
     ~RcQp() override;
 
-    wire::Transport transport() const override { return wire::Transport::Rc; }
+    wire::Transport transport() const override {
+        return xrc_role_ == XrcRole::None ? wire::Transport::Rc : wire::Transport::Xrc;
+    }
+    XrcRole xrc_role() const { return xrc_role_; }
     uint32_t pd() const { return pd_; }
     void* user_handle() const { return user_handle_; }
     const QpCaps& caps() const { return caps_; }
@@ -173,6 +185,18 @@ class RcQp final : public Qp {
     // Makes the receive WQE of the message starting now current (from the QP's own queue or
     // its SRQ); false if there is none (the request gets an RNR NAK).
     bool acquire_recv();
+    // XRC target: makes the XRC SRQ the request names current (xrc_srq_); false if it is no
+    // XRC SRQ of this target's domain, or not the one of the message in progress. True for
+    // other QPs.
+    bool select_xrc_srq(const wire::ParsedPacket& pkt);
+    // Where receive WQEs come from (nullptr: the QP's own queue) and the PD their buffers
+    // and incoming rkeys are checked in: an XRC target's come with each request.
+    SharedReceiveQueue* recv_srq() const { return xrc_srq_ ? xrc_srq_.get() : srq_.get(); }
+    uint32_t responder_pd() const { return xrc_srq_ ? xrc_srq_->pd() : pd_; }
+    // The CQ receive completions go to: an XRC SRQ has its own.
+    CompletionQueue* recv_cq() const {
+        return xrc_srq_ ? xrc_srq_->xrc().cq.get() : recv_cq_.get();
+    }
     WcStatus scatter_to_recv(std::span<const uint8_t> data);
     void send_ack(uint32_t psn, uint8_t syndrome);
     void send_pending_ack();
@@ -193,6 +217,8 @@ class RcQp final : public Qp {
     // False if the packet can never be sent (see Engine::TransmitResult::Failed).
     bool transmit(const wire::Headers& h, std::span<const iovec> payload, uint32_t payload_len);
     void post_async(AsyncEventType type);
+    // The opcode `op` names in this QP's transport (XRC opcodes are RC's plus 0xa0).
+    uint8_t opcode(wire::Opcode op) const { return static_cast<uint8_t>(op) | opcode_base_; }
 
     Engine& engine_;
     const uint32_t qpn_;       // qpn(), kept here for the hot paths
@@ -204,6 +230,9 @@ class RcQp final : public Qp {
     const std::shared_ptr<CompletionQueue> recv_cq_;
     void* const user_handle_;
     const std::shared_ptr<SharedReceiveQueue> srq_;
+    const XrcRole xrc_role_;
+    const uint32_t xrcd_;
+    const uint8_t opcode_base_;
 
     mutable std::mutex mutex_;
     bool closed_ = false;
@@ -237,6 +266,8 @@ class RcQp final : public Qp {
     // The receive WQE of the message in progress, taken off rq_ or the SRQ when the message
     // needed it; completed, or flushed if the QP fails first, never dropped.
     std::optional<RecvWqe> recv_;
+    // XRC target: the XRC SRQ of the request being executed (and of recv_, if set).
+    std::shared_ptr<SharedReceiveQueue> xrc_srq_;
     uint32_t recv_offset_ = 0;
     uint64_t write_va_ = 0;
     uint32_t write_rkey_ = 0;

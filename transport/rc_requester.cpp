@@ -74,9 +74,10 @@ WcStatus RcQp::send_request_packet(SqEntry& e, uint32_t pkt_index) {
         op = first ? wire::Opcode::RcSendOnlyInv : wire::Opcode::RcSendLastInv;
         h.ieth = e.wqe.rkey;
     }
-    h.bth.opcode = static_cast<uint8_t>(op);
+    h.bth.opcode = opcode(op);
     h.bth.dest_qp = attrs_.dest_qpn;
     h.bth.psn = psn_add(e.psn, pkt_index);
+    h.xrc_srqn = e.wqe.remote_srqn;
     h.bth.solicited = last && e.wqe.solicited;
     h.bth.ack_req = last || ((pkt_index + 1) % kAckRequestInterval == 0);
     if (first && !is_send) h.reth = {e.wqe.remote_addr, e.wqe.rkey, e.wqe.length};
@@ -91,8 +92,9 @@ WcStatus RcQp::send_request_packet(SqEntry& e, uint32_t pkt_index) {
 
 WcStatus RcQp::send_read_request(SqEntry& e) {
     wire::Headers h;
-    h.bth.opcode = static_cast<uint8_t>(wire::Opcode::RcReadRequest);
+    h.bth.opcode = opcode(wire::Opcode::RcReadRequest);
     h.bth.dest_qp = attrs_.dest_qpn;
+    h.xrc_srqn = e.wqe.remote_srqn;
     // A retried READ asks only for what has not arrived yet (IBA 9.7.4.1.6).
     h.bth.psn = psn_add(e.psn, e.read_pkts);
     h.bth.ack_req = true;

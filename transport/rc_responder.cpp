@@ -39,7 +39,7 @@ uint32_t read_packets(uint32_t dma_len, uint32_t mtu) {
 
 void RcQp::send_ack(uint32_t psn, uint8_t syndrome) {
     wire::Headers h;
-    h.bth.opcode = static_cast<uint8_t>(wire::Opcode::RcAcknowledge);
+    h.bth.opcode = opcode(wire::Opcode::RcAcknowledge);
     h.bth.dest_qp = attrs_.dest_qpn;
     h.bth.psn = psn & kPsnMask;
     h.aeth.syndrome = syndrome;
@@ -55,7 +55,7 @@ void RcQp::send_pending_ack() {
     // responses (IBA ch. 9.7): to the requester that would say the response with that
     // PSN arrived. READ responses acknowledge what came before them themselves.
     wire::Headers h;
-    h.bth.opcode = static_cast<uint8_t>(wire::Opcode::RcAcknowledge);
+    h.bth.opcode = opcode(wire::Opcode::RcAcknowledge);
     h.bth.dest_qp = attrs_.dest_qpn;
     h.bth.psn = ack_psn_;
     h.aeth.syndrome = wire::Aeth::make(wire::AckType::Ack, wire::kAethInvalidCredits);
@@ -83,7 +83,7 @@ void RcQp::complete_recv(WcStatus status, uint32_t byte_len, bool with_imm, uint
     c.solicited = solicited;
     c.with_inv = with_inv;
     recv_.reset();
-    push_completion(*recv_cq_, c);
+    if (CompletionQueue* cq = recv_cq()) push_completion(*cq, c);
 }
 
 void RcQp::responder_error(wire::NakCode code, uint32_t psn, AsyncEventType event) {
@@ -104,8 +104,8 @@ void RcQp::responder_error(wire::NakCode code, uint32_t psn, AsyncEventType even
 
 bool RcQp::acquire_recv() {
     if (recv_) return true;
-    if (srq_) {
-        recv_ = srq_->take();
+    if (SharedReceiveQueue* srq = recv_srq()) {
+        recv_ = srq->take();
         return recv_.has_value();
     }
     if (rq_.empty()) return false;
@@ -114,10 +114,21 @@ bool RcQp::acquire_recv() {
     return true;
 }
 
+bool RcQp::select_xrc_srq(const wire::ParsedPacket& pkt) {
+    if (xrc_role_ != XrcRole::Target) return true;
+    // A message's later packets go where its first went.
+    if (in_message_ != InMessage::None) return xrc_srq_ && pkt.h.xrc_srqn == xrc_srq_->xrc().srqn;
+    std::shared_ptr<SharedReceiveQueue> srq = engine_.xrc_srq(pkt.h.xrc_srqn);
+    if (!srq || srq->xrc().xrcd != xrcd_) return false;
+    xrc_srq_ = std::move(srq);
+    return true;
+}
+
 WcStatus RcQp::scatter_to_recv(std::span<const uint8_t> data) {
     const RecvWqe& r = *recv_;
     // An SRQ's WQEs name buffers of the SRQ's protection domain.
-    const uint32_t pd = srq_ ? srq_->pd() : pd_;
+    const SharedReceiveQueue* srq = recv_srq();
+    const uint32_t pd = srq ? srq->pd() : pd_;
     if (recv_offset_ + data.size() > r.sgl.total_length()) {
         complete_recv(WcStatus::LocLenErr, recv_offset_, false, 0, false, WcOpcode::Recv);
         return WcStatus::LocLenErr;
@@ -170,7 +181,7 @@ void RcQp::send_responses(uint32_t budget) {
         else if (last)
             op = wire::Opcode::RcReadResponseLast;
         wire::Headers h;
-        h.bth.opcode = static_cast<uint8_t>(op);
+        h.bth.opcode = opcode(op);
         h.bth.dest_qp = attrs_.dest_qpn;
         h.bth.psn = psn_add(r->psn, i);
         h.aeth.syndrome = wire::Aeth::make(wire::AckType::Ack, wire::kAethInvalidCredits);
@@ -185,7 +196,7 @@ void RcQp::send_responses(uint32_t budget) {
             // the READ with IBV_WC_REM_ACCESS_ERR.
             if (!(attrs_.access & kRemoteRead) ||
                 (len > 0 &&
-                 engine_.memory().check_remote(r->rkey, pd_, r->va + r->offset_of(i), len,
+                 engine_.memory().check_remote(r->rkey, r->pd, r->va + r->offset_of(i), len,
                                                kRemoteRead, local, qpn_) != KeyCheck::Ok)) {
                 guard.unlock();
                 responder_error(wire::NakCode::RemoteAccessError, r->psn,
@@ -229,8 +240,8 @@ void RcQp::execute_read(const wire::ParsedPacket& pkt) {
         // returns nothing, not its first packets.
         auto guard = engine_.memory().lock_shared();
         uint64_t local = 0;
-        if (engine_.memory().check_remote(reth.rkey, pd_, reth.va, reth.dma_len, kRemoteRead, local,
-                                          qpn_) != KeyCheck::Ok) {
+        if (engine_.memory().check_remote(reth.rkey, responder_pd(), reth.va, reth.dma_len,
+                                          kRemoteRead, local, qpn_) != KeyCheck::Ok) {
             guard.unlock();
             responder_error(wire::NakCode::RemoteAccessError, psn, AsyncEventType::QpAccessError);
             return;
@@ -243,6 +254,7 @@ void RcQp::execute_read(const wire::ParsedPacket& pkt) {
     r.rkey = reth.rkey;
     r.length = reth.dma_len;
     r.mtu = attrs_.mtu;
+    r.pd = responder_pd();
     r.msn = psn_add(msn_, 1);
     if (reads_.admit(r) == nullptr) {
         // More READs outstanding than the max_dest_rd_atomic we gave.
@@ -351,6 +363,12 @@ void RcQp::execute_request(const wire::ParsedPacket& pkt) {
         responder_error(wire::NakCode::InvalidRequest, psn, AsyncEventType::QpRequestError);
         return;
     }
+    // XRC: a request for an SRQ outside the target's domain executes nothing.
+    if (!select_xrc_srq(pkt)) {
+        bump(engine_.counters().rx_bad_xrc_srq);
+        responder_error(wire::NakCode::InvalidRequest, psn, AsyncEventType::QpRequestError);
+        return;
+    }
     if (flags & wire::kRead) {
         execute_read(pkt);
         return;
@@ -388,7 +406,8 @@ void RcQp::execute_request(const wire::ParsedPacket& pkt) {
         const bool with_inv = pkt.info->headers & wire::kHasIeth;
         // SEND with Invalidate: the window goes before the message completes; one that is
         // not a type 2 window of this QP (bound here, same PD) fails the request.
-        if (with_inv && engine_.memory().invalidate_window(pkt.h.ieth, pd_, qpn_) != KeyCheck::Ok) {
+        if (with_inv &&
+            engine_.memory().invalidate_window(pkt.h.ieth, responder_pd(), qpn_) != KeyCheck::Ok) {
             responder_error(wire::NakCode::InvalidRequest, psn, AsyncEventType::QpRequestError);
             return;
         }
@@ -428,7 +447,7 @@ void RcQp::execute_request(const wire::ParsedPacket& pkt) {
                 // region changes no byte, not even those of its first packets.
                 auto guard = engine_.memory().lock_shared();
                 uint64_t local = 0;
-                if (engine_.memory().check_remote(reth.rkey, pd_, reth.va, reth.dma_len,
+                if (engine_.memory().check_remote(reth.rkey, responder_pd(), reth.va, reth.dma_len,
                                                   kRemoteWrite, local, qpn_) != KeyCheck::Ok) {
                     guard.unlock();
                     responder_error(wire::NakCode::RemoteAccessError, psn,
@@ -450,8 +469,8 @@ void RcQp::execute_request(const wire::ParsedPacket& pkt) {
             auto guard = engine_.memory().lock_shared();
             // Checked again per packet: a region deregistered mid-message stops at once.
             uint64_t local = 0;
-            if (engine_.memory().check_remote(write_rkey_, pd_, write_va_, len, kRemoteWrite, local,
-                                              qpn_) != KeyCheck::Ok) {
+            if (engine_.memory().check_remote(write_rkey_, responder_pd(), write_va_, len,
+                                              kRemoteWrite, local, qpn_) != KeyCheck::Ok) {
                 guard.unlock();
                 responder_error(wire::NakCode::RemoteAccessError, psn,
                                 AsyncEventType::QpAccessError);

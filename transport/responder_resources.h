@@ -26,6 +26,7 @@ struct ReadResource {
     uint32_t rkey = 0;
     uint32_t length = 0;
     uint32_t mtu = 0;        // the MTU the responses are cut with
+    uint32_t pd = 0;         // the PD its rkey is checked in (an XRC target's comes per request)
     uint32_t msn = 0;        // MSN its responses carry, the one the request got
     uint32_t next = 0;       // index of the next response packet to send
     uint32_t run_start = 0;  // index where the current run of responses started (First/Only)

@@ -6,8 +6,12 @@
 namespace uroce::transport {
 
 SharedReceiveQueue::SharedReceiveQueue(uint32_t pd, uint32_t capacity, uint32_t max_sge,
-                                       std::function<void()> on_limit)
-    : pd_(pd), capacity_(capacity), max_sge_(max_sge), on_limit_(std::move(on_limit)) {}
+                                       std::function<void()> on_limit, XrcSrqBinding xrc)
+    : pd_(pd),
+      xrc_(std::move(xrc)),
+      capacity_(capacity),
+      max_sge_(max_sge),
+      on_limit_(std::move(on_limit)) {}
 
 int SharedReceiveQueue::post(const RecvWqe& wqe) {
     if (wqe.sgl.count > max_sge_) return EINVAL;

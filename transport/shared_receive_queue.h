@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <optional>
 
@@ -16,14 +17,27 @@
 
 namespace uroce::transport {
 
+class CompletionQueue;
+
+// What makes an SRQ an XRC SRQ (IBA 10.2.9.2): its number, which requests name in their
+// XRCETH, its XRC domain, which the target QP must share, and its own CQ, where the
+// completions of its WQEs go whichever target QP received the message.
+struct XrcSrqBinding {
+    uint32_t srqn = 0;  // 0: an ordinary SRQ
+    uint32_t xrcd = 0;
+    std::shared_ptr<CompletionQueue> cq;
+};
+
 class SharedReceiveQueue {
   public:
     // `on_limit` runs (without the queue's lock) once when the armed limit is crossed:
     // the number of WQEs drops below the limit (IBV_EVENT_SRQ_LIMIT_REACHED).
     SharedReceiveQueue(uint32_t pd, uint32_t capacity, uint32_t max_sge,
-                       std::function<void()> on_limit);
+                       std::function<void()> on_limit, XrcSrqBinding xrc = {});
 
     uint32_t pd() const { return pd_; }
+    bool is_xrc() const { return xrc_.srqn != 0; }
+    const XrcSrqBinding& xrc() const { return xrc_; }
     uint32_t capacity() const;
     uint32_t max_sge() const { return max_sge_; }
 
@@ -42,6 +56,7 @@ class SharedReceiveQueue {
 
   private:
     const uint32_t pd_;
+    const XrcSrqBinding xrc_;
     uint32_t capacity_;  // guarded by mutex_
     const uint32_t max_sge_;
     std::function<void()> on_limit_;

@@ -104,7 +104,8 @@ struct SendWqe {
     uint32_t length = 0;  // total message length
     uint64_t remote_addr = 0;
     uint32_t rkey = 0;
-    uint32_t imm = 0;  // ImmDt as carried on the wire (host order)
+    uint32_t imm = 0;          // ImmDt as carried on the wire (host order)
+    uint32_t remote_srqn = 0;  // XRC initiator: the XRC SRQ the request is for (XRCETH)
     // Atomics: the original 8 bytes land in the first SGE (8 bytes, not inline).
     uint64_t compare_add = 0;
     uint64_t swap = 0;

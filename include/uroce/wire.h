@@ -21,6 +21,7 @@ inline constexpr size_t kAethBytes = 4;
 inline constexpr size_t kImmBytes = 4;
 inline constexpr size_t kIethBytes = 4;
 inline constexpr size_t kDethBytes = 8;
+inline constexpr size_t kXrcethBytes = 4;
 inline constexpr size_t kAtomicEthBytes = 28;
 inline constexpr size_t kAtomicAckEthBytes = 8;
 inline constexpr size_t kIcrcBytes = 4;
@@ -72,6 +73,7 @@ enum HeaderBit : uint16_t {
     kHasAtomicEth = 1u << 5,
     kHasAtomicAckEth = 1u << 6,
     kHasPayload = 1u << 7,  // the opcode may carry payload bytes
+    kHasXrceth = 1u << 8,   // XRC requests: the destination XRC SRQ, right after the BTH
 };
 
 // What an opcode means to the transport.
@@ -90,7 +92,16 @@ enum OpcodeFlag : uint16_t {
     kCnp = 1u << 11,  // congestion notification: neither request nor response
 };
 
-enum class Transport : uint8_t { Rc = 0, Uc = 1, Rd = 2, Ud = 3 };
+// The top three bits of the opcode (4 is the CNP's, which belongs to no transport).
+enum class Transport : uint8_t { Rc = 0, Uc = 1, Rd = 2, Ud = 3, Xrc = 5 };
+
+// XRC opcodes are the RC ones with the transport bits 101: same operation, same headers,
+// plus an XRCETH on requests.
+inline constexpr uint8_t kXrcOpcodeBase = 0xa0;
+// The operation bits of an opcode (the RC opcode for RC and XRC).
+inline constexpr uint8_t operation_of(uint8_t opcode) {
+    return opcode & 0x1f;
+}
 
 struct OpcodeInfo {
     const char* name;      // as Wireshark names it, e.g. "RC Send Only"
@@ -166,6 +177,7 @@ struct Headers {
                         // on the wire)
     uint32_t ieth = 0;  // invalidated rkey
     Deth deth;
+    uint32_t xrc_srqn = 0;  // XRCETH: the XRC SRQ the request is for (24 bits)
     AtomicEth atomic;
     uint64_t atomic_ack = 0;
 };

@@ -278,13 +278,18 @@ TEST_CASE("QP types uroce does not run are refused cleanly", "[qp]") {
     init.recv_cq = a.cq;
     init.cap.max_send_wr = init.cap.max_recv_wr = 1;
     init.cap.max_send_sge = init.cap.max_recv_sge = 1;
-    for (ibv_qp_type type : {IBV_QPT_RAW_PACKET, IBV_QPT_XRC_SEND, IBV_QPT_DRIVER}) {
+    for (ibv_qp_type type : {IBV_QPT_RAW_PACKET, IBV_QPT_DRIVER}) {
         CAPTURE(type);
         init.qp_type = type;
         errno = 0;
         CHECK(ibv_create_qp(pd, &init) == nullptr);
         CHECK(errno == EOPNOTSUPP);
     }
+    // An XRC receive QP belongs to an XRC domain, not a PD: ibv_create_qp cannot make one.
+    init.qp_type = IBV_QPT_XRC_RECV;
+    errno = 0;
+    CHECK(ibv_create_qp(pd, &init) == nullptr);
+    CHECK(errno == EINVAL);
 
     // An RC QP naming an SRQ of another context is refused.
     Endpoint other(devices().b);

@@ -14,7 +14,9 @@
 #            polling and events, with and without loss;
 #   ud       ibv_ud_pingpong: datagrams up to the port MTU, polling and events (no loss:
 #            UD does not recover it, and the pingpong would wait for ever);
-#   uc       ibv_uc_pingpong: multi-packet messages, polling and events (no loss either).
+#   uc       ibv_uc_pingpong: multi-packet messages, polling and events (no loss either);
+#   xsrq     ibv_xsrq_pingpong: XRC send and receive QPs delivering into an XRC SRQ,
+#            polling and events, single- and multi-packet, with and without loss.
 # Iterations: 10,000 for 1 B and 64 B messages (cheap, and many PSNs), 1,000
 # for larger ones (64 MiB each way at 64 KiB; 10,000 would only repeat the same
 # packets), 200 under loss. PINGPONG_ITERS=N sets every loss-free count to N
@@ -34,9 +36,9 @@ set -u
 source "$(dirname "$(readlink -f "$0")")/lib.sh"
 GROUP=${2:-}
 case $GROUP in
-    devices | poll | event | drop | srq | ud | uc) ;;
+    devices | poll | event | drop | srq | ud | uc | xsrq) ;;
     *)
-        echo "usage: $0 PATH_TO_UROCE devices|poll|event|drop|srq|ud|uc" >&2
+        echo "usage: $0 PATH_TO_UROCE devices|poll|event|drop|srq|ud|uc|xsrq" >&2
         exit 2
         ;;
 esac
@@ -47,6 +49,7 @@ PROG=ibv_rc_pingpong
 [[ $GROUP == srq ]] && PROG=ibv_srq_pingpong
 [[ $GROUP == ud ]] && PROG=ibv_ud_pingpong
 [[ $GROUP == uc ]] && PROG=ibv_uc_pingpong
+[[ $GROUP == xsrq ]] && PROG=ibv_xsrq_pingpong
 for tool in "$PROG" ibv_devices ibv_devinfo ss timeout; do
     if ! command -v "$tool" >/dev/null; then
         skip "$tool is not installed"
@@ -117,6 +120,37 @@ devices_group() {
 }
 
 # ------------------------------------------------------------------ pingpong
+
+# xsrq LABEL FAULTS SERVER_DEV CLIENT_DEV CLIENT_IP TESTS ARGS...: one ibv_xsrq_pingpong pair.
+# It has no -c and prints "success" at the end instead of timings: both sides must exit 0
+# having printed it and the XRC SRQ number they were given, and no request may have named
+# an SRQ outside the target's domain (rx_bad_xrc_srq=0). The bytes themselves are checked by
+# tests/integration/test_xrc.cpp.
+xsrq() {
+    local label=$1 faults=$2 sdev=$3 cdev=$4 sip=$5 tests=$6 port envs side file dev
+    shift 6
+    port=$(free_tcp_port) || { not_ok "$label: no free TCP port"; return; }
+    envs=(UROCE_STATS=1)
+    [[ $faults != - ]] && envs+=("UROCE_FAULTS=$faults")
+    run_pair "$label" "$port" 120 "${envs[@]}" \
+        -- "$PROG" -d "$sdev" -g 0 -p "$port" -n "$tests" "$@" \
+        -- "$PROG" -d "$cdev" -g 0 -p "$port" -n "$tests" "$@" "$sip"
+    SUMMARY+=("$(printf '%-34s %7ss' "$label" "$PAIR_SECS")")
+    expect_pair_ok "$label" || return
+    for side in server client; do
+        if [[ $side == server ]]; then file=$SRV_OUT dev=$sdev; else file=$CLI_OUT dev=$cdev; fi
+        expect_file_match "$label: $side prints success" "^success$" "$file"
+        expect_file_match "$label: $side got the peer's XRC SRQ number" "remote: .*SRQN [0-9a-f]{6}" "$file"
+        file=${file%.out}.err
+        expect_eq "$label: $side rx_bad_icrc=0" 0 "$(counter_value "$file" "$dev" rx_bad_icrc)"
+        expect_eq "$label: $side rx_bad_xrc_srq=0" 0 "$(counter_value "$file" "$dev" rx_bad_xrc_srq)"
+    done
+    if [[ $faults != - ]]; then
+        local drops
+        drops=$(($(counter_value "$SRV_ERR" "$sdev" tx_dropped_fault) + $(counter_value "$CLI_ERR" "$cdev" tx_dropped_fault)))
+        if [[ $drops -gt 0 ]]; then ok "$label: packets were dropped ($drops)"; else not_ok "$label: packets were dropped"; fi
+    fi
+}
 
 SUMMARY=()
 
@@ -266,6 +300,13 @@ case $GROUP in
         pingpong "uc poll -s 4096" - "$A" "$B" "$IP_A" "$LARGE" -s 4096 -c
         pingpong "uc event -s 65536" - "$A" "$B" "$IP_A" "$LARGE" -e -s 65536 -c
         pingpong "uc poll -m 4096 -s 16384 (B<-C)" - "$B" "$C" "$IP_B" "$LARGE" -m 4096 -s 16384 -c
+        ;;
+    xsrq)
+        # -n counts the messages each way.
+        xsrq "xsrq poll -s 4096" - "$A" "$B" "$IP_A" "$LARGE" -s 4096
+        xsrq "xsrq event -s 1" - "$A" "$B" "$IP_A" "$LARGE" -e -s 1
+        xsrq "xsrq -m 4096 -s 65536 (B<-C)" - "$B" "$C" "$IP_B" 200 -m 4096 -s 65536
+        xsrq "xsrq drop5% -s 4096" drop=0.05,seed=7 "$A" "$B" "$IP_A" 200 -s 4096
         ;;
 esac
 

@@ -26,6 +26,7 @@ constexpr uint8_t header_bytes_for(uint16_t headers) {
     if (headers & kHasImm) n += kImmBytes;
     if (headers & kHasIeth) n += kIethBytes;
     if (headers & kHasDeth) n += kDethBytes;
+    if (headers & kHasXrceth) n += kXrcethBytes;
     if (headers & kHasAtomicEth) n += kAtomicEthBytes;
     if (headers & kHasAtomicAckEth) n += kAtomicAckEthBytes;
     return static_cast<uint8_t>(n);
@@ -39,6 +40,7 @@ struct Row {
 };
 
 constexpr uint16_t P = kHasPayload;
+constexpr uint16_t X = kHasXrceth;
 
 // The SEND and RDMA WRITE rows are the same for RC and UC (UC has no READ, atomics or
 // ACKs); only the transport bits of the opcode and the name prefix differ.
@@ -87,6 +89,33 @@ constexpr Row kRows[] = {
     {0x64, "UD Send Only", kHasDeth | P, kOnly | kRequest | kSend},
     {0x65, "UD Send Only Immediate", kHasDeth | kHasImm | P, kOnly | kRequest | kSend},
 
+    // Extended Reliable Connection: RC's rows with an XRCETH on every request. Responses
+    // (ACKs, READ responses, atomic ACKs) carry none: they go back to one initiator QP.
+    {0xa0, "XRC Send First", X | P, kFirst | kRequest | kSend},
+    {0xa1, "XRC Send Middle", X | P, kMiddle | kRequest | kSend},
+    {0xa2, "XRC Send Last", X | P, kLast | kRequest | kSend},
+    {0xa3, "XRC Send Last Immediate", X | kHasImm | P, kLast | kRequest | kSend},
+    {0xa4, "XRC Send Only", X | P, kOnly | kRequest | kSend},
+    {0xa5, "XRC Send Only Immediate", X | kHasImm | P, kOnly | kRequest | kSend},
+    {0xa6, "XRC RDMA Write First", X | kHasReth | P, kFirst | kRequest | kWrite},
+    {0xa7, "XRC RDMA Write Middle", X | P, kMiddle | kRequest | kWrite},
+    {0xa8, "XRC RDMA Write Last", X | P, kLast | kRequest | kWrite},
+    {0xa9, "XRC RDMA Write Last Immediate", X | kHasImm | P, kLast | kRequest | kWrite},
+    {0xaa, "XRC RDMA Write Only", X | kHasReth | P, kOnly | kRequest | kWrite},
+    {0xab, "XRC RDMA Write Only Immediate", X | kHasReth | kHasImm | P, kOnly | kRequest | kWrite},
+    {0xac, "XRC RDMA Read Request", X | kHasReth, kOnly | kRequest | kRead},
+    {0xad, "XRC RDMA Read Response First", kHasAeth | P, kFirst | kResponse | kRead},
+    {0xae, "XRC RDMA Read Response Middle", P, kMiddle | kResponse | kRead},
+    {0xaf, "XRC RDMA Read Response Last", kHasAeth | P, kLast | kResponse | kRead},
+    {0xb0, "XRC RDMA Read Response Only", kHasAeth | P, kOnly | kResponse | kRead},
+    {0xb1, "XRC Acknowledge", kHasAeth, kOnly | kResponse | kAck},
+    {0xb2, "XRC Atomic Acknowledge", kHasAeth | kHasAtomicAckEth,
+     kOnly | kResponse | kAtomic | kAck},
+    {0xb3, "XRC Compare Swap", X | kHasAtomicEth, kOnly | kRequest | kAtomic},
+    {0xb4, "XRC Fetch Add", X | kHasAtomicEth, kOnly | kRequest | kAtomic},
+    {0xb6, "XRC Send Last Invalidate", X | kHasIeth | P, kLast | kRequest | kSend},
+    {0xb7, "XRC Send Only Invalidate", X | kHasIeth | P, kOnly | kRequest | kSend},
+
     // RoCEv2 congestion notification.
     {0x81, "CNP", P, kCnp},
 };
@@ -102,10 +131,10 @@ constexpr std::array<OpcodeInfo, 256> make_table() {
 constexpr std::array<OpcodeInfo, 256> kTable = make_table();
 
 // A row's opcode must say the same transport as its name, each opcode may appear once, every
-// row must say where its packet sits in a message, and build_headers() must fit its output
-// in kMaxHeaderBytes.
+// row must say where its packet sits in a message, XRC requests (and only they) carry an
+// XRCETH, XRC rows mirror RC's, and build_headers() must fit its output in kMaxHeaderBytes.
 constexpr bool rows_are_consistent() {
-    constexpr const char* kPrefix[] = {"RC ", "UC ", "RD ", "UD "};
+    constexpr const char* kPrefix[] = {"RC ", "UC ", "RD ", "UD ", nullptr, "XRC"};
     std::array<bool, 256> seen{};
     for (const Row& r : kRows) {
         if (seen[r.opcode]) return false;
@@ -114,10 +143,22 @@ constexpr bool rows_are_consistent() {
             if (r.opcode != static_cast<uint8_t>(Opcode::Cnp) || r.flags != kCnp) return false;
             continue;
         }
-        const char* want = kPrefix[r.opcode >> 5 & 3];
-        if (r.opcode >> 7 != 0) return false;
+        const uint8_t transport = r.opcode >> 5;
+        if (transport >= 6 || kPrefix[transport] == nullptr) return false;
+        const char* want = kPrefix[transport];
         for (int i = 0; i < 3; ++i) {
             if (r.name[i] != want[i]) return false;
+        }
+        const bool xrc = transport == static_cast<uint8_t>(Transport::Xrc);
+        if (((r.headers & kHasXrceth) != 0) != (xrc && (r.flags & kRequest))) return false;
+        if (xrc) {
+            bool mirrored = false;
+            for (const Row& rc : kRows) {
+                if (rc.opcode == operation_of(r.opcode))
+                    mirrored = rc.flags == r.flags &&
+                               (rc.headers | kHasXrceth) == (r.headers | kHasXrceth);
+            }
+            if (!mirrored) return false;
         }
         const uint16_t place = r.flags & (kFirst | kMiddle | kLast | kOnly);
         if (place == 0 || (place & (place - 1)) != 0) return false;

@@ -71,8 +71,14 @@ struct Step {
 };
 
 // IBA order of the extension headers. No row carries two from the same group (DETH, RETH
-// and AtomicETH never meet in the RC/UC/UD opcodes), so this one order serves every opcode.
+// and AtomicETH never meet in the RC/UC/UD/XRC opcodes), so this one order serves every
+// opcode. The XRCETH comes first, straight after the BTH.
 constexpr Step kSteps[] = {
+    {kHasXrceth, kXrcethBytes, [](const uint8_t* p, Headers& h) { h.xrc_srqn = load24(p + 1); },
+     [](const Headers& h, uint8_t* p) {
+         p[0] = 0;  // reserved
+         store24(p + 1, h.xrc_srqn & kQpnMask);
+     }},
     {kHasDeth, kDethBytes,
      [](const uint8_t* p, Headers& h) {
          h.deth.qkey = load32(p);

@@ -455,6 +455,30 @@ constexpr std::pair<uint8_t, const char*> kWiresharkNames[] = {
     {0x2b, "UC RDMA Write Only Immediate"},
     {0x64, "UD Send Only"},
     {0x65, "UD Send Only Immediate"},
+    // Wireshark 4.0 has no XRC rows (it shows "Unknown OpCode"): these follow its RC names.
+    {0xa0, "XRC Send First"},
+    {0xa1, "XRC Send Middle"},
+    {0xa2, "XRC Send Last"},
+    {0xa3, "XRC Send Last Immediate"},
+    {0xa4, "XRC Send Only"},
+    {0xa5, "XRC Send Only Immediate"},
+    {0xa6, "XRC RDMA Write First"},
+    {0xa7, "XRC RDMA Write Middle"},
+    {0xa8, "XRC RDMA Write Last"},
+    {0xa9, "XRC RDMA Write Last Immediate"},
+    {0xaa, "XRC RDMA Write Only"},
+    {0xab, "XRC RDMA Write Only Immediate"},
+    {0xac, "XRC RDMA Read Request"},
+    {0xad, "XRC RDMA Read Response First"},
+    {0xae, "XRC RDMA Read Response Middle"},
+    {0xaf, "XRC RDMA Read Response Last"},
+    {0xb0, "XRC RDMA Read Response Only"},
+    {0xb1, "XRC Acknowledge"},
+    {0xb2, "XRC Atomic Acknowledge"},
+    {0xb3, "XRC Compare Swap"},
+    {0xb4, "XRC Fetch Add"},
+    {0xb6, "XRC Send Last Invalidate"},
+    {0xb7, "XRC Send Only Invalidate"},
     {0x81, "CNP"},
 };
 
@@ -474,7 +498,7 @@ size_t extension_bytes(uint16_t headers) {
     size_t n = 0;
     const std::pair<uint16_t, size_t> sizes[] = {
         {kHasReth, 16}, {kHasAeth, 4},       {kHasImm, 4},          {kHasIeth, 4},
-        {kHasDeth, 8},  {kHasAtomicEth, 28}, {kHasAtomicAckEth, 8},
+        {kHasDeth, 8},  {kHasAtomicEth, 28}, {kHasAtomicAckEth, 8}, {kHasXrceth, 4},
     };
     for (const auto& [bit, bytes] : sizes) {
         if (headers & bit) n += bytes;
@@ -554,8 +578,11 @@ TEST_CASE("the opcode table covers every Opcode and names rows as Wireshark does
         const uint16_t place = info->flags & (kFirst | kMiddle | kLast | kOnly);
         CHECK((place == kFirst || place == kMiddle || place == kLast || place == kOnly));
         CHECK(((info->flags & kRequest) != 0) != ((info->flags & kResponse) != 0));
-        const char* prefix[] = {"RC ", "UC ", "RD ", "UD "};
-        CHECK(std::string(info->name).rfind(prefix[op >> 5 & 3], 0) == 0);
+        const char* prefix[] = {"RC ", "UC ", "RD ", "UD ", "", "XRC "};
+        REQUIRE((op >> 5) < 6);
+        CHECK(std::string(info->name).rfind(prefix[op >> 5], 0) == 0);
+        // XRC requests carry an XRCETH; nothing else does.
+        CHECK(((info->headers & kHasXrceth) != 0) == ((op >> 5) == 5 && (info->flags & kRequest)));
     }
 
     // Spot checks of the semantics the engine relies on.
@@ -578,7 +605,11 @@ TEST_CASE("the opcode table covers every Opcode and names rows as Wireshark does
     CHECK(opcode_info(0x0b)->headers == (kHasReth | kHasImm | kHasPayload));
     CHECK(opcode_info(0x17)->headers == (kHasIeth | kHasPayload));
     CHECK(opcode_info(0x65)->headers == (kHasDeth | kHasImm | kHasPayload));
-    for (uint8_t op : {0x15, 0x18, 0x1f, 0x2c, 0x40, 0x55, 0x66, 0x80, 0xa0, 0xff}) {
+    // XRC: the RC row plus an XRCETH on requests, straight after the BTH.
+    CHECK(opcode_info(0xa6)->headers == (kHasXrceth | kHasReth | kHasPayload));
+    CHECK(opcode_info(0xb3)->header_bytes == 44);
+    CHECK(opcode_info(0xb1)->headers == kHasAeth);
+    for (uint8_t op : {0x15, 0x18, 0x1f, 0x2c, 0x40, 0x55, 0x66, 0x80, 0xb5, 0xb8, 0xff}) {
         CAPTURE(static_cast<int>(op));
         CHECK(opcode_info(op) == nullptr);
     }
@@ -715,6 +746,7 @@ TEST_CASE("every opcode round-trips through build_headers and parse_packet",
             h.deth = {static_cast<uint32_t>(rng()), static_cast<uint32_t>(rng()) & kQpnMask};
             h.atomic = {rng(), static_cast<uint32_t>(rng()), rng(), rng()};
             h.atomic_ack = rng();
+            h.xrc_srqn = static_cast<uint32_t>(rng()) & kQpnMask;
 
             std::vector<uint8_t> payload(len);
             for (auto& b : payload) b = static_cast<uint8_t>(rng());
@@ -756,6 +788,13 @@ TEST_CASE("every opcode round-trips through build_headers and parse_packet",
             CHECK(p.h.atomic.compare ==
                   (carried(kHasAtomicEth) ? h.atomic.compare : none.atomic.compare));
             CHECK(p.h.atomic_ack == (carried(kHasAtomicAckEth) ? h.atomic_ack : none.atomic_ack));
+            CHECK(p.h.xrc_srqn == (carried(kHasXrceth) ? h.xrc_srqn : none.xrc_srqn));
+            // The XRCETH sits straight after the BTH: its reserved byte, then the SRQ number.
+            if (carried(kHasXrceth)) {
+                CHECK(pkt[kBthBytes] == 0);
+                CHECK((uint32_t{pkt[kBthBytes + 1]} << 16 | uint32_t{pkt[kBthBytes + 2]} << 8 |
+                       pkt[kBthBytes + 3]) == h.xrc_srqn);
+            }
 
             // Our own packets verify exactly.
             CHECK(icrc_verify_ipv4(Ipv4Flow{0x0a000001, 0x0a000002, 0xc000, kRoceV2Port}, pkt) ==
@@ -820,7 +859,7 @@ TEST_CASE("every ParseError is produced by some input", "[wire][parse][errors]")
         CHECK(parse(pkt) == ParseError::TooShort);
     }
     SECTION("unknown opcodes") {
-        for (uint8_t op : {0x15, 0x18, 0x2c, 0x40, 0x80, 0xa0, 0xff}) {
+        for (uint8_t op : {0x15, 0x18, 0x2c, 0x40, 0x80, 0xb5, 0xc0, 0xff}) {
             std::vector<uint8_t> pkt = send_only;
             pkt[0] = op;
             CAPTURE(static_cast<int>(op));
