@@ -91,8 +91,8 @@ unsigned int read_wc_flags(ibv_cq_ex* c) {
 uint32_t read_slid(ibv_cq_ex*) {
     return 0;  // RoCE has no LIDs
 }
-uint8_t read_sl(ibv_cq_ex*) {
-    return 0;
+uint8_t read_sl(ibv_cq_ex* c) {
+    return wc_sl(of(c)->current);
 }
 uint8_t read_dlid_path_bits(ibv_cq_ex*) {
     return 0;

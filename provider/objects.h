@@ -252,6 +252,8 @@ ibv_cq_ex* create_cq_ex(ibv_context*, ibv_cq_init_attr_ex*) noexcept;
 int query_rt_values(ibv_context*, ibv_values_ex*) noexcept;
 ibv_wc_status wc_status(transport::WcStatus s);
 ibv_wc_opcode wc_opcode(transport::WcOpcode op);
+// The work completion's sl: what a RoCE NIC reports there for a received packet (wc_sl in cq.cpp).
+uint8_t wc_sl(const transport::Completion& c);
 int destroy_cq(ibv_cq*) noexcept;
 int poll_cq(ibv_cq*, int, ibv_wc*) noexcept;
 int req_notify_cq(ibv_cq*, int) noexcept;

@@ -6,6 +6,7 @@ packages=(
   libibverbs-dev libevent-dev libisal-dev libcli11-dev libfmt-dev libpcap-dev libbpf-dev libseccomp-dev catch2
   ibverbs-utils perftest tshark iproute2 procps strace  # strace: tests/scripts/test_rdma_netlink.sh
   python3-pyverbs  # tests/scripts/test_fork.sh (fork with multiprocessing)
+  ucx-utils openmpi-bin libopenmpi-dev  # tests/scripts/test_ucx.sh (ucx_perftest, mpirun, mpicc)
   qemu-system-x86 cpio kmod xz-utils zstd ibverbs-providers  # tools/stock-kernel-test.sh
   clang libclang-rt-14-dev  # libFuzzer and the sanitizers for tools/fuzz
 )

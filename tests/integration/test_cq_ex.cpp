@@ -30,9 +30,9 @@ TEST_CASE("cq_ex: completions through start/next/end_poll, with timestamps", "[c
     REQUIRE(ibv_query_device_ex(b.ctx, nullptr, &dev) == 0);
     CHECK(dev.completion_timestamp_mask != 0);
     CHECK(dev.hca_core_clock != 0);
-    ibv_cq_ex* cq =
-        make_cq_ex(b.ctx, IBV_WC_EX_WITH_BYTE_LEN | IBV_WC_EX_WITH_IMM | IBV_WC_EX_WITH_QP_NUM |
-                              IBV_WC_EX_WITH_SRC_QP | IBV_WC_EX_WITH_COMPLETION_TIMESTAMP);
+    ibv_cq_ex* cq = make_cq_ex(b.ctx, IBV_WC_EX_WITH_BYTE_LEN | IBV_WC_EX_WITH_IMM |
+                                          IBV_WC_EX_WITH_QP_NUM | IBV_WC_EX_WITH_SRC_QP |
+                                          IBV_WC_EX_WITH_SL | IBV_WC_EX_WITH_COMPLETION_TIMESTAMP);
     REQUIRE(cq);
     // b's QP reports its receives on the extended CQ.
     ibv_qp_init_attr init{};
@@ -75,6 +75,7 @@ TEST_CASE("cq_ex: completions through start/next/end_poll, with timestamps", "[c
         stamps[n] = ibv_wc_read_completion_ts(cq);
         CHECK(ibv_wc_read_qp_num(cq) == b.qp->qp_num);
         CHECK(ibv_wc_read_src_qp(cq) == a.qp->qp_num);
+        CHECK(ibv_wc_read_sl(cq) == 0);  // only a UD receive (a GRH area) reports the L3 type
         if (ops[n] == IBV_WC_RECV_RDMA_WITH_IMM) {
             CHECK((ibv_wc_read_wc_flags(cq) & IBV_WC_WITH_IMM) != 0);
         }

@@ -115,6 +115,10 @@ TEST_CASE("UD: a datagram, its GRH, and a reply through an AH made from the comp
     CHECK(r.byte_len == kGrh + 1000);
     CHECK(r.src_qp == a.qp->qp_num);
     CHECK((r.wc_flags & IBV_WC_GRH) != 0);
+    // sl holds the L3 header type, 2 = IPv4, as ConnectX reports it for RoCE: UCX's ud_verbs
+    // reads the GRH area by it (and dropped every datagram with 0). A send's sl stays 0.
+    CHECK(r.sl == 2);
+    CHECK(s.sl == 0);
     CHECK(std::memcmp(in_b.bytes.data() + kGrh, out_a.bytes.data(), 1000) == 0);
 
     // libibverbs reads the sender's address back out of the GRH area.
@@ -123,6 +127,7 @@ TEST_CASE("UD: a datagram, its GRH, and a reply through an AH made from the comp
                                 reinterpret_cast<ibv_grh*>(in_b.bytes.data()), &from) == 0);
     CHECK(from.is_global == 1);
     CHECK(std::memcmp(from.grh.dgid.raw, a.gid.raw, 16) == 0);
+    CHECK(from.sl == 2);  // copied from the completion; the AH below takes it
     ibv_ah* reply = ibv_create_ah_from_wc(b.pd, const_cast<ibv_wc*>(&r),
                                           reinterpret_cast<ibv_grh*>(in_b.bytes.data()), 1);
     REQUIRE(reply);
