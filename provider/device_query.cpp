@@ -60,6 +60,18 @@ int query_device_ex(ibv_context* ibctx, const ibv_query_device_ex_input*, ibv_de
     d.local_ca_ack_delay = 15;
     d.phys_port_cnt = 1;
     a.phys_port_cnt_ex = 1;
+    // On-demand paging: every region is accessed by the CPU and never pinned (memory.cpp), on
+    // every transport and operation; implicit regions are not offered.
+    constexpr uint32_t kOdpAll = IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV |
+                                 IBV_ODP_SUPPORT_WRITE | IBV_ODP_SUPPORT_READ |
+                                 IBV_ODP_SUPPORT_ATOMIC | IBV_ODP_SUPPORT_SRQ_RECV;
+    a.odp_caps.general_caps = IBV_ODP_SUPPORT;
+    a.odp_caps.per_transport_caps.rc_odp_caps = kOdpAll;
+    a.odp_caps.per_transport_caps.uc_odp_caps = IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV |
+                                                IBV_ODP_SUPPORT_WRITE | IBV_ODP_SUPPORT_SRQ_RECV;
+    a.odp_caps.per_transport_caps.ud_odp_caps =
+        IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_SRQ_RECV;
+    a.xrc_odp_caps = kOdpAll;
     // Completion timestamps are CLOCK_MONOTONIC nanoseconds (provider/cq_ex.cpp).
     a.completion_timestamp_mask = ~uint64_t{0};
     a.hca_core_clock = 1000000;  // kHz

@@ -1,4 +1,13 @@
 // Protection domains and memory regions.
+//
+// uroce never pins memory: every access to a region is a CPU access from this process, so
+// pages fault in when they are touched, whatever the registration said. That is what
+// on-demand paging asks for, and IBV_ACCESS_ON_DEMAND regions are ordinary regions here
+// (implicit ODP, a region covering the whole address space, is not offered: an access to an
+// unmapped address would fault in the engine thread instead of failing the request).
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <cerrno>
 #include <cstdint>
 #include <new>
@@ -14,7 +23,8 @@ namespace {
 // MW_BIND is the right to bind memory windows to the region (provider/mw.cpp).
 constexpr int kSupportedAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
                                  IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC |
-                                 IBV_ACCESS_RELAXED_ORDERING | IBV_ACCESS_MW_BIND;
+                                 IBV_ACCESS_RELAXED_ORDERING | IBV_ACCESS_MW_BIND |
+                                 IBV_ACCESS_ON_DEMAND;
 
 uint32_t transport_access(int access) {
     uint32_t a = 0;
@@ -218,6 +228,43 @@ int dereg_mr(verbs_mr* vmr) noexcept {
     st.engine->memory().remove(vmr->ibv_mr.lkey);
     to_upd(vmr->ibv_mr.pd)->users.fetch_sub(1);
     delete mr;
+    return 0;
+}
+
+int advise_mr(ibv_pd* ibpd, ibv_advise_mr_advice advice, uint32_t flags, ibv_sge* sg_list,
+              uint32_t num_sge) noexcept {
+    if (inherited(ibpd->context)) return EIO;
+    if (advice != IBV_ADVISE_MR_ADVICE_PREFETCH && advice != IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE &&
+        advice != IBV_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT)
+        return EOPNOTSUPP;
+    if ((flags & ~IBV_ADVISE_MR_FLAG_FLUSH) || num_sge == 0 || !sg_list) return EINVAL;
+    const transport::MemoryTable& mem = to_uctx(ibpd->context)->state->engine->memory();
+    const uint32_t pd = to_upd(ibpd)->id;
+    const uint32_t need =
+        advice == IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE ? uint32_t{transport::kLocalWrite} : 0u;
+    // Every range first: a bad one fails the call with nothing done.
+    {
+        auto guard = mem.lock_shared();
+        for (uint32_t i = 0; i < num_sge; ++i) {
+            const ibv_sge& s = sg_list[i];
+            if (mem.check_local(s.lkey, pd, s.addr, s.length, need) != transport::KeyCheck::Ok)
+                return EINVAL;
+        }
+    }
+    // Prefetching is faulting the pages in now (NO_FAULT asks only for pages already
+    // present, which every access finds anyway). It is advice: a kernel without
+    // MADV_POPULATE_* leaves the faults to the first access.
+    if (advice == IBV_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT) return 0;
+#if defined(MADV_POPULATE_READ) && defined(MADV_POPULATE_WRITE)
+    const int how = advice == IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE ? int{MADV_POPULATE_WRITE}
+                                                                  : int{MADV_POPULATE_READ};
+    const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+    for (uint32_t i = 0; i < num_sge; ++i) {
+        const uint64_t start = sg_list[i].addr & ~(page - 1);
+        const uint64_t end = sg_list[i].addr + sg_list[i].length;
+        if (end > start) ::madvise(reinterpret_cast<void*>(start), end - start, how);
+    }
+#endif
     return 0;
 }
 

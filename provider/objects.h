@@ -244,6 +244,7 @@ int dealloc_pd(ibv_pd*) noexcept;
 ibv_mr* reg_mr(ibv_pd*, void*, size_t, uint64_t, int) noexcept;
 int dereg_mr(verbs_mr*) noexcept;
 int rereg_mr(verbs_mr*, int, ibv_pd*, void*, size_t, int) noexcept;
+int advise_mr(ibv_pd*, ibv_advise_mr_advice, uint32_t, ibv_sge*, uint32_t) noexcept;
 
 ibv_cq* create_cq(ibv_context*, int, ibv_comp_channel*, int) noexcept;
 // The CQ both create_cq and create_cq_ex make (nullptr with errno set).

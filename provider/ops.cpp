@@ -17,6 +17,7 @@ namespace {
 // Entries left null keep libibverbs' defaults, which fail with EOPNOTSUPP.
 verbs_context_ops make_ops() {
     verbs_context_ops o{};
+    o.advise_mr = advise_mr;
     o.alloc_parent_domain = alloc_parent_domain;
     o.alloc_mw = alloc_mw;
     o.alloc_pd = alloc_pd;

@@ -193,9 +193,14 @@ int check_modify(ibv_qp_type type, QpState current, const ibv_qp_attr& attr, int
     // Values.
     if ((mask & IBV_QP_PKEY_INDEX) && attr.pkey_index != 0) return EINVAL;
     if ((mask & IBV_QP_PORT) && attr.port_num != 1) return EINVAL;
+    // Only the remote rights mean something for a QP; the region-only flags (MW_BIND,
+    // ZERO_BASED, ON_DEMAND, HUGETLB) are accepted and ignored, as the kernel's drivers do
+    // (rdma-core's ODP tests pass the region's flags). Anything undefined is refused.
     if ((mask & IBV_QP_ACCESS_FLAGS) &&
-        (attr.qp_access_flags & ~(IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
-                                  IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC)))
+        (attr.qp_access_flags &
+         ~(IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+           IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_MW_BIND | IBV_ACCESS_ZERO_BASED |
+           IBV_ACCESS_ON_DEMAND | IBV_ACCESS_HUGETLB)))
         return EINVAL;
     if (mask & IBV_QP_AV) {
         uint32_t ip;
