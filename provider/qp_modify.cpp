@@ -244,7 +244,8 @@ void merge_attributes(ibv_qp_attr& stored, const ibv_qp_attr& a, int mask) {
     if (mask & IBV_QP_RETRY_CNT) stored.retry_cnt = a.retry_cnt;
     if (mask & IBV_QP_RNR_RETRY) stored.rnr_retry = a.rnr_retry;
     if (mask & IBV_QP_PATH_MIG_STATE) stored.path_mig_state = a.path_mig_state;
-    if (mask & IBV_QP_EN_SQD_ASYNC_NOTIFY) stored.en_sqd_async_notify = a.en_sqd_async_notify;
+    // The notification belongs to the one move to SQD that asks for it, not to later ones.
+    stored.en_sqd_async_notify = (mask & IBV_QP_EN_SQD_ASYNC_NOTIFY) ? a.en_sqd_async_notify : 0;
     if (mask & IBV_QP_QKEY) stored.qkey = a.qkey;
 }
 
