@@ -9,21 +9,12 @@ RcQp::RcQp(Engine& engine, uint32_t qpn, uint32_t pd, const QpCaps& caps,
            std::shared_ptr<CompletionQueue> send_cq, std::shared_ptr<CompletionQueue> recv_cq,
            void* user_handle, std::shared_ptr<SharedReceiveQueue> srq, XrcRole xrc_role,
            uint32_t xrcd)
-    : Qp(qpn),
-      engine_(engine),
+    : QpCommon(engine, qpn, pd, caps, std::move(send_cq), std::move(recv_cq), user_handle,
+               std::move(srq)),
       qpn_(qpn),
-      sender_(engine.sender_for_qpn(qpn)),
-      qp_counters_(engine.qp_counters(qpn)),
-      pd_(pd),
-      caps_(caps),
-      send_cq_(std::move(send_cq)),
-      recv_cq_(std::move(recv_cq)),
-      user_handle_(user_handle),
-      srq_(std::move(srq)),
       xrc_role_(xrc_role),
       xrcd_(xrcd),
       opcode_base_(xrc_role == XrcRole::None ? 0 : wire::kXrcOpcodeBase) {
-    qp_counters_.reset();  // the block may hold a destroyed QP's figures
     timer_ = evtimer_new(engine_.base(), &RcQp::timer_trampoline, this);
     responder_event_ = event_new(engine_.base(), -1, 0, &RcQp::responder_trampoline, this);
 }
@@ -51,11 +42,6 @@ void RcQp::close() {
     // could not finish), so that nothing runs on this QP once close() returns.
     if (timer_) event_del_block(timer_);
     if (responder_event_) event_del_block(responder_event_);
-}
-
-QpState RcQp::state() const {
-    std::lock_guard lock(mutex_);
-    return state_;
 }
 
 QpAttributes RcQp::attributes() const {
@@ -169,12 +155,7 @@ int RcQp::post_recv(const RecvWqe& wqe) {
 
 void RcQp::on_packet(const wire::ParsedPacket& pkt, uint32_t src_ip) {
     std::lock_guard lock(mutex_);
-    if (closed_) {
-        bump(engine_.counters().rx_unknown_qp);
-        return;
-    }
-    bump(qp_counters_.rx_packets);
-    bump(qp_counters_.rx_payload_bytes, pkt.payload.size());
+    if (!count_received(pkt)) return;
     if (src_ip != attrs_.dst_ip) {
         bump(engine_.counters().rx_wrong_peer);
         return;
@@ -278,10 +259,6 @@ bool RcQp::transmit(const wire::Headers& h, std::span<const iovec> payload, uint
         bump(qp_counters_.tx_payload_bytes, payload_len);
     }
     return result != Engine::TransmitResult::Failed;
-}
-
-void RcQp::post_async(AsyncEventType type) {
-    engine_.post_async(AsyncEvent{type, user_handle_});
 }
 
 }  // namespace uroce::transport

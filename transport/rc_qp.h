@@ -29,6 +29,7 @@
 
 #include "transport/completion_queue.h"
 #include "transport/qp.h"
+#include "transport/qp_common.h"
 #include "transport/qp_counters.h"
 #include "transport/qp_state.h"
 #include "transport/responder_resources.h"
@@ -64,7 +65,7 @@ struct QpAttributes {
 // must be in the target's XRC domain. Apart from that both are RC, with XRC opcodes.
 enum class XrcRole : uint8_t { None, Initiator, Target };
 
-class RcQp final : public Qp {
+class RcQp final : public QpCommon {
   public:
     // With `srq`, receive WQEs come from that shared receive queue (the QP has no receive
     // queue of its own, and post_recv fails with EINVAL). An XRC initiator has no receive
@@ -81,13 +82,8 @@ class RcQp final : public Qp {
         return xrc_role_ == XrcRole::None ? wire::Transport::Rc : wire::Transport::Xrc;
     }
     XrcRole xrc_role() const { return xrc_role_; }
-    uint32_t pd() const { return pd_; }
-    void* user_handle() const { return user_handle_; }
-    const QpCaps& caps() const { return caps_; }
-    const std::shared_ptr<SharedReceiveQueue>& srq() const { return srq_; }
 
     // --- called by the provider (application threads) ---
-    QpState state() const;
     QpAttributes attributes() const;
     // Applies `attrs` and moves to `next` (the provider has checked the transition from
     // `expected`). EINVAL if the QP left `expected` meanwhile (the transport moved it to ERR).
@@ -216,27 +212,14 @@ class RcQp final : public Qp {
     void flush_all();
     // False if the packet can never be sent (see Engine::TransmitResult::Failed).
     bool transmit(const wire::Headers& h, std::span<const iovec> payload, uint32_t payload_len);
-    void post_async(AsyncEventType type);
     // The opcode `op` names in this QP's transport (XRC opcodes are RC's plus 0xa0).
     uint8_t opcode(wire::Opcode op) const { return static_cast<uint8_t>(op) | opcode_base_; }
 
-    Engine& engine_;
-    const uint32_t qpn_;       // qpn(), kept here for the hot paths
-    const UdpSocket& sender_;  // bound to this QP's UDP source port (Engine::sender_for_qpn)
-    QpCounters& qp_counters_;  // this QP's block (qp_counters.h), zeroed at creation
-    const uint32_t pd_;
-    const QpCaps caps_;
-    const std::shared_ptr<CompletionQueue> send_cq_;
-    const std::shared_ptr<CompletionQueue> recv_cq_;
-    void* const user_handle_;
-    const std::shared_ptr<SharedReceiveQueue> srq_;
+    const uint32_t qpn_;  // qpn(), kept here for the hot paths
     const XrcRole xrc_role_;
     const uint32_t xrcd_;
     const uint8_t opcode_base_;
 
-    mutable std::mutex mutex_;
-    bool closed_ = false;
-    QpState state_ = QpState::Reset;
     QpAttributes attrs_;
 
     // requester / completer

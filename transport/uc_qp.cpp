@@ -34,32 +34,8 @@ bool is_send(SendOpcode op) {
 UcQp::UcQp(Engine& engine, uint32_t qpn, uint32_t pd, const QpCaps& caps,
            std::shared_ptr<CompletionQueue> send_cq, std::shared_ptr<CompletionQueue> recv_cq,
            void* user_handle, std::shared_ptr<SharedReceiveQueue> srq)
-    : Qp(qpn),
-      engine_(engine),
-      sender_(engine.sender_for_qpn(qpn)),
-      qp_counters_(engine.qp_counters(qpn)),
-      pd_(pd),
-      caps_(caps),
-      send_cq_(std::move(send_cq)),
-      recv_cq_(std::move(recv_cq)),
-      user_handle_(user_handle),
-      srq_(std::move(srq)) {
-    qp_counters_.reset();
-}
-
-UcQp::~UcQp() {
-    close();
-}
-
-void UcQp::close() {
-    std::lock_guard lock(mutex_);
-    closed_ = true;  // no timers and nothing in flight to wait for
-}
-
-QpState UcQp::state() const {
-    std::lock_guard lock(mutex_);
-    return state_;
-}
+    : QpCommon(engine, qpn, pd, caps, std::move(send_cq), std::move(recv_cq), user_handle,
+               std::move(srq)) {}
 
 int UcQp::modify(const QpAttributes& attrs, QpState expected, QpState next) {
     std::lock_guard lock(mutex_);
@@ -202,12 +178,7 @@ int UcQp::post_recv(const RecvWqe& wqe) {
 
 void UcQp::on_packet(const wire::ParsedPacket& pkt, uint32_t src_ip) {
     std::lock_guard lock(mutex_);
-    if (closed_) {
-        bump(engine_.counters().rx_unknown_qp);
-        return;
-    }
-    bump(qp_counters_.rx_packets);
-    bump(qp_counters_.rx_payload_bytes, pkt.payload.size());
+    if (!count_received(pkt)) return;
     if (src_ip != attrs_.dst_ip) {
         bump(engine_.counters().rx_wrong_peer);
         return;
@@ -394,10 +365,6 @@ void UcQp::enter_error() {
         flush(id);
     }
     if (srq_) post_async(AsyncEventType::LastWqeReached);
-}
-
-void UcQp::post_async(AsyncEventType type) {
-    engine_.post_async(AsyncEvent{type, user_handle_});
 }
 
 }  // namespace uroce::transport

@@ -20,6 +20,7 @@
 
 #include "transport/completion_queue.h"
 #include "transport/qp.h"
+#include "transport/qp_common.h"
 #include "transport/qp_counters.h"
 #include "transport/qp_state.h"
 #include "transport/rc_qp.h"
@@ -31,16 +32,14 @@ namespace uroce::transport {
 
 class Engine;
 
-class UcQp final : public Qp {
+class UcQp final : public QpCommon {
   public:
     UcQp(Engine& engine, uint32_t qpn, uint32_t pd, const QpCaps& caps,
          std::shared_ptr<CompletionQueue> send_cq, std::shared_ptr<CompletionQueue> recv_cq,
          void* user_handle, std::shared_ptr<SharedReceiveQueue> srq = nullptr);
-    ~UcQp() override;
 
     wire::Transport transport() const override { return wire::Transport::Uc; }
 
-    QpState state() const;
     // The RC attribute set; UC uses access (remote write only), the peer, MTU and PSNs.
     int modify(const QpAttributes& attrs, QpState expected, QpState next);
     // Send, SendWithImm, RdmaWrite, RdmaWriteWithImm; EINVAL for the rest or outside
@@ -49,7 +48,6 @@ class UcQp final : public Qp {
     int post_recv(const RecvWqe& wqe);
 
     void on_packet(const wire::ParsedPacket& pkt, uint32_t src_ip) override;
-    void close() override;
 
   private:
     WcStatus send_message(const SendWqe& wqe);
@@ -60,21 +58,7 @@ class UcQp final : public Qp {
     // The message in progress is given up (its SEND keeps its receive WQE).
     void drop_message();
     void enter_error();
-    void post_async(AsyncEventType type);
 
-    Engine& engine_;
-    const UdpSocket& sender_;
-    QpCounters& qp_counters_;
-    const uint32_t pd_;
-    const QpCaps caps_;
-    const std::shared_ptr<CompletionQueue> send_cq_;
-    const std::shared_ptr<CompletionQueue> recv_cq_;
-    void* const user_handle_;
-    const std::shared_ptr<SharedReceiveQueue> srq_;
-
-    mutable std::mutex mutex_;
-    bool closed_ = false;
-    QpState state_ = QpState::Reset;
     QpAttributes attrs_;
     uint32_t next_psn_ = 0;
     bool got_first_packet_ = false;

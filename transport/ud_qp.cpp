@@ -49,32 +49,8 @@ void build_grh(uint8_t* grh, uint32_t src_ip, uint32_t dst_ip, uint32_t udp_payl
 UdQp::UdQp(Engine& engine, uint32_t qpn, uint32_t pd, const QpCaps& caps,
            std::shared_ptr<CompletionQueue> send_cq, std::shared_ptr<CompletionQueue> recv_cq,
            void* user_handle, std::shared_ptr<SharedReceiveQueue> srq)
-    : Qp(qpn),
-      engine_(engine),
-      sender_(engine.sender_for_qpn(qpn)),
-      qp_counters_(engine.qp_counters(qpn)),
-      pd_(pd),
-      caps_(caps),
-      send_cq_(std::move(send_cq)),
-      recv_cq_(std::move(recv_cq)),
-      user_handle_(user_handle),
-      srq_(std::move(srq)) {
-    qp_counters_.reset();
-}
-
-UdQp::~UdQp() {
-    close();
-}
-
-void UdQp::close() {
-    std::lock_guard lock(mutex_);
-    closed_ = true;  // no timers, nothing in flight: nothing else to wait for
-}
-
-QpState UdQp::state() const {
-    std::lock_guard lock(mutex_);
-    return state_;
-}
+    : QpCommon(engine, qpn, pd, caps, std::move(send_cq), std::move(recv_cq), user_handle,
+               std::move(srq)) {}
 
 UdAttributes UdQp::attributes() const {
     std::lock_guard lock(mutex_);
@@ -210,12 +186,7 @@ int UdQp::post_recv(const RecvWqe& wqe) {
 
 void UdQp::on_packet(const wire::ParsedPacket& pkt, uint32_t src_ip) {
     std::lock_guard lock(mutex_);
-    if (closed_) {
-        bump(engine_.counters().rx_unknown_qp);
-        return;
-    }
-    bump(qp_counters_.rx_packets);
-    bump(qp_counters_.rx_payload_bytes, pkt.payload.size());
+    if (!count_received(pkt)) return;
     if (state_ != QpState::Rtr && state_ != QpState::Rts && state_ != QpState::Sqd) {
         bump(engine_.counters().rx_wrong_state);
         return;
@@ -292,10 +263,6 @@ void UdQp::flush_all() {
         if (!recv_cq_->push(c)) bump(engine_.counters().cq_overruns);
     }
     if (srq_) post_async(AsyncEventType::LastWqeReached);
-}
-
-void UdQp::post_async(AsyncEventType type) {
-    engine_.post_async(AsyncEvent{type, user_handle_});
 }
 
 }  // namespace uroce::transport

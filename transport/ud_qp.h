@@ -19,6 +19,7 @@
 
 #include "transport/completion_queue.h"
 #include "transport/qp.h"
+#include "transport/qp_common.h"
 #include "transport/qp_counters.h"
 #include "transport/qp_state.h"
 #include "transport/shared_receive_queue.h"
@@ -48,17 +49,14 @@ struct UdDestination {
     uint32_t qkey = 0;
 };
 
-class UdQp final : public Qp {
+class UdQp final : public QpCommon {
   public:
     UdQp(Engine& engine, uint32_t qpn, uint32_t pd, const QpCaps& caps,
          std::shared_ptr<CompletionQueue> send_cq, std::shared_ptr<CompletionQueue> recv_cq,
          void* user_handle, std::shared_ptr<SharedReceiveQueue> srq = nullptr);
-    ~UdQp() override;
 
     wire::Transport transport() const override { return wire::Transport::Ud; }
-    void* user_handle() const { return user_handle_; }
 
-    QpState state() const;
     UdAttributes attributes() const;
     // Applies `attrs` and moves to `next` (the provider checked the transition from
     // `expected`); EINVAL if the QP left `expected` meanwhile.
@@ -70,28 +68,13 @@ class UdQp final : public Qp {
     int post_recv(const RecvWqe& wqe);
 
     void on_packet(const wire::ParsedPacket& pkt, uint32_t src_ip) override;
-    void close() override;
 
   private:
     // Sends `wqe` now; the status its completion carries.
     WcStatus send_now(const SendWqe& wqe, const UdDestination& dest);
     void complete_send(const SendWqe& wqe, WcStatus status);
     void flush_all();
-    void post_async(AsyncEventType type);
 
-    Engine& engine_;
-    const UdpSocket& sender_;
-    QpCounters& qp_counters_;
-    const uint32_t pd_;
-    const QpCaps caps_;
-    const std::shared_ptr<CompletionQueue> send_cq_;
-    const std::shared_ptr<CompletionQueue> recv_cq_;
-    void* const user_handle_;
-    const std::shared_ptr<SharedReceiveQueue> srq_;
-
-    mutable std::mutex mutex_;
-    bool closed_ = false;
-    QpState state_ = QpState::Reset;
     UdAttributes attrs_;
     uint32_t next_psn_ = 0;
     std::deque<RecvWqe> rq_;

@@ -1,0 +1,63 @@
+// The parts every queue pair has, whatever its transport: the engine it lives on and the
+// socket it sends from, its counters, the protection domain and capabilities it was created
+// with, where its completions go and where its receive WQEs may come from, and its state
+// under one mutex. RcQp, UcQp and UdQp add their protocol on top.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+
+#include "transport/completion_queue.h"
+#include "transport/qp.h"
+#include "transport/qp_counters.h"
+#include "transport/qp_state.h"
+#include "transport/shared_receive_queue.h"
+#include "transport/udp_socket.h"
+#include "uroce/wire.h"
+
+namespace uroce::transport {
+
+class Engine;
+
+class QpCommon : public Qp {
+  public:
+    // `user_handle` is what the QP's asynchronous events name (the provider's ibv_qp).
+    // The QP's counters block is zeroed: it may hold a destroyed QP's figures.
+    QpCommon(Engine& engine, uint32_t qpn, uint32_t pd, const QpCaps& caps,
+             std::shared_ptr<CompletionQueue> send_cq, std::shared_ptr<CompletionQueue> recv_cq,
+             void* user_handle, std::shared_ptr<SharedReceiveQueue> srq);
+
+    uint32_t pd() const { return pd_; }
+    void* user_handle() const { return user_handle_; }
+    const QpCaps& caps() const { return caps_; }
+    const std::shared_ptr<SharedReceiveQueue>& srq() const { return srq_; }
+    QpState state() const;
+    // Nothing more reaches the QP (packets are counted as for no QP). UC and UD have no
+    // timers and nothing in flight, so there is nothing to wait for; RcQp does more.
+    void close() override;
+
+  protected:
+    // Counts a packet delivered to the QP; false (counted as for no QP) once it is closed.
+    // Caller holds mutex_.
+    bool count_received(const wire::ParsedPacket& pkt);
+    // Queues an affiliated asynchronous event naming this QP.
+    void post_async(AsyncEventType type);
+
+    Engine& engine_;
+    const UdpSocket& sender_;  // bound to this QP's UDP source port (Engine::sender_for_qpn)
+    QpCounters& qp_counters_;
+    const uint32_t pd_;
+    const QpCaps caps_;
+    const std::shared_ptr<CompletionQueue> send_cq_;
+    const std::shared_ptr<CompletionQueue> recv_cq_;
+    void* const user_handle_;
+    const std::shared_ptr<SharedReceiveQueue> srq_;
+
+    // Guards everything below and all of the derived QP's protocol state.
+    mutable std::mutex mutex_;
+    bool closed_ = false;
+    QpState state_ = QpState::Reset;
+};
+
+}  // namespace uroce::transport
