@@ -10,6 +10,7 @@ found (the list must follow the code), and *unbuildable* when the mutated tree d
 compile (the mutant is then useless and must be rewritten).
 
 Usage: tools/mutants.sh [NAME_SUBSTRING ...]   (run as root: the integration tests need it)
+       tools/mutants.py --check                 (the list follows the code; no build)
 Exit status: 0 only if every selected mutant was killed.
 """
 import os
@@ -455,7 +456,32 @@ def run(cmd, cwd, timeout):
         return "timeout"
 
 
+def check_list():
+    """Every mutant's texts occur exactly once in its file and its test keys exist (run by
+    `meson test mutant-list`, so that the list follows the code)."""
+    bad = 0
+    for m in MUTANTS:
+        text = open(os.path.join(TOP, m.file)).read()
+        for find, _ in [(m.find, m.replace)] + list(m.also):
+            n = text.count(find)
+            if n != 1:
+                print(f"stale: {m.name}: its text occurs {n} times in {m.file}")
+                bad += 1
+        for key in m.tests:
+            if key not in TESTS:
+                print(f"unknown test key {key!r}: {m.name}")
+                bad += 1
+    names = [m.name for m in MUTANTS]
+    for name in sorted({n for n in names if names.count(n) > 1}):
+        print(f"duplicate name: {name}")
+        bad += 1
+    print(f"{len(MUTANTS)} mutants, {bad} problems")
+    return 1 if bad else 0
+
+
 def main():
+    if sys.argv[1:] == ["--check"]:
+        return check_list()
     wanted = sys.argv[1:]
     selected = [m for m in MUTANTS if not wanted or any(w in m.name for w in wanted)]
     scratch = tempfile.mkdtemp(prefix="uroce-mutants-")
