@@ -296,6 +296,11 @@ int destroy_ah(ibv_ah*) noexcept;
 int modify_ud_qp(UroceQp& qp, const ibv_qp_attr& attr, int mask, transport::QpState current,
                  transport::QpState next) noexcept;
 int post_send_ud(UroceQp& qp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexcept;
+// The part of a send WQE every QP type fills the same way from `wr`: id, flags, immediate
+// data, and the data (SGE list, or inline data copied now); `total` is the length asked for.
+// EINVAL for an SGE count outside 0..kMaxSge or inline data over kMaxInline.
+int fill_send_wqe(const UroceQp& qp, const ibv_send_wr& wr, transport::SendWqe& w,
+                  uint64_t& total) noexcept;
 // The receive WQE in `wr`, or EINVAL (bad SGE count); shared by post_recv and post_srq_recv.
 int to_recv_wqe(const ibv_recv_wr& wr, transport::RecvWqe& out) noexcept;
 

@@ -297,6 +297,36 @@ int query_qp(ibv_qp* ibqp, ibv_qp_attr* attr, int, ibv_qp_init_attr* init) noexc
     return 0;
 }
 
+int fill_send_wqe(const UroceQp& qp, const ibv_send_wr& wr, transport::SendWqe& w,
+                  uint64_t& total) noexcept {
+    const bool is_inline = wr.send_flags & IBV_SEND_INLINE;
+    if (wr.num_sge < 0 || wr.num_sge > kMaxSge || (wr.num_sge > 0 && !wr.sg_list)) return EINVAL;
+    total = 0;
+    for (int i = 0; i < wr.num_sge; ++i) total += wr.sg_list[i].length;
+    if (is_inline && total > kMaxInline) return EINVAL;
+    w.wr_id = wr.wr_id;
+    w.signaled = qp.sq_sig_all || (wr.send_flags & IBV_SEND_SIGNALED);
+    w.solicited = wr.send_flags & IBV_SEND_SOLICITED;
+    w.is_inline = is_inline;
+    // Longer than a QP takes is refused by the caller or the QP; the sum must not wrap here.
+    w.length = total > UINT32_MAX ? UINT32_MAX : static_cast<uint32_t>(total);
+    w.imm = ntohl(wr.imm_data);
+    if (is_inline) {
+        // Inline data is copied now, so the caller may reuse its buffer at once.
+        uint32_t off = 0;
+        for (int i = 0; i < wr.num_sge; ++i) {
+            std::memcpy(w.inline_data.data() + off,
+                        reinterpret_cast<const void*>(wr.sg_list[i].addr), wr.sg_list[i].length);
+            off += wr.sg_list[i].length;
+        }
+    } else {
+        w.sgl.count = static_cast<uint32_t>(wr.num_sge);
+        for (int i = 0; i < wr.num_sge; ++i)
+            w.sgl.sge[i] = {wr.sg_list[i].addr, wr.sg_list[i].length, wr.sg_list[i].lkey};
+    }
+    return 0;
+}
+
 int post_send(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexcept {
     if (inherited(ibqp->context)) {
         *bad_wr = wr;
@@ -349,11 +379,10 @@ int post_send(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexcept {
         // Local operations carry no data.
         if (!err && transport::is_local_op(w.opcode) && wr->num_sge != 0) err = EINVAL;
         const bool is_inline = wr->send_flags & IBV_SEND_INLINE;
-        if (!err && (wr->num_sge < 0 || wr->num_sge > kMaxSge)) err = EINVAL;
         if (!err && is_inline && w.opcode == transport::SendOpcode::RdmaRead) err = EINVAL;
         uint64_t total = 0;
-        for (int i = 0; !err && i < wr->num_sge; ++i) total += wr->sg_list[i].length;
-        if (!err && (total > kMaxMessage || (is_inline && total > kMaxInline))) err = EINVAL;
+        if (!err) err = fill_send_wqe(*qp, *wr, w, total);
+        if (!err && total > kMaxMessage) err = EINVAL;
         // An atomic returns 8 bytes into a registered buffer, from an 8-byte aligned target.
         if (!err && transport::is_atomic(w.opcode) &&
             (is_inline || total != 8 || wr->wr.atomic.remote_addr % 8 != 0))
@@ -362,26 +391,7 @@ int post_send(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexcept {
             *bad_wr = wr;
             return err;
         }
-        w.wr_id = wr->wr_id;
-        w.signaled = qp->sq_sig_all || (wr->send_flags & IBV_SEND_SIGNALED);
-        w.solicited = wr->send_flags & IBV_SEND_SOLICITED;
         w.fence = wr->send_flags & IBV_SEND_FENCE;
-        w.is_inline = is_inline;
-        w.length = static_cast<uint32_t>(total);
-        if (is_inline) {
-            // Inline data is copied now, so the caller may reuse its buffer at once.
-            uint32_t off = 0;
-            for (int i = 0; i < wr->num_sge; ++i) {
-                std::memcpy(w.inline_data.data() + off,
-                            reinterpret_cast<const void*>(wr->sg_list[i].addr),
-                            wr->sg_list[i].length);
-                off += wr->sg_list[i].length;
-            }
-        } else {
-            w.sgl.count = static_cast<uint32_t>(wr->num_sge);
-            for (int i = 0; i < wr->num_sge; ++i)
-                w.sgl.sge[i] = {wr->sg_list[i].addr, wr->sg_list[i].length, wr->sg_list[i].lkey};
-        }
         if (transport::is_atomic(w.opcode)) {
             w.remote_addr = wr->wr.atomic.remote_addr;
             w.rkey = wr->wr.atomic.rkey;
@@ -394,7 +404,6 @@ int post_send(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexcept {
             w.remote_addr = wr->wr.rdma.remote_addr;
             w.rkey = wr->wr.rdma.rkey;
         }
-        w.imm = ntohl(wr->imm_data);
         w.remote_srqn = wr->qp_type.xrc.remote_srqn;
         if (int e = qp->uc ? qp->uc->post_send(w) : qp->rc->post_send(w)) {
             *bad_wr = wr;

@@ -1,8 +1,6 @@
 // UD queue pairs: what modify_qp and post_send do differently for them (qp.cpp does the rest).
-#include <arpa/inet.h>
 
 #include <cerrno>
-#include <cstring>
 
 #include "provider/device_limits.h"
 #include "provider/objects.h"
@@ -37,37 +35,15 @@ int post_send_ud(UroceQp& qp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexcept {
                 err = EINVAL;  // UD carries SENDs only
                 break;
         }
-        const bool is_inline = wr->send_flags & IBV_SEND_INLINE;
         ibv_ah* ah = wr->wr.ud.ah;
         if (!err && (!ah || ah->context != ctx)) err = EINVAL;
-        if (!err && (wr->num_sge < 0 || wr->num_sge > kMaxSge)) err = EINVAL;
+        // Larger than the MTU is refused by the QP (EINVAL).
         uint64_t total = 0;
-        for (int i = 0; !err && i < wr->num_sge; ++i) total += wr->sg_list[i].length;
-        if (!err && is_inline && total > kMaxInline) err = EINVAL;
+        if (!err) err = fill_send_wqe(qp, *wr, w, total);
         if (err) {
             *bad_wr = wr;
             return err;
         }
-        w.wr_id = wr->wr_id;
-        w.signaled = qp.sq_sig_all || (wr->send_flags & IBV_SEND_SIGNALED);
-        w.solicited = wr->send_flags & IBV_SEND_SOLICITED;
-        w.is_inline = is_inline;
-        // Larger than the MTU is refused by the QP (EINVAL); keep the sum from wrapping.
-        w.length = total > UINT32_MAX ? UINT32_MAX : static_cast<uint32_t>(total);
-        if (is_inline) {
-            uint32_t off = 0;
-            for (int i = 0; i < wr->num_sge; ++i) {
-                std::memcpy(w.inline_data.data() + off,
-                            reinterpret_cast<const void*>(wr->sg_list[i].addr),
-                            wr->sg_list[i].length);
-                off += wr->sg_list[i].length;
-            }
-        } else {
-            w.sgl.count = static_cast<uint32_t>(wr->num_sge);
-            for (int i = 0; i < wr->num_sge; ++i)
-                w.sgl.sge[i] = {wr->sg_list[i].addr, wr->sg_list[i].length, wr->sg_list[i].lkey};
-        }
-        w.imm = ntohl(wr->imm_data);
         const transport::UdDestination dest{to_uah(ah)->dst_ip, wr->wr.ud.remote_qpn & 0xffffff,
                                             wr->wr.ud.remote_qkey};
         if (int e = qp.ud->post_send(w, dest)) {
