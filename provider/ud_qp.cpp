@@ -1,5 +1,4 @@
 // UD queue pairs: what modify_qp and post_send do differently for them (qp.cpp does the rest).
-
 #include <cerrno>
 
 #include "provider/device_limits.h"
