@@ -57,6 +57,11 @@ ibv_srq* new_srq(ibv_pd* pd, ibv_srq_init_attr* init, UroceXrcd* xrcd, UroceCq* 
             xrc.srqn = engine.allocate_srqn();
             xrc.xrcd = xrcd->domain->id;
             xrc.cq = cq->queue;
+            // The CQ stays busy (EBUSY on destroy) until the queue itself goes: a target QP in
+            // the middle of a message may hold the queue a little longer than the SRQ lives.
+            cq->qp_refs.fetch_add(1);
+            xrc.cq_hold = std::shared_ptr<void>(
+                cq, [](void* p) { static_cast<UroceCq*>(p)->qp_refs.fetch_sub(1); });
         }
         // srq_limit is not armed here: ibv_create_srq ignores it (ibv_modify_srq arms it).
         srq->queue = std::make_shared<transport::SharedReceiveQueue>(
@@ -78,7 +83,6 @@ ibv_srq* new_srq(ibv_pd* pd, ibv_srq_init_attr* init, UroceXrcd* xrcd, UroceCq* 
         srq->xrcd = xrcd->domain;
         srq->xrcd->users.fetch_add(1);
         srq->cq = cq;
-        cq->qp_refs.fetch_add(1);
         // From now on requests can name it.
         engine.attach_xrc_srq(srq->queue);
     }
@@ -129,15 +133,15 @@ int destroy_srq(ibv_srq* ibsrq) noexcept {
     // wait for the acknowledgement of those read.
     // An XRC SRQ first stops being found by new requests (a target QP in the middle of a
     // message keeps the queue alive until it is done with it).
-    if (srq->xrcd) st->engine->detach_xrc_srq(srq->queue->xrc().srqn);
+    if (srq->xrcd) {
+        st->engine->detach_xrc_srq(srq->queue->xrc().srqn);
+        srq->queue->close();
+    }
     st->async_events.retract(reinterpret_cast<uint64_t>(ibsrq), &srq->events);
     wait_for_acks(&ibsrq->mutex, &ibsrq->cond, &ibsrq->events_completed, srq->events.delivered);
     st->live_srqs.remove(srq);
     to_upd(ibsrq->pd)->users.fetch_sub(1);
-    if (srq->xrcd) {
-        srq->xrcd->users.fetch_sub(1);
-        srq->cq->qp_refs.fetch_sub(1);
-    }
+    if (srq->xrcd) srq->xrcd->users.fetch_sub(1);
     pthread_cond_destroy(&ibsrq->cond);
     pthread_mutex_destroy(&ibsrq->mutex);
     delete srq;

@@ -165,6 +165,7 @@ class RcQp final : public QpCommon {
     void on_request(const wire::ParsedPacket& pkt);
     void on_duplicate(const wire::ParsedPacket& pkt);
     void execute_request(const wire::ParsedPacket& pkt);
+    void execute_one(const wire::ParsedPacket& pkt);  // execute_request's work
     void execute_read(const wire::ParsedPacket& pkt);
     // CmpSwap / FetchAdd (rc_atomics.cpp): executed once, answered from the replay cache after.
     void execute_atomic(const wire::ParsedPacket& pkt);
@@ -249,7 +250,8 @@ class RcQp final : public QpCommon {
     // The receive WQE of the message in progress, taken off rq_ or the SRQ when the message
     // needed it; completed, or flushed if the QP fails first, never dropped.
     std::optional<RecvWqe> recv_;
-    // XRC target: the XRC SRQ of the request being executed (and of recv_, if set).
+    // XRC target: the XRC SRQ of the request being executed and of the message in progress
+    // (and of recv_, if set); let go when no message is open.
     std::shared_ptr<SharedReceiveQueue> xrc_srq_;
     uint32_t recv_offset_ = 0;
     uint64_t write_va_ = 0;

@@ -349,6 +349,14 @@ bool RcQp::length_ok(const wire::ParsedPacket& pkt, bool starts, bool ends) cons
 }
 
 void RcQp::execute_request(const wire::ParsedPacket& pkt) {
+    execute_one(pkt);
+    // An XRC target holds the SRQ a request named only while its message is open: once the
+    // application destroys the SRQ, no completion of a later message can reach its CQ (READs
+    // and atomics keep the PD they need in their responder resource).
+    if (in_message_ == InMessage::None && !recv_) xrc_srq_.reset();
+}
+
+void RcQp::execute_one(const wire::ParsedPacket& pkt) {
     const uint32_t psn = pkt.h.bth.psn;
     const uint16_t flags = pkt.info->flags;
     const bool starts = flags & (wire::kFirst | wire::kOnly);

@@ -26,7 +26,7 @@ std::optional<RecvWqe> SharedReceiveQueue::take() {
     std::optional<RecvWqe> out;
     {
         std::lock_guard lock(mutex_);
-        if (queue_.empty()) return std::nullopt;
+        if (closed_ || queue_.empty()) return std::nullopt;
         out = queue_.front();
         queue_.pop_front();
         // One shot: the application arms it again after the event (ibv_modify_srq).
@@ -35,8 +35,21 @@ std::optional<RecvWqe> SharedReceiveQueue::take() {
             fire = true;
         }
     }
-    if (fire && on_limit_) on_limit_();
+    if (fire && on_limit_) {
+        std::lock_guard lock(callback_mutex_);
+        if (!callbacks_off_) on_limit_();
+    }
     return out;
+}
+
+void SharedReceiveQueue::close() {
+    {
+        std::lock_guard lock(mutex_);
+        closed_ = true;
+    }
+    // Waits for a limit callback under way.
+    std::lock_guard lock(callback_mutex_);
+    callbacks_off_ = true;
 }
 
 int SharedReceiveQueue::arm_limit(uint32_t limit) {

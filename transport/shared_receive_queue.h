@@ -26,6 +26,9 @@ struct XrcSrqBinding {
     uint32_t srqn = 0;  // 0: an ordinary SRQ
     uint32_t xrcd = 0;
     std::shared_ptr<CompletionQueue> cq;
+    // Released with the queue: the provider keeps its CQ from being destroyed through it
+    // while any QP may still complete a WQE of this SRQ there.
+    std::shared_ptr<void> cq_hold;
 };
 
 class SharedReceiveQueue {
@@ -53,6 +56,9 @@ class SharedReceiveQueue {
     // armed limit.
     int resize(uint32_t capacity);
     size_t depth() const;
+    // The SRQ is being destroyed: take() gives nothing more and, once this returns, no limit
+    // callback runs or will run (a QP may still hold the queue for a moment).
+    void close();
 
   private:
     const uint32_t pd_;
@@ -63,6 +69,9 @@ class SharedReceiveQueue {
     mutable std::mutex mutex_;
     std::deque<RecvWqe> queue_;
     uint32_t limit_ = 0;  // 0: not armed
+    bool closed_ = false;
+    std::mutex callback_mutex_;   // held while on_limit_ runs
+    bool callbacks_off_ = false;  // guarded by callback_mutex_
 };
 
 }  // namespace uroce::transport

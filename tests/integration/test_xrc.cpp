@@ -369,3 +369,32 @@ TEST_CASE("XRC: what the XRC verbs refuse", "[xrc]") {
         CHECK(close_xrcd(x) == 0);
     }
 }
+
+TEST_CASE("XRC: a destroyed SRQ takes nothing more, and its CQ can go at once", "[xrc]") {
+    XrcPair x;
+    Buffer src(x.a.pd, 4096, kAll);
+    Buffer dst(x.b.pd, 4096, kAll);
+    // A second SRQ with a CQ of its own receives one message.
+    ibv_cq* cq2 = ibv_create_cq(x.b.ctx, 16, nullptr, nullptr, 0);
+    REQUIRE(cq2);
+    ibv_srq* srq2 = xrc_srq(x.b.ctx, x.b.pd, x.xrcd, cq2);
+    REQUIRE(srq2);
+    const uint32_t n2 = srq_num(srq2);
+    REQUIRE(post_srq(srq2, dst, 0, 4096, 1) == 0);
+    REQUIRE(post_srq(srq2, dst, 0, 4096, 2) == 0);
+    fill_pattern(src.bytes.data(), 3000, 8);
+    REQUIRE(post_xrc(x.ini, IBV_WR_SEND, src, 0, 3000, n2, 1) == 0);
+    REQUIRE(wait_completions(cq2, 1).size() == 1);
+    REQUIRE(wait_completions(x.a.cq, 1).size() == 1);
+    CHECK(std::memcmp(dst.bytes.data(), src.bytes.data(), 3000) == 0);
+    // The target holds the SRQ only while a message is open: both go at once.
+    CHECK(ibv_destroy_srq(srq2) == 0);
+    CHECK(ibv_destroy_cq(cq2) == 0);
+    // A request naming it now names no SRQ: refused, and nothing is written.
+    std::memset(dst.bytes.data(), 0xee, dst.bytes.size());
+    REQUIRE(post_xrc(x.ini, IBV_WR_SEND, src, 0, 100, n2, 2) == 0);
+    const auto sc = wait_completions(x.a.cq, 1);
+    REQUIRE(sc.size() == 1);
+    CHECK(sc[0].status == IBV_WC_REM_INV_REQ_ERR);
+    CHECK(dst.bytes[0] == 0xee);
+}
