@@ -139,7 +139,8 @@ TEST_CASE("ODP: ibv_advise_mr prefetches the pages it names and refuses bad rang
     Untouched mem(kSize);
     ibv_mr* rw = ibv_reg_mr(e.pd, mem.p, kSize, kOdp);
     REQUIRE(rw);
-    ibv_mr* ro = ibv_reg_mr(e.pd, mem.p, kSize, IBV_ACCESS_ON_DEMAND);  // no local write
+    const int read_only = IBV_ACCESS_ON_DEMAND;  // no local write
+    ibv_mr* ro = ibv_reg_mr(e.pd, mem.p, kSize, read_only);
     REQUIRE(ro);
     REQUIRE(mem.resident() == 0);
 
