@@ -384,6 +384,13 @@ TEST_CASE("UD multicast: what ibv_attach_mcast and ibv_detach_mcast refuse", "[u
         v4_not_mapped.raw[10] = 0;
         CHECK(ibv_attach_mcast(a.qp, &v4_not_mapped, 0) == EINVAL);
     }
+    SECTION("the device says how many groups and QPs per group it takes") {
+        ibv_device_attr attr{};
+        REQUIRE(ibv_query_device(a.ctx, &attr) == 0);
+        CHECK(attr.max_mcast_grp == 256);
+        CHECK(attr.max_mcast_qp_attach == 64);
+        CHECK(attr.max_total_mcast_qp_attach == 256 * 64);
+    }
     SECTION("detaching a group not attached, or twice") {
         CHECK(ibv_detach_mcast(a.qp, &group, 0) == EINVAL);
         REQUIRE(ibv_attach_mcast(a.qp, &group, 0) == 0);

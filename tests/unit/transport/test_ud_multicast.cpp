@@ -273,3 +273,32 @@ TEST_CASE("UD multicast: the AH's hop limit is the packets' TTL", "[ud][mcast]")
         CHECK(listener.next_ttl() == ttl);
     }
 }
+
+TEST_CASE("UD multicast: groups per engine and QPs per group are bounded", "[ud][mcast]") {
+    Pair p;
+    UdOn b(p.b);
+    SECTION("QPs per group") {
+        const uint32_t group = next_group();
+        std::vector<std::unique_ptr<UdOn>> qps;
+        for (size_t i = 0; i < MulticastGroups::kMaxQpsPerGroup; ++i) {
+            qps.push_back(std::make_unique<UdOn>(p.b));
+            REQUIRE(p.b.engine->attach_multicast(group, qps.back()->qp) == 0);
+        }
+        CHECK(p.b.engine->attach_multicast(group, b.qp) == ENOMEM);
+        REQUIRE(p.b.engine->detach_multicast(group, qps[0]->qp->qpn()) == 0);
+        CHECK(p.b.engine->attach_multicast(group, b.qp) == 0);
+    }
+    SECTION("groups") {
+        // Groups of their own (239.79.x.y) so as not to wrap around next_group().
+        const auto pid = static_cast<uint32_t>(::getpid());
+        const auto group = [pid](uint32_t i) {
+            return ipv4(239, 79 + (pid % 100), static_cast<uint8_t>(i >> 8),
+                        static_cast<uint8_t>(i));
+        };
+        for (uint32_t i = 0; i < MulticastGroups::kMaxGroups; ++i)
+            REQUIRE(p.b.engine->attach_multicast(group(i), b.qp) == 0);
+        CHECK(p.b.engine->attach_multicast(group(MulticastGroups::kMaxGroups), b.qp) == ENOMEM);
+        REQUIRE(p.b.engine->detach_multicast(group(0), b.qp->qpn()) == 0);
+        CHECK(p.b.engine->attach_multicast(group(MulticastGroups::kMaxGroups), b.qp) == 0);
+    }
+}
