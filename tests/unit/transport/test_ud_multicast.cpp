@@ -2,14 +2,17 @@
 // own copy, detached and destroyed QPs get none, Q_Keys are each QP's own, and datagrams
 // whose destination QPN does not fit their address are dropped.
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sched.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 
@@ -102,6 +105,37 @@ class TtlListener {
 
   private:
     int fd_;
+};
+
+// Moves the calling thread (and the threads it starts from now on) into a network namespace
+// of its own holding a veth pair, va (10.9.0.1) and vb (10.9.0.2), and lo; the destructor
+// moves it back, and the namespace goes with its last socket. Needs root.
+class VethNamespace {
+  public:
+    static constexpr uint32_t kA = 0x0a090001, kB = 0x0a090002;
+
+    VethNamespace() : original_(::open("/proc/thread-self/ns/net", O_RDONLY | O_CLOEXEC)) {
+        REQUIRE(original_ >= 0);
+        INFO("unshare(CLONE_NEWNET): " << std::strerror(errno) << " (needs root)");
+        REQUIRE(::unshare(CLONE_NEWNET) == 0);
+        // system()'s child runs in this thread's namespace. Both ends are local addresses
+        // of one namespace: vb must accept packets from a local source (accept_local).
+        REQUIRE(std::system("ip link set lo up && ip link add va type veth peer name vb && "
+                            "ip addr add 10.9.0.1/24 dev va && ip addr add 10.9.0.2/24 dev vb && "
+                            "ip link set va up && ip link set vb up && "
+                            "sysctl -qw net.ipv4.conf.all.rp_filter=0 "
+                            "net.ipv4.conf.vb.rp_filter=0 net.ipv4.conf.vb.accept_local=1") == 0);
+    }
+    ~VethNamespace() {
+        if (original_ < 0) return;
+        ::setns(original_, CLONE_NEWNET);
+        ::close(original_);
+    }
+    VethNamespace(const VethNamespace&) = delete;
+    VethNamespace& operator=(const VethNamespace&) = delete;
+
+  private:
+    int original_;
 };
 
 }  // namespace
@@ -301,4 +335,34 @@ TEST_CASE("UD multicast: groups per engine and QPs per group are bounded", "[ud]
         REQUIRE(p.b.engine->detach_multicast(group(0), b.qp->qpn()) == 0);
         CHECK(p.b.engine->attach_multicast(group(MulticastGroups::kMaxGroups), b.qp) == 0);
     }
+}
+
+// lo has no MULTICAST flag; a real interface has. Here the sender's device is on va and the
+// receiver's on vb: b's copy crosses the veth, a2's is looped back on va. Each member
+// socket hears its own interface only (IP_MULTICAST_ALL off): b gets one copy, not also
+// the one looped back on va.
+TEST_CASE("UD multicast over a veth pair: one copy per member", "[ud][mcast]") {
+    VethNamespace ns;
+    PairOptions opt;
+    opt.addresses = Addresses{VethNamespace::kA, VethNamespace::kB, wire::kRoceV2Port};
+    Pair p(opt);
+    UdOn a(p.a), a2(p.a), b(p.b);
+    const uint32_t group = next_group();
+    REQUIRE(p.a.engine->attach_multicast(group, a2.qp) == 0);
+    REQUIRE(p.b.engine->attach_multicast(group, b.qp) == 0);
+    REQUIRE(a2.qp->post_recv(recv_wqe(1, {p.a.sge(1000, 128)})) == 0);
+    REQUIRE(b.qp->post_recv(recv_wqe(2, {p.b.sge(0, 128)})) == 0);
+    REQUIRE(b.qp->post_recv(recv_wqe(3, {p.b.sge(200, 128)})) == 0);
+    fill(p.a.at(0), 64, 5);
+    REQUIRE(a.qp->post_send(ud_send(5, p.a, 0, 64), to_group(group)) == 0);
+    const Completion rb = p.wait_one(*p.b.rcq);
+    CHECK(rb.status == WcStatus::Success);
+    CHECK(rb.qp_num == b.qp->qpn());
+    CHECK(first_mismatch(p.b.at(40), 64, 5) == 64);
+    CHECK(grh_dst(p.b.at(0)) == group);
+    const Completion ra = p.wait_one(*p.a.rcq);
+    CHECK(ra.qp_num == a2.qp->qpn());
+    CHECK(first_mismatch(p.a.at(1040), 64, 5) == 64);
+    CHECK(p.stays_empty(*p.b.rcq));
+    CHECK(p.b.counters().rx_packets.load() == 1);
 }
