@@ -35,8 +35,9 @@ UdpSocket::UdpSocket(uint32_t ip, uint16_t port, bool reuseport) : ip_(ip), port
 UdpSocket::UdpSocket(const JoinGroup& join, uint16_t port) : ip_(join.group), port_(port) {
     if (!open()) return;
     const int one = 1, zero = 0;
-    // SO_REUSEADDR, not SO_REUSEPORT: with it the kernel hands each datagram to every
-    // socket bound to the group, where SO_REUSEPORT would pick one of them.
+    // Linux hands a multicast datagram to every socket bound to the group. SO_REUSEADDR,
+    // the usual option of multicast receivers, lets contexts of any user and other programs
+    // bind it beside us; SO_REUSEPORT would need it on every socket, all of one user.
     if (::setsockopt(fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0 ||
         // Only the group joined here, on the interface joined on: without this Linux also
         // delivers a group that another socket joined, on any interface.

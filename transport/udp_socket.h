@@ -30,8 +30,8 @@ class UdpSocket {
     // group's steering decides which member gets a datagram). On failure fd() is -1 and
     // error() says why.
     UdpSocket(uint32_t ip, uint16_t port, bool reuseport = false);
-    // Binds group:port with SO_REUSEADDR (every member socket on the host gets its own copy
-    // of a datagram, in this process and in others) and joins the group on the interface.
+    // Binds group:port with SO_REUSEADDR (beside any other member socket on the host; each
+    // gets its own copy of a datagram) and joins the group on the interface.
     UdpSocket(const JoinGroup& join, uint16_t port);
     ~UdpSocket();
     UdpSocket(const UdpSocket&) = delete;

@@ -296,15 +296,23 @@ TEST_CASE("UD multicast: what attach refuses", "[ud][mcast]") {
     CHECK_FALSE(is_ipv4_multicast(ipv4(223, 255, 255, 255)));
 }
 
+// The listener is another program's member socket, bound first with SO_REUSEADDR only (the
+// usual way): a QP attaches to the group beside it, and both get every datagram.
 TEST_CASE("UD multicast: the AH's hop limit is the packets' TTL", "[ud][mcast]") {
     Pair p;
-    UdOn a(p.a);
+    UdOn a(p.a), member(p.b);
     const uint32_t group = next_group();
     TtlListener listener(group, p.a.ip, p.a.engine->config().port);
+    REQUIRE(p.b.engine->attach_multicast(group, member.qp) == 0);
+    uint64_t wr_id = 0;
     for (auto [hop_limit, ttl] : {std::pair{7, 7}, std::pair{255, 255}, std::pair{0, 1}}) {
+        REQUIRE(member.qp->post_recv(recv_wqe(++wr_id, {p.b.sge(0, 128)})) == 0);
         REQUIRE(a.qp->post_send(ud_send(5, p.a, 0, 16),
                                 to_group(group, kQkey, static_cast<uint8_t>(hop_limit))) == 0);
         CHECK(listener.next_ttl() == ttl);
+        const Completion r = p.wait_one(*p.b.rcq);
+        CHECK(r.wr_id == wr_id);
+        CHECK(r.status == WcStatus::Success);
     }
 }
 
