@@ -1,5 +1,6 @@
 // Address handles: the destination of UD SENDs. RoCE addresses by GID, so an AH needs a GRH
-// whose destination GID is an IPv4-mapped address (the only form this version routes).
+// whose destination GID is an IPv4-mapped address (the only form this version routes): a
+// unicast address, or a multicast group (224.0.0.0/4) for QPs attached to it.
 #include <cerrno>
 #include <new>
 
@@ -37,6 +38,7 @@ ibv_ah* create_ah(ibv_pd* pd, ibv_ah_attr* attr) noexcept {
         return nullptr;
     }
     ah->dst_ip = ip;
+    ah->hop_limit = attr->grh.hop_limit;
     ah->ah.context = pd->context;
     ah->ah.pd = pd;
     ah->ah.handle = 0;

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "transport/multicast_groups.h"
 #include "transport/work_request.h"
 
 namespace uroce::provider {
@@ -28,6 +29,10 @@ inline constexpr int kMaxSrq = 4096;
 inline constexpr int kMaxAh = 1 << 16;
 inline constexpr int kMaxMw = 1 << 16;
 inline constexpr int kMaxXrcd = 1 << 16;
+// Multicast groups per context and QPs per group (transport/multicast_groups.h).
+inline constexpr int kMaxMcastGroups = static_cast<int>(transport::MulticastGroups::kMaxGroups);
+inline constexpr int kMaxMcastQpAttach =
+    static_cast<int>(transport::MulticastGroups::kMaxQpsPerGroup);
 // WQEs per SRQ: UCX asks for 4095 and more; rxe allows 16384 too.
 inline constexpr int kMaxSrqWr = 16384;
 // What rxe advertises for max_qp_rd_atom and max_qp_init_rd_atom: perftest sets the value

@@ -48,6 +48,9 @@ int query_device_ex(ibv_context* ibctx, const ibv_query_device_ex_input*, ibv_de
     d.max_srq = kMaxSrq;
     d.max_ah = kMaxAh;
     d.max_mw = kMaxMw;
+    d.max_mcast_grp = kMaxMcastGroups;
+    d.max_mcast_qp_attach = kMaxMcastQpAttach;
+    d.max_total_mcast_qp_attach = kMaxMcastGroups * kMaxMcastQpAttach;
     d.max_srq_wr = kMaxSrqWr;
     d.max_srq_sge = kMaxSge;
     d.max_qp_rd_atom = kMaxRdAtomic;

@@ -160,8 +160,9 @@ struct UroceMw {
 
 // An address handle: where UD SENDs that name it go.
 struct UroceAh {
-    ibv_ah ah;            // must be first
-    uint32_t dst_ip = 0;  // host order
+    ibv_ah ah;              // must be first
+    uint32_t dst_ip = 0;    // host order
+    uint8_t hop_limit = 0;  // the TTL of multicast packets
     LimitedSlot slot;
 };
 
@@ -301,6 +302,9 @@ int post_send_ud(UroceQp& qp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexcept;
 // EINVAL for an SGE count outside 0..kMaxSge or inline data over kMaxInline.
 int fill_send_wqe(const UroceQp& qp, const ibv_send_wr& wr, transport::SendWqe& w,
                   uint64_t& total) noexcept;
+// ibv_attach_mcast / ibv_detach_mcast (ud_qp.cpp): UD QPs and IPv4-mapped multicast GIDs.
+int attach_mcast(ibv_qp*, const ibv_gid*, uint16_t) noexcept;
+int detach_mcast(ibv_qp*, const ibv_gid*, uint16_t) noexcept;
 // The receive WQE in `wr`, or EINVAL (bad SGE count); shared by post_recv and post_srq_recv.
 int to_recv_wqe(const ibv_recv_wr& wr, transport::RecvWqe& out) noexcept;
 

@@ -24,6 +24,7 @@ verbs_context_ops make_ops() {
     o.bind_mw = bind_mw;
     o.close_xrcd = close_xrcd;
     o.async_event = async_event;
+    o.attach_mcast = attach_mcast;
     o.cq_event = cq_event;
     o.create_ah = create_ah;
     o.create_cq = create_cq;
@@ -39,6 +40,7 @@ verbs_context_ops make_ops() {
     o.destroy_cq = destroy_cq;
     o.destroy_qp = destroy_qp;
     o.destroy_srq = destroy_srq;
+    o.detach_mcast = detach_mcast;
     o.free_context = free_context;
     o.get_srq_num = get_srq_num;
     o.modify_qp = modify_qp;

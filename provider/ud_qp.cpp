@@ -1,8 +1,10 @@
-// UD queue pairs: what modify_qp and post_send do differently for them (qp.cpp does the rest).
+// UD queue pairs: what modify_qp and post_send do differently for them (qp.cpp does the rest),
+// and multicast attachment.
 #include <cerrno>
 
 #include "provider/device_limits.h"
 #include "provider/objects.h"
+#include "provider/qp_modify.h"
 
 namespace uroce::provider {
 
@@ -44,13 +46,35 @@ int post_send_ud(UroceQp& qp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexcept {
             return err;
         }
         const transport::UdDestination dest{to_uah(ah)->dst_ip, wr->wr.ud.remote_qpn & 0xffffff,
-                                            wr->wr.ud.remote_qkey};
+                                            wr->wr.ud.remote_qkey, to_uah(ah)->hop_limit};
         if (int e = qp.ud->post_send(w, dest)) {
             *bad_wr = wr;
             return e;
         }
     }
     return 0;
+}
+
+// The lid is not used: RoCE has no LIDs.
+int attach_mcast(ibv_qp* ibqp, const ibv_gid* gid, uint16_t) noexcept {
+    if (inherited(ibqp->context)) return EIO;
+    UroceQp* qp = to_uqp(ibqp);
+    uint32_t group = 0;
+    // Only UD QPs have multicast, and only IPv4 (the engine refuses addresses not groups).
+    if (!qp->ud || !gid || !gid_to_ipv4(*gid, group)) return EINVAL;
+    try {
+        return to_uctx(ibqp->context)->state->engine->attach_multicast(group, qp->ud);
+    } catch (...) {
+        return ENOMEM;
+    }
+}
+
+int detach_mcast(ibv_qp* ibqp, const ibv_gid* gid, uint16_t) noexcept {
+    if (inherited(ibqp->context)) return EIO;
+    UroceQp* qp = to_uqp(ibqp);
+    uint32_t group = 0;
+    if (!qp->ud || !gid || !gid_to_ipv4(*gid, group)) return EINVAL;
+    return to_uctx(ibqp->context)->state->engine->detach_multicast(group, ibqp->qp_num);
 }
 
 }  // namespace uroce::provider

@@ -41,7 +41,9 @@ namespace uroce::transport {
     X(rx_bad_qkey)               /* UD packets whose Q_Key is not the QP's */                   \
     X(rx_no_recv_wqe)            /* UD/UC messages dropped: no receive WQE posted */            \
     X(rx_uc_dropped)             /* UC messages given up: a lost packet, a bad key or length */ \
-    X(rx_bad_xrc_srq)            /* XRC requests for no XRC SRQ of the target's domain */
+    X(rx_bad_xrc_srq)            /* XRC requests for no XRC SRQ of the target's domain */       \
+    X(rx_bad_mcast_qpn)          /* multicast not for QP 0xFFFFFF, or unicast for it */         \
+    X(rx_mcast_no_qp)            /* multicast datagrams for a group no QP here is attached to */
 
 struct EngineCounters {
 #define UROCE_COUNTER_FIELD(name) std::atomic<uint64_t> name{0};

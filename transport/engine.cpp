@@ -9,6 +9,7 @@
 #include <new>
 
 #include "transport/random_source.h"
+#include "transport/ud_qp.h"
 #include "uroce/icrc.h"
 
 namespace uroce::transport {
@@ -111,6 +112,7 @@ Engine::Engine(const EngineConfig& config, std::unique_ptr<DeviceSlot> slot,
       socket_(config.ip, config.port, steering_ != nullptr),
       send_sockets_(config.ip, socket_),
       faults_(config.faults),
+      multicast_(config.ip, config.port, &Engine::on_group_readable, this),
       rx_buffers_(kRxBatch * kRxBufferBytes) {}
 
 Engine::~Engine() {
@@ -127,6 +129,8 @@ Engine::~Engine() {
         qps_.clear();
     }
     touched_.clear();
+    members_.clear();
+    multicast_.clear();
     if (rx_event_) event_free(rx_event_);
     if (stop_event_) event_free(stop_event_);
     if (base_) event_base_free(base_);
@@ -142,6 +146,7 @@ CounterValues Engine::counters_since_start() const {
 
 void Engine::close_sockets_after_fork() noexcept {
     send_sockets_.close_fds_after_fork();
+    multicast_.close_fds_after_fork();
     socket_.close_fd();
 }
 
@@ -165,24 +170,29 @@ namespace {
 // A number for a new QP or XRC SRQ, none of those in `taken`, drawn at random so that a
 // blind attacker cannot guess it. With a device slot the slot is its top 12 bits (never 0,
 // so never QP0 or QP1): numbers are unique across the device's contexts, and steering finds
-// this context's socket by a QPN. Throws std::bad_alloc when none is free.
+// this context's socket by a QPN. Never 0xFFFFFF, the multicast QPN. Throws std::bad_alloc
+// when none is free.
 template <typename Map>
 uint32_t draw_number(const Map& taken, const DeviceSlot* slot) {
     if (slot) {
         constexpr uint32_t kPerSlot = 1u << DeviceSlots::kQpnBits;
-        if (taken.size() >= kPerSlot) throw std::bad_alloc();
         const uint32_t base = uint32_t{slot->number()} << DeviceSlots::kQpnBits;
+        // The last slot's last number is the multicast QPN.
+        const bool has_mcast = (base | (kPerSlot - 1)) == kMulticastQpn;
+        if (taken.size() >= kPerSlot - (has_mcast ? 1 : 0)) throw std::bad_alloc();
         uint32_t low = static_cast<uint32_t>(random_u64() % kPerSlot);
-        while (taken.contains(base | low)) low = (low + 1) % kPerSlot;
+        while (taken.contains(base | low) || (base | low) == kMulticastQpn)
+            low = (low + 1) % kPerSlot;
         return base | low;
     }
-    // QPs 0 and 1 are the IBA's special QPs.
+    // QPs 0 and 1 are the IBA's special QPs, 0xFFFFFF the multicast QPN.
     constexpr uint32_t kFirst = 2;
-    constexpr uint32_t kNumbers = wire::kQpnMask + 1 - kFirst;
+    constexpr uint32_t kLast = kMulticastQpn - 1;
+    constexpr uint32_t kNumbers = kLast + 1 - kFirst;
     if (taken.size() >= kNumbers) throw std::bad_alloc();
     uint32_t n = kFirst + static_cast<uint32_t>(random_u64() % kNumbers);
     // Taken: the next free one after it (the table is far from full in practice).
-    while (taken.contains(n)) n = n >= wire::kQpnMask ? kFirst : n + 1;
+    while (taken.contains(n)) n = n >= kLast ? kFirst : n + 1;
     return n;
 }
 
@@ -238,9 +248,20 @@ void Engine::detach(uint32_t qpn) {
         qps_.erase(it);
         if (keep) qp_count_.fetch_sub(1, std::memory_order_relaxed);
     }
+    // Destroying a QP detaches it from its groups, as the kernel does.
+    if (keep && keep->transport() == wire::Transport::Ud) multicast_.detach_all(qpn);
     // Outside the table lock: closing waits for a timer callback that may be running. The
     // receive path may still hold a reference for a moment; a closed QP ignores what it gets.
     if (keep) keep->close();
+}
+
+int Engine::attach_multicast(uint32_t group, const std::shared_ptr<UdQp>& qp) {
+    if (!is_ipv4_multicast(group)) return EINVAL;
+    return multicast_.attach(base_, group, qp);
+}
+
+int Engine::detach_multicast(uint32_t group, uint32_t qpn) {
+    return multicast_.detach(group, qpn);
 }
 
 const UdpSocket& Engine::sender_for_qpn(uint32_t qpn) {
@@ -252,7 +273,7 @@ const UdpSocket& Engine::sender_for_qpn(uint32_t qpn) {
 
 Engine::TransmitResult Engine::transmit(const wire::Headers& h, std::span<const iovec> payload,
                                         uint32_t payload_len, uint32_t dst_ip,
-                                        const UdpSocket& sock) {
+                                        const UdpSocket& sock, uint8_t ttl) {
     uint8_t hdr[wire::kMaxHeaderBytes];
     wire::Headers out = h;
     out.bth.pad = wire::pad_for(payload_len);
@@ -291,7 +312,7 @@ Engine::TransmitResult Engine::transmit(const wire::Headers& h, std::span<const 
         bump(counters_->tx_dropped_filter);
         return TransmitResult::Lost;
     }
-    switch (sock.send(dst_ip, config_.port, std::span(iov, n))) {
+    switch (sock.send(dst_ip, config_.port, std::span(iov, n), ttl)) {
         case 0:
             bump(counters_->tx_packets);
             return TransmitResult::Sent;
@@ -344,8 +365,12 @@ bool Engine::pass_filter(std::span<const iovec> iov, uint32_t dst_ip) {
 }
 
 void Engine::receive_datagram(std::span<const uint8_t> udp_payload, uint32_t src_ip,
-                              uint16_t src_port, bool send_acks) {
+                              uint16_t src_port, bool send_acks, uint32_t group) {
     std::lock_guard lock(rx_mutex_);
+    if (group != 0) {
+        deliver_multicast(udp_payload, src_ip, src_port, group);
+        return;
+    }
     auto qp = deliver(udp_payload, src_ip, src_port);
     if (qp && send_acks) qp->flush_ack();
 }
@@ -356,20 +381,35 @@ void Engine::on_readable(evutil_socket_t, short, void* arg) {
     e->receive_batch();
 }
 
+void Engine::on_group_readable(const UdpSocket& socket, uint32_t group, void* arg) {
+    auto* e = static_cast<Engine*>(arg);
+    std::lock_guard lock(e->rx_mutex_);
+    e->receive_from(socket, group);
+}
+
 void Engine::progress() {
     std::unique_lock lock(rx_mutex_, std::try_to_lock);
     if (lock.owns_lock()) receive_batch();
 }
 
 void Engine::receive_batch() {
+    receive_from(socket_, 0);
+}
+
+void Engine::receive_from(const UdpSocket& socket, uint32_t group) {
     UdpSocket::Datagram batch[kRxBatch];
     size_t handled = 0;
     while (handled < kRxBudget) {
         for (size_t i = 0; i < kRxBatch; ++i)
             batch[i] = {rx_buffers_.data() + i * kRxBufferBytes, kRxBufferBytes, 0, 0, 0};
-        const size_t got = socket_.receive(std::span(batch, kRxBatch));
+        const size_t got = socket.receive(std::span(batch, kRxBatch));
         if (got == 0) break;
         for (size_t i = 0; i < got; ++i) {
+            if (group != 0) {
+                deliver_multicast({batch[i].data, batch[i].length}, batch[i].src_ip,
+                                  batch[i].src_port, group);
+                continue;
+            }
             auto qp = deliver({batch[i].data, batch[i].length}, batch[i].src_ip, batch[i].src_port);
             if (qp && std::find(touched_.begin(), touched_.end(), qp) == touched_.end())
                 touched_.push_back(std::move(qp));
@@ -382,15 +422,14 @@ void Engine::receive_batch() {
     touched_.clear();
 }
 
-std::shared_ptr<Qp> Engine::deliver(std::span<const uint8_t> datagram, uint32_t src_ip,
-                                    uint16_t src_port) {
+bool Engine::accept(std::span<const uint8_t> datagram, uint32_t src_ip, uint32_t dst_ip,
+                    uint16_t src_port, wire::ParsedPacket& pkt) {
     bump(counters_->rx_packets);
-    wire::ParsedPacket pkt;
     if (wire::parse_packet(datagram, pkt) != wire::ParseError::None) {
         bump(counters_->rx_malformed);
-        return nullptr;
+        return false;
     }
-    const wire::Ipv4Flow flow{src_ip, config_.ip, src_port, config_.port};
+    const wire::Ipv4Flow flow{src_ip, dst_ip, src_port, config_.port};
     switch (wire::icrc_verify_ipv4(flow, datagram)) {
         case wire::IcrcCheck::Exact:
             break;
@@ -399,16 +438,28 @@ std::shared_ptr<Qp> Engine::deliver(std::span<const uint8_t> datagram, uint32_t 
             break;
         case wire::IcrcCheck::Mismatch:
             bump(counters_->rx_bad_icrc);
-            return nullptr;
+            return false;
     }
     // Only the default partition exists; the membership bit is not compared.
     if ((pkt.h.bth.pkey & 0x7fff) != 0x7fff) {
         bump(counters_->rx_bad_pkey);
-        return nullptr;
+        return false;
     }
     if (pkt.info->flags & wire::kCnp) {
         // Congestion notification from the path: counted; reacting to it comes later.
         bump(counters_->rx_cnp);
+        return false;
+    }
+    return true;
+}
+
+std::shared_ptr<Qp> Engine::deliver(std::span<const uint8_t> datagram, uint32_t src_ip,
+                                    uint16_t src_port) {
+    wire::ParsedPacket pkt;
+    if (!accept(datagram, src_ip, config_.ip, src_port, pkt)) return nullptr;
+    // The multicast QPN arrives only through a group's socket.
+    if (pkt.h.bth.dest_qp == kMulticastQpn) {
+        bump(counters_->rx_bad_mcast_qpn);
         return nullptr;
     }
     std::shared_ptr<Qp> qp;
@@ -430,6 +481,31 @@ std::shared_ptr<Qp> Engine::deliver(std::span<const uint8_t> datagram, uint32_t 
     }
     qp->on_packet(pkt, src_ip);
     return qp;
+}
+
+void Engine::deliver_multicast(std::span<const uint8_t> datagram, uint32_t src_ip,
+                               uint16_t src_port, uint32_t group) {
+    wire::ParsedPacket pkt;
+    // The ICRC covers the destination address: the group's.
+    if (!accept(datagram, src_ip, group, src_port, pkt)) return;
+    if (pkt.h.bth.dest_qp != kMulticastQpn) {
+        bump(counters_->rx_bad_mcast_qpn);
+        return;
+    }
+    // Only UD has multicast.
+    if ((pkt.h.bth.opcode >> 5) != static_cast<uint8_t>(wire::Transport::Ud)) {
+        bump(counters_->rx_unsupported);
+        return;
+    }
+    multicast_.members(group, members_);
+    if (members_.empty()) {
+        // The last QP left while the datagram was on its way.
+        bump(counters_->rx_mcast_no_qp);
+        return;
+    }
+    // Each QP takes its own copy, with its own Q_Key check and receive WQE.
+    for (const auto& qp : members_) qp->on_multicast(pkt, src_ip, group);
+    members_.clear();
 }
 
 }  // namespace uroce::transport

@@ -26,6 +26,7 @@
 #include "transport/device_slots.h"
 #include "transport/fault_injector.h"
 #include "transport/memory_table.h"
+#include "transport/multicast_groups.h"
 #include "transport/qp_counters.h"
 #include "transport/qpn_steering.h"
 #include "transport/rc_qp.h"
@@ -34,6 +35,8 @@
 #include "uroce/wire.h"
 
 namespace uroce::transport {
+
+class UdQp;
 
 struct EngineConfig {
     uint32_t ip = 0;  // host order
@@ -91,9 +94,15 @@ class Engine {
     // is free.
     uint32_t allocate_qpn();
     void attach(const std::shared_ptr<Qp>& qp);
-    // Removes the QP from the table and closes it (RcQp::close): once this returns, no
-    // packet, timer or async event reaches it.
+    // Removes the QP from the table and from its multicast groups and closes it
+    // (RcQp::close): once this returns, no packet, timer or async event reaches it.
     void detach(uint32_t qpn);
+    // Attaches the UD QP `qp` to the IPv4 multicast group `group` (host order): each datagram
+    // sent to the group with destination QP 0xFFFFFF reaches it, as every other QP of this
+    // engine attached there. 0 or an errno (multicast_groups.h).
+    int attach_multicast(uint32_t group, const std::shared_ptr<UdQp>& qp);
+    // EINVAL if `qpn` is not attached to `group`.
+    int detach_multicast(uint32_t group, uint32_t qpn);
     // XRC SRQs, by the number XRC requests name in their XRCETH. allocate_srqn() draws a
     // number as allocate_qpn() does (unique on the device); attach_xrc_srq() makes the SRQ
     // findable; detach_xrc_srq() ends that and frees the number. Throws std::bad_alloc
@@ -114,9 +123,10 @@ class Engine {
 
     // Seam for tests and fuzzing: handles one UDP payload (BTH .. ICRC) exactly as if the
     // socket had delivered it from src_ip:src_port, then sends the ACKs it asked for (unless
-    // `send_acks` is false: they stay pending, as in the middle of a receive batch).
+    // `send_acks` is false: they stay pending, as in the middle of a receive batch). With
+    // `group` set, as if the socket of that multicast group had received it.
     void receive_datagram(std::span<const uint8_t> udp_payload, uint32_t src_ip, uint16_t src_port,
-                          bool send_acks = true);
+                          bool send_acks = true, uint32_t group = 0);
 
     // Sees every packet the engine is about to send (the whole UDP payload, ICRC included)
     // after the fault injector let it through; returning false drops it (counted as
@@ -150,10 +160,11 @@ class Engine {
     void run_timer_hook(uint32_t qpn);
 
     // Builds the headers, pad and ICRC around `payload` and sends the packet from `from`
-    // (unless the fault injector or the transmit filter drops it). Never waits: the caller
-    // holds a QP's mutex.
+    // (unless the fault injector or the transmit filter drops it), with IPv4 TTL `ttl` (0:
+    // the socket's). Never waits: the caller holds a QP's mutex.
     TransmitResult transmit(const wire::Headers& h, std::span<const iovec> payload,
-                            uint32_t payload_len, uint32_t dst_ip, const UdpSocket& from);
+                            uint32_t payload_len, uint32_t dst_ip, const UdpSocket& from,
+                            uint8_t ttl = 0);
 
   private:
     // Asks the transmit filter about the packet gathered from `iov`.
@@ -161,11 +172,22 @@ class Engine {
     // Checks one received UDP payload and hands it to its QP; returns that QP.
     std::shared_ptr<Qp> deliver(std::span<const uint8_t> datagram, uint32_t src_ip,
                                 uint16_t src_port);
+    // Checks one datagram the socket of multicast `group` received and hands it to every
+    // QP attached to the group.
+    void deliver_multicast(std::span<const uint8_t> datagram, uint32_t src_ip, uint16_t src_port,
+                           uint32_t group);
+    // The checks every received datagram passes (parse, ICRC against dst_ip, P_Key, not a
+    // CNP), counting what fails; false: dropped.
+    bool accept(std::span<const uint8_t> datagram, uint32_t src_ip, uint32_t dst_ip,
+                uint16_t src_port, wire::ParsedPacket& pkt);
 
     Engine(const EngineConfig& config, std::unique_ptr<DeviceSlot> slot,
            std::unique_ptr<QpnSteering> steering, std::unique_ptr<DeviceCounters> counters);
     static void on_readable(evutil_socket_t fd, short what, void* arg);
+    static void on_group_readable(const UdpSocket& socket, uint32_t group, void* arg);
     void receive_batch();
+    // Reads and delivers what `socket` holds (`group` 0: the device's socket).
+    void receive_from(const UdpSocket& socket, uint32_t group);
     void run();
 
     EngineConfig config_;
@@ -205,9 +227,13 @@ class Engine {
     std::mutex async_mutex_;
     std::function<void(const AsyncEvent&)> async_handler_;
 
-    std::mutex rx_mutex_;  // one receiver at a time; guards rx_buffers_ and touched_
+    // Its sockets' read events belong to base_: ~Engine closes them before freeing it.
+    MulticastGroups multicast_;
+
+    std::mutex rx_mutex_;  // one receiver at a time; guards rx_buffers_, touched_, members_
     std::vector<uint8_t> rx_buffers_;
     std::vector<std::shared_ptr<Qp>> touched_;
+    std::vector<std::shared_ptr<UdQp>> members_;  // of the group being delivered to
 };
 
 }  // namespace uroce::transport

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "transport/engine.h"
+#include "transport/multicast_groups.h"
 #include "transport/psn.h"
 #include "transport/scatter.h"
 
@@ -106,7 +107,9 @@ WcStatus UdQp::send_now(const SendWqe& wqe, const UdDestination& dest) {
     wire::Headers h;
     h.bth.opcode =
         static_cast<uint8_t>(with_imm ? wire::Opcode::UdSendOnlyImm : wire::Opcode::UdSendOnly);
-    h.bth.dest_qp = dest.qpn & kPsnMask;
+    const bool multicast = is_ipv4_multicast(dest.ip);
+    // A multicast packet names no QP: every QP attached to the group takes it.
+    h.bth.dest_qp = multicast ? kMulticastQpn : dest.qpn & kPsnMask;
     h.bth.psn = next_psn_;
     h.bth.solicited = wqe.solicited;
     next_psn_ = psn_add(next_psn_, 1);
@@ -127,7 +130,11 @@ WcStatus UdQp::send_now(const SendWqe& wqe, const UdDestination& dest) {
             iov[niov++] = {reinterpret_cast<void*>(s.addr), s.length};
         }
     }
-    const auto result = engine_.transmit(h, std::span(iov, niov), wqe.length, dest.ip, sender_);
+    // A hop limit of 0 still reaches the link, as it does from a NIC (Linux keeps a TTL 0
+    // multicast packet on the host).
+    const uint8_t ttl = multicast ? std::max<uint8_t>(dest.hop_limit, 1) : 0;
+    const auto result =
+        engine_.transmit(h, std::span(iov, niov), wqe.length, dest.ip, sender_, ttl);
     if (result == Engine::TransmitResult::Failed) return WcStatus::LocQpOpErr;
     if (result == Engine::TransmitResult::Sent) {
         bump(qp_counters_.tx_packets);
@@ -185,6 +192,14 @@ int UdQp::post_recv(const RecvWqe& wqe) {
 }
 
 void UdQp::on_packet(const wire::ParsedPacket& pkt, uint32_t src_ip) {
+    receive(pkt, src_ip, engine_.config().ip);
+}
+
+void UdQp::on_multicast(const wire::ParsedPacket& pkt, uint32_t src_ip, uint32_t group) {
+    receive(pkt, src_ip, group);
+}
+
+void UdQp::receive(const wire::ParsedPacket& pkt, uint32_t src_ip, uint32_t dst_ip) {
     std::lock_guard lock(mutex_);
     if (!count_received(pkt)) return;
     if (state_ != QpState::Rtr && state_ != QpState::Rts && state_ != QpState::Sqd) {
@@ -228,8 +243,7 @@ void UdQp::on_packet(const wire::ParsedPacket& pkt, uint32_t src_ip) {
         c.status = WcStatus::LocLenErr;
     } else {
         uint8_t grh[kGrhBytes];
-        build_grh(grh, src_ip, engine_.config().ip,
-                  pkt.info->header_bytes + len + pkt.h.bth.pad + kIcrcBytes);
+        build_grh(grh, src_ip, dst_ip, pkt.info->header_bytes + len + pkt.h.bth.pad + kIcrcBytes);
         const std::span<const uint8_t> pieces[] = {{grh, kGrhBytes}, pkt.payload};
         const uint32_t pd = srq_ ? srq_->pd() : pd_;
         c.status = scatter_checked(engine_.memory(), wqe->sgl, pd, 0, pieces) == KeyCheck::Ok

@@ -8,6 +8,10 @@
 // over IPv4: 20 zero bytes, then the packet's IPv4 header, as rxe writes it) and the payload
 // after it; with no WQE posted the packet is dropped (rx_ud_no_wqe), with a wrong Q_Key too
 // (rx_bad_qkey). No packet a peer sends can move the QP out of its state.
+//
+// Multicast: a destination that is an IPv4 multicast group gets the packet with BTH
+// destination QP 0xFFFFFF and the destination's hop limit as TTL; the engine hands a
+// group's datagrams to each QP attached to it (on_multicast), which takes them as above.
 #pragma once
 
 #include <sys/uio.h>
@@ -47,6 +51,9 @@ struct UdDestination {
     uint32_t ip = 0;  // host order
     uint32_t qpn = 0;
     uint32_t qkey = 0;
+    // The IPv4 TTL of multicast packets (the AH's hop limit); unicast ones keep the
+    // socket's.
+    uint8_t hop_limit = 64;
 };
 
 class UdQp final : public QpCommon {
@@ -68,8 +75,12 @@ class UdQp final : public QpCommon {
     int post_recv(const RecvWqe& wqe);
 
     void on_packet(const wire::ParsedPacket& pkt, uint32_t src_ip) override;
+    // A packet the socket of multicast `group` received (the engine checked its QPN).
+    void on_multicast(const wire::ParsedPacket& pkt, uint32_t src_ip, uint32_t group);
 
   private:
+    // Takes a packet sent to dst_ip (this device, or a group) into the next receive WQE.
+    void receive(const wire::ParsedPacket& pkt, uint32_t src_ip, uint32_t dst_ip);
     // Sends `wqe` now; the status its completion carries.
     WcStatus send_now(const SendWqe& wqe, const UdDestination& dest);
     void complete_send(const SendWqe& wqe, WcStatus status);

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstring>
 #include <vector>
 
 namespace uroce::transport {
@@ -16,10 +17,46 @@ constexpr int kSocketBuffer = 4 << 20;
 }
 
 UdpSocket::UdpSocket(uint32_t ip, uint16_t port, bool reuseport) : ip_(ip), port_(port) {
+    if (!open()) return;
+    const int one = 1;
+    if (reuseport && ::setsockopt(fd_, SOL_SOCKET, SO_REUSEPORT, &one, sizeof one) != 0) {
+        fail(errno);
+        return;
+    }
+    // Multicast sends leave from the device's interface (not the default route's) and come
+    // back to members on this host, such as other contexts of this device. Best effort: a
+    // socket that cannot have them still serves unicast.
+    in_addr ifa{htonl(ip)};
+    ::setsockopt(fd_, IPPROTO_IP, IP_MULTICAST_IF, &ifa, sizeof ifa);
+    ::setsockopt(fd_, IPPROTO_IP, IP_MULTICAST_LOOP, &one, sizeof one);
+    bind_or_close();
+}
+
+UdpSocket::UdpSocket(const JoinGroup& join, uint16_t port) : ip_(join.group), port_(port) {
+    if (!open()) return;
+    const int one = 1, zero = 0;
+    // Linux hands a multicast datagram to every socket bound to the group. SO_REUSEADDR,
+    // the usual option of multicast receivers, lets contexts of any user and other programs
+    // bind it beside us; SO_REUSEPORT would need it on every socket, all of one user.
+    if (::setsockopt(fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0 ||
+        // Only the group joined here, on the interface joined on: without this Linux also
+        // delivers a group that another socket joined, on any interface.
+        ::setsockopt(fd_, IPPROTO_IP, IP_MULTICAST_ALL, &zero, sizeof zero) != 0) {
+        fail(errno);
+        return;
+    }
+    if (!bind_or_close()) return;
+    ip_mreq mreq{};
+    mreq.imr_multiaddr.s_addr = htonl(join.group);
+    mreq.imr_interface.s_addr = htonl(join.if_ip);
+    if (::setsockopt(fd_, IPPROTO_IP, IP_ADD_MEMBERSHIP, &mreq, sizeof mreq) != 0) fail(errno);
+}
+
+bool UdpSocket::open() {
     fd_ = ::socket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd_ < 0) {
         error_ = errno;
-        return;
+        return false;
     }
     int pmtu = IP_PMTUDISC_DO;
     ::setsockopt(fd_, IPPROTO_IP, IP_MTU_DISCOVER, &pmtu, sizeof pmtu);
@@ -27,22 +64,22 @@ UdpSocket::UdpSocket(uint32_t ip, uint16_t port, bool reuseport) : ip_(ip), port
     int buf = kSocketBuffer;
     ::setsockopt(fd_, SOL_SOCKET, SO_RCVBUF, &buf, sizeof buf);
     ::setsockopt(fd_, SOL_SOCKET, SO_SNDBUF, &buf, sizeof buf);
-    const int one = 1;
-    if (reuseport && ::setsockopt(fd_, SOL_SOCKET, SO_REUSEPORT, &one, sizeof one) != 0) {
-        error_ = errno;
-        ::close(fd_);
-        fd_ = -1;
-        return;
-    }
+    return true;
+}
+
+bool UdpSocket::bind_or_close() {
     sockaddr_in sa{};
     sa.sin_family = AF_INET;
-    sa.sin_addr.s_addr = htonl(ip);
-    sa.sin_port = htons(port);
-    if (::bind(fd_, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0) {
-        error_ = errno;
-        ::close(fd_);
-        fd_ = -1;
-    }
+    sa.sin_addr.s_addr = htonl(ip_);
+    sa.sin_port = htons(port_);
+    if (::bind(fd_, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0) return true;
+    fail(errno);
+    return false;
+}
+
+void UdpSocket::fail(int err) noexcept {
+    error_ = err;
+    close_fd();
 }
 
 UdpSocket::~UdpSocket() {
@@ -54,7 +91,8 @@ void UdpSocket::close_fd() noexcept {
     fd_ = -1;
 }
 
-int UdpSocket::send(uint32_t dst_ip, uint16_t dst_port, std::span<const iovec> iov) const {
+int UdpSocket::send(uint32_t dst_ip, uint16_t dst_port, std::span<const iovec> iov,
+                    uint8_t ttl) const {
     sockaddr_in sa{};
     sa.sin_family = AF_INET;
     sa.sin_addr.s_addr = htonl(dst_ip);
@@ -64,6 +102,19 @@ int UdpSocket::send(uint32_t dst_ip, uint16_t dst_port, std::span<const iovec> i
     msg.msg_namelen = sizeof sa;
     msg.msg_iov = const_cast<iovec*>(iov.data());
     msg.msg_iovlen = iov.size();
+    // The TTL per packet (IP_TTL as ancillary data, which Linux honours for multicast too):
+    // QPs with different hop limits share a socket.
+    alignas(cmsghdr) uint8_t control[CMSG_SPACE(sizeof(int))];
+    if (ttl != 0) {
+        msg.msg_control = control;
+        msg.msg_controllen = sizeof control;
+        cmsghdr* c = CMSG_FIRSTHDR(&msg);
+        c->cmsg_level = IPPROTO_IP;
+        c->cmsg_type = IP_TTL;
+        c->cmsg_len = CMSG_LEN(sizeof(int));
+        const int value = ttl;
+        std::memcpy(CMSG_DATA(c), &value, sizeof value);
+    }
     // Never waits: the caller holds a QP's mutex. A full socket buffer (EAGAIN, ENOBUFS)
     // is reported at once and the transport treats the packet as lost on the wire.
     for (int attempt = 0; attempt < 16; ++attempt) {

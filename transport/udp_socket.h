@@ -2,7 +2,12 @@
 //
 // Unconnected and bound to the device's address and port. Don't-fragment is set, which
 // also makes Linux send IPv4 identification 0 on an unconnected socket: the ICRC covers
-// that field, so it has to be predictable (see docs/wire-format.md).
+// that field, so it has to be predictable (see docs/wire-format.md). Multicast goes out of
+// the interface holding the device's address and loops back to members on this host.
+//
+// A group member socket (JoinGroup) is bound to an IPv4 multicast group and joined on the
+// device's interface: the device's own sockets, bound to its unicast address, never see
+// datagrams sent to a group.
 #pragma once
 
 #include <sys/uio.h>
@@ -13,12 +18,21 @@
 
 namespace uroce::transport {
 
+// A multicast group to receive on, and the device address naming the interface to join on.
+struct JoinGroup {
+    uint32_t group = 0;  // host order
+    uint32_t if_ip = 0;  // host order
+};
+
 class UdpSocket {
   public:
     // Binds ip:port (host order), as one member of a SO_REUSEPORT group if `reuseport` (the
     // group's steering decides which member gets a datagram). On failure fd() is -1 and
     // error() says why.
     UdpSocket(uint32_t ip, uint16_t port, bool reuseport = false);
+    // Binds group:port with SO_REUSEADDR (beside any other member socket on the host; each
+    // gets its own copy of a datagram) and joins the group on the interface.
+    UdpSocket(const JoinGroup& join, uint16_t port);
     ~UdpSocket();
     UdpSocket(const UdpSocket&) = delete;
     UdpSocket& operator=(const UdpSocket&) = delete;
@@ -34,8 +48,9 @@ class UdpSocket {
 
     // Sends one datagram gathered from `iov` to ip:port without waiting. Returns 0 or an
     // errno: EAGAIN/ENOBUFS when the socket buffer is full, EMSGSIZE when the datagram
-    // exceeds the path MTU (don't-fragment is set).
-    int send(uint32_t dst_ip, uint16_t dst_port, std::span<const iovec> iov) const;
+    // exceeds the path MTU (don't-fragment is set). A non-zero `ttl` is the packet's IPv4
+    // TTL (multicast: the AH's hop limit); 0 keeps the socket's.
+    int send(uint32_t dst_ip, uint16_t dst_port, std::span<const iovec> iov, uint8_t ttl = 0) const;
 
     struct Datagram {
         uint8_t* data;
@@ -48,6 +63,12 @@ class UdpSocket {
     size_t receive(std::span<Datagram> batch) const;
 
   private:
+    // Opens the socket with the options every uroce socket has; false (error_ set) on failure.
+    bool open();
+    // Binds ip_:port_; false (socket closed, error_ set) on failure.
+    bool bind_or_close();
+    void fail(int err) noexcept;
+
     int fd_ = -1;
     int error_ = 0;
     uint32_t ip_;

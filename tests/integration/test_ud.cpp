@@ -1,6 +1,7 @@
 // UD QPs and address handles through the real libibverbs: datagrams with their GRH, replies
-// through an AH made from the work completion, Q_Keys, and what the verbs refuse.
+// through an AH made from the work completion, Q_Keys, multicast, and what the verbs refuse.
 #include <arpa/inet.h>
+#include <unistd.h>
 
 #include <catch2/catch.hpp>
 #include <cerrno>
@@ -271,4 +272,130 @@ TEST_CASE("UD: a QP on an SRQ takes datagrams from it", "[ud][srq]") {
     ibv_destroy_ah(ah);
     CHECK(ibv_destroy_qp(qp) == 0);
     CHECK(ibv_destroy_srq(srq) == 0);
+}
+
+namespace {
+
+// ::ffff:239.78.x.y, of this process alone (concurrent test runs do not hear each other).
+ibv_gid multicast_gid(uint8_t n) {
+    ibv_gid g{};
+    g.raw[10] = g.raw[11] = 0xff;
+    g.raw[12] = 239;
+    g.raw[13] = 78;
+    g.raw[14] = static_cast<uint8_t>(1 + ::getpid() % 254);
+    g.raw[15] = n;
+    return g;
+}
+
+// Polls `cq` a little: true if nothing arrived.
+bool nothing_arrives(ibv_cq* cq) {
+    return wait_completions(cq, 1, std::chrono::milliseconds(100)).empty();
+}
+
+}  // namespace
+
+TEST_CASE("UD multicast: QPs of two devices attached to a group both receive", "[ud][mcast]") {
+    UdEnd a(devices().a), b(devices().b), c(devices().c);
+    const ibv_gid group = multicast_gid(1);
+    REQUIRE(ibv_attach_mcast(b.qp, &group, 0) == 0);
+    REQUIRE(ibv_attach_mcast(c.qp, &group, 0) == 0);
+    Buffer in_b(b.pd, 4096, kAccess), in_c(c.pd, 4096, kAccess), out(a.pd, 4096, kAccess);
+    REQUIRE(post_recv_buf(b.qp, in_b, 0, kGrh + 700, 1) == 0);
+    REQUIRE(post_recv_buf(c.qp, in_c, 0, kGrh + 700, 2) == 0);
+    fill_pattern(out.bytes.data(), 700, 41);
+    ibv_ah* ah = a.ah_to(group);  // hop_limit 64
+    REQUIRE(ah);
+    REQUIRE(post_ud_send(a.qp, ah, 0xffffff, kQkey, out, 0, 700, 5) == 0);
+    CHECK(one(a.cq).status == IBV_WC_SUCCESS);
+    for (UdEnd* e : {&b, &c}) {
+        const ibv_wc r = one(e->cq);
+        CHECK(r.status == IBV_WC_SUCCESS);
+        CHECK(r.qp_num == e->qp->qp_num);
+        CHECK(r.src_qp == a.qp->qp_num);
+        CHECK(r.byte_len == kGrh + 700);
+        CHECK((r.wc_flags & IBV_WC_GRH) != 0);
+    }
+    for (Buffer* in : {&in_b, &in_c}) {
+        CHECK(std::memcmp(in->bytes.data() + kGrh, out.bytes.data(), 700) == 0);
+        // The GRH area's IPv4 header: from a's address to the group.
+        CHECK(std::memcmp(in->bytes.data() + 20 + 12, a.gid.raw + 12, 4) == 0);
+        CHECK(std::memcmp(in->bytes.data() + 20 + 16, group.raw + 12, 4) == 0);
+        CHECK(in->bytes[kGrh + 700] == 0);  // nothing written past the datagram
+    }
+
+    // c leaves: b still gets the next datagram, c does not.
+    REQUIRE(ibv_detach_mcast(c.qp, &group, 0) == 0);
+    CHECK(ibv_detach_mcast(c.qp, &group, 0) == EINVAL);
+    REQUIRE(post_recv_buf(b.qp, in_b, 0, kGrh + 700, 3) == 0);
+    REQUIRE(post_recv_buf(c.qp, in_c, 0, kGrh + 700, 4) == 0);
+    fill_pattern(out.bytes.data(), 700, 42);
+    REQUIRE(post_ud_send(a.qp, ah, 0xffffff, kQkey, out, 0, 700, 6) == 0);
+    CHECK(one(a.cq).status == IBV_WC_SUCCESS);
+    const ibv_wc r = one(b.cq);
+    CHECK(r.status == IBV_WC_SUCCESS);
+    CHECK(r.wr_id == 3);
+    CHECK(std::memcmp(in_b.bytes.data() + kGrh, out.bytes.data(), 700) == 0);
+    CHECK(nothing_arrives(c.cq));
+    CHECK(ibv_destroy_ah(ah) == 0);
+    // b is destroyed while attached (~UdEnd): that detaches it.
+}
+
+TEST_CASE("UD multicast: a wrong Q_Key is dropped by that QP alone", "[ud][mcast]") {
+    UdEnd a(devices().a), b(devices().b), c(devices().c, kQkey + 1);
+    const ibv_gid group = multicast_gid(2);
+    REQUIRE(ibv_attach_mcast(b.qp, &group, 0) == 0);
+    REQUIRE(ibv_attach_mcast(c.qp, &group, 0) == 0);
+    Buffer in_b(b.pd, 4096, kAccess), in_c(c.pd, 4096, kAccess), out(a.pd, 4096, kAccess);
+    REQUIRE(post_recv_buf(b.qp, in_b, 0, 4096, 1) == 0);
+    REQUIRE(post_recv_buf(c.qp, in_c, 0, 4096, 2) == 0);
+    const uint64_t bad = counter(c.ctx, "rx_bad_qkey");
+    ibv_ah* ah = a.ah_to(group);
+    REQUIRE(ah);
+    REQUIRE(post_ud_send(a.qp, ah, 0xffffff, kQkey, out, 0, 100, 1) == 0);
+    CHECK(one(a.cq).status == IBV_WC_SUCCESS);
+    CHECK(one(b.cq).status == IBV_WC_SUCCESS);
+    bool dropped = false;
+    for (int i = 0; i < 2000 && !dropped; ++i) {
+        dropped = counter(c.ctx, "rx_bad_qkey") > bad;
+        if (!dropped) wait_completions(c.cq, 1, std::chrono::milliseconds(5));
+    }
+    CHECK(dropped);
+    ibv_wc wc{};
+    CHECK(ibv_poll_cq(c.cq, 1, &wc) == 0);
+    CHECK(ibv_destroy_ah(ah) == 0);
+}
+
+TEST_CASE("UD multicast: what ibv_attach_mcast and ibv_detach_mcast refuse", "[ud][mcast]") {
+    UdEnd a(devices().a);
+    const ibv_gid group = multicast_gid(3);
+    SECTION("a QP that is not UD") {
+        Endpoint rc(devices().a);
+        CHECK(ibv_attach_mcast(rc.qp, &group, 0) == EINVAL);
+        CHECK(ibv_detach_mcast(rc.qp, &group, 0) == EINVAL);
+    }
+    SECTION("GIDs that are not IPv4-mapped multicast") {
+        CHECK(ibv_attach_mcast(a.qp, &a.gid, 0) == EINVAL);  // unicast
+        ibv_gid v6{};
+        v6.raw[0] = 0xff;  // ff0e::1, IPv6 multicast
+        v6.raw[1] = 0x0e;
+        v6.raw[15] = 1;
+        CHECK(ibv_attach_mcast(a.qp, &v6, 0) == EINVAL);
+        ibv_gid v4_not_mapped = group;
+        v4_not_mapped.raw[10] = 0;
+        CHECK(ibv_attach_mcast(a.qp, &v4_not_mapped, 0) == EINVAL);
+    }
+    SECTION("the device says how many groups and QPs per group it takes") {
+        ibv_device_attr attr{};
+        REQUIRE(ibv_query_device(a.ctx, &attr) == 0);
+        CHECK(attr.max_mcast_grp == 256);
+        CHECK(attr.max_mcast_qp_attach == 64);
+        CHECK(attr.max_total_mcast_qp_attach == 256 * 64);
+    }
+    SECTION("detaching a group not attached, or twice") {
+        CHECK(ibv_detach_mcast(a.qp, &group, 0) == EINVAL);
+        REQUIRE(ibv_attach_mcast(a.qp, &group, 0) == 0);
+        CHECK(ibv_attach_mcast(a.qp, &group, 0) == 0);  // again: still attached once
+        CHECK(ibv_detach_mcast(a.qp, &group, 0) == 0);
+        CHECK(ibv_detach_mcast(a.qp, &group, 0) == EINVAL);
+    }
 }

@@ -20,6 +20,7 @@
 #include <initializer_list>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -147,6 +148,8 @@ struct PairOptions {
     FaultConfig faults_b;
     uint32_t cq_capacity = 1024;
     QpCaps caps{512, 512, kMaxSge, kMaxSge, kMaxInlineData};
+    // The engines' addresses and port; unset: next_addresses().
+    std::optional<Addresses> addresses;
 };
 
 inline QpAttributes default_attributes() {
@@ -166,7 +169,7 @@ inline QpAttributes default_attributes() {
 class Pair {
   public:
     explicit Pair(const PairOptions& opt = {}) {
-        const Addresses addrs = next_addresses();
+        const Addresses addrs = opt.addresses ? *opt.addresses : next_addresses();
         setup(a, addrs.a, addrs.port, opt.faults_a, opt, 0x100000000000ull);
         setup(b, addrs.b, addrs.port, opt.faults_b, opt, 0x200000000000ull);
     }

@@ -9,51 +9,11 @@
 
 #include "tests/unit/transport/engine_pair.h"
 #include "tests/unit/transport/forged_peer.h"
-#include "transport/ud_qp.h"
+#include "tests/unit/transport/ud_on.h"
 
 using namespace uroce::transport;
 using namespace uroce::transport::test;
 namespace wire = uroce::wire;
-
-namespace {
-
-constexpr uint32_t kQkey = 0x11111111;
-
-// A UD QP on side `s` (beside its RC QP), detached again when the holder goes.
-struct UdOn {
-    Side& side;
-    std::shared_ptr<UdQp> qp;
-    UdOn(Side& s, uint32_t qkey = kQkey, std::shared_ptr<SharedReceiveQueue> srq = nullptr)
-        : side(s) {
-        qp = std::make_shared<UdQp>(*s.engine, s.engine->allocate_qpn(), kPd,
-                                    QpCaps{64, 64, kMaxSge, kMaxSge, kMaxInlineData}, s.scq, s.rcq,
-                                    &s, std::move(srq));
-        s.engine->attach(qp);
-        UdAttributes a;
-        a.qkey = qkey;
-        a.mtu = kMtu;
-        REQUIRE(qp->modify(a, QpState::Reset, QpState::Init) == 0);
-        REQUIRE(qp->modify(a, QpState::Init, QpState::Rtr) == 0);
-        REQUIRE(qp->modify(a, QpState::Rtr, QpState::Rts) == 0);
-    }
-    ~UdOn() { side.engine->detach(qp->qpn()); }
-    UdDestination to(const UdOn& other, uint32_t qkey = kQkey) const {
-        return UdDestination{other.side.ip, other.qp->qpn(), qkey};
-    }
-};
-
-SendWqe ud_send(uint64_t wr_id, Side& s, size_t offset, uint32_t len) {
-    return send_wqe(wr_id, {s.sge(offset, len)});
-}
-
-uint16_t ipv4_checksum(const uint8_t* h) {
-    uint32_t sum = 0;
-    for (int i = 0; i < 20; i += 2) sum += (uint32_t{h[i]} << 8) | h[i + 1];
-    while (sum >> 16) sum = (sum & 0xffff) + (sum >> 16);
-    return static_cast<uint16_t>(sum);
-}
-
-}  // namespace
 
 TEST_CASE("UD: a datagram arrives after its GRH area, with its source QP", "[ud]") {
     Pair p;
