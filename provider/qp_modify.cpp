@@ -205,8 +205,9 @@ int check_modify(ibv_qp_type type, QpState current, const ibv_qp_attr& attr, int
     if (mask & IBV_QP_AV) {
         uint32_t ip;
         // RoCE carries every packet in UDP/IP: the address vector needs a GRH.
+        // A connection has one peer: a multicast group is no destination for it.
         if (!attr.ah_attr.is_global || attr.ah_attr.grh.sgid_index != 0 ||
-            !gid_to_ipv4(attr.ah_attr.grh.dgid, ip))
+            !gid_to_ipv4(attr.ah_attr.grh.dgid, ip) || (ip >> 28) == 0xe)
             return EINVAL;
         if (attr.ah_attr.port_num > 1) return EINVAL;
     }

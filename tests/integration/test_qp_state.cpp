@@ -78,6 +78,13 @@ TEST_CASE("modify_qp enforces the IBA attribute masks", "[qp]") {
     ibv_qp_attr no_grh = attr;
     no_grh.ah_attr.is_global = 0;  // RoCE needs a GRH
     CHECK(ibv_modify_qp(a.qp, &no_grh, kRtrMask) == EINVAL);
+    // A connection's peer is one address, never a multicast group (::ffff:239.1.2.3).
+    ibv_qp_attr group = attr;
+    std::memset(group.ah_attr.grh.dgid.raw, 0, 10);
+    group.ah_attr.grh.dgid.raw[10] = group.ah_attr.grh.dgid.raw[11] = 0xff;
+    const uint8_t mcast[4] = {239, 1, 2, 3};
+    std::memcpy(group.ah_attr.grh.dgid.raw + 12, mcast, 4);
+    CHECK(ibv_modify_qp(a.qp, &group, kRtrMask) == EINVAL);
     ibv_qp_attr bad_cur = attr;
     bad_cur.cur_qp_state = IBV_QPS_RTS;
     CHECK(ibv_modify_qp(a.qp, &bad_cur, kRtrMask | IBV_QP_CUR_STATE) == EINVAL);
