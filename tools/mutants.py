@@ -468,8 +468,22 @@ MUTANTS = [
     Mutant("provider: destroy_qp does not wait for acknowledgements", "provider/qp.cpp",
            "    wait_for_acks(&ibqp->mutex, &ibqp->cond, &ibqp->events_completed, qp->events.delivered);\n",
            "", ("integration",)),
+    # --- connection manager MADs (transport/cm/) ---
+    Mutant("cm: REQ flow label one bit off", "transport/cm/cm_messages.cpp",
+           "io.field(at(288, 20), p.flow_label);", "io.field(at(289, 20), p.flow_label);", ("wire",)),
+    Mutant("cm: REP target ACK delay one bit off", "transport/cm/cm_messages.cpp",
+           "io.field(BitField{208, 5}, m.target_ack_delay);",
+           "io.field(BitField{209, 5}, m.target_ack_delay);", ("wire",)),
+    Mutant("cm: another management class decoded as CM", "transport/cm/cm_messages.cpp",
+           "    if (h.management_class != kCmManagementClass) return CmDecodeError::NotCm;\n", "",
+           ("wire",)),
+    Mutant("cm: a method other than Send decoded", "transport/cm/cm_messages.cpp",
+           "    if (h.method != kMadMethodSend) return CmDecodeError::BadMethod;\n", "", ("wire",)),
+    Mutant("cm: RDMA CM header version not checked", "transport/cm/ip_cm_header.cpp",
+           "    if (h.major_version != 0) return IpCmHeaderError::BadVersion;\n", "", ("wire",)),
+    Mutant("cm: any service ID taken for an IP one", "transport/cm/ip_cm_header.cpp",
+           "    if ((service_id >> 24) != kIpServicePrefix) return std::nullopt;\n", "", ("wire",)),
 ]
-
 
 def failed_cases(report):
     """Names of the test cases a JUnit report lists as failed (empty if there is none)."""
