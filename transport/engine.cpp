@@ -232,6 +232,10 @@ std::shared_ptr<SharedReceiveQueue> Engine::xrc_srq(uint32_t srqn) {
     return it != xrc_srqs_.end() ? it->second : nullptr;
 }
 
+uint16_t Engine::slot_number() const {
+    return slot_ ? slot_->number() : 0;
+}
+
 void Engine::attach(const std::shared_ptr<Qp>& qp) {
     std::unique_lock lock(qps_mutex_);
     qps_[qp->qpn()] = qp;

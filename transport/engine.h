@@ -76,6 +76,9 @@ class Engine {
     void close_sockets_after_fork() noexcept;
 
     const EngineConfig& config() const { return config_; }
+    // The device slot this engine holds (the top 12 bits of its QPNs); 0 without a slot
+    // table.
+    uint16_t slot_number() const;
     MemoryTable& memory() { return memory_; }
     // The live counters (the slot's block of the device's counters, or private ones).
     EngineCounters& counters() { return *counters_; }

@@ -173,6 +173,7 @@ void CmAgent::dispatch(const Events& events) {
 }
 
 uint32_t CmAgent::send_req(uint32_t peer_ip, CmReq req) {
+    const NotifyOnExit notify{*this};
     std::lock_guard lock(mutex_);
     const uint32_t id = allocate_id();
     if (id == 0) return 0;
@@ -193,6 +194,7 @@ uint32_t CmAgent::send_req(uint32_t peer_ip, CmReq req) {
 }
 
 uint32_t CmAgent::send_sidr_req(uint32_t peer_ip, CmSidrReq req) {
+    const NotifyOnExit notify{*this};
     std::lock_guard lock(mutex_);
     const uint32_t id = allocate_id();
     if (id == 0) return 0;
@@ -209,6 +211,7 @@ uint32_t CmAgent::send_sidr_req(uint32_t peer_ip, CmSidrReq req) {
 }
 
 int CmAgent::send_rep(uint32_t comm_id, CmRep rep) {
+    const NotifyOnExit notify{*this};
     std::lock_guard lock(mutex_);
     Connection* c = find(comm_id);
     if (!c || (c->state != CmState::ReqReceived && c->state != CmState::MraSent)) return EINVAL;
@@ -284,6 +287,7 @@ int CmAgent::send_rej(uint32_t comm_id, CmRejectReason reason,
 }
 
 int CmAgent::send_dreq(uint32_t comm_id, std::span<const uint8_t> private_data) {
+    const NotifyOnExit notify{*this};
     std::lock_guard lock(mutex_);
     Connection* c = find(comm_id);
     if (!c || c->state != CmState::Established) return EINVAL;
@@ -300,6 +304,7 @@ int CmAgent::send_dreq(uint32_t comm_id, std::span<const uint8_t> private_data) 
 }
 
 int CmAgent::send_drep(uint32_t comm_id, std::span<const uint8_t> private_data) {
+    const NotifyOnExit notify{*this};
     std::lock_guard lock(mutex_);
     Connection* c = find(comm_id);
     if (!c || c->state != CmState::DreqReceived) return EINVAL;
@@ -315,6 +320,7 @@ int CmAgent::send_drep(uint32_t comm_id, std::span<const uint8_t> private_data) 
 }
 
 int CmAgent::send_sidr_rep(uint32_t comm_id, CmSidrRep rep) {
+    const NotifyOnExit notify{*this};
     std::lock_guard lock(mutex_);
     Connection* c = find(comm_id);
     if (!c || c->state != CmState::SidrReqReceived) return EINVAL;
@@ -343,6 +349,7 @@ int CmAgent::notify_established(uint32_t comm_id) {
 }
 
 void CmAgent::destroy(uint32_t comm_id) {
+    const NotifyOnExit notify{*this};
     std::lock_guard lock(mutex_);
     Connection* c = find(comm_id);
     if (!c) return;
@@ -415,6 +422,7 @@ CmAgent::Connection* CmAgent::addressed(uint32_t peer_ip, uint32_t our_id) {
 }
 
 void CmAgent::on_mad(uint32_t peer_ip, std::span<const uint8_t> bytes) {
+    const NotifyOnExit notify{*this};
     Events out;
     {
         std::lock_guard lock(mutex_);
@@ -671,6 +679,7 @@ void CmAgent::on_answer(uint32_t peer_ip, const CmMad& mad, Events& out) {
 }
 
 void CmAgent::expire() {
+    const NotifyOnExit notify{*this};
     Events out;
     {
         std::lock_guard lock(mutex_);
@@ -743,6 +752,10 @@ std::optional<CmClock::time_point> CmAgent::next_deadline() const {
     for (const auto& [id, c] : connections_)
         if (c.deadline && (!next || *c.deadline < *next)) next = c.deadline;
     return next;
+}
+
+void CmAgent::set_deadline_observer(std::function<void()> observer) {
+    deadline_observer_ = std::move(observer);
 }
 
 std::optional<CmState> CmAgent::state(uint32_t comm_id) const {

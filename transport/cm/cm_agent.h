@@ -157,6 +157,10 @@ class CmAgent {
     void expire();
     std::optional<CmClock::time_point> next_deadline() const;
 
+    // `observer` runs (without the agent's lock) after every call that may have moved
+    // next_deadline(): the owner re-arms its timer there. Set it before the agent is used.
+    void set_deadline_observer(std::function<void()> observer);
+
     std::optional<CmState> state(uint32_t comm_id) const;
     CmAgentCounters counters() const;
 
@@ -192,6 +196,13 @@ class CmAgent {
     Connection* addressed(uint32_t peer_ip, uint32_t our_id);
     void on_answer(uint32_t peer_ip, const CmMad& mad, Events& out);
     void dispatch(const Events& events);
+    // Declared first in a public call: tells the observer once the call's lock is released.
+    struct NotifyOnExit {
+        const CmAgent& agent;
+        ~NotifyOnExit() {
+            if (agent.deadline_observer_) agent.deadline_observer_();
+        }
+    };
 
     MadSender& sender_;
     const uint32_t prefix_;  // already shifted into the top 12 bits
@@ -199,6 +210,7 @@ class CmAgent {
     const CmTimers timers_;
     const EventHandler on_event_;
     const Clock clock_;
+    std::function<void()> deadline_observer_;
 
     mutable std::mutex mutex_;
     std::unordered_map<uint32_t, Connection> connections_;  // by our comm ID

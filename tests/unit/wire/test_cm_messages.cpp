@@ -8,11 +8,15 @@
 #include <arpa/inet.h>
 
 #include <cstring>
+#include <mutex>
 #include <random>
 #include <vector>
 
 #include "captures.h"
+#include "tests/unit/transport/engine_pair.h"
+#include "tests/unit/transport/forged_peer.h"
 #include "transport/cm/cm_messages.h"
+#include "transport/cm/cm_service.h"
 #include "transport/cm/ip_cm_header.h"
 #include "uroce/icrc.h"
 #include "uroce/wire.h"
@@ -432,4 +436,71 @@ TEST_CASE("service IDs of the RDMA IP CM port spaces") {
     CHECK_FALSE(ip_service_of(0x0000000002064853ull).has_value());  // another prefix
     CHECK_FALSE(ip_service_of(0x0000000001074853ull).has_value());  // protocol 7
     CHECK_FALSE(ip_service_of(0x1000000001064853ull).has_value());
+}
+
+TEST_CASE("uroce's CM takes the kernel's REQ and answers with the kernel's REP layout") {
+    using namespace uroce::transport;
+    using namespace uroce::transport::test;
+    Pair p;
+    std::mutex mutex;
+    std::vector<CmEvent> events;
+    std::vector<std::vector<uint8_t>> sent;
+    p.b.engine->set_transmit_filter([&](std::span<const uint8_t> udp, uint32_t) {
+        std::lock_guard lock(mutex);
+        sent.emplace_back(udp.begin(), udp.end());
+        return false;  // kept here, not sent
+    });
+    CmService service(*p.b.engine, kServerGuid, CmTimers{}, [&](const CmEvent& e) {
+        std::lock_guard lock(mutex);
+        events.push_back(e);
+    });
+    REQUIRE(service.agent().listen(service_id_of(PortSpace::Tcp, kServerPort), 1) == 0);
+
+    // The kernel's REQ MAD, in a packet addressed to this engine.
+    uroce::wire::Headers h;
+    h.bth.opcode = static_cast<uint8_t>(uroce::wire::Opcode::UdSendOnly);
+    h.bth.dest_qp = kGsiQpn;
+    h.bth.ack_req = true;
+    h.deth.qkey = kGsiQkey;
+    h.deth.src_qp = kGsiQpn;
+    const uroce::wire::Ipv4Flow flow{p.a.ip, p.b.ip, 55410, p.b.engine->config().port};
+    p.b.engine->receive_datagram(forge_packet(h, mad_of(find_packet(kCapture, 1)), flow), p.a.ip,
+                                 55410);
+    CmEvent req;
+    {
+        std::lock_guard lock(mutex);
+        REQUIRE(events.size() == 1);
+        req = events.front();
+    }
+    REQUIRE(req.type == CmEventType::ReqReceived);
+    CHECK(std::get<CmReq>(req.message->body) == kernel_req_frame1());
+
+    CmRep rep;
+    rep.local_qpn = 0x11;
+    rep.starting_psn = 0x168009;
+    rep.target_ack_delay = 15;
+    rep.rnr_retry_count = 7;
+    REQUIRE(service.agent().send_rep(req.comm_id, rep) == 0);
+    std::vector<uint8_t> pkt;
+    {
+        std::lock_guard lock(mutex);
+        REQUIRE(sent.size() == 1);
+        pkt = sent.front();
+    }
+    ParsedPacket parsed;
+    REQUIRE(parse_packet(pkt, parsed) == ParseError::None);
+    CHECK(parsed.h.bth.opcode == static_cast<uint8_t>(uroce::wire::Opcode::UdSendOnly));
+    CHECK(parsed.h.bth.dest_qp == kGsiQpn);
+    CHECK(parsed.h.bth.ack_req);
+    CHECK_FALSE(parsed.h.bth.migreq);
+    CHECK(parsed.h.deth.qkey == kGsiQkey);
+    CHECK(parsed.h.deth.src_qp == kGsiQpn);
+    REQUIRE(parsed.payload.size() == kMadBytes);
+    // Byte for byte the kernel's REP (same transaction ID, remote comm ID, fields), but for
+    // the local comm ID, which is ours.
+    auto expect = bytes(mad_of(find_packet(kCapture, 2)));
+    for (int i = 0; i < 4; ++i)
+        expect[kMadHeaderBytes + i] = static_cast<uint8_t>(req.comm_id >> (24 - 8 * i));
+    CHECK(bytes(parsed.payload) == expect);
+    service.agent().destroy(req.comm_id);
 }

@@ -1,0 +1,151 @@
+// The CM over real UDP: two engines on loopback, QP1 and an agent on each (CmService), a
+// connection set up and torn down with every MAD going through the engines' sockets,
+// timers run by the engines' event loops. Waits are bounded.
+#include <catch2/catch.hpp>
+
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+
+#include "tests/unit/transport/engine_pair.h"
+#include "tests/unit/transport/forged_peer.h"
+#include "transport/cm/cm_service.h"
+#include "transport/cm/ip_cm_header.h"
+
+using namespace uroce::transport;
+using namespace uroce::transport::cm;
+using namespace uroce::transport::test;
+namespace wire = uroce::wire;
+
+namespace {
+
+constexpr uint64_t kService = service_id_of(PortSpace::Tcp, 9999);
+
+// Events of one service, recorded on whatever thread delivers them.
+class EventLog {
+  public:
+    void push(const CmEvent& e) {
+        std::lock_guard lock(mutex_);
+        events_.push_back(e);
+        cv_.notify_all();
+    }
+    // The next event, which must be of `type`; fails after kWait.
+    CmEvent next(CmEventType type) {
+        std::unique_lock lock(mutex_);
+        INFO("waiting for " << to_string(type));
+        REQUIRE(cv_.wait_for(lock, kWait, [this] { return !events_.empty(); }));
+        CmEvent e = events_.front();
+        events_.pop_front();
+        INFO("got " << to_string(e.type));
+        REQUIRE(e.type == type);
+        return e;
+    }
+    size_t pending() {
+        std::lock_guard lock(mutex_);
+        return events_.size();
+    }
+
+  private:
+    std::mutex mutex_;
+    std::condition_variable cv_;
+    std::deque<CmEvent> events_;
+};
+
+CmTimers fast_timers() {
+    // 4.096 us * 2^14 = 67 ms between resends, and a short timewait.
+    return CmTimers{
+        .response_exponent = 14, .max_retries = 3, .timewait = std::chrono::milliseconds(100)};
+}
+
+}  // namespace
+
+TEST_CASE("CM over UDP: connect, disconnect, timewait", "[cm]") {
+    Pair p;
+    EventLog la, lb;
+    CmService a(*p.a.engine, 0xaaaa, fast_timers(), [&la](const CmEvent& e) { la.push(e); });
+    CmService b(*p.b.engine, 0xbbbb, fast_timers(), [&lb](const CmEvent& e) { lb.push(e); });
+    REQUIRE(b.agent().listen(kService, 5) == 0);
+
+    CmReq req;
+    req.service_id = kService;
+    req.local_qpn = p.a.qp->qpn();
+    req.starting_psn = 0x100;
+    req.private_data[kIpCmHeaderBytes] = 0x42;
+    const uint32_t ida = a.agent().send_req(p.b.ip, req);
+    REQUIRE(ida != 0);
+    const CmEvent got_req = lb.next(CmEventType::ReqReceived);
+    CHECK(got_req.peer_ip == p.a.ip);
+    CHECK(std::get<CmReq>(got_req.message->body).local_qpn == p.a.qp->qpn());
+    CHECK(std::get<CmReq>(got_req.message->body).private_data[kIpCmHeaderBytes] == 0x42);
+    CHECK(std::get<CmReq>(got_req.message->body).local_ca_guid == 0xaaaa);
+
+    CmRep rep;
+    rep.local_qpn = p.b.qp->qpn();
+    REQUIRE(b.agent().send_rep(got_req.comm_id, rep) == 0);
+    const CmEvent got_rep = la.next(CmEventType::RepReceived);
+    CHECK(got_rep.comm_id == ida);
+    CHECK(std::get<CmRep>(got_rep.message->body).local_qpn == p.b.qp->qpn());
+    REQUIRE(a.agent().send_rtu(ida) == 0);
+    lb.next(CmEventType::Established);
+
+    REQUIRE(b.agent().send_dreq(got_req.comm_id) == 0);
+    la.next(CmEventType::DreqReceived);
+    REQUIRE(a.agent().send_drep(ida) == 0);
+    lb.next(CmEventType::Disconnected);
+    // The engines' timers end both timewaits.
+    la.next(CmEventType::TimewaitExit);
+    lb.next(CmEventType::TimewaitExit);
+    CHECK(a.gsi_counters().tx_mads == 3);  // REQ, RTU, DREP
+    CHECK(b.gsi_counters().tx_mads == 2);  // REP, DREQ
+    CHECK(a.gsi_counters().rx_dropped == 0);
+}
+
+TEST_CASE("CM over UDP: a peer that never answers times out", "[cm]") {
+    Pair p;
+    EventLog la;
+    CmService a(*p.a.engine, 0xaaaa, fast_timers(), [&la](const CmEvent& e) { la.push(e); });
+    // B's engine runs, but nothing listens on its QP1: the REQs are dropped as for an
+    // unknown QP, and A gives up after its retries, on its engine's timer.
+    CmReq req;
+    req.service_id = kService;
+    a.agent().send_req(p.b.ip, req);
+    la.next(CmEventType::Unreachable);
+    CHECK(a.gsi_counters().tx_mads == 1u + fast_timers().max_retries + 1u);  // REQs + REJ
+    CHECK(p.b.counters().rx_unknown_qp.load() >= 1u + fast_timers().max_retries);
+}
+
+TEST_CASE("CM over UDP: QP1 drops what is not a CM MAD", "[cm]") {
+    Pair p;
+    EventLog lb;
+    CmService b(*p.b.engine, 0xbbbb, fast_timers(), [&lb](const CmEvent& e) { lb.push(e); });
+    REQUIRE(b.agent().listen(kService, 5) == 0);
+    CmReq req;
+    req.service_id = kService;
+    const auto mad = encode_cm_mad(CmMad{MadHeader{}, req});
+    const wire::Ipv4Flow flow{p.a.ip, p.b.ip, 50000, p.b.engine->config().port};
+    wire::Headers h;
+    h.bth.opcode = static_cast<uint8_t>(wire::Opcode::UdSendOnly);
+    h.bth.dest_qp = kGsiQpn;
+    h.deth.src_qp = kGsiQpn;
+    SECTION("a wrong Q_Key") {
+        h.deth.qkey = 0x12345678;
+        p.b.engine->receive_datagram(forge_packet(h, mad, flow), p.a.ip, 50000);
+    }
+    SECTION("a short MAD") {
+        h.deth.qkey = kGsiQkey;
+        p.b.engine->receive_datagram(forge_packet(h, std::span(mad).first(200), flow), p.a.ip,
+                                     50000);
+    }
+    SECTION("SEND with immediate") {
+        h.deth.qkey = kGsiQkey;
+        h.bth.opcode = static_cast<uint8_t>(wire::Opcode::UdSendOnlyImm);
+        p.b.engine->receive_datagram(forge_packet(h, mad, flow), p.a.ip, 50000);
+    }
+    CHECK(b.gsi_counters().rx_dropped == 1);
+    CHECK(lb.pending() == 0);
+    // The same MAD, as it should be, is taken.
+    h.bth.opcode = static_cast<uint8_t>(wire::Opcode::UdSendOnly);
+    h.deth.qkey = kGsiQkey;
+    p.b.engine->receive_datagram(forge_packet(h, mad, flow), p.a.ip, 50000);
+    lb.next(CmEventType::ReqReceived);
+}

@@ -1,0 +1,56 @@
+#include "transport/cm/cm_service.h"
+
+#include <algorithm>
+#include <chrono>
+#include <new>
+
+#include "transport/engine.h"
+
+namespace uroce::transport::cm {
+
+CmService::CmService(Engine& engine, uint64_t ca_guid, CmTimers timers,
+                     CmAgent::EventHandler on_event)
+    : engine_(engine),
+      gsi_(std::make_shared<GsiQp>(
+          engine,
+          [this](uint32_t src_ip, std::span<const uint8_t> mad) { agent_.on_mad(src_ip, mad); })),
+      forwarder_(*gsi_),
+      agent_(forwarder_, engine.slot_number(), ca_guid, timers, std::move(on_event)) {
+    timer_ = evtimer_new(engine_.base(), &CmService::on_timer, this);
+    if (!timer_) throw std::bad_alloc();
+    agent_.set_deadline_observer([this] { arm(); });
+    engine_.attach(gsi_);
+}
+
+CmService::~CmService() {
+    // QP1 first: once detach() returns no MAD is being handled, so nothing re-arms the timer
+    // from the receive side; then the timer, waiting for a callback in flight.
+    engine_.detach(kGsiQpn);
+    {
+        std::lock_guard lock(timer_mutex_);
+        stopped_ = true;
+    }
+    event_del_block(timer_);
+    event_free(timer_);
+}
+
+void CmService::arm() {
+    const auto next = agent_.next_deadline();
+    if (!next) return;
+    const auto wait = std::max(CmClock::duration::zero(), *next - CmClock::now());
+    const auto us = std::chrono::duration_cast<std::chrono::microseconds>(wait).count();
+    const timeval tv{static_cast<time_t>(us / 1000000), static_cast<suseconds_t>(us % 1000000)};
+    std::lock_guard lock(timer_mutex_);
+    if (!stopped_) evtimer_add(timer_, &tv);
+}
+
+void CmService::on_timer(evutil_socket_t, short, void* arg) {
+    auto* self = static_cast<CmService*>(arg);
+    {
+        std::lock_guard lock(self->timer_mutex_);
+        if (self->stopped_) return;
+    }
+    self->agent_.expire();  // re-arms through the deadline observer
+}
+
+}  // namespace uroce::transport::cm
