@@ -19,6 +19,7 @@ namespace {
 constexpr char kMagic[8] = {'u', 'r', 'o', 'c', 'e', 's', 'l', '1'};
 constexpr off_t kSharedValueAt = 8;
 constexpr off_t kEntriesAt = 64;
+static_assert(kSharedValueAt + DeviceSlot::kSharedValues * sizeof(uint32_t) <= kEntriesAt);
 // Locks live past the end of the data: byte 0 guards the table, byte kSlotLocksAt + n
 // belongs to the holder of slot n.
 constexpr off_t kTableLock = 0;
@@ -175,16 +176,18 @@ std::unique_ptr<DeviceSlot> DeviceSlots::claim(const std::string& path, std::str
         new DeviceSlot(fd, static_cast<uint16_t>(chosen), static_cast<int>(::getpid())));
 }
 
-int DeviceSlot::update_shared_value(const std::function<uint32_t(uint32_t)>& update) const {
+int DeviceSlot::update_shared_value(unsigned index,
+                                    const std::function<uint32_t(uint32_t)>& update) const {
+    if (index >= kSharedValues) return EINVAL;
+    const off_t at = kSharedValueAt + static_cast<off_t>(index * sizeof(uint32_t));
     TableLock lock(fd_);
     if (lock.error() != 0) return lock.error();
     uint32_t value = 0;
-    const ssize_t n = ::pread(fd_, &value, sizeof value, kSharedValueAt);
+    const ssize_t n = ::pread(fd_, &value, sizeof value, at);
     if (n < 0) return errno;
     if (n != static_cast<ssize_t>(sizeof value)) value = 0;
     const uint32_t next = update(value);
-    if (next != value &&
-        ::pwrite(fd_, &next, sizeof next, kSharedValueAt) != static_cast<ssize_t>(sizeof next))
+    if (next != value && ::pwrite(fd_, &next, sizeof next, at) != static_cast<ssize_t>(sizeof next))
         return errno;
     return 0;
 }

@@ -57,10 +57,12 @@ class DeviceSlot {
 
     uint16_t number() const { return number_; }
 
-    // One device-wide number kept beside the table (QPN steering keeps the id of its socket
-    // map there): `update` gets the stored value (0 if none yet) with the table locked, and
-    // what it returns is stored. Returns 0 or an errno.
-    int update_shared_value(const std::function<uint32_t(uint32_t)>& update) const;
+    // Device-wide numbers kept beside the table (QPN steering keeps the ids of its BPF maps
+    // there), kSharedValues of them: `update` gets value `index` (0 if none yet) with the
+    // table locked, and what it returns is stored. Returns 0 or an errno (EINVAL for an index
+    // out of range).
+    static constexpr unsigned kSharedValues = 8;
+    int update_shared_value(unsigned index, const std::function<uint32_t(uint32_t)>& update) const;
 
   private:
     friend class DeviceSlots;

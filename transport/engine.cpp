@@ -236,6 +236,14 @@ uint16_t Engine::slot_number() const {
     return slot_ ? slot_->number() : 0;
 }
 
+int Engine::claim_cm_service(uint64_t service_id) {
+    return steering_ ? steering_->claim_cm_service(service_id) : 0;
+}
+
+void Engine::release_cm_service(uint64_t service_id) {
+    if (steering_) steering_->release_cm_service(service_id);
+}
+
 void Engine::attach(const std::shared_ptr<Qp>& qp) {
     std::unique_lock lock(qps_mutex_);
     qps_[qp->qpn()] = qp;

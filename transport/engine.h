@@ -79,6 +79,11 @@ class Engine {
     // The device slot this engine holds (the top 12 bits of its QPNs); 0 without a slot
     // table.
     uint16_t slot_number() const;
+    // Makes this engine the receiver of QP1's REQs and SIDR REQs for `service_id` among the
+    // device's contexts (QpnSteering::claim_cm_service). 0 at once for an engine alone on
+    // its address; EADDRINUSE when another live context has the service.
+    int claim_cm_service(uint64_t service_id);
+    void release_cm_service(uint64_t service_id);
     MemoryTable& memory() { return memory_; }
     // The live counters (the slot's block of the device's counters, or private ones).
     EngineCounters& counters() { return *counters_; }

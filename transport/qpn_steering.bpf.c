@@ -4,7 +4,12 @@
  * picks the socket of the context whose slot is the top 12 bits of the destination QPN in
  * the packet's BTH. A packet too short to hold a BTH, or for a slot no context holds, goes
  * where the kernel's own reuseport choice sends it: one context gets it, refuses it and
- * counts it (rx_malformed, rx_unknown_qp), as a device of one context would. */
+ * counts it (rx_malformed, rx_unknown_qp), as a device of one context would.
+ *
+ * QP1 belongs to no context: a CM MAD for it goes to the context its content names. A REQ or
+ * SIDR REQ names a service, which the listening context entered in uroce_cm_svc; every
+ * other CM message names the receiver's comm ID (SIDR REP: its request ID), whose top 12 bits
+ * are the slot of the context that handed it out. */
 #include <linux/bpf.h>
 /* bpf_helpers.h needs the types linux/bpf.h brings */
 #include <bpf/bpf_helpers.h>
@@ -16,18 +21,62 @@ struct {
     __type(value, __u64);
 } uroce_slots SEC(".maps");
 
+/* Listened CM services: service ID as on the wire (8 bytes, big-endian) -> slot. */
+struct {
+    __uint(type, BPF_MAP_TYPE_HASH);
+    __uint(max_entries, 4096);
+    __type(key, __u64);
+    __type(value, __u32);
+} uroce_cm_svc SEC(".maps");
+
 enum {
     kUdpHeader = 8,
     kBthBytes = 12,
     kDestQpAt = 5, /* BTH bytes 5..7: destination QP, most significant byte first */
+    kUdSendOnly = 0x64,
+    kMadAt = kUdpHeader + kBthBytes + 8, /* after the DETH */
+    kMadClassAt = 1,
+    kCmClass = 0x07,
+    kMadAttrAt = 16,      /* attribute ID, 2 bytes */
+    kCmFirstFieldAt = 24, /* the message: comm ID, or SIDR request ID */
+    kCmSecondFieldAt = 28,
+    kCmServiceIdAt = 32, /* REQ and SIDR REQ */
+    kMadNeeded = 40,     /* bytes of the MAD read below */
+    kCmIdSlotShift = 20, /* a comm ID's top 12 bits are its context's slot */
 };
+
+static __u32 be32_at(const __u8* p) {
+    return (__u32)p[0] << 24 | (__u32)p[1] << 16 | (__u32)p[2] << 8 | p[3];
+}
 
 SEC("sk_reuseport")
 int uroce_steer_by_qpn(struct sk_reuseport_md* md) {
     const __u8* udp = md->data; /* the reuseport context starts at the UDP header */
     const __u8* end = md->data_end;
     if (udp + kUdpHeader + kBthBytes > end) return SK_PASS;
-    __u32 slot = (__u32)udp[kUdpHeader + kDestQpAt] << 4 | udp[kUdpHeader + kDestQpAt + 1] >> 4;
+    const __u8* bth = udp + kUdpHeader;
+    __u32 slot = (__u32)bth[kDestQpAt] << 4 | bth[kDestQpAt + 1] >> 4;
+    if (slot == 0) {
+        /* QP1 only, UD SEND Only carrying a CM MAD; anything else: the kernel's choice. */
+        if (bth[kDestQpAt + 1] != 0 || bth[kDestQpAt + 2] != 1 || bth[0] != kUdSendOnly)
+            return SK_PASS;
+        const __u8* mad = udp + kMadAt;
+        if (mad + kMadNeeded > end || mad[kMadClassAt] != kCmClass) return SK_PASS;
+        const __u16 attr = (__u16)(mad[kMadAttrAt] << 8 | mad[kMadAttrAt + 1]);
+        if (attr == 0x10 || attr == 0x17) { /* REQ, SIDR REQ */
+            __u64 key;
+            __builtin_memcpy(&key, mad + kCmServiceIdAt, sizeof key);
+            const __u32* listener = bpf_map_lookup_elem(&uroce_cm_svc, &key);
+            if (!listener) return SK_PASS;
+            slot = *listener;
+        } else if (attr == 0x18) { /* SIDR REP */
+            slot = be32_at(mad + kCmFirstFieldAt) >> kCmIdSlotShift;
+        } else if (attr >= 0x11 && attr <= 0x16) { /* MRA, REJ, REP, RTU, DREQ, DREP */
+            slot = be32_at(mad + kCmSecondFieldAt) >> kCmIdSlotShift;
+        } else {
+            return SK_PASS;
+        }
+    }
     bpf_sk_select_reuseport(md, &uroce_slots, &slot, 0);
     return SK_PASS; /* selected, or left to the kernel's choice if the slot has no socket */
 }

@@ -7,6 +7,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <endian.h>
+
 #include <cerrno>
 #include <cstdarg>
 #include <cstring>
@@ -19,6 +21,11 @@ namespace {
 
 constexpr char kMapName[] = "uroce_slots";
 constexpr uint32_t kMapEntries = DeviceSlots::kSlots;
+constexpr char kServicesName[] = "uroce_cm_svc";
+constexpr uint32_t kServicesEntries = 4096;
+// Where the slot table keeps the maps' ids (DeviceSlot::update_shared_value).
+constexpr unsigned kSocketMapValue = 0;
+constexpr unsigned kServicesMapValue = 1;
 
 // libbpf reports to stderr by default; the provider runs inside other people's processes
 // and says nothing unasked. Our errors come back as errno and a message of our own.
@@ -61,16 +68,29 @@ class Fd {
     int fd_;
 };
 
-// The device's map, if `id` still names one of ours.
-int open_shared_map(uint32_t id) {
+// What one of the device's maps is.
+struct MapShape {
+    bpf_map_type type;
+    const char* name;
+    uint32_t key_size;
+    uint32_t value_size;
+    uint32_t entries;
+};
+constexpr MapShape kSocketMap{BPF_MAP_TYPE_REUSEPORT_SOCKARRAY, kMapName, sizeof(uint32_t),
+                              sizeof(uint64_t), kMapEntries};
+constexpr MapShape kServicesMap{BPF_MAP_TYPE_HASH, kServicesName, sizeof(uint64_t),
+                                sizeof(uint32_t), kServicesEntries};
+
+// The device's map, if `id` still names one of ours of that shape.
+int open_shared_map(uint32_t id, const MapShape& shape) {
     if (id == 0) return -1;
     Fd fd(bpf_map_get_fd_by_id(id));
     if (fd.get() < 0) return -1;
     bpf_map_info info{};
     uint32_t len = sizeof info;
     if (bpf_obj_get_info_by_fd(fd.get(), &info, &len) != 0) return -1;
-    if (info.type != BPF_MAP_TYPE_REUSEPORT_SOCKARRAY || info.max_entries != kMapEntries ||
-        info.key_size != sizeof(uint32_t) || std::strcmp(info.name, kMapName) != 0)
+    if (info.type != static_cast<uint32_t>(shape.type) || info.max_entries != shape.entries ||
+        info.key_size != shape.key_size || std::strcmp(info.name, shape.name) != 0)
         return -1;  // the id was reused by somebody else's map
     return fd.release();
 }
@@ -93,22 +113,30 @@ std::string describe(int err, const char* what) {
 std::unique_ptr<QpnSteering> QpnSteering::open(const DeviceSlot& slot, std::string& error,
                                                int& err) {
     QuietLibbpf quiet_libbpf;
+    // The device's map of this shape, created on first use; its id is kept in the slot table.
+    const auto shared_map = [&slot](unsigned value, const MapShape& shape, Fd& map) {
+        int create_err = 0;
+        const int rc = slot.update_shared_value(value, [&](uint32_t stored) {
+            map.reset(open_shared_map(stored, shape));
+            if (map.get() >= 0) return stored;
+            map.reset(bpf_map_create(shape.type, shape.name, shape.key_size, shape.value_size,
+                                     shape.entries, nullptr));
+            if (map.get() < 0) {
+                create_err = errno;
+                return stored;
+            }
+            return map_id(map.get());
+        });
+        return rc != 0 ? rc : map.get() < 0 ? create_err : 0;
+    };
     Fd map;
-    int create_err = 0;
-    const int rc = slot.update_shared_value([&](uint32_t stored) {
-        map.reset(open_shared_map(stored));
-        if (map.get() >= 0) return stored;
-        map.reset(bpf_map_create(BPF_MAP_TYPE_REUSEPORT_SOCKARRAY, kMapName, sizeof(uint32_t),
-                                 sizeof(uint64_t), kMapEntries, nullptr));
-        if (map.get() < 0) {
-            create_err = errno;
-            return stored;
-        }
-        return map_id(map.get());
-    });
-    if (rc != 0 || map.get() < 0) {
-        err = rc != 0 ? rc : create_err;
+    Fd services;
+    if ((err = shared_map(kSocketMapValue, kSocketMap, map)) != 0) {
         error = describe(err, "cannot set up the device's socket map");
+        return nullptr;
+    }
+    if ((err = shared_map(kServicesMapValue, kServicesMap, services)) != 0) {
+        error = describe(err, "cannot set up the device's CM service map");
         return nullptr;
     }
 
@@ -125,9 +153,11 @@ std::unique_ptr<QpnSteering> QpnSteering::open(const DeviceSlot& slot, std::stri
     Fd prog;
     {
         bpf_map* m = bpf_object__find_map_by_name(obj, kMapName);
+        bpf_map* svc = bpf_object__find_map_by_name(obj, kServicesName);
         bpf_program* p = bpf_object__find_program_by_name(obj, "uroce_steer_by_qpn");
-        int e = (m == nullptr || p == nullptr) ? ENOENT : 0;
+        int e = (m == nullptr || svc == nullptr || p == nullptr) ? ENOENT : 0;
         if (e == 0 && bpf_map__reuse_fd(m, map.get()) != 0) e = errno;
+        if (e == 0 && bpf_map__reuse_fd(svc, services.get()) != 0) e = errno;
         if (e == 0 && bpf_object__load(obj) != 0) e = errno;
         if (e == 0) {
             prog.reset(::fcntl(bpf_program__fd(p), F_DUPFD_CLOEXEC, 0));
@@ -140,8 +170,8 @@ std::unique_ptr<QpnSteering> QpnSteering::open(const DeviceSlot& slot, std::stri
             return nullptr;
         }
     }
-    return std::unique_ptr<QpnSteering>(
-        new QpnSteering(map.release(), prog.release(), slot.number(), ::getpid()));
+    return std::unique_ptr<QpnSteering>(new QpnSteering(map.release(), services.release(),
+                                                        prog.release(), slot.number(), ::getpid()));
 }
 
 int QpnSteering::add(int socket_fd, std::string& error) {
@@ -161,9 +191,35 @@ int QpnSteering::add(int socket_fd, std::string& error) {
     return 0;
 }
 
+int QpnSteering::claim_cm_service(uint64_t service_id) {
+    const uint64_t key = htobe64(service_id);
+    for (int attempt = 0; attempt < 4; ++attempt) {
+        if (bpf_map_update_elem(services_fd_, &key, &slot_, BPF_NOEXIST) == 0) return 0;
+        if (errno != EEXIST) return errno;
+        uint32_t holder = 0;
+        if (bpf_map_lookup_elem(services_fd_, &key, &holder) != 0) continue;  // just removed
+        if (holder == slot_) return 0;
+        // Taken by a context that still has its socket in the group: in use. A holder that
+        // went away without saying so (killed) left its entry behind: take it over.
+        uint64_t cookie = 0;
+        if (holder < kMapEntries && bpf_map_lookup_elem(map_fd_, &holder, &cookie) == 0)
+            return EADDRINUSE;
+        if (bpf_map_update_elem(services_fd_, &key, &slot_, BPF_EXIST) == 0) return 0;
+    }
+    return EAGAIN;
+}
+
+void QpnSteering::release_cm_service(uint64_t service_id) {
+    const uint64_t key = htobe64(service_id);
+    uint32_t holder = 0;
+    if (bpf_map_lookup_elem(services_fd_, &key, &holder) == 0 && holder == slot_)
+        bpf_map_delete_elem(services_fd_, &key);
+}
+
 QpnSteering::~QpnSteering() {
     if (::getpid() == owner_pid_) bpf_map_delete_elem(map_fd_, &slot_);
     ::close(prog_fd_);
+    ::close(services_fd_);
     ::close(map_fd_);
 }
 

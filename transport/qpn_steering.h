@@ -15,6 +15,7 @@
 // EPERM and says so.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -34,15 +35,27 @@ class QpnSteering {
     // socket of the slot. Returns 0, or an errno with `error` set.
     int add(int socket_fd, std::string& error);
 
+    // QP1's CM MADs (REQ, SIDR REQ) for `service_id` go to this context's socket from now
+    // on (qpn_steering.bpf.c). 0; EADDRINUSE while another live context of the device has
+    // the service (one whose process died without releasing it loses it here); or an errno.
+    int claim_cm_service(uint64_t service_id);
+    // Ends claim_cm_service(), if this context still holds the service.
+    void release_cm_service(uint64_t service_id);
+
     // Takes the socket out of the map (closing the socket would, too).
     ~QpnSteering();
     QpnSteering(const QpnSteering&) = delete;
     QpnSteering& operator=(const QpnSteering&) = delete;
 
   private:
-    QpnSteering(int map_fd, int prog_fd, uint32_t slot, int owner_pid)
-        : map_fd_(map_fd), prog_fd_(prog_fd), slot_(slot), owner_pid_(owner_pid) {}
+    QpnSteering(int map_fd, int services_fd, int prog_fd, uint32_t slot, int owner_pid)
+        : map_fd_(map_fd),
+          services_fd_(services_fd),
+          prog_fd_(prog_fd),
+          slot_(slot),
+          owner_pid_(owner_pid) {}
     int map_fd_;
+    int services_fd_;
     int prog_fd_;
     uint32_t slot_;
     int owner_pid_;  // a child of fork() must not take its parent's socket out of the map

@@ -22,7 +22,29 @@ CmService::CmService(Engine& engine, uint64_t ca_guid, CmTimers timers,
     engine_.attach(gsi_);
 }
 
+int CmService::listen(uint64_t service_id, uint64_t listener) {
+    std::lock_guard lock(listen_mutex_);
+    if (const int rc = engine_.claim_cm_service(service_id); rc != 0) return rc;
+    if (const int rc = agent_.listen(service_id, listener); rc != 0) return rc;
+    services_.push_back(service_id);
+    return 0;
+}
+
+void CmService::stop_listening(uint64_t service_id) {
+    std::lock_guard lock(listen_mutex_);
+    auto it = std::find(services_.begin(), services_.end(), service_id);
+    if (it == services_.end()) return;
+    services_.erase(it);
+    agent_.stop_listening(service_id);
+    engine_.release_cm_service(service_id);
+}
+
 CmService::~CmService() {
+    {
+        std::lock_guard lock(listen_mutex_);
+        for (uint64_t s : services_) engine_.release_cm_service(s);
+        services_.clear();
+    }
     // QP1 first: once detach() returns no MAD is being handled, so nothing re-arms the timer
     // from the receive side; then the timer, waiting for a callback in flight.
     engine_.detach(kGsiQpn);

@@ -14,6 +14,7 @@
 #include <atomic>
 #include <memory>
 #include <mutex>
+#include <vector>
 
 #include "transport/cm/cm_agent.h"
 #include "transport/cm/gsi_qp.h"
@@ -34,6 +35,13 @@ class CmService {
     CmService(const CmService&) = delete;
     CmService& operator=(const CmService&) = delete;
 
+    // Listening goes through the service, not the agent: the device's other contexts must
+    // learn that this one takes the service's REQs (Engine::claim_cm_service). 0, or
+    // EADDRINUSE when this or another context of the device already listens.
+    int listen(uint64_t service_id, uint64_t listener);
+    void stop_listening(uint64_t service_id);
+
+    // Everything else: connect, answer, disconnect.
     CmAgent& agent() { return agent_; }
     const GsiCounters& gsi_counters() const { return gsi_->counters(); }
 
@@ -53,6 +61,8 @@ class CmService {
     static void on_timer(evutil_socket_t, short, void* arg);
 
     Engine& engine_;
+    std::mutex listen_mutex_;
+    std::vector<uint64_t> services_;  // claimed, released on destruction
     std::shared_ptr<GsiQp> gsi_;
     Forwarder forwarder_;
     CmAgent agent_;

@@ -64,7 +64,7 @@ TEST_CASE("CM over UDP: connect, disconnect, timewait", "[cm]") {
     EventLog la, lb;
     CmService a(*p.a.engine, 0xaaaa, fast_timers(), [&la](const CmEvent& e) { la.push(e); });
     CmService b(*p.b.engine, 0xbbbb, fast_timers(), [&lb](const CmEvent& e) { lb.push(e); });
-    REQUIRE(b.agent().listen(kService, 5) == 0);
+    REQUIRE(b.listen(kService, 5) == 0);
 
     CmReq req;
     req.service_id = kService;
@@ -118,7 +118,7 @@ TEST_CASE("CM over UDP: QP1 drops what is not a CM MAD", "[cm]") {
     Pair p;
     EventLog lb;
     CmService b(*p.b.engine, 0xbbbb, fast_timers(), [&lb](const CmEvent& e) { lb.push(e); });
-    REQUIRE(b.agent().listen(kService, 5) == 0);
+    REQUIRE(b.listen(kService, 5) == 0);
     CmReq req;
     req.service_id = kService;
     const auto mad = encode_cm_mad(CmMad{MadHeader{}, req});

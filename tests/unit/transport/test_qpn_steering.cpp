@@ -255,3 +255,117 @@ TEST_CASE("QPN steering: a child of fork() that drops its copy leaves the parent
     CHECK(a->received() == even);  // a stray would land in a or b at the kernel's choice
     CHECK(b.received() == odd);
 }
+
+namespace {
+
+// A CM MAD to QP1 (UD SEND Only, DETH, MAD): `attr` at MAD bytes 16..17, `tag` in the last
+// byte of the transaction ID, `field_at` bytes of the MAD set to `field` (big-endian).
+void send_cm(Where w, uint16_t attr, int tag, size_t field_at, uint64_t field, size_t field_bytes,
+             uint8_t mgmt_class = 0x07, size_t length = 12 + 8 + 256 + 4) {
+    std::vector<uint8_t> pkt(length, 0);
+    pkt[0] = 0x64;
+    pkt[7] = 1;  // destination QP 1
+    uint8_t* mad = pkt.data() + 20;
+    if (length >= 20 + 40) {
+        mad[0] = 1;
+        mad[1] = mgmt_class;
+        mad[2] = 2;
+        mad[3] = 3;
+        mad[15] = static_cast<uint8_t>(tag);
+        mad[16] = static_cast<uint8_t>(attr >> 8);
+        mad[17] = static_cast<uint8_t>(attr);
+        for (size_t i = 0; i < field_bytes; ++i)
+            mad[field_at + i] = static_cast<uint8_t>(field >> (8 * (field_bytes - 1 - i)));
+    }
+    const int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    REQUIRE(fd >= 0);
+    const sockaddr_in sa = sockaddr_of(w);
+    const bool sent =
+        ::sendto(fd, pkt.data(), pkt.size(), 0, reinterpret_cast<const sockaddr*>(&sa),
+                 sizeof sa) == static_cast<ssize_t>(pkt.size());
+    ::close(fd);
+    REQUIRE(sent);
+}
+
+// The tags of the CM MADs waiting on a member's socket (-1 for a datagram too short to be one).
+std::vector<int> cm_tags(const Member& m) {
+    std::vector<int> tags;
+    uint8_t buf[512];
+    for (int i = 0; i < 10000; ++i) {
+        const ssize_t n = ::recv(m.fd, buf, sizeof buf, MSG_DONTWAIT);
+        if (n < 0) break;
+        tags.push_back(n >= 20 + 40 ? buf[20 + 15] : -1);
+    }
+    return tags;
+}
+
+constexpr size_t kServiceAt = 32;
+constexpr size_t kRemoteCommIdAt = 28;
+constexpr size_t kRequestIdAt = 24;
+
+}  // namespace
+
+TEST_CASE("QPN steering: QP1's CM MADs reach the context their content names",
+          "[qpn_steering][cm]") {
+    const std::string table = table_path();
+    const Where w = test_address();
+    Member a(table, w), b(table, w), c(table, w);
+    const uint64_t s1 = 0x0000000001060001ull, s2 = 0x0000000001110002ull;
+    REQUIRE(a.steering->claim_cm_service(s1) == 0);
+    REQUIRE(b.steering->claim_cm_service(s2) == 0);
+    const auto id_of = [](const Member& m) { return uint64_t{m.slot->number()} << 20 | 0x1234; };
+
+    send_cm(w, 0x10, 1, kServiceAt, s1, 8);           // REQ for s1: a
+    send_cm(w, 0x10, 2, kServiceAt, s2, 8);           // REQ for s2: b
+    send_cm(w, 0x17, 3, kServiceAt, s2, 8);           // SIDR REQ for s2: b
+    for (uint16_t attr = 0x11; attr <= 0x16; ++attr)  // MRA .. DREP naming c's comm ID
+        send_cm(w, attr, 10 + attr - 0x11, kRemoteCommIdAt, id_of(c), 4);
+    send_cm(w, 0x18, 20, kRequestIdAt, id_of(a), 4);  // SIDR REP naming a's request ID
+    // Strays: each reaches exactly one member, which refuses it.
+    send_cm(w, 0x10, 100, kServiceAt, 0x0000000001060099ull, 8);         // nobody listens
+    send_cm(w, 0x19, 101, kRemoteCommIdAt, id_of(c), 4);                 // LAP: not steered
+    send_cm(w, 0x13, 102, kRemoteCommIdAt, id_of(c), 4, 0x04);           // not the CM class
+    send_cm(w, 0x13, 103, kRemoteCommIdAt, uint64_t{4000} << 20, 4);     // nobody's slot
+    send_cm(w, 0x13, 104, kRemoteCommIdAt, id_of(c), 4, 0x07, 20 + 39);  // too short to read
+    settle();
+
+    std::multiset<int> strays;
+    auto steered = [&strays](std::vector<int> tags) {
+        std::vector<int> kept;
+        for (int t : tags) (t >= 100 || t < 0 ? (void)strays.insert(t) : kept.push_back(t));
+        return kept;
+    };
+    CHECK(steered(cm_tags(a)) == std::vector<int>{1, 20});
+    CHECK(steered(cm_tags(b)) == std::vector<int>{2, 3});
+    CHECK(steered(cm_tags(c)) == std::vector<int>{10, 11, 12, 13, 14, 15});
+    CHECK(strays.size() == 5);
+    CHECK(strays.count(-1) == 1);  // the short one carries no readable tag
+}
+
+TEST_CASE("QPN steering: one listener per CM service and device", "[qpn_steering][cm]") {
+    const std::string table = table_path();
+    const Where w = test_address();
+    auto a = std::make_unique<Member>(table, w);
+    Member b(table, w);
+    const uint64_t s = 0x0000000001060042ull;
+    REQUIRE(a->steering->claim_cm_service(s) == 0);
+    CHECK(a->steering->claim_cm_service(s) == 0);  // again: still a's
+    CHECK(b.steering->claim_cm_service(s) == EADDRINUSE);
+    SECTION("released, it can be taken") {
+        a->steering->release_cm_service(s);
+        b.steering->release_cm_service(s);  // not b's: nothing happens
+        CHECK(b.steering->claim_cm_service(s) == 0);
+        CHECK(a->steering->claim_cm_service(s) == EADDRINUSE);
+        send_cm(w, 0x10, 7, kServiceAt, s, 8);
+        settle();
+        CHECK(cm_tags(b) == std::vector<int>{7});
+    }
+    SECTION("a holder that left without releasing it loses it") {
+        // Leaving takes a's socket out of the group; its service entry stays behind.
+        a.reset();
+        CHECK(b.steering->claim_cm_service(s) == 0);
+        send_cm(w, 0x10, 8, kServiceAt, s, 8);
+        settle();
+        CHECK(cm_tags(b) == std::vector<int>{8});
+    }
+}

@@ -454,7 +454,7 @@ TEST_CASE("uroce's CM takes the kernel's REQ and answers with the kernel's REP l
         std::lock_guard lock(mutex);
         events.push_back(e);
     });
-    REQUIRE(service.agent().listen(service_id_of(PortSpace::Tcp, kServerPort), 1) == 0);
+    REQUIRE(service.listen(service_id_of(PortSpace::Tcp, kServerPort), 1) == 0);
 
     // The kernel's REQ MAD, in a packet addressed to this engine.
     uroce::wire::Headers h;
