@@ -184,10 +184,17 @@ class CmAgent {
 
     // Under mutex_.
     uint32_t allocate_id();
+    // A new connection we start (REQ or SIDR REQ), with a fresh comm ID; nullptr if none.
+    Connection* open_active(uint32_t peer_ip, CmState state);
     Connection* find(uint32_t comm_id);
     void transmit(Connection& c, const CmMad& mad, bool await_answer);
     void send_once(uint32_t peer_ip, const CmMad& mad);
     void enter_timewait(Connection& c, bool report_exit);
+    void send_reject(uint32_t peer_ip, uint64_t tid, const CmRej& rej);
+    // DREQ (naming the connection's IDs and the peer's QP) with retries; DreqSent.
+    void start_disconnect(Connection& c, CmDreq dreq);
+    // DREP (with the DREQ's transaction ID), then timewait.
+    void answer_dreq(Connection& c, const CmDrep& drep, bool report_exit);
     void remove(uint32_t comm_id);
     void emit(Events& out, const Connection& c, CmEventType type, const CmMad* cause);
     void on_req(uint32_t peer_ip, const CmMad& mad, Events& out);
