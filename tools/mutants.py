@@ -504,6 +504,8 @@ MUTANTS = [
            "            return SK_PASS;", ("cm",)),
     Mutant("steering: a live listener's service taken over", "transport/qpn_steering.cpp",
            "            return EADDRINUSE;\n", "", ("cm",)),
+    Mutant("ports: claims of one port do not conflict", "transport/cm/port_table.cpp",
+           "    fl.l_type = F_WRLCK;", "    fl.l_type = F_RDLCK;", ("cm",)),
 ]
 
 def failed_cases(report):
