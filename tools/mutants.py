@@ -109,7 +109,7 @@ MUTANTS = [
     # --- RC QPs on an SRQ (transport/rc_responder.cpp, rc_qp.cpp; provider/srq.cpp) ---
     Mutant("srq: QP ignores its SRQ", "transport/rc_responder.cpp",
            "        recv_ = srq->take();\n        return recv_.has_value();",
-           "        return false;", ("srq",)),
+           "        (void)srq;\n        return false;", ("srq",)),
     Mutant("srq: WQE of a cut-short message not flushed", "transport/rc_qp.cpp",
            "        if (CompletionQueue* cq = recv_cq()) push_completion(*cq, c);\n    }\n    while (!rq_.empty()) {",
            "        (void)c;\n    }\n    while (!rq_.empty()) {", ("srq",)),
@@ -119,7 +119,8 @@ MUTANTS = [
            "if (state_ == QpState::Reset || srq_ || xrc_role_ != XrcRole::None) return EINVAL;",
            "if (state_ == QpState::Reset || xrc_role_ != XrcRole::None) return EINVAL;", ("srq",)),
     Mutant("srq: lkeys checked against the QP's PD", "transport/rc_responder.cpp",
-           "const uint32_t pd = srq ? srq->pd() : pd_;", "const uint32_t pd = pd_;", ("srq",)),
+           "const uint32_t pd = srq ? srq->pd() : pd_;", "const uint32_t pd = ((void)srq, pd_);",
+           ("srq",)),
     Mutant("srq: shrinking below the queued WQEs accepted", "transport/shared_receive_queue.cpp",
            "capacity < queue_.size() || ", "", ("srq-integration",)),
     Mutant("srq: destroy with QPs attached", "provider/srq.cpp",
