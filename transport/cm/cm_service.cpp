@@ -57,13 +57,16 @@ CmService::~CmService() {
 }
 
 void CmService::arm() {
+    // Reading the deadline and setting the timer under one lock: two threads re-arming at
+    // once could otherwise leave the timer at the later of two deadlines they read.
+    std::lock_guard lock(timer_mutex_);
+    if (stopped_) return;
     const auto next = agent_.next_deadline();
     if (!next) return;
     const auto wait = std::max(CmClock::duration::zero(), *next - CmClock::now());
     const auto us = std::chrono::duration_cast<std::chrono::microseconds>(wait).count();
     const timeval tv{static_cast<time_t>(us / 1000000), static_cast<suseconds_t>(us % 1000000)};
-    std::lock_guard lock(timer_mutex_);
-    if (!stopped_) evtimer_add(timer_, &tv);
+    evtimer_add(timer_, &tv);
 }
 
 void CmService::on_timer(evutil_socket_t, short, void* arg) {

@@ -66,7 +66,7 @@ class CmService {
     std::shared_ptr<GsiQp> gsi_;
     Forwarder forwarder_;
     CmAgent agent_;
-    std::mutex timer_mutex_;
+    std::mutex timer_mutex_;  // taken before the agent's lock, never after
     bool stopped_ = false;
     event* timer_ = nullptr;
 };
