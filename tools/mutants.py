@@ -79,6 +79,8 @@ TESTS = {
     "async-integration": ("release", None, ["meson", "test", "--no-rebuild", "integration",
                                             "--test-args", " ".join(["[async]"] + JUNIT)]),
     "wire": ("release", None, ["tests/unit/wire/test_wire"] + JUNIT),
+    "faults": ("release", "tests/unit/transport/test_transport",
+               ["tests/unit/transport/test_transport", "[faults]"] + JUNIT),
     "cm": ("release", "tests/unit/transport/test_transport",
            ["tests/unit/transport/test_transport", "[cm]"] + JUNIT),
     "comp_channel": ("release", None, ["tests/unit/comp_channel/test_comp_channel"] + JUNIT),
@@ -505,6 +507,9 @@ MUTANTS = [
            "            return EADDRINUSE;\n", "", ("cm",)),
     Mutant("ports: claims of one port do not conflict", "transport/cm/port_table.cpp",
            "    fl.l_type = F_WRLCK;", "    fl.l_type = F_RDLCK;", ("cm",)),
+    # --- fault injector (transport/fault_injector.cpp) ---
+    Mutant("faults: until=N ignored (loss in the teardown)", "transport/fault_injector.cpp",
+           "    if (until_ != 0 && n >= until_) return false;\n", "", ("faults",)),
 ]
 
 def failed_cases(report):

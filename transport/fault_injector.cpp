@@ -38,23 +38,24 @@ std::optional<FaultConfig> parse_fault_config(std::string_view spec, std::string
                 return std::nullopt;
             }
             cfg.drop = p;
-        } else if (key == "seed") {
-            uint64_t s = 0;
-            auto [ptr, ec] = std::from_chars(value.data(), value.data() + value.size(), s);
+        } else if (key == "seed" || key == "until") {
+            uint64_t n = 0;
+            auto [ptr, ec] = std::from_chars(value.data(), value.data() + value.size(), n);
             if (ec != std::errc{} || ptr != value.data() + value.size() || value.empty()) {
-                error = "seed must be an unsigned integer, got '" + value + "'";
+                error = std::string(key) + " must be an unsigned integer, got '" + value + "'";
                 return std::nullopt;
             }
-            cfg.seed = s;
+            (key == "seed" ? cfg.seed : cfg.until) = n;
         } else {
-            error = "unknown fault '" + std::string(key) + "' (known: drop, seed)";
+            error = "unknown fault '" + std::string(key) + "' (known: drop, seed, until)";
             return std::nullopt;
         }
     }
     return cfg;
 }
 
-FaultInjector::FaultInjector(const FaultConfig& config) : seed_(config.seed) {
+FaultInjector::FaultInjector(const FaultConfig& config)
+    : seed_(config.seed), until_(config.until) {
     if (config.drop >= 1.0)
         threshold_ = UINT64_MAX;
     else if (config.drop > 0.0)
@@ -64,6 +65,7 @@ FaultInjector::FaultInjector(const FaultConfig& config) : seed_(config.seed) {
 bool FaultInjector::drop_next() {
     if (threshold_ == 0) return false;
     const uint64_t n = counter_.fetch_add(1, std::memory_order_relaxed);
+    if (until_ != 0 && n >= until_) return false;
     return splitmix64(seed_ ^ splitmix64(n)) < threshold_;
 }
 

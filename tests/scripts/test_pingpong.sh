@@ -27,9 +27,12 @@
 # from the PID. Every pingpong runs with UROCE_STATS=1 so that the transport
 # counters can be checked: rx_bad_icrc=0 always; with UROCE_FAULTS=drop=0.05
 # tx_dropped_fault>0 and retransmit_timeouts+rx_naks>0 (recovery really ran).
-# A lossy run that ends in ibv_rc_pingpong's own teardown race (one side done
-# and gone, the other's last SEND never acknowledged: "retry counter exceeded")
-# is run again with another seed, at most twice, with a "# note:" line.
+# Lossy runs drop only among the first packets each side sends (until=N, about
+# half of them): the pingpongs' teardown is not loss-proof on any transport (one
+# side done and gone, the other's last SEND never acknowledged: "retry counter
+# exceeded"); ibv_srq_pingpong met it in one run of three even so (see there). A
+# run that still ends that way is run again with another seed, at most twice,
+# with a "# note:" line.
 # Last line: "N passed, M failed"; exit 1 if M > 0.
 set -u
 # shellcheck source=lib.sh
@@ -275,19 +278,24 @@ case $GROUP in
         ;;
     drop)
         # 5% of the packets each side sends are dropped.
-        pingpong "drop5% poll -s 1" drop=0.05,seed=1 "$A" "$B" "$IP_A" 200 -s 1 -c
-        pingpong "drop5% poll -s 4096" drop=0.05,seed=2 "$A" "$B" "$IP_A" 200 -s 4096 -c
-        pingpong "drop5% event -s 1024" drop=0.05,seed=3 "$A" "$B" "$IP_A" 200 -e -s 1024 -c
-        pingpong "drop5% poll -s 65536" drop=0.05,seed=4 "$A" "$B" "$IP_A" 200 -s 65536 -c
-        pingpong "drop5% event -s 65536" drop=0.05,seed=5 "$A" "$B" "$IP_A" 200 -e -s 65536 -c
-        pingpong "drop5% -m 4096 -s 65536" drop=0.05,seed=6 "$B" "$C" "$IP_B" 200 -m 4096 -s 65536 -c
+        pingpong "drop5% poll -s 1" drop=0.05,seed=1,until=200 "$A" "$B" "$IP_A" 200 -s 1 -c
+        pingpong "drop5% poll -s 4096" drop=0.05,seed=2,until=400 "$A" "$B" "$IP_A" 200 -s 4096 -c
+        pingpong "drop5% event -s 1024" drop=0.05,seed=3,until=200 "$A" "$B" "$IP_A" 200 -e -s 1024 -c
+        pingpong "drop5% poll -s 65536" drop=0.05,seed=4,until=5000 "$A" "$B" "$IP_A" 200 -s 65536 -c
+        pingpong "drop5% event -s 65536" drop=0.05,seed=5,until=5000 "$A" "$B" "$IP_A" 200 -e -s 65536 -c
+        pingpong "drop5% -m 4096 -s 65536" drop=0.05,seed=6,until=1500 "$B" "$C" "$IP_B" 200 -m 4096 -s 65536 -c
         ;;
     srq)
         # -n counts the exchanges of each QP; -c checks every received buffer.
         pingpong "srq poll -s 4096" - "$A" "$B" "$IP_A" "$LARGE" -s 4096 -c
         pingpong "srq event -s 1024" - "$A" "$B" "$IP_A" "$LARGE" -e -s 1024 -c
         pingpong "srq -q 4 -m 4096 -s 65536" - "$B" "$C" "$IP_B" 200 -q 4 -m 4096 -s 65536 -c
-        pingpong "srq drop5% -s 4096" drop=0.05,seed=7 "$A" "$B" "$IP_A" 200 -s 4096 -c
+        # A lost ACK is recovered only by the retransmission timer (67 ms in the pingpongs),
+        # and the other 15 QPs go on meanwhile: the run has to outlast the last loss by more
+        # than that, or it ends with the stalled QP's peer gone (ibv_srq_pingpong stops
+        # when the total count is reached). 2,000 exchanges take ~0.3 s; loss in the first
+        # 400 packets of each side (~5%).
+        pingpong "srq drop5% -s 4096" drop=0.05,seed=7,until=400 "$A" "$B" "$IP_A" 2000 -s 4096 -c
         ;;
     ud)
         # A message must fit the port MTU: 1024 on A, 4096 on B and C; 256 on D.
@@ -306,7 +314,7 @@ case $GROUP in
         xsrq "xsrq poll -s 4096" - "$A" "$B" "$IP_A" "$LARGE" -s 4096
         xsrq "xsrq event -s 1" - "$A" "$B" "$IP_A" "$LARGE" -e -s 1
         xsrq "xsrq -m 4096 -s 65536 (B<-C)" - "$B" "$C" "$IP_B" 200 -m 4096 -s 65536
-        xsrq "xsrq drop5% -s 4096" drop=0.05,seed=7 "$A" "$B" "$IP_A" 200 -s 4096
+        xsrq "xsrq drop5% -s 4096" drop=0.05,seed=7,until=400 "$A" "$B" "$IP_A" 200 -s 4096
         ;;
 esac
 

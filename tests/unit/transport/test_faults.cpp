@@ -71,6 +71,14 @@ TEST_CASE("parse_fault_config accepts good specs", "[faults]") {
         REQUIRE(c);
         CHECK(c->seed == 0);
     }
+    SECTION("until: a window of candidate packets") {
+        auto c = parse_fault_config("drop=0.05,until=1000", error);
+        REQUIRE(c);
+        CHECK(c->until == 1000);
+        c = parse_fault_config("drop=0.05", error);
+        REQUIRE(c);
+        CHECK(c->until == 0);
+    }
     SECTION("a later value of a key wins") {
         auto c = parse_fault_config("drop=0.1,drop=0.2,seed=1,seed=2", error);
         REQUIRE(c);
@@ -117,6 +125,10 @@ TEST_CASE("parse_fault_config rejects bad specs", "[faults]") {
         "seed=0x10",
         "seed=12 ",
         "seed=18446744073709551616",
+        "until=",
+        "until=-1",
+        "until=ten",
+        "until=1e3",
         // no '='
         "drop",
         "drop0.1",
@@ -142,6 +154,9 @@ TEST_CASE("parse_fault_config errors say what was wrong", "[faults]") {
     error.clear();
     CHECK_FALSE(parse_fault_config("seed=x", error));
     CHECK(error.find("seed") != std::string::npos);
+    error.clear();
+    CHECK_FALSE(parse_fault_config("until=x", error));
+    CHECK(error.find("until") != std::string::npos);
     error.clear();
     CHECK_FALSE(parse_fault_config("nokey", error));
     CHECK(error.find("nokey") != std::string::npos);
@@ -218,4 +233,33 @@ TEST_CASE("FaultInjector drops are deterministic per seed", "[faults]") {
     for (size_t i = 0; i < kDraws / 2; ++i) first_half += a[i];
     CHECK(first_half > drops_a / 4);
     CHECK(first_half < drops_a * 3 / 4);
+}
+
+TEST_CASE("FaultInjector until=N drops only among the first N packets", "[faults]") {
+    SECTION("drop=1: exactly the first N") {
+        const auto d = draws(FaultConfig{1.0, 3, 100}, 1000);
+        for (size_t i = 0; i < d.size(); ++i) {
+            INFO("packet " << i);
+            CHECK(d[i] == (i < 100));
+        }
+    }
+    SECTION("inside the window the draws are those of the unlimited injector") {
+        const auto limited = draws(FaultConfig{0.05, 7, 5000}, 10000);
+        const auto unlimited = draws(FaultConfig{0.05, 7}, 10000);
+        size_t inside = 0, after = 0;
+        for (size_t i = 0; i < 10000; ++i) {
+            if (i < 5000) {
+                CHECK(limited[i] == unlimited[i]);
+                inside += limited[i];
+            } else {
+                after += limited[i];
+            }
+        }
+        CHECK(inside > 150);
+        CHECK(after == 0);
+    }
+    SECTION("until=0 is no limit") {
+        const auto d = draws(FaultConfig{1.0, 3, 0}, 1000);
+        for (bool b : d) CHECK(b);
+    }
 }
