@@ -54,8 +54,7 @@ std::optional<FaultConfig> parse_fault_config(std::string_view spec, std::string
     return cfg;
 }
 
-FaultInjector::FaultInjector(const FaultConfig& config)
-    : seed_(config.seed), until_(config.until) {
+FaultInjector::FaultInjector(const FaultConfig& config) : seed_(config.seed), until_(config.until) {
     if (config.drop >= 1.0)
         threshold_ = UINT64_MAX;
     else if (config.drop > 0.0)
