@@ -11,9 +11,11 @@
 #include <new>
 #include <string>
 
+#include "provider/cm_host.h"
 #include "provider/comp_channel.h"
 #include "provider/device_limits.h"
 #include "provider/objects.h"
+#include "provider/ucma.h"
 
 namespace uroce::provider {
 
@@ -71,6 +73,10 @@ verbs_device* alloc_device(verbs_sysfs_dev* sysfs_dev) {
         return nullptr;
     }
     dev->vdev.core_support = UROCE_CORE_SUPPORT_OPTIONAL_MR_ACCESS;
+    // librdmacm lists devices before it opens its rdma_cm fd: both the address and the
+    // redirection must be in place by then (ucma.h).
+    cm_host_note_device(sysfs_dev->ibdev_name, sysfs_dev->ibdev_path, dev->config);
+    static_cast<void>(ucma::hook_install());
     return &dev->vdev;
 }
 
@@ -158,6 +164,7 @@ verbs_context* alloc_context(ibv_device* ibdev, int cmd_fd, void*) {
     // it in this process. Without the hook, channel creation fails with a clear errno and
     // one stderr line says why (comp_channel.h); everything else works.
     if (comp_channel_attach(cmd_fd) == 0) st->cmd_fd = cmd_fd;
+    static_cast<void>(ucma::hook_install());
     st->engine->set_async_handler([ctx](const transport::AsyncEvent& ev) {
         ibv_event_type type = IBV_EVENT_QP_FATAL;
         switch (ev.type) {
@@ -273,6 +280,7 @@ const verbs_device_ops kDeviceOps = {
 
 __attribute__((constructor)) void register_driver() {
     fork_guard_install();
+    static_cast<void>(ucma::hook_install());
     verbs_register_driver_34(&kDeviceOps);
 }
 

@@ -506,7 +506,11 @@ MUTANTS = [
     Mutant("steering: a live listener's service taken over", "transport/qpn_steering.cpp",
            "            return EADDRINUSE;\n", "", ("cm",)),
     Mutant("ports: claims of one port do not conflict", "transport/cm/port_table.cpp",
-           "    fl.l_type = F_WRLCK;", "    fl.l_type = F_RDLCK;", ("cm",)),
+           "    fl.l_type = exclusive ? F_WRLCK : F_RDLCK;", "    fl.l_type = F_RDLCK;", ("cm",)),
+    Mutant("ports: an address's claim does not block an any-address claim",
+           "transport/cm/port_table.cpp",
+           "    const int any_fd = lock_port(path_, port, ip == 0, err);",
+           "    const int any_fd = ip == 0 ? lock_port(path_, port, true, err) : ::dup(0);", ("cm",)),
     # --- fault injector (transport/fault_injector.cpp) ---
     Mutant("faults: until=N ignored (loss in the teardown)", "transport/fault_injector.cpp",
            "    if (until_ != 0 && n >= until_) return false;\n", "", ("faults",)),

@@ -387,6 +387,14 @@ std::vector<std::string> Registry::add(const DeviceConfig& cfg) {
 
     const fs::path abi = verbs_class() / "abi_version";
     if (read_file(abi) != "6") write_file(abi, "6");
+    // librdmacm reads the rdma_cm device's ABI version (4, today's kernels') from here; the
+    // RDMA CM's port tables live beside the registry, writable by every user (sticky, as
+    // /tmp), since any process may bind ports.
+    const fs::path cm_class = root_ / "sys" / "class" / "misc" / "rdma_cm";
+    make_dirs(cm_class);
+    if (read_file(cm_class / "abi_version") != "4") write_file(cm_class / "abi_version", "4");
+    make_dirs(root_ / "rdma_cm");
+    ::chmod((root_ / "rdma_cm").c_str(), 01777);
 
     // Everything is built under dot names (libibverbs skips those) and renamed
     // into place; the infiniband_verbs entry, which makes the device visible,

@@ -9,6 +9,7 @@ packages=(
   ucx-utils openmpi-bin libopenmpi-dev  # tests/scripts/test_ucx.sh (ucx_perftest, mpirun, mpicc)
   qemu-system-x86 cpio kmod xz-utils zstd ibverbs-providers  # tools/stock-kernel-test.sh
   clang libclang-rt-14-dev  # libFuzzer and the sanitizers for tools/fuzz
+  librdmacm-dev rdmacm-utils qperf  # RDMA CM: the rdma_cm emulation's tests (rping, udaddy, ...)
 )
 missing=()
 for p in "${packages[@]}"; do

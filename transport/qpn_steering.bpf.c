@@ -49,6 +49,19 @@ static __u32 be32_at(const __u8* p) {
     return (__u32)p[0] << 24 | (__u32)p[1] << 16 | (__u32)p[2] << 8 | p[3];
 }
 
+/* A CM MAD no listener or live context claims: to the context registered under service ID
+ * 0 (any context that runs a CM), which answers what IBA says (a REJ for an unknown service,
+ * a DREP for a forgotten connection) or drops and counts; without one, the kernel's choice. */
+static int to_any_cm(struct sk_reuseport_md* md) {
+    __u64 any = 0;
+    const __u32* cm = bpf_map_lookup_elem(&uroce_cm_svc, &any);
+    if (cm) {
+        __u32 slot = *cm;
+        bpf_sk_select_reuseport(md, &uroce_slots, &slot, 0);
+    }
+    return SK_PASS;
+}
+
 SEC("sk_reuseport")
 int uroce_steer_by_qpn(struct sk_reuseport_md* md) {
     const __u8* udp = md->data; /* the reuseport context starts at the UDP header */
@@ -67,15 +80,19 @@ int uroce_steer_by_qpn(struct sk_reuseport_md* md) {
             __u64 key;
             __builtin_memcpy(&key, mad + kCmServiceIdAt, sizeof key);
             const __u32* listener = bpf_map_lookup_elem(&uroce_cm_svc, &key);
-            if (!listener) return SK_PASS;
+            if (!listener) return to_any_cm(md);
             slot = *listener;
         } else if (attr == 0x18) { /* SIDR REP */
             slot = be32_at(mad + kCmFirstFieldAt) >> kCmIdSlotShift;
         } else if (attr >= 0x11 && attr <= 0x16) { /* MRA, REJ, REP, RTU, DREQ, DREP */
             slot = be32_at(mad + kCmSecondFieldAt) >> kCmIdSlotShift;
         } else {
-            return SK_PASS;
+            return to_any_cm(md);
         }
+        /* The context a CM MAD names may be gone (its process died): another CM answers
+         * for it, as the protocol says (REJ, DREP), instead of a context without QP1. */
+        if (bpf_sk_select_reuseport(md, &uroce_slots, &slot, 0) != 0) return to_any_cm(md);
+        return SK_PASS;
     }
     bpf_sk_select_reuseport(md, &uroce_slots, &slot, 0);
     return SK_PASS; /* selected, or left to the kernel's choice if the slot has no socket */

@@ -1,6 +1,7 @@
 #include "transport/cm/cm_service.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <new>
 
@@ -20,10 +21,19 @@ CmService::CmService(Engine& engine, uint64_t ca_guid, CmTimers timers,
     if (!timer_) throw std::bad_alloc();
     agent_.set_deadline_observer([this] { arm(); });
     engine_.attach(gsi_);
+    claim_any();
+}
+
+void CmService::claim_any() {
+    // Service ID 0 (no RDMA CM service has it): "a context with a CM", which the steering
+    // uses for CM MADs nobody else takes. One holder per device; a dead one is replaced.
+    if (engine_.claim_cm_service(kAnyCmService) == 0) holds_any_ = true;
 }
 
 int CmService::listen(uint64_t service_id, uint64_t listener) {
     std::lock_guard lock(listen_mutex_);
+    if (service_id == kAnyCmService) return EINVAL;
+    if (!holds_any_) claim_any();
     if (const int rc = engine_.claim_cm_service(service_id); rc != 0) return rc;
     if (const int rc = agent_.listen(service_id, listener); rc != 0) return rc;
     services_.push_back(service_id);
@@ -44,6 +54,7 @@ CmService::~CmService() {
         std::lock_guard lock(listen_mutex_);
         for (uint64_t s : services_) engine_.release_cm_service(s);
         services_.clear();
+        if (holds_any_) engine_.release_cm_service(kAnyCmService);
     }
     // QP1 first: once detach() returns no MAD is being handled, so nothing re-arms the timer
     // from the receive side; then the timer, waiting for a callback in flight.

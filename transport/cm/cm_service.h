@@ -57,12 +57,15 @@ class CmService {
         GsiQp& gsi_;
     };
 
+    static constexpr uint64_t kAnyCmService = 0;
+    void claim_any();  // under listen_mutex_, or in the constructor
     void arm();
     static void on_timer(evutil_socket_t, short, void* arg);
 
     Engine& engine_;
     std::mutex listen_mutex_;
     std::vector<uint64_t> services_;  // claimed, released on destruction
+    bool holds_any_ = false;          // this context answers CM MADs nobody else takes
     std::shared_ptr<GsiQp> gsi_;
     Forwarder forwarder_;
     CmAgent agent_;

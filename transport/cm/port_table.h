@@ -8,8 +8,10 @@
 // even by kill -9, so a dead process's ports are free again without anyone cleaning up. Each
 // claim opens the file anew, so two claims in one process conflict as two processes' do.
 //
-// A port is exclusive within its port space whatever the IP address it is bound to (the
-// kernel allows the same port on two different specific addresses; uroce does not yet).
+// As with the kernel's port spaces, one port can be bound on two different addresses, but
+// not on an address and on the any address (0.0.0.0) at once. A claim for one address locks
+// the port's byte in the space's file shared and in a file of that address exclusively; an
+// any-address claim locks the space's byte exclusively.
 //
 // This header is part of the transport and knows nothing of libibverbs.
 #pragma once
@@ -31,11 +33,13 @@ class PortTable {
     // The table in file `path` (created, mode 0666, if it does not exist).
     explicit PortTable(std::string path) : path_(std::move(path)) {}
 
-    // Claims `port` (1..65535). nullptr with `err`: EADDRINUSE when held (by this process or
-    // another), EINVAL for port 0, or the errno of opening the file.
-    std::unique_ptr<PortClaim> claim(uint16_t port, int& err) const;
-    // Claims a free ephemeral port, tried in random order. EADDRNOTAVAIL when none is free.
-    std::unique_ptr<PortClaim> claim_ephemeral(int& err) const;
+    // Claims `port` (1..65535) on IPv4 address `ip` (host order; 0 = any). nullptr with
+    // `err`: EADDRINUSE when held (by this process or another), EINVAL for port 0, or the
+    // errno of opening a file.
+    std::unique_ptr<PortClaim> claim(uint32_t ip, uint16_t port, int& err) const;
+    // Claims a free ephemeral port on `ip`, tried in random order. EADDRNOTAVAIL when none
+    // is free.
+    std::unique_ptr<PortClaim> claim_ephemeral(uint32_t ip, int& err) const;
 
   private:
     std::string path_;
@@ -51,8 +55,9 @@ class PortClaim {
 
   private:
     friend class PortTable;
-    PortClaim(int fd, uint16_t port) : fd_(fd), port_(port) {}
+    PortClaim(int fd, int addr_fd, uint16_t port) : fd_(fd), addr_fd_(addr_fd), port_(port) {}
     int fd_;
+    int addr_fd_;
     uint16_t port_;
 };
 

@@ -1,0 +1,395 @@
+// RDMA CM identifiers: the connection half. An identifier's connection is one IB CM
+// connection of its device's CmAgent; the agent's events become RDMA CM events here.
+#include <arpa/inet.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "transport/cm/cm_service.h"
+#include "transport/cm/rdma_cm.h"
+#include "transport/cm/rdma_cm_id.h"
+#include "transport/random_source.h"
+
+namespace uroce::transport::cm {
+
+namespace {
+
+constexpr uint32_t kPsnMask = 0xffffff;
+
+uint32_t random_psn() {
+    return static_cast<uint32_t>(random_u64()) & kPsnMask;
+}
+
+template <size_t N>
+std::vector<uint8_t> bytes_of(const std::array<uint8_t, N>& a, size_t from = 0) {
+    return {a.begin() + static_cast<std::ptrdiff_t>(from), a.end()};
+}
+
+template <size_t N>
+void copy_private(std::span<const uint8_t> from, std::array<uint8_t, N>& to, size_t at = 0) {
+    std::copy_n(from.begin(), std::min(from.size(), N - at), to.begin() + at);
+}
+
+}  // namespace
+
+int RdmaCm::connect(uint32_t handle, const CmConnParam& param) {
+    std::unique_lock lock(mutex_);
+    Id* id = find(handle);
+    int rc = 0;
+    if (!id || id->state != State::RouteResolved) {
+        rc = EINVAL;
+    } else if (id->ps != PortSpace::Tcp && id->ps != PortSpace::Ib) {
+        rc = EOPNOTSUPP;
+    } else if (param.private_data.size() > kConnectPrivateBytes) {
+        rc = EINVAL;
+    } else if (CmService* svc = service(id->device->name, rc); svc != nullptr) {
+        id->active = true;
+        id->local_qpn = param.qp_num & kPsnMask;
+        id->sq_psn = random_psn();
+        id->responder_resources = param.responder_resources;
+        id->initiator_depth = param.initiator_depth;
+        id->retry_count = std::min<uint8_t>(param.retry_count, 7);
+
+        CmReq req;
+        req.service_id = service_id_of(id->ps, id->dst.port);
+        req.local_qpn = id->local_qpn;
+        req.responder_resources = param.responder_resources;
+        req.initiator_depth = param.initiator_depth;
+        req.remote_cm_response_timeout = kCmResponseTimeout;
+        req.transport = CmTransport::Rc;
+        req.end_to_end_flow_control = param.flow_control != 0;
+        req.starting_psn = id->sq_psn;
+        req.local_cm_response_timeout = kCmResponseTimeout;
+        req.retry_count = id->retry_count;
+        req.pkey = 0xffff;
+        req.path_mtu = id->path_mtu;
+        req.rnr_retry_count = std::min<uint8_t>(param.rnr_retry_count, 7);
+        req.max_cm_retries = timers_.max_retries;
+        req.srq = param.srq;
+        req.primary.local_lid = 0xffff;
+        req.primary.remote_lid = 0xffff;
+        req.primary.local_gid = roce_gid_of(id->src.ip);
+        req.primary.remote_gid = roce_gid_of(id->dst.ip);
+        req.primary.flow_label = roce_flow_label(id->src.port, id->dst.port);
+        req.primary.hop_limit = kHopLimit;
+        req.primary.local_ack_timeout = kLocalAckTimeout;
+        IpCmHeader ip;
+        ip.ip_version = 4;
+        ip.source_port = id->src.port;
+        ip.source = ip_cm_address_v4(htonl(id->src.ip));
+        ip.destination = ip_cm_address_v4(htonl(id->dst.ip));
+        write_ip_cm_header(ip, req.private_data);
+        copy_private(param.private_data, req.private_data, kIpCmHeaderBytes);
+
+        const uint32_t comm_id = svc->agent().send_req(id->dst.ip, req);
+        if (comm_id == 0) {
+            rc = ENOMEM;
+        } else {
+            id->comm_id = comm_id;
+            id->comm_device = id->device->name;
+            by_comm_id_[{id->comm_device, comm_id}] = handle;
+            id->state = State::Connecting;
+        }
+    }
+    unlock_and_drain();
+    lock.release();
+    return rc;
+}
+
+int RdmaCm::accept(uint32_t handle, const CmConnParam* param) {
+    std::unique_lock lock(mutex_);
+    Id* id = find(handle);
+    int rc = 0;
+    auto svc = id ? services_.find(id->comm_device) : services_.end();
+    if (!id || id->comm_id == 0 || svc == services_.end()) {
+        rc = EINVAL;
+    } else if (id->state == State::ConnectResponse && !id->active) {
+        rc = EINVAL;
+    } else if (id->state == State::ConnectResponse) {
+        // The active side's QP is ready (librdmacm moved it to RTS): the RTU completes it.
+        rc = svc->second->agent().send_rtu(id->comm_id);
+        if (rc == 0) id->state = State::Established;
+    } else if (id->state != State::ConnectRequest || param == nullptr) {
+        rc = EINVAL;
+    } else if (param->private_data.size() > kAcceptPrivateBytes) {
+        rc = EINVAL;
+    } else {
+        id->local_qpn = param->qp_num & kPsnMask;
+        id->responder_resources = param->responder_resources;
+        id->initiator_depth = param->initiator_depth;
+        CmRep rep;
+        rep.local_qpn = id->local_qpn;
+        rep.starting_psn = id->sq_psn;
+        rep.responder_resources = param->responder_resources;
+        rep.initiator_depth = param->initiator_depth;
+        rep.target_ack_delay = kTargetAckDelay;
+        rep.end_to_end_flow_control = param->flow_control != 0;
+        rep.rnr_retry_count = std::min<uint8_t>(param->rnr_retry_count, 7);
+        rep.srq = param->srq;
+        copy_private(param->private_data, rep.private_data);
+        rc = svc->second->agent().send_rep(id->comm_id, rep);
+        if (rc == 0) id->state = State::Accepting;
+    }
+    unlock_and_drain();
+    lock.release();
+    return rc;
+}
+
+int RdmaCm::reject(uint32_t handle, std::span<const uint8_t> private_data) {
+    std::unique_lock lock(mutex_);
+    Id* id = find(handle);
+    int rc = 0;
+    auto svc = id ? services_.find(id->comm_device) : services_.end();
+    if (!id || id->comm_id == 0 || svc == services_.end() ||
+        (id->state != State::ConnectRequest && id->state != State::ConnectResponse)) {
+        rc = EINVAL;
+    } else if (private_data.size() > kRejectPrivateBytes) {
+        rc = EINVAL;
+    } else {
+        rc = svc->second->agent().send_rej(id->comm_id, CmRejectReason::ConsumerReject,
+                                           private_data);
+        if (rc == 0) id->state = State::Disconnected;
+    }
+    unlock_and_drain();
+    lock.release();
+    return rc;
+}
+
+int RdmaCm::disconnect(uint32_t handle) {
+    std::unique_lock lock(mutex_);
+    Id* id = find(handle);
+    int rc = 0;
+    auto svc = id ? services_.find(id->comm_device) : services_.end();
+    if (!id || id->comm_id == 0 || svc == services_.end()) {
+        rc = EINVAL;
+    } else {
+        CmAgent& agent = svc->second->agent();
+        const auto st = agent.state(id->comm_id);
+        if (st == CmState::Established) {
+            rc = agent.send_dreq(id->comm_id);
+        } else if (st == CmState::DreqReceived) {
+            rc = agent.send_drep(id->comm_id);
+        } else if (st == CmState::RepReceived || st == CmState::ReqReceived ||
+                   st == CmState::MraSent) {
+            rc = agent.send_rej(id->comm_id, CmRejectReason::ConsumerReject);
+        } else if (st == CmState::RepSent) {
+            // REP sent, no RTU yet: the connection is given up as the kernel does, with a
+            // DREQ once the RTU would have made it established; here, a REJ.
+            rc = agent.send_rej(id->comm_id, CmRejectReason::ConsumerReject);
+        } else {
+            rc = 0;  // already disconnecting or gone: nothing more to say
+        }
+        if (rc == 0) id->state = State::Disconnected;
+    }
+    unlock_and_drain();
+    lock.release();
+    return rc;
+}
+
+int RdmaCm::establish(uint32_t handle) {
+    std::unique_lock lock(mutex_);
+    Id* id = find(handle);
+    int rc = EINVAL;
+    if (id && id->state == State::Accepting) {
+        if (auto svc = services_.find(id->comm_device); svc != services_.end())
+            rc = svc->second->agent().notify_established(id->comm_id);
+    }
+    unlock_and_drain();
+    lock.release();
+    return rc;
+}
+
+int RdmaCm::init_qp_attr(uint32_t handle, CmQpState state, CmQpAttr& out) {
+    std::unique_lock lock(mutex_);
+    Id* id = find(handle);
+    int rc = 0;
+    out = CmQpAttr{};
+    out.state = state;
+    const bool connected = id != nullptr && id->comm_id != 0;
+    if (!id || !id->device) {
+        rc = EINVAL;
+    } else if (state == CmQpState::Init) {
+        // Before a connection exists the QP gets no remote access (as the kernel's
+        // cma_ib_init_qp_attr); with one, what the connection agreed.
+        out.mask = qp_mask::kState | qp_mask::kAccessFlags | qp_mask::kPkeyIndex | qp_mask::kPort;
+        if (connected) {
+            out.access_flags = access::kRemoteWrite;
+            if (id->responder_resources != 0)
+                out.access_flags |= access::kRemoteRead | access::kRemoteAtomic;
+        }
+    } else if (!connected || id->remote_qpn == 0) {
+        rc = EINVAL;
+    } else if (state == CmQpState::Rtr) {
+        out.mask = qp_mask::kState | qp_mask::kAv | qp_mask::kPathMtu | qp_mask::kDestQpn |
+                   qp_mask::kRqPsn | qp_mask::kMaxDestRdAtomic | qp_mask::kMinRnrTimer;
+        out.path_mtu = id->path_mtu;
+        out.dest_qp_num = id->remote_qpn;
+        out.rq_psn = id->rq_psn;
+        out.max_dest_rd_atomic = id->responder_resources;
+        out.min_rnr_timer = 0;
+        out.dgid = roce_gid_of(id->dst.ip);
+        out.flow_label = roce_flow_label(id->active ? id->src.port : id->dst.port,
+                                         id->active ? id->dst.port : id->src.port);
+        out.hop_limit = kHopLimit;
+    } else if (state == CmQpState::Rts) {
+        out.mask = qp_mask::kState | qp_mask::kTimeout | qp_mask::kRetryCnt |
+                   qp_mask::kRnrRetry | qp_mask::kSqPsn | qp_mask::kMaxQpRdAtomic;
+        out.timeout = kLocalAckTimeout;
+        out.retry_cnt = id->retry_count;
+        out.rnr_retry = id->rnr_retry_count;
+        out.sq_psn = id->sq_psn;
+        out.max_rd_atomic = id->initiator_depth;
+    } else {
+        rc = EINVAL;
+    }
+    unlock_and_drain();
+    lock.release();
+    return rc;
+}
+
+// ---- the IB CM's events -------------------------------------------------------------------
+
+void RdmaCm::on_req(const std::string& device, const CmEvent& ev) {
+    Id* listener = find(static_cast<uint32_t>(ev.listener));
+    auto svc = services_.find(device);
+    if (svc == services_.end()) return;
+    const CmReq* req = ev.message ? std::get_if<CmReq>(&ev.message->body) : nullptr;
+    IpCmHeader ip;
+    std::optional<CmDeviceInfo> dev;
+    for (auto& d : host_.devices())
+        if (d.name == device) dev = d;
+    if (!listener || listener->state != State::Listening || !req || !dev ||
+        read_ip_cm_header(req->private_data, ip) != IpCmHeaderError::None || ip.ip_version != 4 ||
+        req->transport != CmTransport::Rc) {
+        // Not a connection this process can take (gone listener, no RDMA CM header, not
+        // RC): the requester hears so at once instead of timing out.
+        svc->second->agent().send_rej(ev.comm_id, req && req->transport != CmTransport::Rc
+                                                       ? CmRejectReason::InvalidTransportType
+                                                       : CmRejectReason::InvalidServiceId);
+        return;
+    }
+    while (next_id_ == 0 || ids_.count(next_id_)) ++next_id_;
+    const uint32_t handle = next_id_++;
+    auto id = std::make_unique<Id>();
+    id->handle = handle;
+    id->ps = listener->ps;
+    id->state = State::ConnectRequest;
+    id->src = CmAddress{dev->ip, listener->src.port};
+    uint32_t src_be = 0;
+    std::memcpy(&src_be, ip.source.data() + 12, 4);
+    id->dst = CmAddress{ntohl(src_be), ip.source_port};
+    id->device = dev;
+    id->listen_parent = listener->handle;
+    id->comm_id = ev.comm_id;
+    id->comm_device = device;
+    id->remote_qpn = req->local_qpn;
+    id->rq_psn = req->starting_psn;
+    id->sq_psn = random_psn();
+    // From this side's point of view: it answers as many READs as the peer issues.
+    id->responder_resources = req->initiator_depth;
+    id->initiator_depth = req->responder_resources;
+    id->retry_count = req->retry_count;
+    id->rnr_retry_count = req->rnr_retry_count;
+    id->path_mtu = std::min(req->path_mtu, mtu_enum_of(dev->mtu));
+    by_comm_id_[{device, ev.comm_id}] = handle;
+    ids_.emplace(handle, std::move(id));
+
+    CmIdEvent out;
+    out.type = CmIdEventType::ConnectRequest;
+    out.id = handle;
+    out.listen_id = listener->handle;
+    out.param.responder_resources = req->initiator_depth;
+    out.param.initiator_depth = req->responder_resources;
+    out.param.flow_control = req->end_to_end_flow_control;
+    out.param.retry_count = req->retry_count;
+    out.param.rnr_retry_count = req->rnr_retry_count;
+    out.param.srq = req->srq;
+    out.param.qp_num = req->local_qpn;
+    out.param.private_data = bytes_of(req->private_data, kIpCmHeaderBytes);
+    emit(std::move(out));
+}
+
+void RdmaCm::on_rep(Id& id, const CmEvent& ev) {
+    const CmRep* rep = ev.message ? std::get_if<CmRep>(&ev.message->body) : nullptr;
+    if (!rep || id.state != State::Connecting) return;
+    id.remote_qpn = rep->local_qpn;
+    id.rq_psn = rep->starting_psn;
+    id.responder_resources = std::min(id.responder_resources, rep->initiator_depth);
+    id.initiator_depth = std::min(id.initiator_depth, rep->responder_resources);
+    id.rnr_retry_count = rep->rnr_retry_count;
+    id.state = State::ConnectResponse;
+    CmIdEvent out;
+    out.type = CmIdEventType::ConnectResponse;
+    out.id = id.handle;
+    out.param.responder_resources = rep->initiator_depth;
+    out.param.initiator_depth = rep->responder_resources;
+    out.param.flow_control = rep->end_to_end_flow_control;
+    out.param.rnr_retry_count = rep->rnr_retry_count;
+    out.param.srq = rep->srq;
+    out.param.qp_num = rep->local_qpn;
+    out.param.private_data = bytes_of(rep->private_data);
+    emit(std::move(out));
+}
+
+void RdmaCm::on_cm_event(const std::string& device, const CmEvent& ev) {
+    if (ev.type == CmEventType::ReqReceived) {
+        on_req(device, ev);
+        return;
+    }
+    const auto it = by_comm_id_.find({device, ev.comm_id});
+    if (it == by_comm_id_.end()) return;
+    Id* id = find(it->second);
+    if (!id) {
+        by_comm_id_.erase(it);
+        return;
+    }
+    CmIdEvent out;
+    out.id = id->handle;
+    switch (ev.type) {
+        case CmEventType::RepReceived:
+            on_rep(*id, ev);
+            return;
+        case CmEventType::Established:
+            if (id->state != State::Accepting) return;
+            id->state = State::Established;
+            out.type = CmIdEventType::Established;
+            break;
+        case CmEventType::Rejected: {
+            const CmRej* rej = ev.message ? std::get_if<CmRej>(&ev.message->body) : nullptr;
+            id->state = State::Disconnected;
+            out.type = CmIdEventType::Rejected;
+            if (rej) {
+                out.status = rej->reason;
+                out.param.private_data = bytes_of(rej->private_data);
+            }
+            by_comm_id_.erase(it);
+            id->comm_id = 0;
+            break;
+        }
+        case CmEventType::Unreachable:
+            id->state = State::Disconnected;
+            out.type = CmIdEventType::Unreachable;
+            out.status = -ETIMEDOUT;
+            by_comm_id_.erase(it);
+            id->comm_id = 0;
+            break;
+        case CmEventType::DreqReceived:
+        case CmEventType::Disconnected:
+            id->state = State::Disconnected;
+            if (id->disconnect_reported) return;
+            id->disconnect_reported = true;
+            out.type = CmIdEventType::Disconnected;
+            break;
+        case CmEventType::TimewaitExit:
+            by_comm_id_.erase(it);
+            id->comm_id = 0;
+            out.type = CmIdEventType::TimewaitExit;
+            break;
+        default:
+            return;  // SIDR: not yet
+    }
+    emit(std::move(out));
+}
+
+}  // namespace uroce::transport::cm
