@@ -78,10 +78,18 @@ class ProviderCmHost final : public transport::cm::CmHost {
         }
         const char* name = "tcp";
         switch (ps) {
-            case transport::cm::PortSpace::Tcp: name = "tcp"; break;
-            case transport::cm::PortSpace::Udp: name = "udp"; break;
-            case transport::cm::PortSpace::Ib: name = "ib"; break;
-            case transport::cm::PortSpace::Ipoib: name = "ipoib"; break;
+            case transport::cm::PortSpace::Tcp:
+                name = "tcp";
+                break;
+            case transport::cm::PortSpace::Udp:
+                name = "udp";
+                break;
+            case transport::cm::PortSpace::Ib:
+                name = "ib";
+                break;
+            case transport::cm::PortSpace::Ipoib:
+                name = "ipoib";
+                break;
         }
         // `uroce add` makes the directory (sticky, world-writable, as /tmp); made here too for
         // a registry older than the RDMA CM. The files are made by whoever claims first.

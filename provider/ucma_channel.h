@@ -35,8 +35,8 @@ class Channel {
     int pop(rdma_ucm_event_resp& out, bool nonblocking);
 
     struct Purged {
-        uint32_t reported = 0;                   // events of the identifier handed out so far
-        std::vector<uint32_t> orphan_requests;   // new identifiers of dropped CONNECT_REQUESTs
+        uint32_t reported = 0;                  // events of the identifier handed out so far
+        std::vector<uint32_t> orphan_requests;  // new identifiers of dropped CONNECT_REQUESTs
     };
     // Forgets an identifier: its waiting events are dropped (connection requests for it
     // listed), and how many were handed out is returned.

@@ -3,6 +3,7 @@
 // (rdma/rdma_user_cm.h); each command is checked as the kernel checks it (the header's sizes
 // fit the write, the identifier belongs to the channel written to).
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <infiniband/ib.h>
 #include <infiniband/sa.h>
 #include <infiniband/verbs.h>
@@ -10,7 +11,6 @@
 #include <rdma/ib_user_sa.h>
 #include <rdma/ib_user_verbs.h>
 #include <rdma/rdma_user_cm.h>
-#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -131,9 +131,9 @@ void Ucma::deliver(const tcm::CmIdEvent& ev) {
         const auto listener = ids.find(ev.listen_id);
         if (listener == ids.end()) return;
         try {
-            it = ids.insert_or_assign(ev.id,
-                                      IdEntry{listener->second.channel, listener->second.uid})
-                     .first;
+            it =
+                ids.insert_or_assign(ev.id, IdEntry{listener->second.channel, listener->second.uid})
+                    .first;
         } catch (...) {
             return;
         }
@@ -275,27 +275,47 @@ class Handler {
 
     int run(uint32_t op, const Command& c) {
         switch (op) {
-            case RDMA_USER_CM_CMD_CREATE_ID: return create_id(c);
-            case RDMA_USER_CM_CMD_DESTROY_ID: return destroy_id(c);
-            case RDMA_USER_CM_CMD_BIND_IP: return bind_ip(c);
-            case RDMA_USER_CM_CMD_BIND: return bind(c);
-            case RDMA_USER_CM_CMD_RESOLVE_IP: return resolve_ip(c);
-            case RDMA_USER_CM_CMD_RESOLVE_ADDR: return resolve_addr(c);
-            case RDMA_USER_CM_CMD_RESOLVE_ROUTE: return resolve_route(c);
-            case RDMA_USER_CM_CMD_QUERY_ROUTE: return query_route(c);
-            case RDMA_USER_CM_CMD_QUERY: return query(c);
-            case RDMA_USER_CM_CMD_CONNECT: return connect(c);
-            case RDMA_USER_CM_CMD_LISTEN: return listen(c);
-            case RDMA_USER_CM_CMD_ACCEPT: return accept(c);
-            case RDMA_USER_CM_CMD_REJECT: return reject(c);
-            case RDMA_USER_CM_CMD_DISCONNECT: return disconnect(c);
-            case RDMA_USER_CM_CMD_INIT_QP_ATTR: return init_qp_attr(c);
-            case RDMA_USER_CM_CMD_GET_EVENT: return get_event(c);
-            case RDMA_USER_CM_CMD_SET_OPTION: return set_option(c);
-            case RDMA_USER_CM_CMD_NOTIFY: return notify(c);
-            case RDMA_USER_CM_CMD_MIGRATE_ID: return migrate_id(c);
+            case RDMA_USER_CM_CMD_CREATE_ID:
+                return create_id(c);
+            case RDMA_USER_CM_CMD_DESTROY_ID:
+                return destroy_id(c);
+            case RDMA_USER_CM_CMD_BIND_IP:
+                return bind_ip(c);
+            case RDMA_USER_CM_CMD_BIND:
+                return bind(c);
+            case RDMA_USER_CM_CMD_RESOLVE_IP:
+                return resolve_ip(c);
+            case RDMA_USER_CM_CMD_RESOLVE_ADDR:
+                return resolve_addr(c);
+            case RDMA_USER_CM_CMD_RESOLVE_ROUTE:
+                return resolve_route(c);
+            case RDMA_USER_CM_CMD_QUERY_ROUTE:
+                return query_route(c);
+            case RDMA_USER_CM_CMD_QUERY:
+                return query(c);
+            case RDMA_USER_CM_CMD_CONNECT:
+                return connect(c);
+            case RDMA_USER_CM_CMD_LISTEN:
+                return listen(c);
+            case RDMA_USER_CM_CMD_ACCEPT:
+                return accept(c);
+            case RDMA_USER_CM_CMD_REJECT:
+                return reject(c);
+            case RDMA_USER_CM_CMD_DISCONNECT:
+                return disconnect(c);
+            case RDMA_USER_CM_CMD_INIT_QP_ATTR:
+                return init_qp_attr(c);
+            case RDMA_USER_CM_CMD_GET_EVENT:
+                return get_event(c);
+            case RDMA_USER_CM_CMD_SET_OPTION:
+                return set_option(c);
+            case RDMA_USER_CM_CMD_NOTIFY:
+                return notify(c);
+            case RDMA_USER_CM_CMD_MIGRATE_ID:
+                return migrate_id(c);
             // Multicast (JOIN_IP_MCAST, JOIN_MCAST, LEAVE_MCAST) and GET_OPTION: not yet.
-            default: return ENOSYS;
+            default:
+                return ENOSYS;
         }
     }
 
@@ -413,8 +433,7 @@ class Handler {
     int resolve_addr(const Command& c) {
         rdma_ucm_resolve_addr cmd;
         if (!take(c, cmd)) return EINVAL;
-        if (cmd.src_size > sizeof cmd.src_addr || cmd.dst_size > sizeof cmd.dst_addr)
-            return EINVAL;
+        if (cmd.src_size > sizeof cmd.src_addr || cmd.dst_size > sizeof cmd.dst_addr) return EINVAL;
         return do_resolve(cmd.id, &cmd.src_addr, cmd.src_size, &cmd.dst_addr, cmd.dst_size);
     }
 
@@ -467,8 +486,8 @@ class Handler {
                 }
                 resp.pkey = htons(0xffff);
                 if (e.af_ib) {
-                    resp.src_size = put_ib_address(e, info.sgid, &resp.src_addr,
-                                                   sizeof resp.src_addr);
+                    resp.src_size =
+                        put_ib_address(e, info.sgid, &resp.src_addr, sizeof resp.src_addr);
                 } else {
                     resp.src_size = put_address(info.src, &resp.src_addr, sizeof resp.src_addr);
                     resp.dst_size = put_address(info.dst, &resp.dst_addr, sizeof resp.dst_addr);
@@ -493,8 +512,8 @@ class Handler {
                 ibv_path_data path{};
                 if (info.has_path && c.out >= sizeof head + sizeof path) {
                     head.num_paths = 1;
-                    path.flags = IBV_PATH_FLAG_GMP | IBV_PATH_FLAG_PRIMARY |
-                                 IBV_PATH_FLAG_BIDIRECTIONAL;
+                    path.flags =
+                        IBV_PATH_FLAG_GMP | IBV_PATH_FLAG_PRIMARY | IBV_PATH_FLAG_BIDIRECTIONAL;
                     fill_path_record(path.path, info);
                 }
                 uint8_t resp[sizeof head + sizeof path];
@@ -518,9 +537,9 @@ class Handler {
         out.flow_control = p.flow_control;
         out.retry_count = p.retry_count;
         out.rnr_retry_count = p.rnr_retry_count;
-        out.private_data.assign(p.private_data,
-                                p.private_data + std::min<size_t>(p.private_data_len,
-                                                                  sizeof p.private_data));
+        out.private_data.assign(
+            p.private_data,
+            p.private_data + std::min<size_t>(p.private_data_len, sizeof p.private_data));
         return out;
     }
 
@@ -558,8 +577,8 @@ class Handler {
         rdma_ucm_reject cmd;
         if (!take(c, cmd)) return EINVAL;
         if (!mine(cmd.id)) return EINVAL;
-        return u_.cm()->reject(cmd.id, std::span<const uint8_t>(cmd.private_data,
-                                                                cmd.private_data_len));
+        return u_.cm()->reject(cmd.id,
+                               std::span<const uint8_t>(cmd.private_data, cmd.private_data_len));
     }
 
     int disconnect(const Command& c) {
@@ -579,8 +598,8 @@ class Handler {
         if (cmd.response == 0) return EFAULT;
         if (c.out < sizeof(ib_uverbs_qp_attr)) return ENOSPC;
         tcm::CmQpAttr a;
-        if (const int rc = u_.cm()->init_qp_attr(
-                cmd.id, static_cast<tcm::CmQpState>(cmd.qp_state), a);
+        if (const int rc =
+                u_.cm()->init_qp_attr(cmd.id, static_cast<tcm::CmQpState>(cmd.qp_state), a);
             rc != 0)
             return rc;
         ib_uverbs_qp_attr resp{};
@@ -742,7 +761,8 @@ ssize_t handle_write(int fd, const void* buf, size_t len) noexcept {
     int rc = 0;
     try {
         Handler h(*u, channel);
-        rc = h.run(hdr.cmd, Command{static_cast<const uint8_t*>(buf) + sizeof hdr, hdr.in, hdr.out});
+        rc =
+            h.run(hdr.cmd, Command{static_cast<const uint8_t*>(buf) + sizeof hdr, hdr.in, hdr.out});
     } catch (const std::bad_alloc&) {
         rc = ENOMEM;
     } catch (...) {

@@ -5,10 +5,10 @@
 #include <arpa/inet.h>
 
 #include <algorithm>
-#include <chrono>
-#include <thread>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
+#include <thread>
 
 #include "transport/cm/cm_service.h"
 #include "transport/cm/port_table.h"
@@ -18,22 +18,38 @@ namespace uroce::transport::cm {
 
 const char* to_string(CmIdEventType t) {
     switch (t) {
-        case CmIdEventType::AddrResolved: return "ADDR_RESOLVED";
-        case CmIdEventType::AddrError: return "ADDR_ERROR";
-        case CmIdEventType::RouteResolved: return "ROUTE_RESOLVED";
-        case CmIdEventType::RouteError: return "ROUTE_ERROR";
-        case CmIdEventType::ConnectRequest: return "CONNECT_REQUEST";
-        case CmIdEventType::ConnectResponse: return "CONNECT_RESPONSE";
-        case CmIdEventType::ConnectError: return "CONNECT_ERROR";
-        case CmIdEventType::Unreachable: return "UNREACHABLE";
-        case CmIdEventType::Rejected: return "REJECTED";
-        case CmIdEventType::Established: return "ESTABLISHED";
-        case CmIdEventType::Disconnected: return "DISCONNECTED";
-        case CmIdEventType::DeviceRemoval: return "DEVICE_REMOVAL";
-        case CmIdEventType::MulticastJoin: return "MULTICAST_JOIN";
-        case CmIdEventType::MulticastError: return "MULTICAST_ERROR";
-        case CmIdEventType::AddrChange: return "ADDR_CHANGE";
-        case CmIdEventType::TimewaitExit: return "TIMEWAIT_EXIT";
+        case CmIdEventType::AddrResolved:
+            return "ADDR_RESOLVED";
+        case CmIdEventType::AddrError:
+            return "ADDR_ERROR";
+        case CmIdEventType::RouteResolved:
+            return "ROUTE_RESOLVED";
+        case CmIdEventType::RouteError:
+            return "ROUTE_ERROR";
+        case CmIdEventType::ConnectRequest:
+            return "CONNECT_REQUEST";
+        case CmIdEventType::ConnectResponse:
+            return "CONNECT_RESPONSE";
+        case CmIdEventType::ConnectError:
+            return "CONNECT_ERROR";
+        case CmIdEventType::Unreachable:
+            return "UNREACHABLE";
+        case CmIdEventType::Rejected:
+            return "REJECTED";
+        case CmIdEventType::Established:
+            return "ESTABLISHED";
+        case CmIdEventType::Disconnected:
+            return "DISCONNECTED";
+        case CmIdEventType::DeviceRemoval:
+            return "DEVICE_REMOVAL";
+        case CmIdEventType::MulticastJoin:
+            return "MULTICAST_JOIN";
+        case CmIdEventType::MulticastError:
+            return "MULTICAST_ERROR";
+        case CmIdEventType::AddrChange:
+            return "ADDR_CHANGE";
+        case CmIdEventType::TimewaitExit:
+            return "TIMEWAIT_EXIT";
     }
     return "?";
 }
@@ -49,11 +65,16 @@ Gid roce_gid_of(uint32_t ip) {
 
 uint8_t mtu_enum_of(uint32_t bytes) {
     switch (bytes) {
-        case 256: return 1;
-        case 512: return 2;
-        case 2048: return 4;
-        case 4096: return 5;
-        default: return 3;  // 1024
+        case 256:
+            return 1;
+        case 512:
+            return 2;
+        case 2048:
+            return 4;
+        case 4096:
+            return 5;
+        default:
+            return 3;  // 1024
     }
 }
 
@@ -99,9 +120,10 @@ CmService* RdmaCm::service(const std::string& device, int& err) {
     }
     Engine* engine = host_.cm_engine(device, err);
     if (!engine) return nullptr;
-    auto svc = std::make_unique<CmService>(
-        *engine, info->node_guid, timers_,
-        [this, device](const CmEvent& ev) { post(Inbound{device, ev}); });
+    auto svc = std::make_unique<CmService>(*engine, info->node_guid, timers_,
+                                           [this, device](const CmEvent& ev) {
+                                               post(Inbound{device, ev});
+                                           });
     CmService* raw = svc.get();
     services_.emplace(device, std::move(svc));
     return raw;
@@ -256,7 +278,13 @@ int RdmaCm::resolve_route(uint32_t handle) {
         // RoCE needs no path query: the path follows from the two addresses, as the
         // kernel builds it for RoCE (permissive LIDs, GIDs from the IPs, flow label from
         // the ports).
-        id->path_mtu = mtu_enum_of(id->device->mtu);
+        // The path MTU is the smaller of the two ports' when the destination is a device of
+        // this host (IBA's REP carries none: the passive side follows the REQ's, so the
+        // active side must not offer more than the peer takes); else this port's, as the
+        // kernel takes its netdev's.
+        uint32_t mtu = id->device->mtu;
+        if (const auto peer = device_by_ip(id->dst.ip)) mtu = std::min(mtu, peer->mtu);
+        id->path_mtu = mtu_enum_of(mtu);
         id->state = State::RouteResolved;
         CmIdEvent ev;
         ev.type = CmIdEventType::RouteResolved;
@@ -331,8 +359,7 @@ int RdmaCm::listen(uint32_t handle, int) {
             }
             if (rc == 0 && id->listening_on.empty()) rc = ENODEV;
             if (rc != 0) {
-                for (const std::string& dev : id->listening_on)
-                    services_[dev]->stop_listening(sid);
+                for (const std::string& dev : id->listening_on) services_[dev]->stop_listening(sid);
                 id->listening_on.clear();
             } else {
                 id->state = State::Listening;

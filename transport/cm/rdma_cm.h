@@ -20,9 +20,9 @@
 // libibverbs.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
-#include <atomic>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -52,9 +52,9 @@ struct CmAddress {
 // A device this process can use, as its registry entry describes it.
 struct CmDeviceInfo {
     std::string name;
-    uint32_t ip = 0;          // host order
-    uint64_t node_guid = 0;   // host-order value of the GUID the device reports
-    uint32_t mtu = 1024;      // the port's active MTU in bytes
+    uint32_t ip = 0;         // host order
+    uint64_t node_guid = 0;  // host-order value of the GUID the device reports
+    uint32_t mtu = 1024;     // the port's active MTU in bytes
 };
 
 // What the RDMA CM needs from the process it runs in.
@@ -105,9 +105,9 @@ struct CmConnParam {
 
 struct CmIdEvent {
     CmIdEventType type = CmIdEventType::AddrError;
-    int status = 0;           // 0, a negative errno, or (Rejected) the REJ reason
-    uint32_t id = 0;          // the identifier it is for; ConnectRequest: the new one
-    uint32_t listen_id = 0;   // ConnectRequest: the listener the REQ came to
+    int status = 0;          // 0, a negative errno, or (Rejected) the REJ reason
+    uint32_t id = 0;         // the identifier it is for; ConnectRequest: the new one
+    uint32_t listen_id = 0;  // ConnectRequest: the listener the REQ came to
     CmConnParam param;
 };
 

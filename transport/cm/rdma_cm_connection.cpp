@@ -233,8 +233,8 @@ int RdmaCm::init_qp_attr(uint32_t handle, CmQpState state, CmQpAttr& out) {
                                          id->active ? id->dst.port : id->src.port);
         out.hop_limit = kHopLimit;
     } else if (state == CmQpState::Rts) {
-        out.mask = qp_mask::kState | qp_mask::kTimeout | qp_mask::kRetryCnt |
-                   qp_mask::kRnrRetry | qp_mask::kSqPsn | qp_mask::kMaxQpRdAtomic;
+        out.mask = qp_mask::kState | qp_mask::kTimeout | qp_mask::kRetryCnt | qp_mask::kRnrRetry |
+                   qp_mask::kSqPsn | qp_mask::kMaxQpRdAtomic;
         out.timeout = kLocalAckTimeout;
         out.retry_cnt = id->retry_count;
         out.rnr_retry = id->rnr_retry_count;
@@ -265,8 +265,8 @@ void RdmaCm::on_req(const std::string& device, const CmEvent& ev) {
         // Not a connection this process can take (gone listener, no RDMA CM header, not
         // RC): the requester hears so at once instead of timing out.
         svc->second->agent().send_rej(ev.comm_id, req && req->transport != CmTransport::Rc
-                                                       ? CmRejectReason::InvalidTransportType
-                                                       : CmRejectReason::InvalidServiceId);
+                                                      ? CmRejectReason::InvalidTransportType
+                                                      : CmRejectReason::InvalidServiceId);
         return;
     }
     while (next_id_ == 0 || ids_.count(next_id_)) ++next_id_;

@@ -37,7 +37,7 @@ enum class RdmaCm::State : uint8_t {
     ConnectRequest,   // passive: REQ received, not yet accepted
     Accepting,        // passive: REP sent, waiting for the RTU
     Established,
-    Disconnected,     // DREQ sent or received, or the connection failed
+    Disconnected,  // DREQ sent or received, or the connection failed
 };
 
 struct RdmaCm::Id {
@@ -47,10 +47,10 @@ struct RdmaCm::Id {
     CmAddress src;
     CmAddress dst;
     std::optional<CmDeviceInfo> device;
-    std::unique_ptr<PortClaim> port;          // the bound port, held until destroyed
-    std::vector<std::string> listening_on;    // devices whose CM takes this listener's REQs
-    bool silent = false;                      // destroyed: report nothing more
-    uint32_t listen_parent = 0;               // passive: the listener the REQ came to
+    std::unique_ptr<PortClaim> port;        // the bound port, held until destroyed
+    std::vector<std::string> listening_on;  // devices whose CM takes this listener's REQs
+    bool silent = false;                    // destroyed: report nothing more
+    uint32_t listen_parent = 0;             // passive: the listener the REQ came to
 
     // The connection, once there is one.
     bool active = false;
@@ -58,8 +58,8 @@ struct RdmaCm::Id {
     std::string comm_device;
     uint32_t local_qpn = 0;
     uint32_t remote_qpn = 0;
-    uint32_t sq_psn = 0;  // the PSN this side sends from
-    uint32_t rq_psn = 0;  // the PSN the peer sends from
+    uint32_t sq_psn = 0;              // the PSN this side sends from
+    uint32_t rq_psn = 0;              // the PSN the peer sends from
     uint8_t responder_resources = 0;  // RDMA READs this side answers at once (max_dest_rd_atomic)
     uint8_t initiator_depth = 0;      // RDMA READs this side issues at once (max_rd_atomic)
     uint8_t retry_count = 7;

@@ -1,0 +1,272 @@
+#!/usr/bin/env bash
+# Unmodified RDMA CM applications (librdmacm 44: rdmacm-utils, perftest -R, qperf -cm1) over
+# uroce devices on loopback, between two devices and within one, with the data they check
+# themselves (rping -V, ucmatose, rstream/riostream) and a connect nobody listens for.
+#
+#   test_rdma_cm.sh PATH_TO_UROCE
+#
+# RDMA CM servers have no TCP port to wait for: a server counts as ready once its RDMA CM
+# port is held in the registry's port table (the lock a bind takes), and a client that still
+# finds no listener (REJECTED, invalid service ID) is run again, at most three times.
+# Needs root (uroce add makes /dev/infiniband nodes); otherwise skips (exit 77).
+# Last line: "N passed, M failed"; exit 1 if M > 0.
+set -u
+# shellcheck source=lib.sh
+source "$(dirname "$(readlink -f "$0")")/lib.sh"
+lib_init "$1"
+
+for tool in rping ucmatose cmtime rstream riostream rdma_server rdma_client ib_write_bw \
+    ib_read_lat ib_send_bw qperf python3 timeout ss; do
+    if ! command -v "$tool" >/dev/null; then
+        skip "$tool is not installed (tools/setup.sh installs rdmacm-utils, perftest, qperf)"
+        finish
+    fi
+done
+require_root "RDMA CM applications over uroce"
+
+OCT=$(pick_octet 61) || echo "# warning: every 127.0.61..80.* block has UDP sockets; using 127.0.$OCT"
+A="cm$$a"
+B="cm$$b"
+IP_A="127.0.$OCT.1"
+IP_B="127.0.$OCT.2"
+add_device "$A" "$IP_A" || finish
+add_device "$B" "$IP_B" --mtu 4096 || finish
+
+# next_port: sets PORT to a port no TCP socket uses, another one on each call. (Not
+# free_tcp_port in $(...): its bookkeeping would stay in the subshell, and RDMA CM ports are
+# no TCP ports that it could see in use.)
+CM_PORT=$((20000 + ($$ * 211) % 40000))
+next_port() {
+    local i
+    for ((i = 0; i < 2000; i++)); do
+        CM_PORT=$((20000 + (CM_PORT + 1 - 20000) % 40000))
+        if ! port_in_use "$CM_PORT"; then
+            PORT=$CM_PORT
+            return 0
+        fi
+    done
+    return 1
+}
+
+# cm_port_held PORT: some process has bound RDMA CM port PORT (TCP port space), on any
+# address or on one of ours. A bind holds an OFD lock, which a POSIX lock test sees.
+cm_port_held() {
+    python3 - "$UROCE_ROOT/rdma_cm" "$1" "$IP_A" "$IP_B" <<'EOF'
+import fcntl, os, sys
+d, port = sys.argv[1], int(sys.argv[2])
+for name in ["ports-tcp"] + ["ports-tcp." + ip for ip in sys.argv[3:]]:
+    try:
+        fd = os.open(os.path.join(d, name), os.O_RDWR)
+    except OSError:
+        continue
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, port, 0)
+        fcntl.lockf(fd, fcntl.LOCK_UN, 1, port, 0)
+    except OSError:
+        sys.exit(0)
+    finally:
+        os.close(fd)
+sys.exit(1)
+EOF
+}
+
+# wait_cm_ready PORT PID [tcp]: until RDMA CM port PORT is bound (or, with "tcp", TCP port
+# PORT listens: qperf's control port), PID exits, or 10 s pass. The listen follows the bind
+# within microseconds; a REQ that comes between is rejected and its client run again.
+wait_cm_ready() {
+    local port=$1 pid=$2 how=${3:-cm} i
+    for ((i = 0; i < 200; i++)); do
+        if [[ $how == tcp ]]; then
+            [[ -n $(ss -Htln "( sport = :$port )" 2>/dev/null) ]] && break
+        else
+            cm_port_held "$port" && break
+        fi
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.05
+    done
+    sleep 0.2
+}
+
+# cm_pair LABEL PORT SECONDS -- SERVER... -- CLIENT...: as run_pair (lib.sh), but with the
+# readiness above.
+cm_pair() {
+    local label=$1 port=$2 secs=$3
+    shift 4
+    local srv=() cli=()
+    while [[ $# -gt 0 && $1 != -- ]]; do srv+=("$1"); shift; done
+    shift
+    cli=("$@")
+    SRV_OUT="$WORK/$label.server.out"
+    SRV_ERR="$WORK/$label.server.err"
+    CLI_OUT="$WORK/$label.client.out"
+    CLI_ERR="$WORK/$label.client.err"
+    local start_ns i attempt how=cm
+    [[ ${srv[0]} == qperf ]] && how=tcp
+    start_ns=$(date +%s%N)
+    timeout -k 5 "$secs" "$UROCE" run -- "${srv[@]}" >"$SRV_OUT" 2>"$SRV_ERR" &
+    local spid=$!
+    BG_PIDS+=("$spid")
+    wait_cm_ready "$port" "$spid" "$how"
+    for ((attempt = 1; attempt <= 3; attempt++)); do
+        timeout -k 5 "$secs" "$UROCE" run -- "${cli[@]}" >"$CLI_OUT" 2>"$CLI_ERR" &
+        local cpid=$!
+        BG_PIDS+=("$cpid")
+        wait "$cpid"
+        CLI_RC=$?
+        forget_pid "$cpid"
+        if [[ $CLI_RC -ne 0 ]] && grep -qi "rejected" "$CLI_OUT" "$CLI_ERR" && kill -0 "$spid" 2>/dev/null; then
+            echo "# $label: no listener yet (attempt $attempt), retrying" >&2
+            sleep 0.5
+            continue
+        fi
+        break
+    done
+    for ((i = 0; i < (secs + 10) * 10; i++)); do
+        kill -0 "$spid" 2>/dev/null || break
+        sleep 0.1
+    done
+    if kill -0 "$spid" 2>/dev/null; then kill -KILL "$spid" 2>/dev/null; fi
+    wait "$spid"
+    SRV_RC=$?
+    forget_pid "$spid"
+    PAIR_SECS=$(awk -v a="$start_ns" -v b="$(date +%s%N)" 'BEGIN { printf "%.2f", (b - a) / 1e9 }')
+}
+
+# no_errors LABEL FILE...: none of the files reports an error.
+no_errors() {
+    local label=$1
+    shift
+    if grep -qiE "error|mismatch|fail" "$@"; then
+        not_ok "$label: no errors reported" "$(grep -hiE "error|mismatch|fail" "$@" | head -n 3)"
+    else
+        ok "$label: no errors reported"
+    fi
+}
+
+# ------------------------------------------------------------------------------- rping
+# -V: each side checks the data it received against what the peer was to send.
+rping_pair() {
+    local label=$1 srv_ip=$2 cli_ip=$3 port
+    next_port || return
+    port=$PORT
+    cm_pair "$label" "$port" 60 -- rping -s -a "$srv_ip" -p "$port" -v -V -C 100 \
+        -- rping -c -a "$srv_ip" -I "$cli_ip" -p "$port" -v -V -C 100
+    expect_pair_ok "$label" || return
+    expect_eq "$label: the server got 100 pings" 100 "$(grep -c '^server ping data: rdma-ping-' "$SRV_OUT")"
+    expect_eq "$label: the client got 100 pings" 100 "$(grep -c '^ping data: rdma-ping-' "$CLI_OUT")"
+    expect_file_match "$label: the last ping's data" "rdma-ping-99: " "$CLI_OUT"
+    no_errors "$label" "$SRV_OUT" "$SRV_ERR" "$CLI_OUT" "$CLI_ERR"
+}
+rping_pair "rping A<-B" "$IP_A" "$IP_B"
+rping_pair "rping within A" "$IP_A" "$IP_A"
+
+# ---------------------------------------------------------------------------- ucmatose
+next_port
+port=$PORT
+cm_pair "ucmatose" "$port" 60 -- ucmatose -b "$IP_A" -p "$port" -c 10 -C 10 \
+    -- ucmatose -s "$IP_A" -b "$IP_B" -p "$port" -c 10 -C 10
+if expect_pair_ok "ucmatose"; then
+    expect_file_match "ucmatose: the server's transfers completed" "data transfers complete" "$SRV_OUT"
+    expect_file_match "ucmatose: the client's test completed" "^test complete" "$CLI_OUT"
+    expect_file_match "ucmatose: the client reports status 0" "return status 0" "$CLI_OUT"
+fi
+
+# ------------------------------------------------------------------------------ cmtime
+# The server runs until killed.
+next_port
+port=$PORT
+timeout -k 5 60 "$UROCE" run -- cmtime -b "$IP_A" -p "$port" >"$WORK/cmtime.server.out" 2>&1 &
+CMT=$!
+BG_PIDS+=("$CMT")
+wait_cm_ready "$port" "$CMT"
+timeout -k 5 60 "$UROCE" run -- cmtime -s "$IP_A" -b "$IP_B" -p "$port" -c 20 >"$WORK/cmtime.client.out" 2>&1
+rc=$?
+kill "$CMT" 2>/dev/null
+wait "$CMT" 2>/dev/null
+forget_pid "$CMT"
+expect_eq "cmtime -c 20: client exit" 0 "$rc"
+for step in "resolve addr" "resolve route" "create qp" "connect" "disconnect" "destroy"; do
+    expect_file_match "cmtime: '$step' timed" "^$step *:" "$WORK/cmtime.client.out"
+done
+no_errors "cmtime" "$WORK/cmtime.client.out"
+
+# ------------------------------------------------------------------- rstream, riostream
+# rsockets over RDMA CM and RC; the programs fail on a short transfer.
+for prog in rstream riostream; do
+    next_port
+    port=$PORT
+    cm_pair "$prog" "$port" 60 -- "$prog" -b "$IP_A" -p "$port" -S 65536 -C 200 \
+        -- "$prog" -s "$IP_A" -b "$IP_B" -p "$port" -S 65536 -C 200
+    if expect_pair_ok "$prog"; then
+        expect_file_match "$prog: the client transferred 200 x 64k" "^custom +64k +200 " "$CLI_OUT"
+    fi
+done
+
+# --------------------------------------------------------------- rdma_server, rdma_client
+# librdmacm's synchronous API (rdma_getaddrinfo, rdma_create_ep, rdma_get_request); the
+# server binds every address.
+next_port
+port=$PORT
+cm_pair "rdma_server-client" "$port" 60 -- rdma_server -p "$port" -- rdma_client -s "$IP_A" -p "$port"
+if expect_pair_ok "rdma_server/client"; then
+    expect_file_match "rdma_server ends with 0" "rdma_server: end 0" "$SRV_OUT"
+    expect_file_match "rdma_client ends with 0" "rdma_client: end 0" "$CLI_OUT"
+fi
+
+# ------------------------------------------------------------------------- perftest -R
+perf_pair() {
+    local label=$1 prog=$2 port
+    shift 2
+    next_port || return
+    port=$PORT
+    cm_pair "$label" "$port" 90 -- "$prog" -R -d "$A" -p "$port" "$@" \
+        -- "$prog" -R -d "$B" -p "$port" "$@" "$IP_A"
+    expect_pair_ok "$label" || return
+    # The results line: message size, iterations, figures.
+    expect_file_match "$label: client results" "^ +[0-9]+ +[0-9]+ +[0-9.]+" "$CLI_OUT"
+}
+perf_pair "ib_write_bw -R" ib_write_bw -n 200 -s 65536
+perf_pair "ib_read_lat -R" ib_read_lat -n 200
+perf_pair "ib_send_bw -R" ib_send_bw -n 200 -s 65536
+
+# ------------------------------------------------------------------------- qperf -cm1
+# The server runs until the client's quit.
+next_port
+port=$PORT
+cm_pair "qperf -cm1" "$port" 120 -- qperf -lp "$port" \
+    -- qperf -lp "$port" "$IP_A" -cm1 -m 16k -t 1 rc_bw rc_lat rc_rdma_write_bw rc_rdma_read_lat quit
+if expect_pair_ok "qperf -cm1"; then
+    for t in rc_bw rc_lat rc_rdma_write_bw rc_rdma_read_lat; do
+        expect_file_match "qperf: $t ran" "^$t:" "$CLI_OUT"
+    done
+    expect_eq "qperf: two bandwidths" 2 "$(grep -c "bw  = " "$CLI_OUT")"
+    expect_eq "qperf: two latencies" 2 "$(grep -c "latency  = " "$CLI_OUT")"
+fi
+
+# --------------------------------------------------------------------- nobody listening
+# A REQ for a port nobody listens on is answered with a REJ (invalid service ID): REJECTED
+# with reason 8, not UNREACHABLE after the CM's retries (which a REQ ending up in a context
+# without QP1 would get). Some process must run a CM on the device to answer (here a
+# listener on another port): with no process on it at all, nothing answers for a device
+# (docs/rdma-cm.md).
+next_port
+other=$PORT
+next_port
+port=$PORT
+timeout -k 5 60 "$UROCE" run -- rping -s -a "$IP_A" -p "$other" -C 1 >"$WORK/other.out" 2>&1 &
+OTHER=$!
+BG_PIDS+=("$OTHER")
+wait_cm_ready "$other" "$OTHER"
+timeout -k 5 30 "$UROCE" run -- rping -c -a "$IP_A" -I "$IP_B" -p "$port" -C 1 >"$WORK/refused.out" 2>&1
+rc=$?
+kill "$OTHER" 2>/dev/null
+wait "$OTHER" 2>/dev/null
+forget_pid "$OTHER"
+if [[ $rc -ne 0 && $rc -ne 124 && $rc -ne 137 ]]; then
+    ok "rping to a port nobody listens on fails (exit $rc)"
+else
+    not_ok "rping to a port nobody listens on fails" "exit $rc"
+fi
+expect_file_match "the client saw a REJ (invalid service ID, 8)" "REJECTED.*error 8" "$WORK/refused.out"
+
+finish
