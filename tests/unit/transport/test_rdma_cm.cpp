@@ -1,0 +1,324 @@
+// RDMA CM identifiers (transport/cm/rdma_cm.h) over real UDP: two "processes" (an RdmaCm
+// each) on two engines on loopback, sharing a port table as the processes of a host do.
+// Connection set-up and tear-down with the events librdmacm would see, the QP attributes
+// each side gets (the PSNs and QPNs must cross-match), rejection, refusal, and bad calls.
+// Waits are bounded.
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <condition_variable>
+#include <deque>
+#include <filesystem>
+#include <mutex>
+#include <string>
+
+#include "tests/unit/transport/engine_pair.h"
+#include "transport/cm/port_table.h"
+#include "transport/cm/rdma_cm.h"
+
+using namespace uroce::transport;
+using namespace uroce::transport::cm;
+using namespace uroce::transport::test;
+
+namespace {
+
+constexpr uint16_t kPort = 7471;
+
+class Events {
+  public:
+    void push(const CmIdEvent& e) {
+        std::lock_guard lock(mutex_);
+        events_.push_back(e);
+        cv_.notify_all();
+    }
+    CmIdEvent next(CmIdEventType type) {
+        std::unique_lock lock(mutex_);
+        INFO("waiting for " << to_string(type));
+        REQUIRE(cv_.wait_for(lock, kWait, [this] { return !events_.empty(); }));
+        CmIdEvent e = events_.front();
+        events_.pop_front();
+        INFO("got " << to_string(e.type) << " status " << e.status);
+        REQUIRE(e.type == type);
+        return e;
+    }
+    size_t pending() {
+        std::lock_guard lock(mutex_);
+        return events_.size();
+    }
+
+  private:
+    std::mutex mutex_;
+    std::condition_variable cv_;
+    std::deque<CmIdEvent> events_;
+};
+
+// One process's view: both devices are listed (for address resolution), but its CM runs only
+// on its own device's engine, so clients name their source address (as rping -I does; a
+// destination that is a local device would otherwise be reached through that device).
+class TestHost : public CmHost {
+  public:
+    TestHost(Pair& p, bool side_a, std::string ports)
+        : p_(p), a_(side_a), ports_(std::move(ports)) {}
+    std::vector<CmDeviceInfo> devices() const override {
+        return {{"devA", p_.a.ip, 0xaaaa, 1024}, {"devB", p_.b.ip, 0xbbbb, 4096}};
+    }
+    Engine* cm_engine(const std::string& name, int& err) override {
+        if (name == (a_ ? "devA" : "devB")) return (a_ ? p_.a : p_.b).engine.get();
+        err = ENODEV;
+        return nullptr;
+    }
+    std::string port_table_path(PortSpace ps) const override {
+        return ports_ + "/ports-" + std::to_string(static_cast<int>(ps));
+    }
+
+  private:
+    Pair& p_;
+    bool a_;
+    std::string ports_;
+};
+
+std::string ports_dir() {
+    static int n = 0;
+    auto dir = std::filesystem::temp_directory_path() /
+               ("uroce-rdma-cm-" + std::to_string(::getpid()) + "-" + std::to_string(++n));
+    std::filesystem::create_directories(dir);
+    return dir.string();
+}
+
+CmTimers fast_timers() {
+    return CmTimers{
+        .response_exponent = 14, .max_retries = 3, .timewait = std::chrono::milliseconds(100)};
+}
+
+std::vector<uint8_t> bytes(const char* s) {
+    return {s, s + std::strlen(s)};
+}
+
+struct World {
+    Pair p;
+    std::string dir = ports_dir();
+    TestHost host_a{p, true, dir};
+    TestHost host_b{p, false, dir};
+    Events ea, eb;
+    RdmaCm a{host_a, [this](const CmIdEvent& e) { ea.push(e); }, fast_timers()};
+    RdmaCm b{host_b, [this](const CmIdEvent& e) { eb.push(e); }, fast_timers()};
+
+    // A listener on B:kPort, and an A identifier whose route to it is resolved.
+    uint32_t listener = 0;
+    uint32_t client = 0;
+    void listen_and_resolve() {
+        listener = b.create_id(PortSpace::Tcp);
+        REQUIRE(b.bind(listener, {p.b.ip, kPort}) == 0);
+        REQUIRE(b.listen(listener, 8) == 0);
+        client = a.create_id(PortSpace::Tcp);
+        REQUIRE(a.resolve_addr(client, CmAddress{p.a.ip, 0}, {p.b.ip, kPort}) == 0);
+        CHECK(ea.next(CmIdEventType::AddrResolved).id == client);
+        REQUIRE(a.resolve_route(client) == 0);
+        ea.next(CmIdEventType::RouteResolved);
+    }
+};
+
+}  // namespace
+
+TEST_CASE("RDMA CM: connect, accept, established, disconnect, timewait", "[cm][rdma_cm]") {
+    World w;
+    w.listen_and_resolve();
+
+    CmIdInfo info;
+    REQUIRE(w.a.query(w.client, info) == 0);
+    REQUIRE(info.device);
+    CHECK(info.device->name == "devA");
+    CHECK(info.src.ip == w.p.a.ip);
+    CHECK(info.src.port >= PortTable::kEphemeralFirst);
+    CHECK(info.dst == CmAddress{w.p.b.ip, kPort});
+    CHECK(info.has_path);
+    CHECK(info.path_mtu == 3);  // the smaller of 1024 (A) and 4096 (B)
+    CHECK(info.sgid[10] == 0xff);
+    CHECK(info.sgid[15] == (w.p.a.ip & 0xff));
+
+    // Before a connection the QP gets no remote access, and no RTR attributes exist.
+    CmQpAttr attr;
+    REQUIRE(w.a.init_qp_attr(w.client, CmQpState::Init, attr) == 0);
+    CHECK(attr.access_flags == 0);
+    CHECK(attr.mask ==
+          (qp_mask::kState | qp_mask::kAccessFlags | qp_mask::kPkeyIndex | qp_mask::kPort));
+    CHECK(w.a.init_qp_attr(w.client, CmQpState::Rtr, attr) == EINVAL);
+
+    CmConnParam cp;
+    cp.qp_num = 0x123;
+    cp.responder_resources = 4;
+    cp.initiator_depth = 2;
+    cp.private_data = bytes("hello");
+    REQUIRE(w.a.connect(w.client, cp) == 0);
+
+    const CmIdEvent req = w.eb.next(CmIdEventType::ConnectRequest);
+    CHECK(req.listen_id == w.listener);
+    const uint32_t server = req.id;
+    CHECK(server != w.listener);
+    CHECK(req.param.qp_num == 0x123);
+    // From the passive side's point of view: it answers the client's 2 READs, issues up
+    // to 4.
+    CHECK(req.param.responder_resources == 2);
+    CHECK(req.param.initiator_depth == 4);
+    REQUIRE(req.param.private_data.size() == RdmaCm::kConnectPrivateBytes);
+    CHECK(
+        std::equal(cp.private_data.begin(), cp.private_data.end(), req.param.private_data.begin()));
+    CmIdInfo sinfo;
+    REQUIRE(w.b.query(server, sinfo) == 0);
+    CHECK(sinfo.src == CmAddress{w.p.b.ip, kPort});
+    CHECK(sinfo.dst == CmAddress{w.p.a.ip, info.src.port});
+
+    // The passive QP: the client's QPN, and the PSN the client starts from.
+    CmQpAttr s_rtr, s_rts;
+    REQUIRE(w.b.init_qp_attr(server, CmQpState::Rtr, s_rtr) == 0);
+    REQUIRE(w.b.init_qp_attr(server, CmQpState::Rts, s_rts) == 0);
+    CHECK(s_rtr.dest_qp_num == 0x123);
+    CHECK(s_rtr.max_dest_rd_atomic == 2);
+    CHECK(s_rtr.path_mtu == 3);
+    CHECK(s_rtr.dgid[15] == (w.p.a.ip & 0xff));
+
+    CmConnParam ap;
+    ap.qp_num = 0x456;
+    ap.responder_resources = 2;
+    ap.initiator_depth = 4;
+    ap.private_data = bytes("world");
+    REQUIRE(w.b.accept(server, &ap) == 0);
+    const CmIdEvent rep = w.ea.next(CmIdEventType::ConnectResponse);
+    CHECK(rep.id == w.client);
+    CHECK(rep.param.qp_num == 0x456);
+    REQUIRE(rep.param.private_data.size() == RdmaCm::kAcceptPrivateBytes);
+    CHECK(
+        std::equal(ap.private_data.begin(), ap.private_data.end(), rep.param.private_data.begin()));
+
+    CmQpAttr c_init, c_rtr, c_rts;
+    REQUIRE(w.a.init_qp_attr(w.client, CmQpState::Init, c_init) == 0);
+    REQUIRE(w.a.init_qp_attr(w.client, CmQpState::Rtr, c_rtr) == 0);
+    REQUIRE(w.a.init_qp_attr(w.client, CmQpState::Rts, c_rts) == 0);
+    CHECK(c_init.access_flags ==
+          (access::kRemoteWrite | access::kRemoteRead | access::kRemoteAtomic));
+    CHECK(c_rtr.dest_qp_num == 0x456);
+    // Each side receives from the PSN the other sends from.
+    CHECK(c_rtr.rq_psn == s_rts.sq_psn);
+    CHECK(s_rtr.rq_psn == c_rts.sq_psn);
+    CHECK(c_rts.max_rd_atomic == 2);
+    CHECK(c_rtr.max_dest_rd_atomic == 4);
+    CHECK(c_rts.retry_cnt == 7);
+    CHECK(c_rtr.mask == (qp_mask::kState | qp_mask::kAv | qp_mask::kPathMtu | qp_mask::kDestQpn |
+                         qp_mask::kRqPsn | qp_mask::kMaxDestRdAtomic | qp_mask::kMinRnrTimer));
+
+    REQUIRE(w.a.accept(w.client, nullptr) == 0);  // the RTU
+    CHECK(w.eb.next(CmIdEventType::Established).id == server);
+
+    REQUIRE(w.a.disconnect(w.client) == 0);
+    CHECK(w.eb.next(CmIdEventType::Disconnected).id == server);
+    REQUIRE(w.b.disconnect(server) == 0);  // the DREP
+    CHECK(w.ea.next(CmIdEventType::Disconnected).id == w.client);
+    CHECK(w.ea.next(CmIdEventType::TimewaitExit).id == w.client);
+    CHECK(w.eb.next(CmIdEventType::TimewaitExit).id == server);
+    CHECK(w.a.destroy_id(w.client) == 0);
+    CHECK(w.b.destroy_id(server) == 0);
+    CHECK(w.b.destroy_id(w.listener) == 0);
+    CHECK(w.ea.pending() == 0);
+    CHECK(w.eb.pending() == 0);
+}
+
+TEST_CASE("RDMA CM: a rejected connection, with the consumer's private data", "[cm][rdma_cm]") {
+    World w;
+    w.listen_and_resolve();
+    CmConnParam cp;
+    cp.qp_num = 0x11;
+    REQUIRE(w.a.connect(w.client, cp) == 0);
+    const uint32_t server = w.eb.next(CmIdEventType::ConnectRequest).id;
+    const auto why = bytes("no room");
+    REQUIRE(w.b.reject(server, why) == 0);
+    const CmIdEvent rej = w.ea.next(CmIdEventType::Rejected);
+    CHECK(rej.status == static_cast<int>(CmRejectReason::ConsumerReject));
+    REQUIRE(rej.param.private_data.size() >= why.size());
+    CHECK(std::equal(why.begin(), why.end(), rej.param.private_data.begin()));
+    // Nothing more to do on either: the connection is gone.
+    CHECK(w.a.disconnect(w.client) == EINVAL);
+    CHECK(w.b.reject(server, {}) == EINVAL);
+}
+
+TEST_CASE("RDMA CM: a port nobody listens on is refused at once", "[cm][rdma_cm]") {
+    World w;
+    // B runs a CM (a listener on another port), so its agent answers the REQ itself.
+    const uint32_t other = w.b.create_id(PortSpace::Tcp);
+    REQUIRE(w.b.bind(other, {w.p.b.ip, kPort + 1}) == 0);
+    REQUIRE(w.b.listen(other, 1) == 0);
+    const uint32_t c = w.a.create_id(PortSpace::Tcp);
+    REQUIRE(w.a.resolve_addr(c, CmAddress{w.p.a.ip, 0}, {w.p.b.ip, kPort}) == 0);
+    w.ea.next(CmIdEventType::AddrResolved);
+    REQUIRE(w.a.resolve_route(c) == 0);
+    w.ea.next(CmIdEventType::RouteResolved);
+    REQUIRE(w.a.connect(c, CmConnParam{}) == 0);
+    CHECK(w.ea.next(CmIdEventType::Rejected).status ==
+          static_cast<int>(CmRejectReason::InvalidServiceId));
+    CHECK(w.eb.pending() == 0);
+}
+
+TEST_CASE("RDMA CM: a destroyed connection is disconnected on the wire", "[cm][rdma_cm]") {
+    World w;
+    w.listen_and_resolve();
+    REQUIRE(w.a.connect(w.client, CmConnParam{}) == 0);
+    const uint32_t server = w.eb.next(CmIdEventType::ConnectRequest).id;
+    CmConnParam ap;
+    REQUIRE(w.b.accept(server, &ap) == 0);
+    w.ea.next(CmIdEventType::ConnectResponse);
+    REQUIRE(w.a.accept(w.client, nullptr) == 0);
+    w.eb.next(CmIdEventType::Established);
+    // As rdma_destroy_id, or a process exiting with the identifier (destroy_all): a DREQ.
+    SECTION("destroy_id") {
+        REQUIRE(w.a.destroy_id(w.client) == 0);
+    }
+    SECTION("destroy_all") {
+        w.a.destroy_all();
+    }
+    CHECK(w.eb.next(CmIdEventType::Disconnected).id == server);
+    CHECK(w.ea.pending() == 0);  // a destroyed identifier reports nothing
+}
+
+TEST_CASE("RDMA CM: bad calls are refused with the kernel's errors", "[cm][rdma_cm]") {
+    World w;
+    const uint32_t id = w.a.create_id(PortSpace::Tcp);
+    SECTION("unknown identifiers") {
+        CmIdInfo info;
+        CHECK(w.a.destroy_id(id + 1000) == EINVAL);
+        CHECK(w.a.bind(id + 1000, {}) == EINVAL);
+        CHECK(w.a.query(id + 1000, info) == EINVAL);
+        CHECK(w.a.listen(id + 1000, 1) == EINVAL);
+        CHECK(w.a.connect(id + 1000, {}) == EINVAL);
+    }
+    SECTION("an address no device has") {
+        CHECK(w.a.bind(id, {ipv4(10, 9, 8, 7), 0}) == EADDRNOTAVAIL);
+    }
+    SECTION("a port already bound, by this process or another") {
+        const uint32_t other = w.b.create_id(PortSpace::Tcp);
+        REQUIRE(w.b.bind(other, {w.p.a.ip, kPort}) == 0);
+        CHECK(w.a.bind(id, {w.p.a.ip, kPort}) == EADDRINUSE);
+        CHECK(w.a.bind(id, {0, kPort}) == EADDRINUSE);         // any address overlaps it
+        CHECK(w.a.bind(id, {w.p.b.ip, kPort}) == 0);           // another address does not
+        CHECK(w.a.bind(id, {w.p.b.ip, kPort + 1}) == EINVAL);  // bound already
+    }
+    SECTION("steps out of order") {
+        CHECK(w.a.resolve_route(id) == EINVAL);  // no address yet
+        CHECK(w.a.connect(id, {}) == EINVAL);
+        CHECK(w.a.accept(id, nullptr) == EINVAL);
+        CHECK(w.a.disconnect(id) == EINVAL);
+        CmConnParam p;
+        CHECK(w.a.accept(id, &p) == EINVAL);
+    }
+    SECTION("private data longer than the message carries") {
+        REQUIRE(w.a.resolve_addr(id, CmAddress{w.p.a.ip, 0}, {w.p.b.ip, kPort}) == 0);
+        w.ea.next(CmIdEventType::AddrResolved);
+        REQUIRE(w.a.resolve_route(id) == 0);
+        w.ea.next(CmIdEventType::RouteResolved);
+        CmConnParam p;
+        p.private_data.assign(RdmaCm::kConnectPrivateBytes + 1, 0x5a);
+        CHECK(w.a.connect(id, p) == EINVAL);
+    }
+    SECTION("UD port spaces do not connect yet") {
+        const uint32_t ud = w.a.create_id(PortSpace::Udp);
+        CHECK(w.a.listen(ud, 1) == EOPNOTSUPP);
+    }
+}
