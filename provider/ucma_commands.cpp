@@ -121,6 +121,21 @@ void fill_conn(rdma_ucm_conn_param& out, const tcm::CmConnParam& in) {
     out.valid = 1;
 }
 
+// A UD identifier's event: the peer's QP, Q_Key and address vector (RoCE: a GRH to its GID).
+void fill_ud(rdma_ucm_ud_param& out, const tcm::CmIdEvent& ev) {
+    out.qp_num = ev.param.qp_num;
+    out.qkey = ev.param.qkey;
+    std::memcpy(out.ah_attr.grh.dgid, ev.dgid.data(), 16);
+    out.ah_attr.grh.flow_label = ev.flow_label;
+    out.ah_attr.grh.hop_limit = ev.hop_limit;
+    out.ah_attr.grh.sgid_index = 0;
+    out.ah_attr.is_global = 1;
+    out.ah_attr.port_num = 1;
+    const size_t n = std::min(ev.param.private_data.size(), sizeof out.private_data);
+    std::memcpy(out.private_data, ev.param.private_data.data(), n);
+    out.private_data_len = static_cast<uint8_t>(n);
+}
+
 void Ucma::deliver(const tcm::CmIdEvent& ev) {
     std::lock_guard lock(mutex);
     uint32_t counted_for = ev.id;
@@ -145,7 +160,10 @@ void Ucma::deliver(const tcm::CmIdEvent& ev) {
     resp.id = ev.id;
     resp.event = static_cast<uint32_t>(ev.type);
     resp.status = static_cast<uint32_t>(ev.status);
-    fill_conn(resp.param.conn, ev.param);
+    if (ev.ud)
+        fill_ud(resp.param.ud, ev);
+    else
+        fill_conn(resp.param.conn, ev.param);
     it->second.channel->push(resp, counted_for);
 }
 
@@ -339,7 +357,7 @@ class Handler {
         rdma_ucm_create_id_resp resp{};
         if (cmd.response == 0) return EFAULT;
         if (c.out < sizeof resp) return ENOSPC;
-        resp.id = u_.cm()->create_id(ps);
+        resp.id = u_.cm()->create_id(ps, cmd.qp_type == IBV_QPT_UD);
         {
             std::lock_guard lock(u_.mutex);
             u_.ids[resp.id] = IdEntry{channel_, cmd.uid};
@@ -618,6 +636,7 @@ class Handler {
         resp.timeout = a.timeout;
         resp.retry_cnt = a.retry_cnt;
         resp.rnr_retry = a.rnr_retry;
+        resp.qkey = a.qkey;
         if (a.mask & tcm::qp_mask::kAv) {
             std::memcpy(resp.ah_attr.grh.dgid, a.dgid.data(), 16);
             resp.ah_attr.grh.flow_label = a.flow_label;

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Unmodified RDMA CM applications (librdmacm 44: rdmacm-utils, perftest -R, qperf -cm1) over
-# uroce devices on loopback, between two devices and within one, with the data they check
-# themselves (rping -V, ucmatose, rstream/riostream) and a connect nobody listens for.
+# uroce devices on loopback, between two devices and within one, RC and UD (udaddy), with the
+# data they check themselves (rping -V, ucmatose, udaddy, rstream/riostream) and a connect
+# nobody listens for.
 #
 #   test_rdma_cm.sh PATH_TO_UROCE
 #
 # RDMA CM servers have no TCP port to wait for: a server counts as ready once its RDMA CM
-# port is held in the registry's port table (the lock a bind takes), and a client that still
-# finds no listener (REJECTED, invalid service ID) is run again, at most three times.
+# port is marked listening in the registry's port tables, and a client that still finds no
+# listener (REJECTED, invalid service ID) is run again, at most three times.
 # Needs root (uroce add makes /dev/infiniband nodes); otherwise skips (exit 77).
 # Last line: "N passed, M failed"; exit 1 if M > 0.
 set -u
@@ -15,7 +16,7 @@ set -u
 source "$(dirname "$(readlink -f "$0")")/lib.sh"
 lib_init "$1"
 
-for tool in rping ucmatose cmtime rstream riostream rdma_server rdma_client ib_write_bw \
+for tool in rping ucmatose udaddy cmtime rstream riostream rdma_server rdma_client ib_write_bw \
     ib_read_lat ib_send_bw qperf python3 timeout ss; do
     if ! command -v "$tool" >/dev/null; then
         skip "$tool is not installed (tools/setup.sh installs rdmacm-utils, perftest, qperf)"
@@ -48,13 +49,16 @@ next_port() {
     return 1
 }
 
-# cm_port_held PORT: some process has bound RDMA CM port PORT (TCP port space), on any
-# address or on one of ours. A bind holds an OFD lock, which a POSIX lock test sees.
+# cm_port_held PORT: some process listens on RDMA CM port PORT (TCP or UDP port space), on
+# any address or on one of ours: a listener holds an OFD lock on the port's byte in the
+# space's ".listening" table (docs/rdma-cm.md), which a POSIX lock test sees.
 cm_port_held() {
     python3 - "$UROCE_ROOT/rdma_cm" "$1" "$IP_A" "$IP_B" <<'EOF'
 import fcntl, os, sys
 d, port = sys.argv[1], int(sys.argv[2])
-for name in ["ports-tcp"] + ["ports-tcp." + ip for ip in sys.argv[3:]]:
+names = [s + ".listening" + suffix for s in ("ports-tcp", "ports-udp")
+         for suffix in [""] + ["." + ip for ip in sys.argv[3:]]]
+for name in names:
     try:
         fd = os.open(os.path.join(d, name), os.O_RDWR)
     except OSError:
@@ -70,9 +74,8 @@ sys.exit(1)
 EOF
 }
 
-# wait_cm_ready PORT PID [tcp]: until RDMA CM port PORT is bound (or, with "tcp", TCP port
-# PORT listens: qperf's control port), PID exits, or 10 s pass. The listen follows the bind
-# within microseconds; a REQ that comes between is rejected and its client run again.
+# wait_cm_ready PORT PID [tcp]: until RDMA CM port PORT listens (or, with "tcp", TCP port
+# PORT listens: qperf's control port), PID exits, or 10 s pass.
 wait_cm_ready() {
     local port=$1 pid=$2 how=${3:-cm} i
     for ((i = 0; i < 200; i++)); do
@@ -169,6 +172,16 @@ if expect_pair_ok "ucmatose"; then
     expect_file_match "ucmatose: the server's transfers completed" "data transfers complete" "$SRV_OUT"
     expect_file_match "ucmatose: the client's test completed" "^test complete" "$CLI_OUT"
     expect_file_match "ucmatose: the client reports status 0" "return status 0" "$CLI_OUT"
+fi
+
+# ----------------------------------------------------------------------------- udaddy
+# UD over RDMA CM: SIDR REQ/REP gives the client the server's QPN and Q_Key; 10 identifiers
+# each way exchange 10 datagrams (udaddy's default port; it has no option for another).
+cm_pair "udaddy" 7174 60 -- udaddy -b "$IP_A" -c 10 -C 10 -- udaddy -s "$IP_A" -b "$IP_B" -c 10 -C 10
+if expect_pair_ok "udaddy"; then
+    expect_file_match "udaddy: the server's transfers completed" "data transfers complete" "$SRV_OUT"
+    expect_file_match "udaddy: the client reports status 0" "return status 0" "$CLI_OUT"
+    no_errors "udaddy" "$SRV_ERR" "$CLI_ERR"
 fi
 
 # ------------------------------------------------------------------------------ cmtime

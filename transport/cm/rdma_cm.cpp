@@ -129,13 +129,15 @@ CmService* RdmaCm::service(const std::string& device, int& err) {
     return raw;
 }
 
-uint32_t RdmaCm::create_id(PortSpace ps) {
+uint32_t RdmaCm::create_id(PortSpace ps, bool ud) {
     std::unique_lock lock(mutex_);
     while (next_id_ == 0 || ids_.count(next_id_)) ++next_id_;
     const uint32_t handle = next_id_++;
     auto id = std::make_unique<Id>();
     id->handle = handle;
     id->ps = ps;
+    id->ud = ud;
+    id->qkey = ud && ps == PortSpace::Udp ? kUdpQkey : 0;
     ids_.emplace(handle, std::move(id));
     unlock_and_drain();
     lock.release();
@@ -153,6 +155,7 @@ void RdmaCm::release(Id& id) {
         if (auto it = services_.find(dev); it != services_.end())
             it->second->stop_listening(service_id_of(id.ps, id.src.port));
     id.listening_on.clear();
+    id.listening.reset();
     id.port.reset();
 }
 
@@ -328,7 +331,7 @@ int RdmaCm::listen(uint32_t handle, int) {
     int rc = 0;
     if (!id) {
         rc = EINVAL;
-    } else if (id->ps != PortSpace::Tcp && id->ps != PortSpace::Ib) {
+    } else if (id->ps == PortSpace::Ipoib) {
         rc = EOPNOTSUPP;
     } else if (id->state == State::Listening) {
         rc = 0;  // the backlog changes; uroce keeps none
@@ -363,6 +366,9 @@ int RdmaCm::listen(uint32_t handle, int) {
                 id->listening_on.clear();
             } else {
                 id->state = State::Listening;
+                int err = 0;
+                id->listening = PortTable(host_.port_table_path(id->ps) + ".listening")
+                                    .claim(id->src.ip, id->src.port, err);
             }
         }
     }

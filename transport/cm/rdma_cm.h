@@ -94,6 +94,7 @@ const char* to_string(CmIdEventType t);
 // (responder_resources: how many RDMA READs this side may have to answer at once).
 struct CmConnParam {
     uint32_t qp_num = 0;
+    uint32_t qkey = 0;  // UD: the Q_Key of the peer's QP
     bool srq = false;
     uint8_t responder_resources = 0;
     uint8_t initiator_depth = 0;
@@ -105,10 +106,17 @@ struct CmConnParam {
 
 struct CmIdEvent {
     CmIdEventType type = CmIdEventType::AddrError;
-    int status = 0;          // 0, a negative errno, or (Rejected) the REJ reason
+    // 0, a negative errno, (Rejected) the REJ reason, or (UD Unreachable) the SIDR status.
+    int status = 0;
     uint32_t id = 0;         // the identifier it is for; ConnectRequest: the new one
     uint32_t listen_id = 0;  // ConnectRequest: the listener the REQ came to
     CmConnParam param;
+    // UD identifiers: the peer's address vector (ConnectRequest: the requester's;
+    // Established: the responder's).
+    bool ud = false;
+    Gid dgid{};
+    uint32_t flow_label = 0;
+    uint8_t hop_limit = 0;
 };
 
 // What an identifier knows of its addresses and path (rdma_cm's QUERY).
@@ -146,6 +154,7 @@ struct CmQpAttr {
     uint8_t timeout = 0;
     uint8_t retry_cnt = 0;
     uint8_t rnr_retry = 0;
+    uint32_t qkey = 0;
     Gid dgid{};
     uint32_t flow_label = 0;
     uint8_t hop_limit = 0;
@@ -158,6 +167,7 @@ inline constexpr uint32_t kState = 1u << 0;
 inline constexpr uint32_t kAccessFlags = 1u << 3;
 inline constexpr uint32_t kPkeyIndex = 1u << 4;
 inline constexpr uint32_t kPort = 1u << 5;
+inline constexpr uint32_t kQkey = 1u << 6;
 inline constexpr uint32_t kAv = 1u << 7;
 inline constexpr uint32_t kPathMtu = 1u << 8;
 inline constexpr uint32_t kTimeout = 1u << 9;
@@ -185,6 +195,8 @@ class RdmaCm {
     static constexpr size_t kConnectPrivateBytes = kReqPrivateBytes - kIpCmHeaderBytes;  // 56
     static constexpr size_t kAcceptPrivateBytes = kRepPrivateBytes;                      // 196
     static constexpr size_t kRejectPrivateBytes = kRejPrivateBytes;                      // 148
+    static constexpr size_t kUdConnectPrivateBytes = kSidrReqPrivateBytes - kIpCmHeaderBytes;
+    static constexpr size_t kUdAcceptPrivateBytes = kSidrRepPrivateBytes;
 
     RdmaCm(CmHost& host, EventSink sink, CmTimers timers = {});
     // Destroys every identifier (connected ones send their DREQ) and the CM services.
@@ -192,9 +204,14 @@ class RdmaCm {
     RdmaCm(const RdmaCm&) = delete;
     RdmaCm& operator=(const RdmaCm&) = delete;
 
-    // A new identifier (never 0). Only RC port spaces (TCP, IB) connect so far: UDP and
-    // IPoIB identifiers are created but their connect/listen fail with EOPNOTSUPP.
-    uint32_t create_id(PortSpace ps);
+    // The Q_Key of UD identifiers in the UDP port space (librdmacm's RDMA_UDP_QKEY).
+    static constexpr uint32_t kUdpQkey = 0x01234567;
+
+    // A new identifier (never 0), for RC connections or, `ud`, UD QPs (resolved through SIDR
+    // REQ/REP: the passive side's CONNECT_REQUEST, then the active side's ESTABLISHED with
+    // the peer's QPN and Q_Key). IPoIB identifiers are created, but their connect/listen
+    // fail with EOPNOTSUPP.
+    uint32_t create_id(PortSpace ps, bool ud = false);
     // Forgets the identifier as rdma_destroy_id does (a connection is disconnected or
     // rejected, its port released); its further events are not reported. EINVAL if unknown.
     int destroy_id(uint32_t id);
@@ -236,8 +253,14 @@ class RdmaCm {
     void emit(CmIdEvent ev);
     void release(Id& id);
     void on_cm_event(const std::string& device, const CmEvent& ev);
+    // A new passive identifier for a REQ or SIDR REQ that `listener` takes.
+    Id* open_passive(const Id& listener, const CmDeviceInfo& dev, const IpCmHeader& ip,
+                     const std::string& device, uint32_t comm_id);
     void on_req(const std::string& device, const CmEvent& ev);
     void on_rep(Id& id, const CmEvent& ev);
+    void on_sidr_rep(Id& id, const CmEvent& ev);
+    int connect_ud(Id& id, const CmConnParam& param);
+    int accept_ud(Id& id, const CmConnParam& param);
 
     // Agent events arrive on engine threads, sometimes while this thread holds mutex_ (an
     // agent call made under it). They wait in the inbox and are handled by whoever holds

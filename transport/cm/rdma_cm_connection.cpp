@@ -39,8 +39,10 @@ int RdmaCm::connect(uint32_t handle, const CmConnParam& param) {
     int rc = 0;
     if (!id || id->state != State::RouteResolved) {
         rc = EINVAL;
-    } else if (id->ps != PortSpace::Tcp && id->ps != PortSpace::Ib) {
+    } else if (id->ps == PortSpace::Ipoib) {
         rc = EOPNOTSUPP;
+    } else if (id->ud) {
+        rc = connect_ud(*id, param);
     } else if (param.private_data.size() > kConnectPrivateBytes) {
         rc = EINVAL;
     } else if (CmService* svc = service(id->device->name, rc); svc != nullptr) {
@@ -112,6 +114,8 @@ int RdmaCm::accept(uint32_t handle, const CmConnParam* param) {
         if (rc == 0) id->state = State::Established;
     } else if (id->state != State::ConnectRequest || param == nullptr) {
         rc = EINVAL;
+    } else if (id->ud) {
+        rc = accept_ud(*id, *param);
     } else if (param->private_data.size() > kAcceptPrivateBytes) {
         rc = EINVAL;
     } else {
@@ -146,6 +150,16 @@ int RdmaCm::reject(uint32_t handle, std::span<const uint8_t> private_data) {
         rc = EINVAL;
     } else if (private_data.size() > kRejectPrivateBytes) {
         rc = EINVAL;
+    } else if (id->ud) {
+        CmSidrRep rep;
+        rep.status = static_cast<uint8_t>(SidrStatus::Rejected);
+        copy_private(private_data, rep.private_data);
+        rc = svc->second->agent().send_sidr_rep(id->comm_id, rep);
+        if (rc == 0) {
+            by_comm_id_.erase({id->comm_device, id->comm_id});
+            id->comm_id = 0;
+            id->state = State::Disconnected;
+        }
     } else {
         rc = svc->second->agent().send_rej(id->comm_id, CmRejectReason::ConsumerReject,
                                            private_data);
@@ -209,6 +223,16 @@ int RdmaCm::init_qp_attr(uint32_t handle, CmQpState state, CmQpAttr& out) {
     const bool connected = id != nullptr && id->comm_id != 0;
     if (!id || !id->device) {
         rc = EINVAL;
+    } else if (id->ud) {
+        // A UD QP needs only its Q_Key (INIT); RTR and RTS carry no peer (and RTS starts
+        // at PSN 0, as librdmacm sets it).
+        out.mask = qp_mask::kState;
+        if (state == CmQpState::Init) {
+            out.mask |= qp_mask::kPkeyIndex | qp_mask::kPort | qp_mask::kQkey;
+            out.qkey = id->qkey;
+        } else if (state == CmQpState::Rts) {
+            out.mask |= qp_mask::kSqPsn;
+        }
     } else if (state == CmQpState::Init) {
         // Before a connection exists the QP gets no remote access (as the kernel's
         // cma_ib_init_qp_attr); with one, what the connection agreed.
@@ -250,39 +274,74 @@ int RdmaCm::init_qp_attr(uint32_t handle, CmQpState state, CmQpAttr& out) {
 
 // ---- the IB CM's events -------------------------------------------------------------------
 
-void RdmaCm::on_req(const std::string& device, const CmEvent& ev) {
-    Id* listener = find(static_cast<uint32_t>(ev.listener));
-    auto svc = services_.find(device);
-    if (svc == services_.end()) return;
-    const CmReq* req = ev.message ? std::get_if<CmReq>(&ev.message->body) : nullptr;
-    IpCmHeader ip;
-    std::optional<CmDeviceInfo> dev;
-    for (auto& d : host_.devices())
-        if (d.name == device) dev = d;
-    if (!listener || listener->state != State::Listening || !req || !dev ||
-        read_ip_cm_header(req->private_data, ip) != IpCmHeaderError::None || ip.ip_version != 4 ||
-        req->transport != CmTransport::Rc) {
-        // Not a connection this process can take (gone listener, no RDMA CM header, not
-        // RC): the requester hears so at once instead of timing out.
-        svc->second->agent().send_rej(ev.comm_id, req && req->transport != CmTransport::Rc
-                                                      ? CmRejectReason::InvalidTransportType
-                                                      : CmRejectReason::InvalidServiceId);
-        return;
-    }
+RdmaCm::Id* RdmaCm::open_passive(const Id& listener, const CmDeviceInfo& dev, const IpCmHeader& ip,
+                                 const std::string& device, uint32_t comm_id) {
     while (next_id_ == 0 || ids_.count(next_id_)) ++next_id_;
     const uint32_t handle = next_id_++;
     auto id = std::make_unique<Id>();
     id->handle = handle;
-    id->ps = listener->ps;
+    id->ps = listener.ps;
+    id->ud = listener.ud;
+    id->qkey = listener.qkey;
     id->state = State::ConnectRequest;
-    id->src = CmAddress{dev->ip, listener->src.port};
+    id->src = CmAddress{dev.ip, listener.src.port};
     uint32_t src_be = 0;
     std::memcpy(&src_be, ip.source.data() + 12, 4);
     id->dst = CmAddress{ntohl(src_be), ip.source_port};
     id->device = dev;
-    id->listen_parent = listener->handle;
-    id->comm_id = ev.comm_id;
+    id->listen_parent = listener.handle;
+    id->comm_id = comm_id;
     id->comm_device = device;
+    by_comm_id_[{device, comm_id}] = handle;
+    return ids_.emplace(handle, std::move(id)).first->second.get();
+}
+
+void RdmaCm::on_req(const std::string& device, const CmEvent& ev) {
+    const Id* listener = find(static_cast<uint32_t>(ev.listener));
+    auto svc = services_.find(device);
+    if (svc == services_.end()) return;
+    const bool sidr = ev.type == CmEventType::SidrReqReceived;
+    const CmReq* req = ev.message ? std::get_if<CmReq>(&ev.message->body) : nullptr;
+    const CmSidrReq* sreq = ev.message ? std::get_if<CmSidrReq>(&ev.message->body) : nullptr;
+    IpCmHeader ip;
+    std::optional<CmDeviceInfo> dev;
+    for (auto& d : host_.devices())
+        if (d.name == device) dev = d;
+    const bool taken =
+        listener && listener->state == State::Listening && dev && listener->ud == sidr &&
+        (sidr ? sreq != nullptr : req != nullptr && req->transport == CmTransport::Rc) &&
+        read_ip_cm_header(sidr ? std::span<const uint8_t>(sreq->private_data)
+                               : std::span<const uint8_t>(req->private_data),
+                          ip) == IpCmHeaderError::None &&
+        ip.ip_version == 4;
+    if (!taken) {
+        // Not a connection this process can take (gone listener, no RDMA CM header, another
+        // transport): the requester hears so at once instead of timing out.
+        if (sidr) {
+            CmSidrRep no;
+            no.status = static_cast<uint8_t>(SidrStatus::ServiceIdNotSupported);
+            svc->second->agent().send_sidr_rep(ev.comm_id, no);
+        } else {
+            svc->second->agent().send_rej(ev.comm_id, req && req->transport != CmTransport::Rc
+                                                          ? CmRejectReason::InvalidTransportType
+                                                          : CmRejectReason::InvalidServiceId);
+        }
+        return;
+    }
+    Id* id = open_passive(*listener, *dev, ip, device, ev.comm_id);
+    CmIdEvent out;
+    out.type = CmIdEventType::ConnectRequest;
+    out.id = id->handle;
+    out.listen_id = listener->handle;
+    if (sidr) {
+        out.ud = true;
+        out.param.private_data = bytes_of(sreq->private_data, kIpCmHeaderBytes);
+        out.dgid = roce_gid_of(id->dst.ip);
+        out.flow_label = roce_flow_label(id->dst.port, id->src.port);
+        out.hop_limit = kHopLimit;
+        emit(std::move(out));
+        return;
+    }
     id->remote_qpn = req->local_qpn;
     id->rq_psn = req->starting_psn;
     id->sq_psn = random_psn();
@@ -292,13 +351,6 @@ void RdmaCm::on_req(const std::string& device, const CmEvent& ev) {
     id->retry_count = req->retry_count;
     id->rnr_retry_count = req->rnr_retry_count;
     id->path_mtu = std::min(req->path_mtu, mtu_enum_of(dev->mtu));
-    by_comm_id_[{device, ev.comm_id}] = handle;
-    ids_.emplace(handle, std::move(id));
-
-    CmIdEvent out;
-    out.type = CmIdEventType::ConnectRequest;
-    out.id = handle;
-    out.listen_id = listener->handle;
     out.param.responder_resources = req->initiator_depth;
     out.param.initiator_depth = req->responder_resources;
     out.param.flow_control = req->end_to_end_flow_control;
@@ -307,6 +359,81 @@ void RdmaCm::on_req(const std::string& device, const CmEvent& ev) {
     out.param.srq = req->srq;
     out.param.qp_num = req->local_qpn;
     out.param.private_data = bytes_of(req->private_data, kIpCmHeaderBytes);
+    emit(std::move(out));
+}
+
+int RdmaCm::connect_ud(Id& id, const CmConnParam& param) {
+    if (param.private_data.size() > kUdConnectPrivateBytes) return EINVAL;
+    int rc = 0;
+    CmService* svc = service(id.device->name, rc);
+    if (!svc) return rc;
+    CmSidrReq req;
+    req.service_id = service_id_of(id.ps, id.dst.port);
+    req.pkey = 0xffff;
+    IpCmHeader ip;
+    ip.ip_version = 4;
+    ip.source_port = id.src.port;
+    ip.source = ip_cm_address_v4(htonl(id.src.ip));
+    ip.destination = ip_cm_address_v4(htonl(id.dst.ip));
+    write_ip_cm_header(ip, req.private_data);
+    copy_private(param.private_data, req.private_data, kIpCmHeaderBytes);
+    const uint32_t request_id = svc->agent().send_sidr_req(id.dst.ip, req);
+    if (request_id == 0) return ENOMEM;
+    id.active = true;
+    id.comm_id = request_id;
+    id.comm_device = id.device->name;
+    by_comm_id_[{id.comm_device, request_id}] = id.handle;
+    id.state = State::Connecting;
+    return 0;
+}
+
+int RdmaCm::accept_ud(Id& id, const CmConnParam& param) {
+    if (param.private_data.size() > kUdAcceptPrivateBytes) return EINVAL;
+    auto svc = services_.find(id.comm_device);
+    if (svc == services_.end()) return EINVAL;
+    CmSidrRep rep;
+    rep.status = static_cast<uint8_t>(SidrStatus::Ok);
+    rep.qpn = param.qp_num & kPsnMask;
+    rep.qkey = param.qkey != 0 ? param.qkey : id.qkey;
+    copy_private(param.private_data, rep.private_data);
+    const int rc = svc->second->agent().send_sidr_rep(id.comm_id, rep);
+    if (rc != 0) return rc;
+    // The exchange is over: SIDR keeps no connection.
+    by_comm_id_.erase({id.comm_device, id.comm_id});
+    id.comm_id = 0;
+    id.local_qpn = rep.qpn;
+    id.state = State::Established;
+    return 0;
+}
+
+void RdmaCm::on_sidr_rep(Id& id, const CmEvent& ev) {
+    const CmSidrRep* rep = ev.message ? std::get_if<CmSidrRep>(&ev.message->body) : nullptr;
+    if (id.state != State::Connecting) return;
+    by_comm_id_.erase({id.comm_device, id.comm_id});
+    id.comm_id = 0;
+    CmIdEvent out;
+    out.id = id.handle;
+    out.ud = true;
+    if (!rep) {  // no answer after the retries
+        id.state = State::Disconnected;
+        out.type = CmIdEventType::Unreachable;
+        out.status = -ETIMEDOUT;
+    } else if (rep->status != static_cast<uint8_t>(SidrStatus::Ok)) {
+        id.state = State::Disconnected;
+        out.type = CmIdEventType::Unreachable;
+        out.status = rep->status;
+        out.param.private_data = bytes_of(rep->private_data);
+    } else {
+        id.remote_qpn = rep->qpn;
+        id.state = State::Established;
+        out.type = CmIdEventType::Established;
+        out.param.qp_num = rep->qpn;
+        out.param.qkey = rep->qkey;
+        out.param.private_data = bytes_of(rep->private_data);
+        out.dgid = roce_gid_of(id.dst.ip);
+        out.flow_label = roce_flow_label(id.src.port, id.dst.port);
+        out.hop_limit = kHopLimit;
+    }
     emit(std::move(out));
 }
 
@@ -333,7 +460,7 @@ void RdmaCm::on_rep(Id& id, const CmEvent& ev) {
 }
 
 void RdmaCm::on_cm_event(const std::string& device, const CmEvent& ev) {
-    if (ev.type == CmEventType::ReqReceived) {
+    if (ev.type == CmEventType::ReqReceived || ev.type == CmEventType::SidrReqReceived) {
         on_req(device, ev);
         return;
     }
@@ -349,6 +476,10 @@ void RdmaCm::on_cm_event(const std::string& device, const CmEvent& ev) {
     switch (ev.type) {
         case CmEventType::RepReceived:
             on_rep(*id, ev);
+            return;
+        case CmEventType::SidrRepReceived:
+        case CmEventType::SidrTimeout:
+            on_sidr_rep(*id, ev);
             return;
         case CmEventType::Established:
             if (id->state != State::Accepting) return;
@@ -387,7 +518,7 @@ void RdmaCm::on_cm_event(const std::string& device, const CmEvent& ev) {
             out.type = CmIdEventType::TimewaitExit;
             break;
         default:
-            return;  // SIDR: not yet
+            return;
     }
     emit(std::move(out));
 }

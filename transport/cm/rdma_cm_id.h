@@ -43,11 +43,16 @@ enum class RdmaCm::State : uint8_t {
 struct RdmaCm::Id {
     uint32_t handle = 0;
     PortSpace ps = PortSpace::Tcp;
+    bool ud = false;    // a UD identifier: SIDR instead of a connection
+    uint32_t qkey = 0;  // UD: its own QP's Q_Key
     State state = State::Idle;
     CmAddress src;
     CmAddress dst;
     std::optional<CmDeviceInfo> device;
-    std::unique_ptr<PortClaim> port;        // the bound port, held until destroyed
+    std::unique_ptr<PortClaim> port;  // the bound port, held until destroyed
+    // Listening: the same port claimed in the space's ".listening" table, so that anyone on
+    // the host can tell a listener from a mere bind (tests wait for it).
+    std::unique_ptr<PortClaim> listening;
     std::vector<std::string> listening_on;  // devices whose CM takes this listener's REQs
     bool silent = false;                    // destroyed: report nothing more
     uint32_t listen_parent = 0;             // passive: the listener the REQ came to

@@ -217,7 +217,13 @@ TEST_CASE("RDMA CM: connect, accept, established, disconnect, timewait", "[cm][r
     CHECK(w.eb.next(CmIdEventType::TimewaitExit).id == server);
     CHECK(w.a.destroy_id(w.client) == 0);
     CHECK(w.b.destroy_id(server) == 0);
+    // The listener is marked in the ".listening" table for as long as it listens.
+    const PortTable marks(w.host_b.port_table_path(PortSpace::Tcp) + ".listening");
+    int err = 0;
+    CHECK_FALSE(marks.claim(w.p.b.ip, kPort, err));
+    CHECK(err == EADDRINUSE);
     CHECK(w.b.destroy_id(w.listener) == 0);
+    CHECK(marks.claim(w.p.b.ip, kPort, err));
     CHECK(w.ea.pending() == 0);
     CHECK(w.eb.pending() == 0);
 }
@@ -317,8 +323,95 @@ TEST_CASE("RDMA CM: bad calls are refused with the kernel's errors", "[cm][rdma_
         p.private_data.assign(RdmaCm::kConnectPrivateBytes + 1, 0x5a);
         CHECK(w.a.connect(id, p) == EINVAL);
     }
-    SECTION("UD port spaces do not connect yet") {
-        const uint32_t ud = w.a.create_id(PortSpace::Udp);
-        CHECK(w.a.listen(ud, 1) == EOPNOTSUPP);
+    SECTION("IPoIB port spaces do not connect") {
+        const uint32_t ipoib = w.a.create_id(PortSpace::Ipoib, true);
+        CHECK(w.a.listen(ipoib, 1) == EOPNOTSUPP);
+    }
+}
+
+namespace {
+
+// A UD listener on B:kPort and a UD client on A whose route to it is resolved.
+void ud_resolve(World& w, uint32_t& listener, uint32_t& client, bool listener_ud = true) {
+    listener = w.b.create_id(listener_ud ? PortSpace::Udp : PortSpace::Tcp, listener_ud);
+    REQUIRE(w.b.bind(listener, {w.p.b.ip, kPort}) == 0);
+    REQUIRE(w.b.listen(listener, 8) == 0);
+    client = w.a.create_id(PortSpace::Udp, true);
+    REQUIRE(w.a.resolve_addr(client, CmAddress{w.p.a.ip, 0}, {w.p.b.ip, kPort}) == 0);
+    w.ea.next(CmIdEventType::AddrResolved);
+    REQUIRE(w.a.resolve_route(client) == 0);
+    w.ea.next(CmIdEventType::RouteResolved);
+}
+
+}  // namespace
+
+TEST_CASE("RDMA CM: UD identifiers resolve the peer's QP through SIDR", "[cm][rdma_cm]") {
+    World w;
+    uint32_t listener = 0, client = 0;
+    ud_resolve(w, listener, client);
+    // The UD QP's attributes: its Q_Key in INIT, nothing of a peer.
+    CmQpAttr init;
+    REQUIRE(w.a.init_qp_attr(client, CmQpState::Init, init) == 0);
+    CHECK(init.qkey == RdmaCm::kUdpQkey);
+    CHECK((init.mask & qp_mask::kQkey) != 0);
+    CHECK((init.mask & qp_mask::kAccessFlags) == 0);
+    CmQpAttr rtr;
+    REQUIRE(w.a.init_qp_attr(client, CmQpState::Rtr, rtr) == 0);
+    CHECK(rtr.mask == qp_mask::kState);
+
+    CmConnParam cp;
+    cp.private_data = bytes("ud hello");
+    REQUIRE(w.a.connect(client, cp) == 0);
+    const CmIdEvent req = w.eb.next(CmIdEventType::ConnectRequest);
+    CHECK(req.ud);
+    CHECK(req.listen_id == listener);
+    REQUIRE(req.param.private_data.size() == RdmaCm::kUdConnectPrivateBytes);
+    CHECK(
+        std::equal(cp.private_data.begin(), cp.private_data.end(), req.param.private_data.begin()));
+    CHECK(req.dgid[15] == (w.p.a.ip & 0xff));  // the requester's address vector
+
+    CmConnParam ap;
+    ap.qp_num = 0x777;
+    ap.private_data = bytes("ud welcome");
+    REQUIRE(w.b.accept(req.id, &ap) == 0);
+    const CmIdEvent est = w.ea.next(CmIdEventType::Established);
+    CHECK(est.ud);
+    CHECK(est.id == client);
+    CHECK(est.param.qp_num == 0x777);
+    CHECK(est.param.qkey == RdmaCm::kUdpQkey);
+    CHECK(est.dgid[15] == (w.p.b.ip & 0xff));
+    CHECK(est.hop_limit == 64);
+    REQUIRE(est.param.private_data.size() == RdmaCm::kUdAcceptPrivateBytes);
+    CHECK(
+        std::equal(ap.private_data.begin(), ap.private_data.end(), est.param.private_data.begin()));
+    CHECK(w.eb.pending() == 0);  // the passive side gets no ESTABLISHED for UD
+    CHECK(w.a.destroy_id(client) == 0);
+    CHECK(w.b.destroy_id(req.id) == 0);
+}
+
+TEST_CASE("RDMA CM: UD requests rejected or for no UD service", "[cm][rdma_cm]") {
+    World w;
+    uint32_t listener = 0, client = 0;
+    SECTION("the listener rejects: UNREACHABLE with the SIDR status") {
+        ud_resolve(w, listener, client);
+        REQUIRE(w.a.connect(client, CmConnParam{}) == 0);
+        const CmIdEvent req = w.eb.next(CmIdEventType::ConnectRequest);
+        REQUIRE(w.b.reject(req.id, bytes("full")) == 0);
+        const CmIdEvent un = w.ea.next(CmIdEventType::Unreachable);
+        CHECK(un.status == static_cast<int>(SidrStatus::Rejected));
+        CHECK(un.param.private_data.front() == 'f');
+    }
+    SECTION("the port has an RC listener: the service is not supported") {
+        ud_resolve(w, listener, client, false);
+        REQUIRE(w.a.connect(client, CmConnParam{}) == 0);
+        CHECK(w.ea.next(CmIdEventType::Unreachable).status ==
+              static_cast<int>(SidrStatus::ServiceIdNotSupported));
+        CHECK(w.eb.pending() == 0);
+    }
+    SECTION("private data longer than a SIDR REQ carries") {
+        ud_resolve(w, listener, client);
+        CmConnParam cp;
+        cp.private_data.assign(RdmaCm::kUdConnectPrivateBytes + 1, 1);
+        CHECK(w.a.connect(client, cp) == EINVAL);
     }
 }
