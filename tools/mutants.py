@@ -515,7 +515,11 @@ MUTANTS = [
     # --- RDMA CM identifiers (transport/cm/rdma_cm*.cpp) ---
     Mutant("rdma_cm: the passive side ignores the REQ's starting PSN",
            "transport/cm/rdma_cm_connection.cpp",
-           "    id->rq_psn = req->starting_psn;", "    id->rq_psn = random_psn();", ("cm",)),
+           "    id->sq_psn = req->starting_psn;", "    id->sq_psn = random_psn();", ("cm",)),
+    Mutant("rdma_cm: the REP names the PSN this side sends from (not the kernel's rule)",
+           "transport/cm/rdma_cm_connection.cpp",
+           "        rep.starting_psn = id->rq_psn;", "        rep.starting_psn = id->sq_psn;",
+           ("wire",)),
     Mutant("rdma_cm: the active side ignores the REP's QPN", "transport/cm/rdma_cm_connection.cpp",
            "    id.remote_qpn = rep->local_qpn;", "    id.remote_qpn = rep->local_qpn + 1;", ("cm",)),
     Mutant("rdma_cm: connect private data longer than the REQ carries",

@@ -48,7 +48,7 @@ int RdmaCm::connect(uint32_t handle, const CmConnParam& param) {
     } else if (CmService* svc = service(id->device->name, rc); svc != nullptr) {
         id->active = true;
         id->local_qpn = param.qp_num & kPsnMask;
-        id->sq_psn = random_psn();
+        id->rq_psn = random_psn();
         id->responder_resources = param.responder_resources;
         id->initiator_depth = param.initiator_depth;
         id->retry_count = std::min<uint8_t>(param.retry_count, 7);
@@ -61,7 +61,7 @@ int RdmaCm::connect(uint32_t handle, const CmConnParam& param) {
         req.remote_cm_response_timeout = kCmResponseTimeout;
         req.transport = CmTransport::Rc;
         req.end_to_end_flow_control = param.flow_control != 0;
-        req.starting_psn = id->sq_psn;
+        req.starting_psn = id->rq_psn;
         req.local_cm_response_timeout = kCmResponseTimeout;
         req.retry_count = id->retry_count;
         req.pkey = 0xffff;
@@ -124,7 +124,7 @@ int RdmaCm::accept(uint32_t handle, const CmConnParam* param) {
         id->initiator_depth = param->initiator_depth;
         CmRep rep;
         rep.local_qpn = id->local_qpn;
-        rep.starting_psn = id->sq_psn;
+        rep.starting_psn = id->rq_psn;
         rep.responder_resources = param->responder_resources;
         rep.initiator_depth = param->initiator_depth;
         rep.target_ack_delay = kTargetAckDelay;
@@ -343,8 +343,8 @@ void RdmaCm::on_req(const std::string& device, const CmEvent& ev) {
         return;
     }
     id->remote_qpn = req->local_qpn;
-    id->rq_psn = req->starting_psn;
-    id->sq_psn = random_psn();
+    id->sq_psn = req->starting_psn;
+    id->rq_psn = random_psn();
     // From this side's point of view: it answers as many READs as the peer issues.
     id->responder_resources = req->initiator_depth;
     id->initiator_depth = req->responder_resources;
@@ -441,7 +441,7 @@ void RdmaCm::on_rep(Id& id, const CmEvent& ev) {
     const CmRep* rep = ev.message ? std::get_if<CmRep>(&ev.message->body) : nullptr;
     if (!rep || id.state != State::Connecting) return;
     id.remote_qpn = rep->local_qpn;
-    id.rq_psn = rep->starting_psn;
+    id.sq_psn = rep->starting_psn;
     id.responder_resources = std::min(id.responder_resources, rep->initiator_depth);
     id.initiator_depth = std::min(id.initiator_depth, rep->responder_resources);
     id.rnr_retry_count = rep->rnr_retry_count;

@@ -63,8 +63,11 @@ struct RdmaCm::Id {
     std::string comm_device;
     uint32_t local_qpn = 0;
     uint32_t remote_qpn = 0;
-    uint32_t sq_psn = 0;              // the PSN this side sends from
-    uint32_t rq_psn = 0;              // the PSN the peer sends from
+    // The Starting PSN of a REQ or REP is, as the Linux kernel's CM uses it, the PSN its
+    // sender expects to receive from: each side draws its own rq_psn and sends from the
+    // PSN the other drew (checked against the kernel's rxe).
+    uint32_t sq_psn = 0;              // the PSN this side sends from (the peer's Starting PSN)
+    uint32_t rq_psn = 0;              // the PSN the peer sends from (our Starting PSN)
     uint8_t responder_resources = 0;  // RDMA READs this side answers at once (max_dest_rd_atomic)
     uint8_t initiator_depth = 0;      // RDMA READs this side issues at once (max_rd_atomic)
     uint8_t retry_count = 7;

@@ -8,6 +8,7 @@
 #include <arpa/inet.h>
 
 #include <cstring>
+#include <filesystem>
 #include <mutex>
 #include <random>
 #include <vector>
@@ -18,6 +19,7 @@
 #include "transport/cm/cm_messages.h"
 #include "transport/cm/cm_service.h"
 #include "transport/cm/ip_cm_header.h"
+#include "transport/cm/rdma_cm.h"
 #include "uroce/icrc.h"
 #include "uroce/wire.h"
 
@@ -503,4 +505,115 @@ TEST_CASE("uroce's CM takes the kernel's REQ and answers with the kernel's REP l
         expect[kMadHeaderBytes + i] = static_cast<uint8_t>(req.comm_id >> (24 - 8 * i));
     CHECK(bytes(parsed.payload) == expect);
     service.agent().destroy(req.comm_id);
+}
+
+TEST_CASE("the kernel sends from the PSN its peer's CM message named") {
+    // A REQ's or REP's Starting PSN is, as Linux uses it, the PSN its sender will receive
+    // from: the active side's first SEND carries the REP's PSN, the passive side's the REQ's.
+    const auto decode = [](size_t frame) {
+        CmMad m;
+        REQUIRE(decode_cm_mad(mad_of(find_packet(kCapture, frame)), m) == CmDecodeError::None);
+        return m;
+    };
+    const auto psn_of = [](size_t frame) {
+        ParsedPacket p;
+        REQUIRE(parse_packet(find_packet(kCapture, frame).udp, p) == ParseError::None);
+        return p.h.bth.psn;
+    };
+    const uint32_t req_psn = std::get<CmReq>(decode(1).body).starting_psn;
+    const uint32_t rep_psn = std::get<CmRep>(decode(2).body).starting_psn;
+    CHECK(psn_of(4) == rep_psn);  // the client's (active) first SEND
+    CHECK(psn_of(6) == req_psn);  // the server's (passive) first SEND
+}
+
+namespace {
+
+// The devices and port tables of one test "process" for RdmaCm.
+class OneDeviceHost : public uroce::transport::cm::CmHost {
+  public:
+    OneDeviceHost(uroce::transport::Engine& engine, uint32_t ip, std::string dir)
+        : engine_(engine), ip_(ip), dir_(std::move(dir)) {}
+    std::vector<CmDeviceInfo> devices() const override {
+        return {{"devB", ip_, kServerGuid, 1024}};
+    }
+    uroce::transport::Engine* cm_engine(const std::string&, int&) override { return &engine_; }
+    std::string port_table_path(PortSpace) const override { return dir_ + "/ports"; }
+
+  private:
+    uroce::transport::Engine& engine_;
+    uint32_t ip_;
+    std::string dir_;
+};
+
+}  // namespace
+
+TEST_CASE("an RdmaCm listener takes the kernel's REQ with the kernel's PSN rules") {
+    using namespace uroce::transport;
+    using namespace uroce::transport::test;
+    Pair p;
+    std::mutex mutex;
+    std::vector<CmIdEvent> events;
+    std::vector<std::vector<uint8_t>> sent;
+    p.b.engine->set_transmit_filter([&](std::span<const uint8_t> udp, uint32_t) {
+        std::lock_guard lock(mutex);
+        sent.emplace_back(udp.begin(), udp.end());
+        return false;
+    });
+    char dir_template[] = "/tmp/uroce-cm-kernel-XXXXXX";
+    REQUIRE(::mkdtemp(dir_template) != nullptr);
+    OneDeviceHost host(*p.b.engine, p.b.ip, dir_template);
+    RdmaCm cm(host, [&](const CmIdEvent& e) {
+        std::lock_guard lock(mutex);
+        events.push_back(e);
+    });
+    const uint32_t listener = cm.create_id(PortSpace::Tcp);
+    REQUIRE(cm.bind(listener, {p.b.ip, kServerPort}) == 0);
+    REQUIRE(cm.listen(listener, 1) == 0);
+
+    uroce::wire::Headers h;
+    h.bth.opcode = static_cast<uint8_t>(uroce::wire::Opcode::UdSendOnly);
+    h.bth.dest_qp = kGsiQpn;
+    h.bth.ack_req = true;
+    h.deth.qkey = kGsiQkey;
+    h.deth.src_qp = kGsiQpn;
+    const uroce::wire::Ipv4Flow flow{p.a.ip, p.b.ip, 55410, p.b.engine->config().port};
+    p.b.engine->receive_datagram(forge_packet(h, mad_of(find_packet(kCapture, 1)), flow), p.a.ip,
+                                 55410);
+    CmIdEvent req;
+    {
+        std::lock_guard lock(mutex);
+        REQUIRE(events.size() == 1);
+        req = events.front();
+    }
+    REQUIRE(req.type == CmIdEventType::ConnectRequest);
+    const CmReq kreq = kernel_req_frame1();
+    CHECK(req.param.qp_num == kreq.local_qpn);
+    CmIdInfo info;
+    REQUIRE(cm.query(req.id, info) == 0);
+    CHECK(info.dst.port == kClientPort);  // from the RDMA IP CM header
+    CmQpAttr rtr, rts;
+    REQUIRE(cm.init_qp_attr(req.id, CmQpState::Rtr, rtr) == 0);
+    REQUIRE(cm.init_qp_attr(req.id, CmQpState::Rts, rts) == 0);
+    CHECK(rtr.dest_qp_num == kreq.local_qpn);
+    CHECK(rts.sq_psn == kreq.starting_psn);  // the passive side sends from the REQ's PSN
+
+    CmConnParam ap;
+    ap.qp_num = 0x11;
+    REQUIRE(cm.accept(req.id, &ap) == 0);
+    std::vector<uint8_t> pkt;
+    {
+        std::lock_guard lock(mutex);
+        REQUIRE(sent.size() == 1);
+        pkt = sent.front();
+    }
+    ParsedPacket parsed;
+    REQUIRE(parse_packet(pkt, parsed) == ParseError::None);
+    CmMad rep;
+    REQUIRE(decode_cm_mad(parsed.payload, rep) == CmDecodeError::None);
+    REQUIRE(std::holds_alternative<CmRep>(rep.body));
+    // ... and names in its REP the PSN it receives from.
+    CHECK(std::get<CmRep>(rep.body).starting_psn == rtr.rq_psn);
+    CHECK(std::get<CmRep>(rep.body).local_qpn == 0x11u);
+    cm.destroy_all();
+    std::filesystem::remove_all(dir_template);
 }
