@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstddef>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -526,7 +527,13 @@ class Handler {
             }
             case RDMA_USER_CM_QUERY_PATH: {
                 static_assert(sizeof(ibv_path_data) == sizeof(ib_path_rec_data));
-                rdma_ucm_query_path_resp head{};
+                // rdma_ucm_query_path_resp's fixed part (its path_data[] follows): not the
+                // structure itself, whose flexible array cannot be an object's member.
+                struct {
+                    uint32_t num_paths;
+                    uint32_t reserved;
+                } head{};
+                static_assert(sizeof head == offsetof(rdma_ucm_query_path_resp, path_data));
                 ibv_path_data path{};
                 if (info.has_path && c.out >= sizeof head + sizeof path) {
                     head.num_paths = 1;

@@ -92,7 +92,8 @@ struct CmQp {
         REQUIRE(pd);
         cq = ibv_create_cq(id->verbs, 16, nullptr, nullptr, 0);
         REQUIRE(cq);
-        mr = ibv_reg_mr(pd, buf.data(), buf.size(), IBV_ACCESS_LOCAL_WRITE);
+        const int access = IBV_ACCESS_LOCAL_WRITE;
+        mr = ibv_reg_mr(pd, buf.data(), buf.size(), access);
         REQUIRE(mr);
         ibv_qp_init_attr attr{};
         attr.send_cq = cq;
