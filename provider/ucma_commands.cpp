@@ -59,6 +59,14 @@ class Ucma {
     std::unordered_map<int, ChannelEntry> channels;
     std::atomic<size_t> channel_count{0};
     std::unordered_map<uint32_t, IdEntry> ids;
+    // Multicast joins (rdma_join_multicast), by the handle LEAVE_MCAST names; their handles
+    // have the top bit set, so that a channel counts their events apart from identifiers'.
+    struct McEntry {
+        uint32_t id = 0;
+        std::shared_ptr<Channel> channel;
+    };
+    std::unordered_map<uint32_t, McEntry> mcs;
+    uint32_t next_mc = 0;
 
     // Created on the first command that needs it, never destroyed (its engines run until
     // the process exits).
@@ -332,7 +340,13 @@ class Handler {
                 return notify(c);
             case RDMA_USER_CM_CMD_MIGRATE_ID:
                 return migrate_id(c);
-            // Multicast (JOIN_IP_MCAST, JOIN_MCAST, LEAVE_MCAST) and GET_OPTION: not yet.
+            case RDMA_USER_CM_CMD_JOIN_IP_MCAST:
+                return join_ip_mcast(c);
+            case RDMA_USER_CM_CMD_JOIN_MCAST:
+                return join_mcast(c);
+            case RDMA_USER_CM_CMD_LEAVE_MCAST:
+                return leave_mcast(c);
+            // GET_OPTION (no librdmacm call issues it), and anything newer.
             default:
                 return ENOSYS;
         }
@@ -367,10 +381,21 @@ class Handler {
     }
 
     int destroy(uint32_t id, uint32_t* reported) {
+        std::vector<uint32_t> joins;
         {
             std::lock_guard lock(u_.mutex);
             u_.ids.erase(id);
+            // The identifier's multicast joins go with it, as in the kernel.
+            for (auto it = u_.mcs.begin(); it != u_.mcs.end();) {
+                if (it->second.id == id) {
+                    joins.push_back(it->first);
+                    it = u_.mcs.erase(it);
+                } else {
+                    ++it;
+                }
+            }
         }
+        for (uint32_t mc : joins) channel_->purge(mc);
         u_.cm()->destroy_id(id);
         Channel::Purged p = channel_->purge(id);
         // Connection requests the application never took die with their listener.
@@ -697,6 +722,81 @@ class Handler {
         return rc == EINVAL ? 0 : rc;  // already established: nothing to do
     }
 
+    // RoCE has no SA: a join of an IPv4 multicast group is granted at once, the group's
+    // MGID being ::ffff:a.b.c.d, and librdmacm attaches the identifier's QP to it (the UD
+    // multicast of the transport then carries it as IPv4 multicast).
+    int join(uint32_t id, const void* addr, size_t size, uint64_t uid, uint64_t response,
+             size_t out) {
+        if (!mine(id)) return EINVAL;
+        tcm::CmAddress group;
+        if (const int rc = parse_address(addr, size, group, nullptr); rc != 0) return rc;
+        if ((group.ip >> 28) != 0xe) return EINVAL;  // not 224.0.0.0/4
+        tcm::CmIdInfo info;
+        if (const int rc = u_.cm()->query(id, info); rc != 0) return rc;
+        if (!info.device) return EINVAL;  // neither bound to a device nor resolved
+        if (response == 0) return EFAULT;
+        if (out < sizeof(rdma_ucm_create_id_resp)) return ENOSPC;
+        rdma_ucm_create_id_resp resp{};
+        {
+            std::lock_guard lock(u_.mutex);
+            do resp.id = 0x80000000u | (u_.next_mc++ & 0x7fffffffu);
+            while (u_.mcs.count(resp.id));
+            u_.mcs[resp.id] = Ucma::McEntry{id, channel_};
+        }
+        if (const int rc = respond(response, out, resp); rc != 0) {
+            std::lock_guard lock(u_.mutex);
+            u_.mcs.erase(resp.id);
+            return rc;
+        }
+        rdma_ucm_event_resp ev{};
+        ev.uid = uid;
+        ev.id = id;
+        ev.event = static_cast<uint32_t>(tcm::CmIdEventType::MulticastJoin);
+        tcm::CmIdEvent join_ev;
+        join_ev.param.qp_num = 0xffffff;
+        join_ev.param.qkey = tcm::RdmaCm::kUdpQkey;
+        join_ev.dgid[10] = 0xff;
+        join_ev.dgid[11] = 0xff;
+        const uint32_t be = htonl(group.ip);
+        std::memcpy(join_ev.dgid.data() + 12, &be, 4);
+        join_ev.hop_limit = 1;  // IPv4 multicast stays on the link (the kernel's TTL 1)
+        fill_ud(ev.param.ud, join_ev);
+        channel_->push(ev, resp.id);
+        return 0;
+    }
+
+    int join_ip_mcast(const Command& c) {
+        rdma_ucm_join_ip_mcast cmd;
+        if (!take(c, cmd)) return EINVAL;
+        return join(cmd.id, &cmd.addr, sizeof cmd.addr, cmd.uid, cmd.response, c.out);
+    }
+
+    int join_mcast(const Command& c) {
+        rdma_ucm_join_mcast cmd;
+        if (!take(c, cmd)) return EINVAL;
+        if (cmd.addr_size > sizeof cmd.addr) return EINVAL;
+        if (cmd.join_flags != RDMA_MC_JOIN_FLAG_FULLMEMBER &&
+            cmd.join_flags != RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER)
+            return EINVAL;
+        return join(cmd.id, &cmd.addr, cmd.addr_size, cmd.uid, cmd.response, c.out);
+    }
+
+    int leave_mcast(const Command& c) {
+        rdma_ucm_destroy_id cmd;
+        if (!take(c, cmd)) return EINVAL;
+        if (cmd.response == 0) return EFAULT;
+        if (c.out < sizeof(rdma_ucm_destroy_id_resp)) return ENOSPC;
+        {
+            std::lock_guard lock(u_.mutex);
+            const auto it = u_.mcs.find(cmd.id);
+            if (it == u_.mcs.end() || it->second.channel != channel_) return EINVAL;
+            u_.mcs.erase(it);
+        }
+        rdma_ucm_destroy_id_resp resp{};
+        resp.events_reported = channel_->purge(cmd.id).reported;
+        return respond(cmd.response, c.out, resp);
+    }
+
     int migrate_id(const Command& c) {
         rdma_ucm_migrate_id cmd;
         if (!take(c, cmd)) return EINVAL;
@@ -813,6 +913,12 @@ void on_close(int fd) noexcept {
         channel = it->second.channel;
         u->channels.erase(it);
         u->channel_count.store(u->channels.size(), std::memory_order_release);
+        for (auto m = u->mcs.begin(); m != u->mcs.end();) {
+            if (m->second.channel == channel)
+                m = u->mcs.erase(m);
+            else
+                ++m;
+        }
         for (auto i = u->ids.begin(); i != u->ids.end();) {
             if (i->second.channel == channel) {
                 ids.push_back(i->first);

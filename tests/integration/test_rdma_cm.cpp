@@ -10,6 +10,7 @@
 #include <rdma/rdma_cma.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cstring>
@@ -330,4 +331,56 @@ TEST_CASE("RDMA CM: events follow an identifier to its new channel", "[rdma_cm]"
     second.next(RDMA_CM_EVENT_ADDR_RESOLVED);
     CHECK_FALSE(wait_readable(first.ch->fd, std::chrono::milliseconds(50)));
     REQUIRE(rdma_destroy_id(id) == 0);
+}
+
+TEST_CASE("RDMA CM: multicast joins are granted with the group's RoCE MGID", "[rdma_cm]") {
+    Channel ch;
+    rdma_cm_id* id = nullptr;
+    REQUIRE(rdma_create_id(ch.ch, &id, nullptr, RDMA_PS_UDP) == 0);
+    auto src = address(devices().ip_a, 0);
+    REQUIRE(rdma_bind_addr(id, sa(src)) == 0);
+    SECTION("a unicast address is no group") {
+        auto unicast = address(devices().ip_b, 0);
+        CHECK(rdma_join_multicast(id, sa(unicast), nullptr) == -1);
+        CHECK(errno == EINVAL);
+    }
+    SECTION("join, event, leave") {
+        auto group = address("239.7.7.7", 0);
+        int context = 0;
+        REQUIRE(rdma_join_multicast(id, sa(group), &context) == 0);
+        REQUIRE(wait_readable(ch.ch->fd, kLimit));
+        rdma_cm_event* ev = nullptr;
+        REQUIRE(rdma_get_cm_event(ch.ch, &ev) == 0);
+        REQUIRE(ev->event == RDMA_CM_EVENT_MULTICAST_JOIN);
+        CHECK(ev->id == id);
+        CHECK(ev->param.ud.private_data == &context);
+        CHECK(ev->param.ud.qp_num == 0xffffff);
+        CHECK(ev->param.ud.ah_attr.is_global == 1);
+        const uint8_t mgid[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 239, 7, 7, 7};
+        CHECK(std::memcmp(ev->param.ud.ah_attr.grh.dgid.raw, mgid, 16) == 0);
+        REQUIRE(rdma_ack_cm_event(ev) == 0);
+        CHECK(rdma_leave_multicast(id, sa(group)) == 0);   // waits for the acknowledgement
+        CHECK(rdma_leave_multicast(id, sa(group)) == -1);  // no longer joined
+        CHECK(errno == EADDRNOTAVAIL);
+    }
+    REQUIRE(rdma_destroy_id(id) == 0);
+}
+
+TEST_CASE("RDMA CM: rdma_get_devices lists the uroce devices, opened", "[rdma_cm]") {
+    int n = 0;
+    ibv_context** list = rdma_get_devices(&n);
+    REQUIRE(list != nullptr);
+    std::vector<std::string> names;
+    for (int i = 0; i < n; ++i) {
+        REQUIRE(list[i] != nullptr);
+        names.push_back(ibv_get_device_name(list[i]->device));
+        ibv_device_attr attr{};
+        CHECK(ibv_query_device(list[i], &attr) == 0);  // a usable context
+    }
+    CHECK(list[n] == nullptr);
+    for (const std::string& want : {devices().a, devices().b, devices().c}) {
+        INFO("device " << want);
+        CHECK(std::find(names.begin(), names.end(), want) != names.end());
+    }
+    rdma_free_devices(list);
 }

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Unmodified RDMA CM applications (librdmacm 44: rdmacm-utils, perftest -R, qperf -cm1) over
-# uroce devices on loopback, between two devices and within one, RC and UD (udaddy), with the
-# data they check themselves (rping -V, ucmatose, udaddy, rstream/riostream) and a connect
-# nobody listens for.
+# uroce devices on loopback, between two devices and within one, RC, UD (udaddy) and
+# multicast (mckey), with the data they check themselves (rping -V, ucmatose, udaddy, mckey,
+# rstream/riostream) and a connect nobody listens for.
 #
 #   test_rdma_cm.sh PATH_TO_UROCE
 #
@@ -16,7 +16,7 @@ set -u
 source "$(dirname "$(readlink -f "$0")")/lib.sh"
 lib_init "$1"
 
-for tool in rping ucmatose udaddy cmtime rstream riostream rdma_server rdma_client ib_write_bw \
+for tool in rping ucmatose udaddy mckey cmtime rstream riostream rdma_server rdma_client ib_write_bw \
     ib_read_lat ib_send_bw qperf python3 timeout ss; do
     if ! command -v "$tool" >/dev/null; then
         skip "$tool is not installed (tools/setup.sh installs rdmacm-utils, perftest, qperf)"
@@ -91,7 +91,7 @@ wait_cm_ready() {
 }
 
 # cm_pair LABEL PORT SECONDS -- SERVER... -- CLIENT...: as run_pair (lib.sh), but with the
-# readiness above.
+# readiness above (PORT 0: the server has no port; it is ready once it printed "joined").
 cm_pair() {
     local label=$1 port=$2 secs=$3
     shift 4
@@ -109,7 +109,16 @@ cm_pair() {
     timeout -k 5 "$secs" "$UROCE" run -- "${srv[@]}" >"$SRV_OUT" 2>"$SRV_ERR" &
     local spid=$!
     BG_PIDS+=("$spid")
-    wait_cm_ready "$port" "$spid" "$how"
+    if [[ $port == 0 ]]; then
+        # No port (mckey's receiver): ready once it says it joined its group.
+        for ((i = 0; i < 200; i++)); do
+            grep -q "joined" "$SRV_OUT" 2>/dev/null && break
+            kill -0 "$spid" 2>/dev/null || break
+            sleep 0.05
+        done
+    else
+        wait_cm_ready "$port" "$spid" "$how"
+    fi
     for ((attempt = 1; attempt <= 3; attempt++)); do
         timeout -k 5 "$secs" "$UROCE" run -- "${cli[@]}" >"$CLI_OUT" 2>"$CLI_ERR" &
         local cpid=$!
@@ -182,6 +191,17 @@ if expect_pair_ok "udaddy"; then
     expect_file_match "udaddy: the server's transfers completed" "data transfers complete" "$SRV_OUT"
     expect_file_match "udaddy: the client reports status 0" "return status 0" "$CLI_OUT"
     no_errors "udaddy" "$SRV_ERR" "$CLI_ERR"
+fi
+
+# ------------------------------------------------------------------------------ mckey
+# Multicast over RDMA CM: both join 239.x.y.1 (granted at once on RoCE, MGID
+# ::ffff:239.x.y.1); the receiver on A counts the 10 datagrams the sender on B sends to it.
+group="239.$((OCT % 200)).$((($$ / 7) % 250)).1"
+cm_pair "mckey" 0 60 -- mckey -m "$group" -b "$IP_A" -C 10 -- mckey -m "$group" -s -b "$IP_B" -C 10
+if expect_pair_ok "mckey"; then
+    expect_file_match "mckey: the receiver joined ::ffff:$group" "joined dgid: ::ffff:$group" "$SRV_OUT"
+    expect_file_match "mckey: the receiver got every datagram" "data transfers complete" "$SRV_OUT"
+    expect_file_match "mckey: the sender reports status 0" "return status 0" "$CLI_OUT"
 fi
 
 # ------------------------------------------------------------------------------ cmtime
