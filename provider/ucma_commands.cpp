@@ -125,7 +125,7 @@ void fill_conn(rdma_ucm_conn_param& out, const tcm::CmConnParam& in) {
     out.retry_count = in.retry_count;
     out.rnr_retry_count = in.rnr_retry_count;
     const size_t n = std::min(in.private_data.size(), sizeof out.private_data);
-    std::memcpy(out.private_data, in.private_data.data(), n);
+    if (n != 0) std::memcpy(out.private_data, in.private_data.data(), n);  // data() may be null
     out.private_data_len = static_cast<uint8_t>(n);
     out.valid = 1;
 }
@@ -141,7 +141,7 @@ void fill_ud(rdma_ucm_ud_param& out, const tcm::CmIdEvent& ev) {
     out.ah_attr.is_global = 1;
     out.ah_attr.port_num = 1;
     const size_t n = std::min(ev.param.private_data.size(), sizeof out.private_data);
-    std::memcpy(out.private_data, ev.param.private_data.data(), n);
+    if (n != 0) std::memcpy(out.private_data, ev.param.private_data.data(), n);
     out.private_data_len = static_cast<uint8_t>(n);
 }
 
