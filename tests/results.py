@@ -8,6 +8,10 @@ test (part of it not run: meson still says OK). With CI=true, a skip that no lin
 ALLOWED_SKIPS (TEST | WHAT-glob | REASON) allows counts as a failure. The last line is
 "N passed, N failed, N skipped": passed and failed count tests, skipped counts skips (whole
 tests and skipped parts). Exit 1 if anything failed.
+
+Before that line, each failed test gets a short digest: its "not ok" lines with the indented
+detail under them, or the tail of its output. CI shows only part of a long log; the digest
+keeps what failed next to the verdict.
 """
 import fnmatch
 import json
@@ -44,6 +48,25 @@ def skips_of(result):
     return whats
 
 
+def digest(result, max_lines=40):
+    """What to show of a failed test: its "not ok" blocks, else its last lines."""
+    out = ((result.get("stdout") or "") + "\n" + (result.get("stderr") or "")).splitlines()
+    shown, in_block = [], False
+    for line in out:
+        if line.startswith("not ok"):
+            in_block = True
+            shown.append(line)
+        elif in_block and line.startswith((" ", "\t")):
+            shown.append(line)
+        else:
+            in_block = False
+    if not shown:
+        shown = [l for l in out if l.strip()][-15:]
+    if len(shown) > max_lines:
+        shown = shown[:max_lines] + [f"... ({len(shown) - max_lines} more lines)"]
+    return shown
+
+
 def main(argv):
     if len(argv) < 3:
         print(__doc__.strip().splitlines()[2].strip(), file=sys.stderr)
@@ -51,7 +74,7 @@ def main(argv):
     in_ci = os.environ.get("CI", "").lower() == "true"
     allowed, problems = read_allowed(argv[1])
     passed = failed = skipped = 0
-    refused = []
+    refused, failures = [], []
     for path in argv[2:]:
         try:
             lines = open(path, encoding="utf-8").read().splitlines()
@@ -64,6 +87,7 @@ def main(argv):
                 passed += 1
             elif result != "SKIP":
                 failed += 1
+                failures.append((name, result, digest(r)))
             for what in skips_of(r):
                 reason = next((why for test, glob, why in allowed
                                if test == name and fnmatch.fnmatchcase(what, glob)), None)
@@ -76,6 +100,10 @@ def main(argv):
                 else:
                     print(f"skip: {name}: {what}")
                     skipped += 1
+    for name, result, lines in failures:
+        print(f"== {result}: {name}")
+        for line in lines:
+            print(f"  {line}")
     for p in problems:
         print(f"bad allowed-skips entry: {p}")
     if refused:

@@ -317,9 +317,11 @@ expect_pair_ok() {
     fi
     local why=""
     [[ $SRV_RC -eq 124 || $SRV_RC -eq 137 || $CLI_RC -eq 124 || $CLI_RC -eq 137 ]] && why=" (timed out)"
-    local IFS=$'\n'
-    # shellcheck disable=SC2046
-    not_ok "$1: server exit $SRV_RC, client exit $CLI_RC$why" $(pair_detail)
+    # One detail line per output line; mapfile, not an unquoted $(...): a "*" in a program's
+    # output must not expand to file names.
+    local detail
+    mapfile -t detail < <(pair_detail)
+    not_ok "$1: server exit $SRV_RC, client exit $CLI_RC$why" "${detail[@]}"
     return 1
 }
 

@@ -273,8 +273,12 @@ case $GROUP in
         pingpong "event -s 16384 -n $LARGE" - "$A" "$B" "$IP_A" "$LARGE" -e -s 16384 -c
         pingpong "event -s 65536 -n $LARGE" - "$A" "$B" "$IP_A" "$LARGE" -e -s 65536 -c
         pingpong "event -m 4096 -s 4096 (C<-B)" - "$C" "$B" "$IP_C" "$LARGE" -e -m 4096 -s 4096
-        pingpong "event -t -s 4096" - "$A" "$B" "$IP_A" "$LARGE" -e -t -s 4096 -c
-        pingpong "event -N -t -s 1024" - "$A" "$B" "$IP_A" "$LARGE" -e -N -t -s 1024 -c
+        # -N with events. Not -e with -t: there ibv_rc_pingpong takes an event that finds the
+        # CQ empty (ibv_start_poll: ENOENT) for a fatal error, and that happens on any device
+        # when a completion lands between the program's re-arm and its poll (the event
+        # announces a completion the poll already took). Rare, but CI saw it once on a loaded
+        # machine ("poll CQ failed 2"). Extended CQs with events are tested in test_cq_ex.cpp.
+        pingpong "event -N -s 1024" - "$A" "$B" "$IP_A" "$LARGE" -e -N -s 1024 -c
         ;;
     drop)
         # 5% of the packets each side sends are dropped.
