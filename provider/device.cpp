@@ -139,6 +139,22 @@ verbs_context* alloc_context(ibv_device* ibdev, int cmd_fd, void*) {
             }
             ec.faults = *faults;
         }
+        // UROCE_RETRANSMIT=ack-timeout: resend only after the IBA local ACK timeout (to
+        // compare, or to reproduce what a peer without adaptive retransmission sees).
+        if (const char* mode = std::getenv("UROCE_RETRANSMIT"); mode && *mode) {
+            if (std::strcmp(mode, "adaptive") == 0) {
+                ec.adaptive_retransmit = true;
+            } else if (std::strcmp(mode, "ack-timeout") == 0) {
+                ec.adaptive_retransmit = false;
+            } else {
+                std::fprintf(stderr,
+                             "uroce: UROCE_RETRANSMIT: '%s' is neither 'adaptive' nor "
+                             "'ack-timeout'\n",
+                             mode);
+                err = EINVAL;
+                goto fail;
+            }
+        }
         std::string why;
         try {
             st->engine = transport::Engine::create(ec, why, err);

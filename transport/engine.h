@@ -52,6 +52,9 @@ struct EngineConfig {
     // counts into its slot's block there, so the device's totals cover every context. Empty,
     // or a file that cannot be used: the engine counts privately.
     std::string counters_file;
+    // RC requesters resend after an adaptive timeout measured from the round trip (at most
+    // the QP's local ACK timeout; rtt_estimator.h), not only after the local ACK timeout.
+    bool adaptive_retransmit = true;
 };
 
 struct AsyncEvent {

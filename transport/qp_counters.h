@@ -24,7 +24,8 @@ namespace uroce::transport {
     X(retransmit_timeouts)   /* retransmission timer expiries */                 \
     X(retransmitted_packets) /* request packets sent again */                    \
     X(rx_naks)               /* NAKs and RNR NAKs received */                    \
-    X(tx_naks)               /* NAKs of every kind sent */
+    X(tx_naks)               /* NAKs of every kind sent */                       \
+    X(early_retransmits)     /* adaptive timeouts before the local ACK timeout */
 
 struct QpCounters {
 #define UROCE_QP_COUNTER_FIELD(name) std::atomic<uint64_t> name{0};

@@ -120,6 +120,7 @@ void RcQp::ack_through(uint32_t psn) {
             // responder's replay cache, not executed again.
             if (!psn_before(psn, last) && !e.read_gap_retried) {
                 e.read_gap_retried = true;
+                rtt_timing_ = false;  // a resent request times nothing
                 const WcStatus status =
                     is_atomic(e.wqe.opcode) ? send_atomic_request(e) : send_read_request(e);
                 if (status != WcStatus::Success) {
@@ -148,6 +149,7 @@ void RcQp::ack_through(uint32_t psn) {
         retries_left_ = attrs_.retry_cnt;
         rnr_retries_left_ = attrs_.rnr_retry;
         last_rewind_psn_ = 0xffffffff;
+        rto_backoff_ = 0;
         restart_timer();
         if (state_ == QpState::Sqd && !has_outstanding() && attrs_.sqd_notify)
             post_async(AsyncEventType::SqDrained);
@@ -177,11 +179,13 @@ void RcQp::on_response(const wire::ParsedPacket& pkt) {
         return;
     }
     if (flags & wire::kRead) {
+        take_rtt_sample(pkt.h.bth.psn);
         on_read_response(pkt);
         pump();
         return;
     }
     if (flags & wire::kAtomic) {
+        take_rtt_sample(pkt.h.bth.psn);
         on_atomic_ack(pkt);
         pump();
         return;
@@ -194,6 +198,7 @@ void RcQp::on_response(const wire::ParsedPacket& pkt) {
     const wire::Aeth& aeth = pkt.h.aeth;
     switch (aeth.type()) {
         case wire::AckType::Ack:
+            take_rtt_sample(psn);
             ack_through(psn);
             break;
         case wire::AckType::RnrNak: {
@@ -268,6 +273,7 @@ void RcQp::on_read_response(const wire::ParsedPacket& pkt) {
         // Only this READ is asked for again: the requests after it were not lost.
         if (!e.read_gap_retried) {
             e.read_gap_retried = true;
+            rtt_timing_ = false;
             if (const WcStatus status = send_read_request(e); status != WcStatus::Success) {
                 e.failed = status;
                 enter_error();
@@ -315,6 +321,7 @@ void RcQp::on_read_response(const wire::ParsedPacket& pkt) {
     e.read_pkts = is_last ? e.npkts : e.read_pkts + 1;
     retries_left_ = attrs_.retry_cnt;
     last_rewind_psn_ = 0xffffffff;
+    rto_backoff_ = 0;
     if (is_last) {
         e.read_done = true;
         una_psn_ = psn_add(e.psn, e.npkts);
@@ -347,21 +354,36 @@ void RcQp::on_timer() {
         return;
     }
     timer_armed_ = false;
-    if (state_ != QpState::Rts && state_ != QpState::Sqd) return;
+    if (state_ != QpState::Rts && state_ != QpState::Sqd) {
+        ack_deadline_set_ = false;
+        return;
+    }
     if (rnr_wait_) {
         rnr_wait_ = false;
         if (has_outstanding()) rewind_to(rnr_psn_);
         pump();
         return;
     }
-    if (!has_outstanding()) return;
-    bump(engine_.counters().retransmit_timeouts);
-    bump(qp_counters_.retransmit_timeouts);
-    if (retries_left_-- <= 0) {
-        sq_.front().failed = WcStatus::RetryExcErr;
-        enter_error();
+    if (!has_outstanding()) {
+        ack_deadline_set_ = false;
         return;
     }
+    if (!ack_deadline_set_ || now >= ack_deadline_) {
+        // The local ACK timeout: a retry, counted against retry_cnt.
+        bump(engine_.counters().retransmit_timeouts);
+        bump(qp_counters_.retransmit_timeouts);
+        if (retries_left_-- <= 0) {
+            sq_.front().failed = WcStatus::RetryExcErr;
+            enter_error();
+            return;
+        }
+        ack_deadline_set_ = false;  // the resend starts a new one
+    } else {
+        // The adaptive timeout: resend early, keep the local ACK timeout running.
+        bump(engine_.counters().early_retransmits);
+        bump(qp_counters_.early_retransmits);
+    }
+    ++rto_backoff_;
     last_rewind_psn_ = 0xffffffff;
     sq_.front().read_gap_retried = false;
     rewind_to(oldest_unacked());
@@ -372,7 +394,35 @@ void RcQp::on_timer() {
 void RcQp::arm_timer() {
     if (timer_armed_ || attrs_.timeout == 0 || !has_outstanding()) return;
     // 4.096 us * 2^timeout, as the IBA defines the local ACK timeout.
-    start_timer((4096ull << attrs_.timeout) / 1000);
+    const uint64_t ack_timeout_us = (4096ull << attrs_.timeout) / 1000;
+    const auto now = std::chrono::steady_clock::now();
+    if (!ack_deadline_set_) {
+        ack_deadline_ = now + std::chrono::microseconds(ack_timeout_us);
+        ack_deadline_set_ = true;
+    }
+    // Rounded up: the timer must not fire before the local ACK timeout it stands for.
+    uint64_t us = 0;
+    if (ack_deadline_ > now)
+        us = static_cast<uint64_t>(
+            std::chrono::ceil<std::chrono::microseconds>(ack_deadline_ - now).count());
+    if (engine_.config().adaptive_retransmit && rtt_.measured())
+        us = std::min(us, rtt_.timeout_us(rto_backoff_, ack_timeout_us));
+    start_timer(us);
+}
+
+void RcQp::start_rtt_timing(uint32_t psn) {
+    if (rtt_timing_) return;
+    rtt_timing_ = true;
+    rtt_psn_ = psn;
+    rtt_sent_ = std::chrono::steady_clock::now();
+}
+
+void RcQp::take_rtt_sample(uint32_t psn) {
+    if (!rtt_timing_ || psn_before(psn, rtt_psn_)) return;
+    rtt_timing_ = false;
+    const auto took = std::chrono::steady_clock::now() - rtt_sent_;
+    rtt_.sample(
+        static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(took).count()));
 }
 
 void RcQp::start_timer(uint64_t us) {
@@ -393,6 +443,7 @@ void RcQp::cancel_timer() {
         event_del_noblock(timer_);
         timer_armed_ = false;
     }
+    ack_deadline_set_ = false;
     rnr_wait_ = false;
 }
 

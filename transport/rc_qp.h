@@ -33,6 +33,7 @@
 #include "transport/qp_counters.h"
 #include "transport/qp_state.h"
 #include "transport/responder_resources.h"
+#include "transport/rtt_estimator.h"
 #include "transport/shared_receive_queue.h"
 #include "transport/udp_socket.h"
 #include "transport/work_request.h"
@@ -239,6 +240,18 @@ class RcQp final : public QpCommon {
     uint32_t last_rewind_psn_ = 0xffffffff;
     event* timer_ = nullptr;
     std::chrono::steady_clock::time_point timer_deadline_{};
+    // Two deadlines share the timer: the IBA local ACK timeout, whose expiry counts a retry
+    // (retry_cnt of them fail the QP, as the application configured), and the adaptive
+    // timeout (rtt_estimator.h), usually much shorter, which resends without counting.
+    bool ack_deadline_set_ = false;
+    std::chrono::steady_clock::time_point ack_deadline_{};
+    RttEstimator rtt_;
+    unsigned rto_backoff_ = 0;  // adaptive timeouts since the last progress
+    bool rtt_timing_ = false;   // a packet sent once is being timed (Karn: never a resent one)
+    uint32_t rtt_psn_ = 0;
+    std::chrono::steady_clock::time_point rtt_sent_{};
+    void start_rtt_timing(uint32_t psn);
+    void take_rtt_sample(uint32_t psn);  // a response for `psn` arrived
 
     // responder
     std::deque<RecvWqe> rq_;  // the QP's own receive queue (unused with an SRQ)

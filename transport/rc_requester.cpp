@@ -170,6 +170,8 @@ void RcQp::pump() {
         if (psn_before(psn, sent_high_)) {
             bump(engine_.counters().retransmitted_packets);
             bump(qp_counters_.retransmitted_packets);
+        } else {
+            start_rtt_timing(psn);
         }
         // A READ request claims every PSN of its responses: they are what the peer may send.
         const uint32_t end =
@@ -210,6 +212,7 @@ WcStatus RcQp::run_local_op(const SendWqe& wqe) {
 
 // Go back N: send everything again from `psn`, the oldest PSN the responder lacks.
 void RcQp::rewind_to(uint32_t psn) {
+    rtt_timing_ = false;  // what is resent times nothing (Karn)
     for (size_t i = 0; i < sq_.size(); ++i) {
         SqEntry& e = sq_[i];
         if (!e.assigned) break;

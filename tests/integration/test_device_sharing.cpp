@@ -218,7 +218,11 @@ TEST_CASE("Contexts of one device share the per-QP source ports", "[sharing]") {
 }
 
 TEST_CASE("Each QP counts its own packets and bytes", "[sharing]") {
+    // Exact byte counts below: no resend, not even an early one that a stall on a loaded
+    // machine would cause with adaptive retransmission; the local ACK timeout alone is 67 ms.
+    ::setenv("UROCE_RETRANSMIT", "ack-timeout", 1);
     Endpoint a(devices().a), b(devices().b);
+    ::unsetenv("UROCE_RETRANSMIT");
     // A second QP in a's context, idle: it counts nothing of a.qp's traffic.
     ibv_qp_init_attr init{};
     init.send_cq = a.cq;

@@ -1,0 +1,92 @@
+// Adaptive retransmission (transport/rtt_estimator.h) through the real provider: a message
+// whose only packet or whose ACK is lost is resent after a timeout measured from the round
+// trip, not after the QP's local ACK timeout; UROCE_RETRANSMIT=ack-timeout keeps the IBA's
+// timer alone; a bad value refuses the context.
+#include <catch2/catch.hpp>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+
+#include "tests/integration/verbs_fixture.h"
+
+using namespace uroce::test;
+
+namespace {
+
+constexpr int kAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+constexpr size_t kMsg = 4096;
+
+// One SEND at a time from a to b, `rounds` times, each checked byte for byte: every loss
+// is a tail loss (nothing follows that would make the responder NAK), the case that only a
+// timer repairs.
+void ping(Endpoint& a, Endpoint& b, int rounds) {
+    Buffer src(a.pd, kMsg, kAccess), dst(b.pd, kMsg, kAccess);
+    for (int i = 0; i < rounds; ++i) {
+        fill_pattern(src.bytes.data(), kMsg, 500 + static_cast<uint64_t>(i));
+        std::memset(dst.bytes.data(), 0, kMsg);
+        REQUIRE(post_recv_buf(b.qp, dst, 0, kMsg, 2) == 0);
+        REQUIRE(post_send_msg(a.qp, src, 0, kMsg, 1) == 0);
+        auto got_a = wait_completions(a.cq, 1);
+        auto got_b = wait_completions(b.cq, 1);
+        REQUIRE(got_a.size() == 1);
+        REQUIRE(got_b.size() == 1);
+        REQUIRE(got_a[0].status == IBV_WC_SUCCESS);
+        REQUIRE(got_b[0].status == IBV_WC_SUCCESS);
+        REQUIRE(got_b[0].byte_len == kMsg);
+        REQUIRE(std::memcmp(src.bytes.data(), dst.bytes.data(), kMsg) == 0);
+    }
+}
+
+}  // namespace
+
+TEST_CASE("A tail loss is resent after the adaptive timeout, without counting a retry",
+          "[retransmit][faults]") {
+    ::setenv("UROCE_FAULTS", "drop=0.05,seed=31", 1);
+    QpOptions opt;
+    opt.timeout = 14;  // 67 ms: each loss it had to repair would show as a counted retry
+    Endpoint a(devices().a, opt), b(devices().b, opt);
+    ::unsetenv("UROCE_FAULTS");
+    connect(a, b, opt);
+    ping(a, b, 300);
+    CHECK(counter(a.ctx, "tx_dropped_fault") + counter(b.ctx, "tx_dropped_fault") > 0);
+    // The resends came from the adaptive timer: early, and not counted against retry_cnt.
+    CHECK(counter(a.ctx, "early_retransmits") > 0);
+    CHECK(qp_counter(a.qp, "early_retransmits") == counter(a.ctx, "early_retransmits"));
+    CHECK(counter(a.ctx, "retransmitted_packets") > 0);
+    CHECK(a.state() == IBV_QPS_RTS);
+}
+
+TEST_CASE("UROCE_RETRANSMIT=ack-timeout resends only after the local ACK timeout",
+          "[retransmit][faults]") {
+    ::setenv("UROCE_FAULTS", "drop=0.05,seed=31", 1);
+    ::setenv("UROCE_RETRANSMIT", "ack-timeout", 1);
+    QpOptions opt;
+    opt.timeout = 10;  // ~4 ms: short, since here every tail loss waits it out
+    Endpoint a(devices().a, opt), b(devices().b, opt);
+    ::unsetenv("UROCE_FAULTS");
+    ::unsetenv("UROCE_RETRANSMIT");
+    connect(a, b, opt);
+    ping(a, b, 100);
+    CHECK(counter(a.ctx, "tx_dropped_fault") + counter(b.ctx, "tx_dropped_fault") > 0);
+    CHECK(counter(a.ctx, "early_retransmits") == 0);
+    CHECK(counter(a.ctx, "retransmit_timeouts") > 0);
+}
+
+TEST_CASE("A bad UROCE_RETRANSMIT refuses the context with EINVAL", "[retransmit]") {
+    int n = 0;
+    ibv_device** list = ibv_get_device_list(&n);
+    REQUIRE(list);
+    ibv_device* dev = nullptr;
+    for (int i = 0; i < n; ++i)
+        if (devices().a == ibv_get_device_name(list[i])) dev = list[i];
+    REQUIRE(dev);
+    ::setenv("UROCE_RETRANSMIT", "sometimes", 1);
+    errno = 0;
+    ibv_context* ctx = ibv_open_device(dev);
+    const int err = errno;
+    ::unsetenv("UROCE_RETRANSMIT");
+    if (ctx) ibv_close_device(ctx);
+    ibv_free_device_list(list);
+    CHECK(ctx == nullptr);
+    CHECK(err == EINVAL);
+}

@@ -1,0 +1,41 @@
+// The round-trip estimate behind an RC requester's adaptive retransmission timeout.
+//
+// The IBA's local ACK timeout (4.096 us * 2^timeout, 67 ms for the common `timeout` 14) is
+// the longest a requester may wait for an acknowledgement before it counts a retry. NICs
+// retransmit much sooner when they can measure the path ("adaptive retransmission"), and so
+// does uroce: a loss that no NAK reveals (a lost last packet, a lost ACK) costs about one
+// round trip plus margin instead of the whole timeout. The estimate is RFC 6298's smoothed
+// mean and mean deviation; the timeout it gives is bounded below (timer granularity and the
+// cross-core wake-ups of a busy host would otherwise fire it spuriously) and, by the caller,
+// above by the QP's local ACK timeout.
+#pragma once
+
+#include <cstdint>
+
+namespace uroce::transport {
+
+class RttEstimator {
+  public:
+    // The shortest retransmission timeout the estimate gives: a wake-up across cores costs
+    // ~60 us here with millisecond tails, and libevent's timers have millisecond resolution.
+    static constexpr uint64_t kMinRtoUs = 1000;
+
+    // A round trip measured on a packet sent once (Karn: never on a retransmitted one).
+    void sample(uint64_t rtt_us);
+
+    // Whether any round trip has been measured; before that there is no early timeout.
+    bool measured() const { return measured_; }
+    uint64_t smoothed_us() const { return srtt_us_; }
+    uint64_t deviation_us() const { return rttvar_us_; }
+
+    // srtt + 4 * rttvar, at least kMinRtoUs, shifted left by `backoff` (each early timeout
+    // without progress doubles it), saturating at `cap_us`.
+    uint64_t timeout_us(unsigned backoff, uint64_t cap_us) const;
+
+  private:
+    bool measured_ = false;
+    uint64_t srtt_us_ = 0;
+    uint64_t rttvar_us_ = 0;
+};
+
+}  // namespace uroce::transport
