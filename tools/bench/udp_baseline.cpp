@@ -71,6 +71,7 @@ constexpr const char* kUsage =
     "  --netns-a NAME    create side A's socket in network namespace NAME (/run/netns/NAME,\n"
     "                    or a path containing '/'); needs CAP_SYS_ADMIN\n"
     "  --netns-b NAME    the same for side B\n"
+    "  --cpus A,B        pin side A's thread to CPU A and side B's to CPU B (default: unpinned)\n"
     "  --help            this text\n";
 
 struct Options {
@@ -88,6 +89,8 @@ struct Options {
     std::string addr_b = "127.0.0.1";
     std::string netns_a;
     std::string netns_b;
+    int cpu_a = -1;  // -1: not pinned
+    int cpu_b = -1;
 };
 
 [[noreturn]] void usage_error(const std::string& why) {
@@ -172,6 +175,11 @@ Options parse_args(int argc, char** argv) {
                 usage_error(opt + ": not an IPv4 address: '" + v + "'");
             }
             (opt == "--addr-a" ? o.addr_a : o.addr_b) = v;
+        } else if (opt == "--cpus") {
+            const auto comma = v.find(',');
+            if (comma == std::string::npos) usage_error("--cpus: want A,B, got '" + v + "'");
+            o.cpu_a = static_cast<int>(parse_uint(opt, v.substr(0, comma), 0, CPU_SETSIZE - 1));
+            o.cpu_b = static_cast<int>(parse_uint(opt, v.substr(comma + 1), 0, CPU_SETSIZE - 1));
         } else if (opt == "--netns-a") {
             o.netns_a = v;
         } else if (opt == "--netns-b") {
@@ -267,6 +275,15 @@ void set_timeout(int fd, int name, std::chrono::microseconds t) {
     tv.tv_sec = static_cast<time_t>(t.count() / 1000000);
     tv.tv_usec = static_cast<suseconds_t>(t.count() % 1000000);
     if (::setsockopt(fd, SOL_SOCKET, name, &tv, sizeof tv) != 0) die("setsockopt timeout");
+}
+
+// Pins the calling thread to `cpu` (-1: leaves it alone).
+void pin_to(int cpu) {
+    if (cpu < 0) return;
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(cpu, &set);
+    if (::sched_setaffinity(0, sizeof set, &set) != 0) die("sched_setaffinity");
 }
 
 double cpu_seconds() {
@@ -373,7 +390,9 @@ Tput run_udp_tput(const Options& o, bool gso) {
     const auto send_end = start + to_duration(o.seconds);
     const auto hard_end = start + to_duration(std::min(o.timeout, o.seconds + 5.0));
 
+    pin_to(o.cpu_a);
     std::thread receiver([&] {
+        pin_to(o.cpu_b);
         std::vector<char> buf(65536 + 4096);
         Clock::time_point first{}, last{};
         while (Clock::now() < hard_end) {
@@ -534,7 +553,9 @@ PingResult run_pingpong(const Options& o, std::size_t msg, std::size_t seg) {
     const auto per_iter = std::chrono::milliseconds(200);
     std::atomic<bool> stop{false};
 
+    pin_to(o.cpu_a);
     std::thread pong([&] {
+        pin_to(o.cpu_b);
         Messenger m(p.b.get(), msg, seg);
         std::uint64_t cur = 0;
         std::size_t got = 0;
@@ -656,7 +677,9 @@ void run_tcp(const Options& o) {
     const auto send_end = start + to_duration(o.seconds);
     const auto hard_end = start + to_duration(std::min(o.timeout, o.seconds + 5.0));
 
+    pin_to(o.cpu_a);
     std::thread receiver([&] {
+        pin_to(o.cpu_b);
         std::vector<char> buf(256 * 1024);
         Clock::time_point first{}, last{};
         while (Clock::now() < hard_end) {
