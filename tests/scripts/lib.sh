@@ -56,6 +56,19 @@ forget_pid() {
     BG_PIDS=("${keep[@]}")
 }
 
+# stop_timed PID: stops a `timeout -k 5 ...` started in the background. TERM to timeout is
+# passed on to its program (and KILL follows 5 s later if that does not end it); a KILL to
+# timeout itself would leave the program running, orphaned.
+stop_timed() {
+    local i
+    kill -TERM "$1" 2>/dev/null || return 0
+    for ((i = 0; i < 70; i++)); do
+        kill -0 "$1" 2>/dev/null || return 0
+        sleep 0.1
+    done
+    kill -KILL "$1" 2>/dev/null
+}
+
 lib_cleanup() {
     [[ $LIB_CLEANED -eq 1 ]] && return
     LIB_CLEANED=1
@@ -63,8 +76,9 @@ lib_cleanup() {
     for pid in "${BG_PIDS[@]}"; do
         kill -TERM "$pid" 2>/dev/null
     done
+    # Mostly `timeout -k 5` processes: they pass TERM on and KILL their program 5 s later.
     for pid in "${BG_PIDS[@]}"; do
-        for ((i = 0; i < 20; i++)); do
+        for ((i = 0; i < 70; i++)); do
             kill -0 "$pid" 2>/dev/null || break
             sleep 0.1
         done
@@ -289,7 +303,7 @@ run_pair() {
         kill -0 "$spid" 2>/dev/null || break
         sleep 0.1
     done
-    if kill -0 "$spid" 2>/dev/null; then kill -KILL "$spid" 2>/dev/null; fi
+    stop_timed "$spid"
     wait "$spid"
     SRV_RC=$?
     forget_pid "$spid"

@@ -143,7 +143,7 @@ cm_pair() {
         kill -0 "$spid" 2>/dev/null || break
         sleep 0.1
     done
-    if kill -0 "$spid" 2>/dev/null; then kill -KILL "$spid" 2>/dev/null; fi
+    stop_timed "$spid"
     wait "$spid"
     SRV_RC=$?
     forget_pid "$spid"
