@@ -74,7 +74,13 @@ std::unique_ptr<Engine> Engine::create(const EngineConfig& config, std::string& 
             return nullptr;
         }
     }
-    e->base_ = event_base_new();
+    // Precise timers (timerfd with epoll): the adaptive retransmission timeout is about a
+    // millisecond, and epoll_wait's own timeout would round it up to the next millisecond.
+    if (event_config* cfg = event_config_new()) {
+        event_config_set_flag(cfg, EVENT_BASE_FLAG_PRECISE_TIMER);
+        e->base_ = event_base_new_with_config(cfg);
+        event_config_free(cfg);
+    }
     if (!e->base_) {
         err = ENOMEM;
         error = "cannot create the event loop";
