@@ -214,7 +214,7 @@ void RcQp::on_response(const wire::ParsedPacket& pkt) {
             cancel_timer();
             rnr_wait_ = true;
             rnr_psn_ = psn;
-            start_timer(kRnrTimerUs[aeth.value() & 31]);
+            start_timer(kRnrTimerUs[aeth.value() & 31], std::chrono::steady_clock::now());
             return;
         }
         case wire::AckType::Nak: {
@@ -407,7 +407,7 @@ void RcQp::arm_timer() {
             std::chrono::ceil<std::chrono::microseconds>(ack_deadline_ - now).count());
     if (engine_.config().adaptive_retransmit && rtt_.measured())
         us = std::min(us, rtt_.timeout_us(rto_backoff_, ack_timeout_us));
-    start_timer(us);
+    start_timer(us, now);
 }
 
 void RcQp::start_rtt_timing(uint32_t psn) {
@@ -425,8 +425,8 @@ void RcQp::take_rtt_sample(uint32_t psn) {
         static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(took).count()));
 }
 
-void RcQp::start_timer(uint64_t us) {
-    timer_deadline_ = std::chrono::steady_clock::now() + std::chrono::microseconds(us);
+void RcQp::start_timer(uint64_t us, std::chrono::steady_clock::time_point now) {
+    timer_deadline_ = now + std::chrono::microseconds(us);
     timeval tv{static_cast<time_t>(us / 1000000), static_cast<suseconds_t>(us % 1000000)};
     evtimer_add(timer_, &tv);
     timer_armed_ = true;

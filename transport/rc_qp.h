@@ -145,7 +145,8 @@ class RcQp final : public QpCommon {
     void arm_timer();
     void restart_timer();
     void cancel_timer();
-    void start_timer(uint64_t us);
+    // Arms the timer `us` after `now` (the caller's clock reading: arm_timer has one already).
+    void start_timer(uint64_t us, std::chrono::steady_clock::time_point now);
     bool has_outstanding() const;
     // True if `psn` lies in [oldest unacknowledged PSN, highest PSN sent]: the only PSNs a
     // genuine response can carry.

@@ -81,8 +81,13 @@ def plot_bandwidth(bench, res):
     ax.set_ylabel("GB/s (10^9 bytes/s), log scale")
     ax.set_title("uroce bandwidth against message size (perftest -a), loopback")
     ax.grid(True, which="both", alpha=0.3)
+    return save(fig, ax, bench, "bandwidth.png")
+
+
+def save(fig, ax, bench, name):
+    """Adds the legend, writes BENCH/NAME, closes the figure; returns the path."""
     ax.legend()
-    out = os.path.join(bench, "bandwidth.png")
+    out = os.path.join(bench, name)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)
@@ -112,12 +117,7 @@ def plot_latency(bench, res):
     ax.set_ylabel("microseconds (log scale)")
     ax.set_title("8-byte latency percentiles, loopback (perftest: one-way; READ: round trip)")
     ax.grid(True, axis="y", which="both", alpha=0.3)
-    ax.legend()
-    out = os.path.join(bench, "latency.png")
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return save(fig, ax, bench, "latency.png")
 
 
 def main():

@@ -352,6 +352,19 @@ UdpPair make_udp_pair(const Options& o) {
 
 // ---- throughput: gso, sendto, pps ----
 
+// The clock of a one-way stream (UDP or TCP): the CPU time at the start, when the sender
+// stops (--seconds) and when everything stops whatever happens (at most --timeout).
+struct StreamClock {
+    double cpu0;
+    Clock::time_point send_end;
+    Clock::time_point hard_end;
+    explicit StreamClock(const Options& o) : cpu0(cpu_seconds()) {
+        const auto start = Clock::now();
+        send_end = start + to_duration(o.seconds);
+        hard_end = start + to_duration(std::min(o.timeout, o.seconds + 5.0));
+    }
+};
+
 struct Tput {
     std::uint64_t sent_dgrams = 0;
     std::uint64_t sent_bytes = 0;
@@ -385,10 +398,9 @@ Tput run_udp_tput(const Options& o, bool gso) {
 
     Tput t;
     std::atomic<bool> sender_done{false};
-    const double cpu0 = cpu_seconds();
-    const auto start = Clock::now();
-    const auto send_end = start + to_duration(o.seconds);
-    const auto hard_end = start + to_duration(std::min(o.timeout, o.seconds + 5.0));
+    const StreamClock clock(o);
+    const auto send_end = clock.send_end;
+    const auto hard_end = clock.hard_end;
 
     pin_to(o.cpu_a);
     std::thread receiver([&] {
@@ -432,7 +444,7 @@ Tput run_udp_tput(const Options& o, bool gso) {
     }
     sender_done.store(true);
     receiver.join();
-    t.cpu_s = cpu_seconds() - cpu0;
+    t.cpu_s = cpu_seconds() - clock.cpu0;
     return t;
 }
 
@@ -672,10 +684,9 @@ void run_tcp(const Options& o) {
     std::uint64_t sent = 0, rx = 0;
     double window = 0;
     std::atomic<bool> sender_done{false};
-    const double cpu0 = cpu_seconds();
-    const auto start = Clock::now();
-    const auto send_end = start + to_duration(o.seconds);
-    const auto hard_end = start + to_duration(std::min(o.timeout, o.seconds + 5.0));
+    const StreamClock clock(o);
+    const auto send_end = clock.send_end;
+    const auto hard_end = clock.hard_end;
 
     pin_to(o.cpu_a);
     std::thread receiver([&] {
@@ -711,7 +722,7 @@ void run_tcp(const Options& o) {
     ::shutdown(client.get(), SHUT_WR);
     sender_done.store(true);
     receiver.join();
-    const double cpu = cpu_seconds() - cpu0;
+    const double cpu = cpu_seconds() - clock.cpu0;
     if (window <= 0) window = o.seconds;
     const double gb = static_cast<double>(rx) / 1e9;
     std::printf(
