@@ -23,6 +23,22 @@ void print_counters(const ContextState& st, const char* device) noexcept;
 
 namespace {
 
+// An on/off environment variable: unset or empty leaves `value`; "on"/"1" and "off"/"0"
+// set it; anything else is refused with a message (false).
+bool env_switch(const char* name, bool& value) {
+    const char* v = std::getenv(name);
+    if (!v || !*v) return true;
+    if (std::strcmp(v, "on") == 0 || std::strcmp(v, "1") == 0) {
+        value = true;
+    } else if (std::strcmp(v, "off") == 0 || std::strcmp(v, "0") == 0) {
+        value = false;
+    } else {
+        std::fprintf(stderr, "uroce: %s: '%s' is neither 'on' nor 'off'\n", name, v);
+        return false;
+    }
+    return true;
+}
+
 // The device's settings, which `uroce add` writes beside the sysfs files libibverbs reads.
 bool read_setting(const char* ibdev_path, const char* name, std::string& out) {
     std::ifstream f(std::string(ibdev_path) + "/uroce/" + name);
@@ -154,6 +170,15 @@ verbs_context* alloc_context(ibv_device* ibdev, int cmd_fd, void*) {
                 err = EINVAL;
                 goto fail;
             }
+        }
+        // UROCE_GSO=off / UROCE_GRO=off: one sendmsg / one read per packet, as before
+        // batching (to compare, or for a capture on lo, which shows a GSO train as one frame).
+        // UROCE_INLINE_PROGRESS=off: only the engine thread reads the socket, never a thread
+        // that polls a CQ.
+        if (!env_switch("UROCE_GSO", ec.gso) || !env_switch("UROCE_GRO", ec.gro) ||
+            !env_switch("UROCE_INLINE_PROGRESS", ec.inline_progress)) {
+            err = EINVAL;
+            goto fail;
         }
         std::string why;
         try {

@@ -44,7 +44,11 @@ namespace uroce::transport {
     X(rx_bad_xrc_srq)            /* XRC requests for no XRC SRQ of the target's domain */        \
     X(rx_bad_mcast_qpn)          /* multicast not for QP 0xFFFFFF, or unicast for it */          \
     X(rx_mcast_no_qp)            /* multicast datagrams for a group no QP here is attached to */ \
-    X(early_retransmits)         /* adaptive timeouts before the local ACK timeout (not retries) */
+    X(early_retransmits) /* adaptive timeouts before the local ACK timeout (not retries) */      \
+    X(tx_gso_sends)      /* sendmsg calls that carried several packets (UDP GSO) */              \
+    X(tx_gso_fallbacks)  /* GSO sends the kernel refused: resent one by one, GSO off */          \
+    X(rx_gro_datagrams)  /* reads that returned several packets (UDP GRO) */                     \
+    X(rx_polled_packets) /* packets read by application threads polling a CQ */
 
 struct EngineCounters {
 #define UROCE_COUNTER_FIELD(name) std::atomic<uint64_t> name{0};

@@ -18,6 +18,10 @@ namespace {
 
 constexpr size_t kRxBatch = 32;
 constexpr size_t kRxBufferBytes = 4096 + 256;
+// With GRO a read may return a train of up to 64 KiB; fewer buffers, each that large (they
+// are touched only as far as reads fill them).
+constexpr size_t kRxBatchGro = 16;
+constexpr size_t kRxBufferBytesGro = 65536;
 // Datagrams handled per readable event before the loop gets to run timers.
 constexpr size_t kRxBudget = 512;
 
@@ -93,6 +97,12 @@ std::unique_ptr<Engine> Engine::create(const EngineConfig& config, std::string& 
         error = "cannot register the socket with the event loop";
         return nullptr;
     }
+    e->handoff_ = std::make_unique<PollHandoff>(e->base_, e->rx_event_, config.inline_progress);
+    if (!e->handoff_->ok()) {
+        err = ENOMEM;
+        error = "cannot create the poll handoff timer";
+        return nullptr;
+    }
     e->stop_event_ = event_new(
         e->base_, -1, 0,
         [](evutil_socket_t, short, void* b) { event_base_loopbreak(static_cast<event_base*>(b)); },
@@ -119,7 +129,12 @@ Engine::Engine(const EngineConfig& config, std::unique_ptr<DeviceSlot> slot,
       send_sockets_(config.ip, socket_),
       faults_(config.faults),
       multicast_(config.ip, config.port, &Engine::on_group_readable, this),
-      rx_buffers_(kRxBatch * kRxBufferBytes) {}
+      gso_(config.gso) {
+    const bool gro = config.gro && socket_.enable_gro();
+    rx_buffer_bytes_ = gro ? kRxBufferBytesGro : kRxBufferBytes;
+    rx_batch_ = gro ? kRxBatchGro : kRxBatch;
+    rx_buffers_.reset(new uint8_t[rx_batch_ * rx_buffer_bytes_]);
+}
 
 Engine::~Engine() {
     if (thread_.joinable()) {
@@ -137,6 +152,7 @@ Engine::~Engine() {
     touched_.clear();
     members_.clear();
     multicast_.clear();
+    handoff_.reset();
     if (rx_event_) event_free(rx_event_);
     if (stop_event_) event_free(stop_event_);
     if (base_) event_base_free(base_);
@@ -291,17 +307,40 @@ const UdpSocket& Engine::sender_for_qpn(uint32_t qpn) {
 
 Engine::TransmitResult Engine::transmit(const wire::Headers& h, std::span<const iovec> payload,
                                         uint32_t payload_len, uint32_t dst_ip,
-                                        const UdpSocket& sock, uint8_t ttl) {
-    uint8_t hdr[wire::kMaxHeaderBytes];
+                                        const UdpSocket& sock, uint8_t ttl, TransmitBatch* batch) {
+    if (batch && (ttl != 0 || !gso_enabled())) {
+        // Sent alone, after what the batch holds (whose pin stays: the caller gathered this
+        // packet's payload under it).
+        if (!batch->empty()) send_batch(*batch);
+        batch = nullptr;
+    }
+    uint8_t local_hdr[wire::kMaxHeaderBytes];
+    uint8_t local_icrc[4];
     wire::Headers out = h;
     out.bth.pad = wire::pad_for(payload_len);
-    const size_t hlen = wire::build_headers(out, hdr);
+    const size_t hlen = wire::build_headers(out, local_hdr);
     if (hlen == 0) {
         bump(counters_->tx_errors);
         return TransmitResult::Failed;
     }
+    uint8_t* hdr = local_hdr;
+    uint8_t* icrc = local_icrc;
+    uint16_t index = 0;  // packet k of a batch is the k-th segment Linux cuts from the train
+    if (batch) {
+        size_t npieces = 2 + (out.bth.pad ? 1 : 0);  // header, pad, ICRC
+        for (const iovec& v : payload) npieces += v.iov_len != 0;
+        const auto bytes = static_cast<uint32_t>(hlen + payload_len + out.bth.pad + 4);
+        if (!batch->fits(sock, dst_ip, bytes, npieces)) send_batch(*batch);  // keeps the pin
+        // A packet before it can never be sent: its QP fails, nothing after it leaves.
+        if (batch->failed_tag_ != TransmitBatch::kNoTag) return TransmitResult::Failed;
+        index = static_cast<uint16_t>(batch->count_);
+        hdr = batch->headers_[index].data();
+        std::memcpy(hdr, local_hdr, hlen);
+        icrc = batch->icrcs_[index].data();
+    }
     static const uint8_t kZeros[4] = {0, 0, 0, 0};
-    iovec iov[kMaxSge + 4];
+    iovec local_iov[kMaxSge + 4];
+    iovec* iov = batch ? &batch->iov_[batch->niov_] : local_iov;
     std::span<const uint8_t> pieces[kMaxSge + 4];
     size_t n = 0;
     iov[n] = {hdr, hlen};
@@ -317,10 +356,12 @@ Engine::TransmitResult Engine::transmit(const wire::Headers& h, std::span<const 
     }
     // The ICRC covers the UDP source port: it is the port of the socket that sends.
     const wire::Ipv4Flow flow{config_.ip, dst_ip, sock.port(), config_.port};
-    const uint32_t crc = wire::icrc_ipv4(flow, wire::Ipv4Unseen{}, std::span(pieces, n));
-    uint8_t icrc[4] = {static_cast<uint8_t>(crc), static_cast<uint8_t>(crc >> 8),
-                       static_cast<uint8_t>(crc >> 16), static_cast<uint8_t>(crc >> 24)};
-    iov[n++] = {icrc, sizeof icrc};
+    const uint32_t crc = wire::icrc_ipv4(flow, wire::Ipv4Unseen{index, true}, std::span(pieces, n));
+    icrc[0] = static_cast<uint8_t>(crc);
+    icrc[1] = static_cast<uint8_t>(crc >> 8);
+    icrc[2] = static_cast<uint8_t>(crc >> 16);
+    icrc[3] = static_cast<uint8_t>(crc >> 24);
+    iov[n++] = {icrc, 4};
     if (faults_.drop_next()) {
         bump(counters_->tx_dropped_fault);
         return TransmitResult::Lost;
@@ -330,25 +371,126 @@ Engine::TransmitResult Engine::transmit(const wire::Headers& h, std::span<const 
         bump(counters_->tx_dropped_filter);
         return TransmitResult::Lost;
     }
-    switch (sock.send(dst_ip, config_.port, std::span(iov, n), ttl)) {
+    if (batch) {
+        const auto bytes = static_cast<uint32_t>(hlen + payload_len + out.bth.pad + 4);
+        if (batch->count_ == 0) {
+            batch->from_ = &sock;
+            batch->dst_ip_ = dst_ip;
+            batch->segment_bytes_ = bytes;
+        } else if (bytes < batch->segment_bytes_) {
+            batch->closed_ = true;
+        }
+        batch->packets_[index] = {static_cast<uint16_t>(batch->niov_), static_cast<uint16_t>(n),
+                                  bytes, payload_len, batch->tag_};
+        batch->niov_ += n;
+        batch->bytes_ += bytes;
+        ++batch->count_;
+        return TransmitResult::Queued;
+    }
+    return account_send(sock.send(dst_ip, config_.port, std::span(iov, n), ttl), 1);
+}
+
+Engine::TransmitResult Engine::account_send(int err, uint64_t packets) {
+    switch (err) {
         case 0:
-            bump(counters_->tx_packets);
+            bump(counters_->tx_packets, packets);
             return TransmitResult::Sent;
         case EAGAIN:
         case ENOBUFS:
             // Waiting here would stall every thread that needs this QP's mutex; the
             // retransmission machinery recovers the packet as it would a loss.
-            bump(counters_->tx_dropped_full);
+            bump(counters_->tx_dropped_full, packets);
             return TransmitResult::Lost;
         case EMSGSIZE:
-            bump(counters_->tx_too_big);
+            bump(counters_->tx_too_big, packets);
             return TransmitResult::Failed;
         default:
             // A route that is down for a moment (ENETUNREACH, EHOSTUNREACH, a firewall's
             // EPERM) may come back: treated as a loss, the retry counter decides.
-            bump(counters_->tx_errors);
+            bump(counters_->tx_errors, packets);
             return TransmitResult::Lost;
     }
+}
+
+Engine::TransmitResult Engine::flush(TransmitBatch& batch) {
+    const TransmitResult result = send_batch(batch);
+    batch.unpin();
+    return result;
+}
+
+Engine::TransmitResult Engine::send_batch(TransmitBatch& batch) {
+    if (batch.count_ == 0) return TransmitResult::Sent;
+    TransmitResult result;
+    bool counted = false;  // the QP's counters already have the packets
+    const std::span<const iovec> iov(batch.iov_.data(), batch.niov_);
+    if (batch.count_ == 1) {
+        result = account_send(batch.from_->send(batch.dst_ip_, config_.port, iov), 1);
+        if (result == TransmitResult::Failed && batch.failed_tag_ == TransmitBatch::kNoTag)
+            batch.failed_tag_ = batch.packets_[0].tag;
+    } else {
+        const int err = batch.from_->send(batch.dst_ip_, config_.port, iov, 0,
+                                          static_cast<uint16_t>(batch.segment_bytes_));
+        if (err == EINVAL || err == EMSGSIZE || err == EIO || err == EOPNOTSUPP ||
+            err == ENOPROTOOPT) {
+            // This path cannot take GSO (a segment larger than its MTU, a device without
+            // checksum offload, an old kernel): no more batches from this engine.
+            bump(counters_->tx_gso_fallbacks);
+            gso_.store(false, std::memory_order_relaxed);
+            result = send_one_by_one(batch);
+            counted = true;
+        } else {
+            result = account_send(err, batch.count_);
+            if (result == TransmitResult::Sent) bump(counters_->tx_gso_sends);
+            if (result == TransmitResult::Failed && batch.failed_tag_ == TransmitBatch::kNoTag)
+                batch.failed_tag_ = batch.packets_[0].tag;
+        }
+    }
+    if (result == TransmitResult::Sent && batch.qp_counters_ && !counted) {
+        uint64_t payload = 0;
+        for (size_t i = 0; i < batch.count_; ++i) payload += batch.packets_[i].payload_len;
+        bump(batch.qp_counters_->tx_packets, batch.count_);
+        bump(batch.qp_counters_->tx_payload_bytes, payload);
+    }
+    batch.clear();
+    return result;
+}
+
+Engine::TransmitResult Engine::send_one_by_one(TransmitBatch& batch) {
+    TransmitResult worst = TransmitResult::Sent;
+    for (size_t i = 0; i < batch.count_; ++i) {
+        const TransmitBatch::Packet& p = batch.packets_[i];
+        iovec* iov = &batch.iov_[p.first_iov];
+        const std::span<const iovec> packet(iov, p.niov);
+        if (i != 0) {
+            // Sent alone it carries identification 0: its ICRC must say so.
+            std::span<const uint8_t> pieces[kMaxSge + 4];
+            for (size_t k = 0; k + 1 < p.niov; ++k)
+                pieces[k] = {static_cast<const uint8_t*>(iov[k].iov_base), iov[k].iov_len};
+            const wire::Ipv4Flow flow{config_.ip, batch.dst_ip_, batch.from_->port(), config_.port};
+            const uint32_t crc =
+                wire::icrc_ipv4(flow, wire::Ipv4Unseen{}, std::span(pieces, p.niov - 1));
+            uint8_t* icrc = batch.icrcs_[i].data();
+            icrc[0] = static_cast<uint8_t>(crc);
+            icrc[1] = static_cast<uint8_t>(crc >> 8);
+            icrc[2] = static_cast<uint8_t>(crc >> 16);
+            icrc[3] = static_cast<uint8_t>(crc >> 24);
+        }
+        const TransmitResult r =
+            account_send(batch.from_->send(batch.dst_ip_, config_.port, packet), 1);
+        if (r == TransmitResult::Sent && batch.qp_counters_) {
+            bump(batch.qp_counters_->tx_packets);
+            bump(batch.qp_counters_->tx_payload_bytes, p.payload_len);
+        }
+        if (r == TransmitResult::Failed) {
+            // The request it belongs to fails, and the QP with it: what follows stays here.
+            if (batch.failed_tag_ == TransmitBatch::kNoTag) batch.failed_tag_ = p.tag;
+            return r;
+        }
+        if (r == TransmitResult::Lost && worst == TransmitResult::Sent) {
+            worst = r;
+        }
+    }
+    return worst;
 }
 
 void Engine::set_timer_hook(std::function<void(uint32_t)> hook) {
@@ -406,8 +548,15 @@ void Engine::on_group_readable(const UdpSocket& socket, uint32_t group, void* ar
 }
 
 void Engine::progress() {
+    if (!config_.inline_progress) return;
+    handoff_->on_poll();  // before the lock: parking may wait for nothing under it
     std::unique_lock lock(rx_mutex_, std::try_to_lock);
-    if (lock.owns_lock()) receive_batch();
+    if (!lock.owns_lock()) return;
+    // Only holders of rx_mutex_ count rx_packets: the difference is what this thread read.
+    const uint64_t before = counters_->rx_packets.load(std::memory_order_relaxed);
+    receive_batch();
+    bump(counters_->rx_polled_packets,
+         counters_->rx_packets.load(std::memory_order_relaxed) - before);
 }
 
 void Engine::receive_batch() {
@@ -418,22 +567,29 @@ void Engine::receive_from(const UdpSocket& socket, uint32_t group) {
     UdpSocket::Datagram batch[kRxBatch];
     size_t handled = 0;
     while (handled < kRxBudget) {
-        for (size_t i = 0; i < kRxBatch; ++i)
-            batch[i] = {rx_buffers_.data() + i * kRxBufferBytes, kRxBufferBytes, 0, 0, 0};
-        const size_t got = socket.receive(std::span(batch, kRxBatch));
+        for (size_t i = 0; i < rx_batch_; ++i)
+            batch[i] = {rx_buffers_.get() + i * rx_buffer_bytes_, rx_buffer_bytes_, 0, 0, 0, 0};
+        const size_t got = socket.receive(std::span(batch, rx_batch_));
         if (got == 0) break;
         for (size_t i = 0; i < got; ++i) {
-            if (group != 0) {
-                deliver_multicast({batch[i].data, batch[i].length}, batch[i].src_ip,
-                                  batch[i].src_port, group);
-                continue;
+            const UdpSocket::Datagram& d = batch[i];
+            // A GRO train: datagrams of segment_size bytes, the last one possibly shorter.
+            const size_t step = d.segment_size ? d.segment_size : std::max<size_t>(d.length, 1);
+            if (d.segment_size && d.length > d.segment_size) bump(counters_->rx_gro_datagrams);
+            uint16_t index = 0;
+            // At least once: an empty datagram (or one cut short, length 0) is counted too.
+            for (size_t off = 0; off == 0 || off < d.length; off += step, ++index, ++handled) {
+                const std::span<const uint8_t> one(d.data + off, std::min(step, d.length - off));
+                if (group != 0) {
+                    deliver_multicast(one, d.src_ip, d.src_port, group);
+                    continue;
+                }
+                auto qp = deliver(one, d.src_ip, d.src_port, index);
+                if (qp && std::find(touched_.begin(), touched_.end(), qp) == touched_.end())
+                    touched_.push_back(std::move(qp));
             }
-            auto qp = deliver({batch[i].data, batch[i].length}, batch[i].src_ip, batch[i].src_port);
-            if (qp && std::find(touched_.begin(), touched_.end(), qp) == touched_.end())
-                touched_.push_back(std::move(qp));
         }
-        handled += got;
-        if (got < kRxBatch) break;
+        if (got < rx_batch_) break;
     }
     // ACK coalescing: one ACK per QP for everything this batch delivered.
     for (auto& qp : touched_) qp->flush_ack();
@@ -441,14 +597,14 @@ void Engine::receive_from(const UdpSocket& socket, uint32_t group) {
 }
 
 bool Engine::accept(std::span<const uint8_t> datagram, uint32_t src_ip, uint32_t dst_ip,
-                    uint16_t src_port, wire::ParsedPacket& pkt) {
+                    uint16_t src_port, wire::ParsedPacket& pkt, uint16_t expected_id) {
     bump(counters_->rx_packets);
     if (wire::parse_packet(datagram, pkt) != wire::ParseError::None) {
         bump(counters_->rx_malformed);
         return false;
     }
     const wire::Ipv4Flow flow{src_ip, dst_ip, src_port, config_.port};
-    switch (wire::icrc_verify_ipv4(flow, datagram)) {
+    switch (wire::icrc_verify_ipv4(flow, datagram, expected_id)) {
         case wire::IcrcCheck::Exact:
             break;
         case wire::IcrcCheck::MatchesUnseenFields:
@@ -472,9 +628,9 @@ bool Engine::accept(std::span<const uint8_t> datagram, uint32_t src_ip, uint32_t
 }
 
 std::shared_ptr<Qp> Engine::deliver(std::span<const uint8_t> datagram, uint32_t src_ip,
-                                    uint16_t src_port) {
+                                    uint16_t src_port, uint16_t expected_id) {
     wire::ParsedPacket pkt;
-    if (!accept(datagram, src_ip, config_.ip, src_port, pkt)) return nullptr;
+    if (!accept(datagram, src_ip, config_.ip, src_port, pkt, expected_id)) return nullptr;
     // The multicast QPN arrives only through a group's socket.
     if (pkt.h.bth.dest_qp == kMulticastQpn) {
         bump(counters_->rx_bad_mcast_qpn);

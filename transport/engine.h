@@ -27,10 +27,12 @@
 #include "transport/fault_injector.h"
 #include "transport/memory_table.h"
 #include "transport/multicast_groups.h"
+#include "transport/poll_handoff.h"
 #include "transport/qp_counters.h"
 #include "transport/qpn_steering.h"
 #include "transport/rc_qp.h"
 #include "transport/send_sockets.h"
+#include "transport/transmit_batch.h"
 #include "transport/udp_socket.h"
 #include "uroce/wire.h"
 
@@ -55,6 +57,14 @@ struct EngineConfig {
     // RC requesters resend after an adaptive timeout measured from the round trip (at most
     // the QP's local ACK timeout; rtt_estimator.h), not only after the local ACK timeout.
     bool adaptive_retransmit = true;
+    // Batches of packets leave in one sendmsg as UDP GSO segments (transmit_batch.h).
+    bool gso = true;
+    // The socket takes trains of datagrams as one buffer (UDP_GRO), split here.
+    bool gro = true;
+    // Application threads that poll an empty CQ read the socket themselves (progress()),
+    // and while they poll in a loop the engine thread leaves the socket to them
+    // (poll_handoff.h). Off: only the engine thread reads.
+    bool inline_progress = true;
 };
 
 struct AsyncEvent {
@@ -129,8 +139,12 @@ class Engine {
     // Receives and handles whatever packets are waiting, on the caller's thread, unless
     // another thread is already doing so. Called by pollers that found nothing: on a busy
     // machine this saves the wake-up of the engine thread (tens of microseconds to
-    // milliseconds when the polling threads occupy every core).
+    // milliseconds when the polling threads occupy every core); polls in a loop take the
+    // socket from the engine thread altogether (poll_handoff.h). Does nothing with
+    // inline_progress off.
     void progress();
+    // The engine thread has left the socket to polling threads (PollHandoff).
+    bool socket_parked() const { return handoff_ && handoff_->parked(); }
 
     // Seam for tests and fuzzing: handles one UDP payload (BTH .. ICRC) exactly as if the
     // socket had delivered it from src_ip:src_port, then sends the ACKs it asked for (unless
@@ -162,6 +176,8 @@ class Engine {
         // Refused for good: larger than the path's IP MTU (tx_too_big), or headers that
         // cannot be built (tx_errors). Sending it again would fail the same way.
         Failed,
+        // Appended to a batch: what becomes of it is known at the flush.
+        Queued,
     };
 
     // Seam for tests: `hook` runs on the engine thread at the start of every QP timer
@@ -173,16 +189,38 @@ class Engine {
     // Builds the headers, pad and ICRC around `payload` and sends the packet from `from`
     // (unless the fault injector or the transmit filter drops it), with IPv4 TTL `ttl` (0:
     // the socket's). Never waits: the caller holds a QP's mutex.
+    //
+    // With a `batch` (and GSO on, and ttl 0) the packet joins it (Queued), after the batch
+    // was flushed if the packet could not join it; `payload` must then stay valid until the
+    // flush (TransmitBatch::pin).
     TransmitResult transmit(const wire::Headers& h, std::span<const iovec> payload,
                             uint32_t payload_len, uint32_t dst_ip, const UdpSocket& from,
-                            uint8_t ttl = 0);
+                            uint8_t ttl = 0, TransmitBatch* batch = nullptr);
+    // Sends what `batch` holds, in one sendmsg if it holds several packets, and empties it.
+    // Failed if a packet of it can never be sent (batch.failed_tag() says which); Lost if
+    // the socket dropped them (full buffer, an error that may pass); else Sent. A path
+    // that refuses GSO turns GSO off for this engine (tx_gso_fallbacks) and the packets go
+    // out one by one.
+    TransmitResult flush(TransmitBatch& batch);
+    // GSO on: the configuration asked for it and no path has refused it yet.
+    bool gso_enabled() const { return gso_.load(std::memory_order_relaxed); }
 
   private:
     // Asks the transmit filter about the packet gathered from `iov`.
     bool pass_filter(std::span<const iovec> iov, uint32_t dst_ip);
+    // Counts the outcome `err` (UdpSocket::send) of sending `packets` packets.
+    TransmitResult account_send(int err, uint64_t packets);
+    // flush() without letting go of the batch's pin: for a flush in the middle of
+    // transmit(), whose packet was gathered under the pin and will be sent after.
+    TransmitResult send_batch(TransmitBatch& batch);
+    // send_batch() when GSO failed: each packet of `batch` alone, its ICRC recomputed for
+    // identification 0.
+    TransmitResult send_one_by_one(TransmitBatch& batch);
     // Checks one received UDP payload and hands it to its QP; returns that QP.
+    // `expected_id`: the IPv4 identification its ICRC most likely covers (the segment's
+    // index in a GRO train, icrc_verify_ipv4).
     std::shared_ptr<Qp> deliver(std::span<const uint8_t> datagram, uint32_t src_ip,
-                                uint16_t src_port);
+                                uint16_t src_port, uint16_t expected_id = 0);
     // Checks one datagram the socket of multicast `group` received and hands it to every
     // QP attached to the group.
     void deliver_multicast(std::span<const uint8_t> datagram, uint32_t src_ip, uint16_t src_port,
@@ -190,7 +228,7 @@ class Engine {
     // The checks every received datagram passes (parse, ICRC against dst_ip, P_Key, not a
     // CNP), counting what fails; false: dropped.
     bool accept(std::span<const uint8_t> datagram, uint32_t src_ip, uint32_t dst_ip,
-                uint16_t src_port, wire::ParsedPacket& pkt);
+                uint16_t src_port, wire::ParsedPacket& pkt, uint16_t expected_id = 0);
 
     Engine(const EngineConfig& config, std::unique_ptr<DeviceSlot> slot,
            std::unique_ptr<QpnSteering> steering, std::unique_ptr<DeviceCounters> counters);
@@ -218,7 +256,8 @@ class Engine {
     MemoryTable memory_;
     event_base* base_ = nullptr;
     event* rx_event_ = nullptr;
-    event* stop_event_ = nullptr;  // activated to end the loop, even before it started
+    event* stop_event_ = nullptr;           // activated to end the loop, even before it started
+    std::unique_ptr<PollHandoff> handoff_;  // uses rx_event_ and base_: freed before them
     std::thread thread_;
 
     std::shared_mutex qps_mutex_;
@@ -241,8 +280,13 @@ class Engine {
     // Its sockets' read events belong to base_: ~Engine closes them before freeing it.
     MulticastGroups multicast_;
 
+    std::atomic<bool> gso_;
     std::mutex rx_mutex_;  // one receiver at a time; guards rx_buffers_, touched_, members_
-    std::vector<uint8_t> rx_buffers_;
+    // kRxBatch buffers of rx_buffer_bytes_ (64 KiB with GRO, a datagram's worth without),
+    // left uninitialised: only what receives use is ever touched.
+    size_t rx_buffer_bytes_;
+    size_t rx_batch_;
+    std::unique_ptr<uint8_t[]> rx_buffers_;
     std::vector<std::shared_ptr<Qp>> touched_;
     std::vector<std::shared_ptr<UdQp>> members_;  // of the group being delivered to
 };

@@ -66,13 +66,16 @@ SEC("sk_reuseport")
 int uroce_steer_by_qpn(struct sk_reuseport_md* md) {
     const __u8* udp = md->data; /* the reuseport context starts at the UDP header */
     const __u8* end = md->data_end;
-    if (udp + kUdpHeader + kBthBytes > end) return SK_PASS;
-    const __u8* bth = udp + kUdpHeader;
+    /* Copied out, not read in place: a train of GSO segments (transmit_batch.h) may hold
+     * no more than its headers in the linear part the context points at. */
+    __u8 bth[kBthBytes];
+    if (bpf_skb_load_bytes(md, kUdpHeader, bth, kBthBytes) != 0) return SK_PASS;
     __u32 slot = (__u32)bth[kDestQpAt] << 4 | bth[kDestQpAt + 1] >> 4;
     if (slot == 0) {
         /* QP1 only, UD SEND Only carrying a CM MAD; anything else: the kernel's choice. */
         if (bth[kDestQpAt + 1] != 0 || bth[kDestQpAt + 2] != 1 || bth[0] != kUdSendOnly)
             return SK_PASS;
+        /* CM MADs are single UD datagrams, never GSO trains: read in place. */
         const __u8* mad = udp + kMadAt;
         if (mad + kMadNeeded > end || mad[kMadClassAt] != kCmClass) return SK_PASS;
         const __u16 attr = (__u16)(mad[kMadAttrAt] << 8 | mad[kMadAttrAt + 1]);

@@ -28,7 +28,7 @@ constexpr uint32_t kAtomicBytes = 8;
 // --- requester ---
 
 bool RcQp::local_buffer_writable(const SqEntry& e) const {
-    auto guard = engine_.memory().lock_shared();
+    auto guard = lock_memory();
     uint32_t left = e.wqe.length;
     for (uint32_t i = 0; i < e.wqe.sgl.count && left > 0; ++i) {
         const Sge& s = e.wqe.sgl.sge[i];

@@ -253,12 +253,32 @@ void RcQp::flush_all() {
 }
 
 bool RcQp::transmit(const wire::Headers& h, std::span<const iovec> payload, uint32_t payload_len) {
-    const auto result = engine_.transmit(h, payload, payload_len, attrs_.dst_ip, sender_);
+    const auto result =
+        engine_.transmit(h, payload, payload_len, attrs_.dst_ip, sender_, 0, tx_batch_);
     if (result == Engine::TransmitResult::Sent) {
         bump(qp_counters_.tx_packets);
         bump(qp_counters_.tx_payload_bytes, payload_len);
     }
     return result != Engine::TransmitResult::Failed;
+}
+
+bool RcQp::flush_tx_batch() {
+    if (!tx_batch_) return true;
+    engine_.flush(*tx_batch_);
+    // A flush inside Engine::transmit (a packet that could not join) may have failed too.
+    const uint32_t tag = tx_batch_->failed_tag();
+    if (tag == TransmitBatch::kNoTag) return true;
+    tx_batch_->clear_failure();
+    if (tag < sq_.size()) sq_[tag].failed = WcStatus::LocQpOpErr;
+    return false;
+}
+
+MemoryTable::ReadLock RcQp::lock_memory() const {
+    if (tx_batch_) {
+        tx_batch_->pin(engine_.memory());
+        return {};
+    }
+    return engine_.memory().lock_shared();
 }
 
 }  // namespace uroce::transport

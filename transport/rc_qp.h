@@ -35,6 +35,7 @@
 #include "transport/responder_resources.h"
 #include "transport/rtt_estimator.h"
 #include "transport/shared_receive_queue.h"
+#include "transport/transmit_batch.h"
 #include "transport/udp_socket.h"
 #include "transport/work_request.h"
 #include "uroce/wire.h"
@@ -118,7 +119,9 @@ class RcQp final : public QpCommon {
     };
 
     // requester (rc_requester.cpp)
+    // Sends what the window allows, in one transmit batch; pump_window() does the work.
     void pump();
+    void pump_window();
     // Success, or why the request cannot go out: LocProtErr (a local key check failed),
     // LocQpOpErr (the socket refused the packet for good, e.g. larger than the IP MTU).
     WcStatus send_request_packet(SqEntry& e, uint32_t pkt_index);
@@ -213,8 +216,19 @@ class RcQp final : public QpCommon {
     bool push_completion(CompletionQueue& cq, const Completion& c);
     void enter_error();
     void flush_all();
-    // False if the packet can never be sent (see Engine::TransmitResult::Failed).
+    // False if the packet can never be sent (see Engine::TransmitResult::Failed). Joins
+    // tx_batch_ when one is open (its failures show at the flush).
     bool transmit(const wire::Headers& h, std::span<const iovec> payload, uint32_t payload_len);
+    // The batch the requester or the responder is filling (on its stack), or nullptr:
+    // packets sent meanwhile go out together (transmit_batch.h).
+    TransmitBatch* tx_batch_ = nullptr;
+    // Sends what tx_batch_ holds. The requester's packets carry the index of their sq_
+    // entry as tag: one that can never be sent marks that entry failed; false then.
+    bool flush_tx_batch();
+    // The memory table's read lock for the caller's scope; with a batch open, the batch's
+    // pin instead (held until its flush, which the payload needs anyway) and an empty lock:
+    // the thread never holds the read lock twice.
+    MemoryTable::ReadLock lock_memory() const;
     // The opcode `op` names in this QP's transport (XRC opcodes are RC's plus 0xa0).
     uint8_t opcode(wire::Opcode op) const { return static_cast<uint8_t>(op) | opcode_base_; }
 

@@ -83,7 +83,7 @@ WcStatus RcQp::send_request_packet(SqEntry& e, uint32_t pkt_index) {
     if (first && !is_send) h.reth = {e.wqe.remote_addr, e.wqe.rkey, e.wqe.length};
     if (last && with_imm) h.imm = e.wqe.imm;
 
-    auto guard = engine_.memory().lock_shared();
+    auto guard = lock_memory();
     iovec iov[kMaxSge];
     size_t niov = 0;
     if (!gather(e, offset, len, iov, niov)) return WcStatus::LocProtErr;
@@ -104,8 +104,20 @@ WcStatus RcQp::send_read_request(SqEntry& e) {
     return transmit(h, {}, 0) ? WcStatus::Success : WcStatus::LocQpOpErr;
 }
 
-// Sends what the window allows, starting at send_index_/send_pkt_.
 void RcQp::pump() {
+    if (tx_batch_) {  // inside a batch already: join it
+        pump_window();
+        return;
+    }
+    TransmitBatch batch(engine_, &qp_counters_);
+    tx_batch_ = &batch;
+    pump_window();
+    if (!flush_tx_batch()) enter_error();  // a packet this host can never send
+    tx_batch_ = nullptr;
+}
+
+// Sends what the window allows, starting at send_index_/send_pkt_.
+void RcQp::pump_window() {
     // SQD finishes (and retransmits) what was started but starts nothing new.
     if ((state_ != QpState::Rts && state_ != QpState::Sqd) || rnr_wait_) return;
     const uint32_t share = kEngineWindowBytes / std::max<uint32_t>(1, engine_.qp_count());
@@ -121,6 +133,11 @@ void RcQp::pump() {
             if (!e.assigned) {
                 if (state_ == QpState::Sqd) break;
                 if (e.wqe.fence && reads_outstanding_ > 0) break;
+                // What went before leaves first, and the memory table is free to change.
+                if (!flush_tx_batch()) {
+                    enter_error();
+                    return;
+                }
                 e.assigned = true;
                 e.psn = next_psn_;
                 e.npkts = 0;
@@ -148,6 +165,7 @@ void RcQp::pump() {
         const uint32_t psn = psn_add(e.psn, send_pkt_);
         if (psn_diff(psn, una_psn_) >= window) break;
         WcStatus status;
+        if (tx_batch_) tx_batch_->set_tag(static_cast<uint32_t>(send_index_));
         if (e.wqe.opcode == SendOpcode::RdmaRead) {
             status = send_read_request(e);
             send_pkt_ = e.npkts;
@@ -162,7 +180,9 @@ void RcQp::pump() {
             // A local key check failed, or the packet can never leave this host: this
             // request completes with that error and the QP stops, flushing the rest, as the
             // IBA prescribes (and as rxe does when a send fails for good).
-            e.failed = status;
+            // What went before this request still leaves, as before; if a packet of an
+            // earlier request is the one that cannot, that request is the one failing.
+            if (flush_tx_batch()) e.failed = status;
             enter_error();
             return;
         }

@@ -165,6 +165,14 @@ void RcQp::on_responder_event() {
 }
 
 void RcQp::send_responses(uint32_t budget) {
+    if (!tx_batch_) {
+        TransmitBatch batch(engine_, &qp_counters_);
+        tx_batch_ = &batch;
+        send_responses(budget);
+        flush_tx_batch();  // responses carry no tag: a failure there is a loss, as before
+        tx_batch_ = nullptr;
+        return;
+    }
     for (; budget > 0; --budget) {
         if (state_ == QpState::Reset || state_ == QpState::Init || state_ == QpState::Err) return;
         ReadResource* r = reads_.next_to_send();
@@ -187,7 +195,7 @@ void RcQp::send_responses(uint32_t budget) {
         h.aeth.syndrome = wire::Aeth::make(wire::AckType::Ack, wire::kAethInvalidCredits);
         h.aeth.msn = r->msn & kPsnMask;
         {
-            auto guard = engine_.memory().lock_shared();
+            auto guard = lock_memory();
             uint64_t local = 0;
             // Checked again for each packet: a region deregistered (or a right withdrawn)
             // in the middle of a READ stops it at once. Like rxe, whose failing copy ends
@@ -198,7 +206,8 @@ void RcQp::send_responses(uint32_t budget) {
                 (len > 0 &&
                  engine_.memory().check_remote(r->rkey, r->pd, r->va + r->offset_of(i), len,
                                                kRemoteRead, local, qpn_) != KeyCheck::Ok)) {
-                guard.unlock();
+                if (guard.owns_lock()) guard.unlock();
+                flush_tx_batch();  // the responses before this one, and the pin with them
                 responder_error(wire::NakCode::RemoteAccessError, r->psn,
                                 AsyncEventType::QpAccessError);
                 return;

@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <linux/udp.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -91,8 +92,8 @@ void UdpSocket::close_fd() noexcept {
     fd_ = -1;
 }
 
-int UdpSocket::send(uint32_t dst_ip, uint16_t dst_port, std::span<const iovec> iov,
-                    uint8_t ttl) const {
+int UdpSocket::send(uint32_t dst_ip, uint16_t dst_port, std::span<const iovec> iov, uint8_t ttl,
+                    uint16_t segment_size) const {
     sockaddr_in sa{};
     sa.sin_family = AF_INET;
     sa.sin_addr.s_addr = htonl(dst_ip);
@@ -104,16 +105,24 @@ int UdpSocket::send(uint32_t dst_ip, uint16_t dst_port, std::span<const iovec> i
     msg.msg_iovlen = iov.size();
     // The TTL per packet (IP_TTL as ancillary data, which Linux honours for multicast too):
     // QPs with different hop limits share a socket.
-    alignas(cmsghdr) uint8_t control[CMSG_SPACE(sizeof(int))];
+    alignas(cmsghdr) uint8_t control[CMSG_SPACE(sizeof(int)) + CMSG_SPACE(sizeof(uint16_t))] = {};
+    size_t used = 0;
+    const auto add = [&](int level, int type, const void* data, size_t len) {
+        auto* c = reinterpret_cast<cmsghdr*>(control + used);
+        c->cmsg_level = level;
+        c->cmsg_type = type;
+        c->cmsg_len = CMSG_LEN(len);
+        std::memcpy(CMSG_DATA(c), data, len);
+        used += CMSG_SPACE(len);
+    };
     if (ttl != 0) {
-        msg.msg_control = control;
-        msg.msg_controllen = sizeof control;
-        cmsghdr* c = CMSG_FIRSTHDR(&msg);
-        c->cmsg_level = IPPROTO_IP;
-        c->cmsg_type = IP_TTL;
-        c->cmsg_len = CMSG_LEN(sizeof(int));
         const int value = ttl;
-        std::memcpy(CMSG_DATA(c), &value, sizeof value);
+        add(IPPROTO_IP, IP_TTL, &value, sizeof value);
+    }
+    if (segment_size != 0) add(IPPROTO_UDP, UDP_SEGMENT, &segment_size, sizeof segment_size);
+    if (used != 0) {
+        msg.msg_control = control;
+        msg.msg_controllen = used;
     }
     // Never waits: the caller holds a QP's mutex. A full socket buffer (EAGAIN, ENOBUFS)
     // is reported at once and the transport treats the packet as lost on the wire.
@@ -124,12 +133,22 @@ int UdpSocket::send(uint32_t dst_ip, uint16_t dst_port, std::span<const iovec> i
     return EINTR;
 }
 
+bool UdpSocket::enable_gro() {
+    const int one = 1;
+    return fd_ >= 0 && ::setsockopt(fd_, IPPROTO_UDP, UDP_GRO, &one, sizeof one) == 0;
+}
+
 size_t UdpSocket::receive(std::span<Datagram> batch) const {
     constexpr size_t kMax = 64;
     const size_t n = batch.size() < kMax ? batch.size() : kMax;
     mmsghdr msgs[kMax];
     iovec iovs[kMax];
     sockaddr_in addrs[kMax];
+    // The UDP_GRO segment size, when the kernel sends one.
+    struct alignas(cmsghdr) Control {
+        uint8_t bytes[CMSG_SPACE(sizeof(int))];
+    };
+    Control controls[kMax];
     for (size_t i = 0; i < n; ++i) {
         iovs[i] = {batch[i].data, batch[i].capacity};
         msgs[i] = {};
@@ -137,6 +156,8 @@ size_t UdpSocket::receive(std::span<Datagram> batch) const {
         msgs[i].msg_hdr.msg_namelen = sizeof addrs[i];
         msgs[i].msg_hdr.msg_iov = &iovs[i];
         msgs[i].msg_hdr.msg_iovlen = 1;
+        msgs[i].msg_hdr.msg_control = controls[i].bytes;
+        msgs[i].msg_hdr.msg_controllen = sizeof controls[i].bytes;
     }
     int got;
     do {
@@ -148,6 +169,16 @@ size_t UdpSocket::receive(std::span<Datagram> batch) const {
         if (msgs[i].msg_hdr.msg_flags & MSG_TRUNC) batch[i].length = 0;  // too big: drop
         batch[i].src_ip = ntohl(addrs[i].sin_addr.s_addr);
         batch[i].src_port = ntohs(addrs[i].sin_port);
+        batch[i].segment_size = 0;
+        for (cmsghdr* c = CMSG_FIRSTHDR(&msgs[i].msg_hdr); c;
+             c = CMSG_NXTHDR(&msgs[i].msg_hdr, c)) {
+            if (c->cmsg_level == IPPROTO_UDP && c->cmsg_type == UDP_GRO &&
+                c->cmsg_len >= CMSG_LEN(sizeof(int))) {
+                int size = 0;
+                std::memcpy(&size, CMSG_DATA(c), sizeof size);
+                if (size > 0 && size <= 0xffff) batch[i].segment_size = static_cast<uint16_t>(size);
+            }
+        }
     }
     return static_cast<size_t>(got);
 }

@@ -50,7 +50,19 @@ class UdpSocket {
     // errno: EAGAIN/ENOBUFS when the socket buffer is full, EMSGSIZE when the datagram
     // exceeds the path MTU (don't-fragment is set). A non-zero `ttl` is the packet's IPv4
     // TTL (multicast: the AH's hop limit); 0 keeps the socket's.
-    int send(uint32_t dst_ip, uint16_t dst_port, std::span<const iovec> iov, uint8_t ttl = 0) const;
+    //
+    // A non-zero `segment_size` makes it a UDP GSO send (UDP_SEGMENT): the kernel cuts `iov`
+    // into datagrams of that many bytes (the last may be shorter), one trip through the
+    // stack for all of them. Linux gives them IPv4 identifications 0, 1, 2, ... when it cuts
+    // them (see docs/wire-format.md). EINVAL, EIO or EOPNOTSUPP: GSO is not possible on this
+    // path (larger than its MTU, no checksum offload, an old kernel).
+    int send(uint32_t dst_ip, uint16_t dst_port, std::span<const iovec> iov, uint8_t ttl = 0,
+             uint16_t segment_size = 0) const;
+
+    // Asks the kernel to hand over datagrams it received as one GSO train, or coalesced on
+    // the way (UDP_GRO), as one buffer of equal-sized segments: receive() then reports their
+    // size. False if the kernel cannot (the socket then receives them one by one).
+    bool enable_gro();
 
     struct Datagram {
         uint8_t* data;
@@ -58,8 +70,12 @@ class UdpSocket {
         size_t length;
         uint32_t src_ip;
         uint16_t src_port;
+        // With GRO: `length` holds datagrams of this many bytes each, the last one possibly
+        // shorter. 0: one datagram.
+        uint16_t segment_size;
     };
-    // Reads up to batch.size() datagrams without blocking; returns how many (0 if none).
+    // Reads up to batch.size() datagrams without blocking; returns how many (0 if none). A
+    // datagram larger than its buffer is reported with length 0 (dropped).
     size_t receive(std::span<Datagram> batch) const;
 
   private:

@@ -42,7 +42,7 @@ uint32_t icrc_ipv4(const Ipv4Flow& flow, const Ipv4Unseen& unseen,
 uint32_t icrc_ipv4(const Ipv4Flow& flow, const Ipv4Unseen& unseen, std::span<const uint8_t> roce);
 
 enum class IcrcCheck {
-    Exact,                // matches with the header fields uroce itself sends (id 0, DF)
+    Exact,                // matches with the expected identification and DF (uroce's packets)
     MatchesUnseenFields,  // matches for some identification value, with DF set (the kernel's rxe)
     Mismatch,             // no identification value with DF set explains it: corrupted
 };
@@ -53,6 +53,11 @@ const char* to_string(IcrcCheck c);
 // DF clear explains is a Mismatch. A random corruption is accepted with probability 2^-16; no
 // single-bit corruption is accepted (except in BTH byte 4, which the ICRC masks) in a UDP
 // payload of up to 26744 bytes.
-IcrcCheck icrc_verify_ipv4(const Ipv4Flow& flow, std::span<const uint8_t> udp_payload);
+//
+// `expected_identification` is the identification the sender most likely used: Exact means
+// the ICRC matches with it. 0 for a datagram received alone; k for the k-th segment of a
+// datagram train a sender sent with GSO (Linux numbers the segments 0, 1, 2, ...).
+IcrcCheck icrc_verify_ipv4(const Ipv4Flow& flow, std::span<const uint8_t> udp_payload,
+                           uint16_t expected_identification = 0);
 
 }  // namespace uroce::wire

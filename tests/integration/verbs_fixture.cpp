@@ -47,6 +47,26 @@ ibv_context* open_device(const std::string& name) {
     return ctx;
 }
 
+int open_errno_with_env(const std::string& name, const char* var, const char* value) {
+    int n = 0;
+    ibv_device** list = ibv_get_device_list(&n);
+    if (!list) throw std::runtime_error("ibv_get_device_list failed");
+    ibv_device* dev = nullptr;
+    for (int i = 0; i < n; ++i)
+        if (name == ibv_get_device_name(list[i])) dev = list[i];
+    int err = ENODEV;
+    if (dev) {
+        ::setenv(var, value, 1);
+        errno = 0;
+        ibv_context* ctx = ibv_open_device(dev);
+        err = ctx ? 0 : errno;
+        ::unsetenv(var);
+        if (ctx) ibv_close_device(ctx);
+    }
+    ibv_free_device_list(list);
+    return err;
+}
+
 namespace {
 
 // A function the provider exports (uroce/uroce.h), found in the loaded provider.

@@ -23,6 +23,9 @@ const TestDevices& devices();
 int run_uroce(const std::vector<std::string>& args, std::string* out = nullptr);
 
 ibv_context* open_device(const std::string& name);
+// Opens the device `name` with the environment variable `var` set to `value` for the call
+// only, closes it again, and returns 0 if it opened, else ibv_open_device's errno.
+int open_errno_with_env(const std::string& name, const char* var, const char* value);
 
 // Reads one of the provider's counters (uroce_read_counter through dlsym).
 uint64_t counter(ibv_context* ctx, const char* name);

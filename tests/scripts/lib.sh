@@ -24,6 +24,7 @@ FAILED=0
 SKIPPED=0
 DEVICES=()       # registered by add_device, deleted on exit
 BG_PIDS=()       # background processes to kill on exit
+CLEANUP_FNS=()   # functions to call on exit (after the processes have ended)
 USED_PORTS=" "   # TCP ports handed out by free_tcp_port in this run
 NEXT_PORT=0
 LIB_CLEANED=0
@@ -84,6 +85,7 @@ lib_cleanup() {
         done
         kill -KILL "$pid" 2>/dev/null
     done
+    for fn in "${CLEANUP_FNS[@]}"; do "$fn"; done
     for n in "${DEVICES[@]}"; do
         "$UROCE" del "$n" >/dev/null 2>&1
         if [[ $EUID -eq 0 && -e /dev/infiniband/uverbs_uroce_$n ]]; then

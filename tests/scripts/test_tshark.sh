@@ -6,7 +6,8 @@
 # Captures UDP port 4791 on `lo` (only our 127.0.X.0/24 block, so that parallel
 # tests do not mix in) with dumpcap while ibv_rc_pingpong (SEND), ib_write_bw /
 # ib_write_lat (RDMA WRITE) and ib_read_bw / ib_read_lat (RDMA READ) run with
-# small sizes, then decodes the capture with tshark and checks that:
+# small sizes and UROCE_GSO=off (loopback carries a GSO train whole, so a capture
+# on lo shows it as one frame), then decodes the capture with tshark and checks that:
 #   - every packet decodes as RoCEv2 (infiniband in frame.protocols) with
 #     Wireshark's default port table, and the same with an explicit -d;
 #   - the expected RC opcodes all appear;
@@ -18,6 +19,10 @@
 #     script computes it; the checker first proves itself on the Linux rxe
 #     reference captures (tests/data), and on
 #     a copy of our capture with one flipped bit.
+# Then the same with GSO on, between two network namespaces joined by a veth pair
+# whose ends take one segment per packet (gso_max_segs 1), so that the kernel cuts
+# every train into datagrams as a NIC would: each must decode, and carry the ICRC
+# for the IPv4 identification the kernel gave it (0, 1, 2, ... along a train).
 # Capturing needs root: otherwise everything is skipped (exit 77).
 # Last line: "N passed, M failed"; exit 1 if M > 0.
 set -u
@@ -72,11 +77,11 @@ traffic() {
     shift 3
     port=$(free_tcp_port) || { not_ok "$label: no free TCP port"; return; }
     if [[ $kind == pingpong ]]; then
-        run_pair "$label" "$port" 60 UROCE_STATS=1 \
+        run_pair "$label" "$port" 60 UROCE_STATS=1 UROCE_GSO=off \
             -- "$prog" -d "$A" -g 0 -p "$port" "$@" \
             -- "$prog" -d "$B" -g 0 -p "$port" "$@" "$IP_A"
     else
-        run_pair "$label" "$port" 60 UROCE_STATS=1 \
+        run_pair "$label" "$port" 60 UROCE_STATS=1 UROCE_GSO=off \
             -- "$prog" -d "$A" -x 0 -p "$port" "$@" \
             -- "$prog" -d "$B" -x 0 -p "$port" "$@" "$IP_A"
     fi
@@ -93,15 +98,20 @@ traffic "ib_write_lat -s 64" perftest ib_write_lat -s 64 -n 20        # WRITE On
 traffic "ib_read_bw -s 8192" perftest ib_read_bw -s 8192 -n 20        # READ Request, Response First/Middle/Last
 traffic "ib_read_lat -s 64" perftest ib_read_lat -s 64 -n 20          # READ Response Only
 
-sleep 0.3
-kill -INT "$DUMPCAP" 2>/dev/null
-for ((i = 0; i < 100; i++)); do
-    kill -0 "$DUMPCAP" 2>/dev/null || break
-    sleep 0.1
-done
-kill -KILL "$DUMPCAP" 2>/dev/null
-wait "$DUMPCAP"
-forget_pid "$DUMPCAP"
+# stop_capture PID: lets dumpcap write out what it has (INT), at most 10 s.
+stop_capture() {
+    local i
+    sleep 0.3
+    kill -INT "$1" 2>/dev/null
+    for ((i = 0; i < 100; i++)); do
+        kill -0 "$1" 2>/dev/null || break
+        sleep 0.1
+    done
+    kill -KILL "$1" 2>/dev/null
+    wait "$1"
+    forget_pid "$1"
+}
+stop_capture "$DUMPCAP"
 echo "# $(grep -i "received/dropped" "$WORK/dumpcap.err")"
 if grep -Eq "received/dropped on interface .*: [0-9]+/0 " "$WORK/dumpcap.err"; then
     ok "dumpcap dropped no packets"
@@ -296,6 +306,106 @@ EOF
         fi
     else
         skip "ICRC of our capture: the checker failed its own checks"
+    fi
+fi
+
+# ------------------------------------------- GSO trains cut by the kernel (veth)
+NSA="tsa$$" NSB="tsb$$" VA="tsva$$" VB="tsvb$$"
+NET_A=10.$((OCT + 150)).43.1 NET_B=10.$((OCT + 150)).43.2
+NA="ts$$na" NB="ts$$nb"
+netns_up() {
+    ip netns add "$NSA" && ip netns add "$NSB" &&
+        ip link add "$VA" type veth peer name "$VB" &&
+        ip link set "$VA" netns "$NSA" && ip link set "$VB" netns "$NSB" &&
+        ip -n "$NSA" addr add "$NET_A/24" dev "$VA" && ip -n "$NSB" addr add "$NET_B/24" dev "$VB" &&
+        ip -n "$NSA" link set "$VA" gso_max_segs 1 up && ip -n "$NSB" link set "$VB" gso_max_segs 1 up &&
+        ip -n "$NSA" link set lo up && ip -n "$NSB" link set lo up
+}
+netns_down() {
+    ip netns del "$NSA" 2>/dev/null
+    ip netns del "$NSB" 2>/dev/null
+}
+# ns_pair LABEL PROGRAM ARGS...: server in NSA on NA, client in NSB on NB, both with GSO
+# on (the default) and UROCE_STATS=1.
+ns_pair() {
+    local label=$1 prog=$2 port i
+    shift 2
+    port=$(free_tcp_port) || { not_ok "$label: no free TCP port"; return; }
+    ip netns exec "$NSA" env UROCE_STATS=1 timeout -k 5 60 "$UROCE" run -- \
+        "$prog" -d "$NA" -x 0 -p "$port" "$@" >"$WORK/$label.server.out" 2>"$WORK/$label.server.err" &
+    local spid=$!
+    BG_PIDS+=("$spid")
+    for ((i = 0; i < 200; i++)); do
+        [[ -n $(ip netns exec "$NSA" ss -Htln "( sport = :$port )" 2>/dev/null) ]] && break
+        kill -0 "$spid" 2>/dev/null || break
+        sleep 0.05
+    done
+    ip netns exec "$NSB" env UROCE_STATS=1 timeout -k 5 60 "$UROCE" run -- \
+        "$prog" -d "$NB" -x 0 -p "$port" "$@" "$NET_A" >"$WORK/$label.client.out" 2>"$WORK/$label.client.err"
+    local crc=$?
+    stop_timed "$spid"
+    wait "$spid"
+    local src=$?
+    forget_pid "$spid"
+    expect_eq "veth: $label: both sides succeed" "0/0" "$src/$crc"
+    local sends
+    sends=$(counter_value "$WORK/$label.server.err" "$NA" tx_gso_sends)/$(counter_value "$WORK/$label.client.err" "$NB" tx_gso_sends)
+    if [[ $sends =~ ^[0-9]+/[0-9]+$ && $sends != 0/0 ]]; then
+        ok "veth: $label: packets left in GSO trains (tx_gso_sends server/client $sends)"
+    else
+        not_ok "veth: $label: packets left in GSO trains" "tx_gso_sends server/client: $sends"
+    fi
+}
+if ! command -v ip >/dev/null; then
+    skip "GSO on a veth link: ip (iproute2) is not installed"
+elif ! netns_up 2>"$WORK/netns.err"; then
+    not_ok "two namespaces joined by a veth pair with gso_max_segs 1" "$(cat "$WORK/netns.err")"
+    netns_down
+else
+    CLEANUP_FNS+=(netns_down)
+    ok "two namespaces joined by a veth pair with gso_max_segs 1"
+    add_device "$NA" "$NET_A" >/dev/null 2>&1
+    add_device "$NB" "$NET_B" >/dev/null 2>&1
+    VPCAP="$WORK/veth.pcap"
+    ip netns exec "$NSA" dumpcap -i "$VA" -f "udp port 4791" -B 64 -P -w "$VPCAP" \
+        >"$WORK/vdumpcap.out" 2>"$WORK/vdumpcap.err" &
+    VDUMPCAP=$!
+    BG_PIDS+=("$VDUMPCAP")
+    for ((i = 0; i < 300; i++)); do
+        grep -q "^Capturing on" "$WORK/vdumpcap.err" && break
+        kill -0 "$VDUMPCAP" 2>/dev/null || break
+        sleep 0.05
+    done
+    sleep 0.3
+    ns_pair "ib_write_bw -s 16384" ib_write_bw -s 16384 -n 20
+    ns_pair "ib_read_bw -s 16384" ib_read_bw -s 16384 -n 20
+    stop_capture "$VDUMPCAP"
+    netns_down
+    VTOTAL=$(tsh -r "$VPCAP" -T fields -e frame.number | wc -l)
+    MAXLEN=$(tsh -r "$VPCAP" -T fields -e udp.length | sort -n | tail -n 1)
+    # A datagram of more than one packet would be a train the kernel did not cut.
+    if [[ $VTOTAL -ge 100 && ${MAXLEN:-99999} -le $((PMTU + 8 + 12 + 16 + 4)) ]]; then
+        ok "veth: the capture holds single packets, cut from trains ($VTOTAL, the longest UDP length $MAXLEN)"
+    else
+        not_ok "veth: the capture holds single packets, cut from trains" "$VTOTAL packets, the longest UDP length ${MAXLEN:-none}"
+    fi
+    out=$(tsh -r "$VPCAP" -T fields -e frame.number -e frame.protocols | awk -F'\t' '$2 !~ /(^|:)infiniband(:|$)/')
+    expect_eq "veth: every packet decodes as RoCEv2" "" "$(head -n 5 <<<"$out")"
+    out=$(tsh -r "$VPCAP" -Y "_ws.malformed || _ws.expert.severity >= error")
+    expect_eq "veth: no malformed packets, no expert errors" "" "$(head -n 10 <<<"$out")"
+    NONZERO=$(tsh -r "$VPCAP" -Y "ip.id != 0" -T fields -e frame.number | wc -l)
+    if [[ $NONZERO -gt 0 ]]; then
+        ok "veth: the kernel numbered the segments of trains ($NONZERO packets with IPv4 id > 0)"
+    else
+        not_ok "veth: the kernel numbered the segments of trains" "every packet has IPv4 id 0: no train was cut"
+    fi
+    if ! command -v python3 >/dev/null; then
+        skip "veth: ICRC check: python3 is not installed"
+    elif out=$(python3 "$WORK/check_icrc.py" --pmtu "$PMTU" "$VPCAP" 2>&1); then
+        ok "veth: every packet's ICRC is right for its IPv4 identification ($(tail -n1 <<<"$out"))"
+    else
+        IFS=$'\n' read -r -d '' -a lines <<<"$out"
+        not_ok "veth: every packet's ICRC is right for its IPv4 identification" "${lines[@]}"
     fi
 fi
 

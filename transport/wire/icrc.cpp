@@ -133,8 +133,8 @@ uint32_t x_to_minus_bytes(uint64_t k) {
 // crc(m ^ d) = crc(m) ^ L(d), where L is the CRC with zero initial value and no final xor,
 // i.e. L(d) = d(x) * x^32 mod P with the message's first bit as its highest coefficient.
 //
-// The message we compute (identification 0, DF set) and the one the sender computed differ
-// only inside the three bytes at kIdOffset..kFlagsOffset. Call that 24-bit difference D(x);
+// The message we compute (the expected identification, DF set) and the one the sender computed
+// differ only inside the three bytes at kIdOffset..kFlagsOffset. Call that 24-bit difference D(x);
 // in the whole message it sits multiplied by x^s, s = the number of bits after the window,
 // so  received ^ computed = D(x) * x^(s+32) mod P.  Since x is invertible modulo P and D has
 // degree below 32, D is recovered exactly as (received ^ computed) * x^-(s+32) mod P. The
@@ -216,14 +216,16 @@ const char* to_string(IcrcCheck c) {
     return "invalid IcrcCheck";
 }
 
-IcrcCheck icrc_verify_ipv4(const Ipv4Flow& flow, std::span<const uint8_t> udp_payload) {
+IcrcCheck icrc_verify_ipv4(const Ipv4Flow& flow, std::span<const uint8_t> udp_payload,
+                           uint16_t expected_identification) {
     if (udp_payload.size() < kIcrcBytes) return IcrcCheck::Mismatch;
     const size_t roce_len = udp_payload.size() - kIcrcBytes;
     const uint8_t* c = udp_payload.data() + roce_len;
     const uint32_t received =
         uint32_t{c[0]} | uint32_t{c[1]} << 8 | uint32_t{c[2]} << 16 | uint32_t{c[3]} << 24;
 
-    const uint32_t computed = icrc_ipv4(flow, Ipv4Unseen{}, udp_payload.first(roce_len));
+    const uint32_t computed =
+        icrc_ipv4(flow, Ipv4Unseen{expected_identification, true}, udp_payload.first(roce_len));
     const uint32_t delta = received ^ computed;
     if (delta == 0) return IcrcCheck::Exact;
 

@@ -150,6 +150,11 @@ struct PairOptions {
     QpCaps caps{512, 512, kMaxSge, kMaxSge, kMaxInlineData};
     // The engines' addresses and port; unset: next_addresses().
     std::optional<Addresses> addresses;
+    // EngineConfig::gso / gro of a and b.
+    bool gso_a = true, gso_b = true;
+    bool gro_a = true, gro_b = true;
+    // EngineConfig::inline_progress of a and b.
+    bool inline_a = true, inline_b = true;
 };
 
 inline QpAttributes default_attributes() {
@@ -170,8 +175,10 @@ class Pair {
   public:
     explicit Pair(const PairOptions& opt = {}) {
         const Addresses addrs = opt.addresses ? *opt.addresses : next_addresses();
-        setup(a, addrs.a, addrs.port, opt.faults_a, opt, 0x100000000000ull);
-        setup(b, addrs.b, addrs.port, opt.faults_b, opt, 0x200000000000ull);
+        setup(a, addrs.a, addrs.port, opt.faults_a, opt, 0x100000000000ull, opt.gso_a, opt.gro_a,
+              opt.inline_a);
+        setup(b, addrs.b, addrs.port, opt.faults_b, opt, 0x200000000000ull, opt.gso_b, opt.gro_b,
+              opt.inline_b);
     }
 
     ~Pair() {
@@ -264,13 +271,17 @@ class Pair {
 
   private:
     static void setup(Side& s, uint32_t ip, uint16_t port, const FaultConfig& faults,
-                      const PairOptions& opt, uint64_t iova) {
+                      const PairOptions& opt, uint64_t iova, bool gso, bool gro,
+                      bool inline_progress) {
         s.ip = ip;
         EngineConfig config;
         config.ip = ip;
         config.port = port;
         config.mtu = kMtu;
         config.faults = faults;
+        config.gso = gso;
+        config.gro = gro;
+        config.inline_progress = inline_progress;
         std::string error;
         int err = 0;
         s.engine = Engine::create(config, error, err);

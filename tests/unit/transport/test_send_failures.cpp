@@ -96,6 +96,22 @@ TEST_CASE("A request larger than the route's IP MTU fails at once with LOC_QP_OP
         CHECK(p.a.counters().retransmit_timeouts.load() == 0);
         CHECK(all_bytes(p.b.at(8192), 4096 + 8192, kUntouched));
     }
+
+    SECTION("a SEND of full-MTU packets (one GSO train) fails the same way") {
+        // SEND FIRST is as long as a MIDDLE: the four packets form one train, which the
+        // kernel refuses as a whole (EINVAL); sent one by one, the first one fails.
+        fill(p.a.at(0), 4096, 4);
+        REQUIRE(p.b.qp->post_recv(recv_wqe(5, {p.b.sge(8192, 4096)})) == 0);
+        REQUIRE(p.a.qp->post_send(send_wqe(6, {p.a.sge(0, 4096)})) == 0);
+        const Completion c = p.wait_one(*p.a.scq);
+        CHECK(c.wr_id == 6);
+        CHECK(c.status == WcStatus::LocQpOpErr);
+        CHECK(p.a.qp->state() == QpState::Err);
+        CHECK(p.a.counters().tx_gso_fallbacks.load() == 1);
+        CHECK(p.a.counters().tx_too_big.load() == 1);
+        CHECK(p.a.counters().retransmit_timeouts.load() == 0);
+        CHECK(all_bytes(p.b.at(8192), 4096, kUntouched));
+    }
 }
 
 // A socket buffer that is full (EAGAIN) never stalls the QP and never loses a message: the

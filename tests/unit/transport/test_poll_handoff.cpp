@@ -1,0 +1,112 @@
+// Who reads the device socket (poll_handoff.h): a thread that polls in a loop takes it from
+// the engine thread and reads every packet itself; when it stops, the engine thread reads
+// again, so an application that turns from polling to waiting still gets its packets.
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <thread>
+
+#include "tests/unit/transport/engine_pair.h"
+
+using namespace uroce::transport;
+using namespace uroce::transport::test;
+using namespace std::chrono_literals;
+
+namespace {
+
+// Calls b's progress() back to back (a busy poll) until `done` or `limit` has passed.
+template <typename Done>
+bool busy_poll(Engine& e, Done done, std::chrono::milliseconds limit = kWait) {
+    const auto deadline = std::chrono::steady_clock::now() + limit;
+    for (long i = 0; i < 2'000'000'000L; ++i) {
+        if (done()) return true;
+        e.progress();
+        if ((i & 255) == 0 && std::chrono::steady_clock::now() > deadline) return false;
+    }
+    return done();
+}
+
+// Waits for one completion on `cq` without calling anyone's progress(): only the engine
+// threads move packets.
+bool wait_without_polling(CompletionQueue& cq, Completion& out) {
+    const auto deadline = std::chrono::steady_clock::now() + kWait;
+    for (long i = 0; i < 1'000'000; ++i) {
+        if (cq.poll(std::span(&out, 1)) == 1) return true;
+        if (std::chrono::steady_clock::now() > deadline) return false;
+        std::this_thread::sleep_for(100us);
+    }
+    return false;
+}
+
+void write_and_check(Pair& p, uint64_t seed, bool b_polls) {
+    constexpr uint32_t kLen = 16 * kMtu;
+    fill(p.a.at(0), kLen, seed);
+    REQUIRE(p.a.qp->post_send(rdma_wqe(SendOpcode::RdmaWrite, seed, {p.a.sge(0, kLen)},
+                                       p.b.iova + 8192, p.b.keys.rkey)) == 0);
+    Completion c;
+    if (b_polls) {
+        // Only b's poller can read b's socket now; a's engine thread reads a's.
+        REQUIRE(busy_poll(*p.b.engine, [&] { return p.a.scq->poll(std::span(&c, 1)) == 1; }));
+    } else {
+        REQUIRE(wait_without_polling(*p.a.scq, c));
+    }
+    CHECK(c.status == WcStatus::Success);
+    CHECK(first_mismatch(p.b.at(8192), kLen, seed) == kLen);
+}
+
+}  // namespace
+
+TEST_CASE("A busy poll takes the socket from the engine thread, and gives it back",
+          "[poll_handoff]") {
+    Pair p;
+    p.connect();
+    REQUIRE_FALSE(p.b.engine->socket_parked());
+    REQUIRE(busy_poll(*p.b.engine, [&] { return p.b.engine->socket_parked(); }));
+
+    const uint64_t polled_before = p.b.counters().rx_polled_packets.load();
+    const uint64_t rx_before = p.b.counters().rx_packets.load();
+    write_and_check(p, 1, true);
+    // While parked, every packet b received was read by the polling thread.
+    const uint64_t rx = p.b.counters().rx_packets.load() - rx_before;
+    CHECK(rx >= 2);  // the WRITE's packets (a train may count as several)
+    CHECK(p.b.counters().rx_polled_packets.load() - polled_before == rx);
+
+    // The poller stops: within a watch period or two the engine thread reads again, and a
+    // WRITE completes with nobody polling b.
+    const auto deadline = std::chrono::steady_clock::now() + kWait;
+    while (p.b.engine->socket_parked() && std::chrono::steady_clock::now() < deadline)
+        std::this_thread::sleep_for(1ms);
+    CHECK_FALSE(p.b.engine->socket_parked());
+    const uint64_t polled = p.b.counters().rx_polled_packets.load();
+    write_and_check(p, 2, false);
+    CHECK(p.b.counters().rx_polled_packets.load() == polled);
+
+    // And a poll that starts again takes it again.
+    REQUIRE(busy_poll(*p.b.engine, [&] { return p.b.engine->socket_parked(); }));
+    write_and_check(p, 3, true);
+}
+
+TEST_CASE("A packet that arrives just as the poller stops is read by the engine thread",
+          "[poll_handoff]") {
+    Pair p;
+    p.connect();
+    for (uint64_t round = 0; round < 5; ++round) {
+        INFO("round " << round);
+        REQUIRE(busy_poll(*p.b.engine, [&] { return p.b.engine->socket_parked(); }));
+        // Parked, and nobody polls from now on: the WRITE must still complete.
+        write_and_check(p, 10 + round, false);
+    }
+}
+
+TEST_CASE("With inline progress off, only the engine thread reads", "[poll_handoff]") {
+    PairOptions o;
+    o.inline_b = false;
+    Pair p(o);
+    p.connect();
+    // A busy poll that lasts well past the spin streak parks nothing.
+    const auto until = std::chrono::steady_clock::now() + 50ms;
+    busy_poll(*p.b.engine, [&] { return std::chrono::steady_clock::now() > until; });
+    CHECK_FALSE(p.b.engine->socket_parked());
+    write_and_check(p, 4, true);
+    CHECK(p.b.counters().rx_polled_packets.load() == 0);
+    CHECK(p.b.counters().rx_packets.load() > 0);
+}

@@ -1,0 +1,109 @@
+// Packets of one QP on their way to one destination, sent together.
+//
+// A QP that has several packets to send (the packets of a long message, a window's worth of
+// retransmissions, a run of READ responses) opens a batch; Engine::transmit() appends each
+// packet to it instead of sending it, and Engine::flush() hands them all to the kernel in
+// one sendmsg as UDP GSO segments (UDP_SEGMENT). Per packet the kernel's UDP/IP stack then
+// runs once per batch, not once per packet, which is most of what a packet costs; on
+// loopback and veth the train even reaches the receiver whole, and a receiver with UDP_GRO
+// takes it in one read (Engine, UdpSocket::enable_gro).
+//
+// GSO requires every segment but the last to have the same size, so a batch holds packets
+// of the size of its first one, then at most one shorter packet that closes it: a WRITE's
+// FIRST (it carries the RETH) starts a batch of its own, its MIDDLEs and its LAST fill the
+// next. When Linux cuts a train into datagrams it numbers their IPv4 identifications
+// 0, 1, 2, ...; the ICRC covers the identification, so packet k of a batch carries the ICRC
+// for identification k (docs/wire-format.md).
+//
+// The payload stays where it is (iovecs into registered memory, no copy) until the flush:
+// a batch pins the memory table (its read lock) from the first such packet on, so no region
+// can be deregistered under it. The owner flushes before anything that needs the memory
+// table itself, and before it lets go of the QP's mutex.
+//
+// Lives on the stack of the sending function: sized for one sendmsg, about 14 KiB.
+#pragma once
+
+#include <sys/uio.h>
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+
+#include "transport/memory_table.h"
+#include "uroce/wire.h"
+
+namespace uroce::transport {
+
+class Engine;
+class UdpSocket;
+struct QpCounters;
+
+class TransmitBatch {
+  public:
+    // Linux takes at most 64 segments per GSO send (UDP_MAX_SEGMENTS; 128 in newer kernels)
+    // and an IPv4 UDP payload of at most 65,507 bytes.
+    static constexpr size_t kMaxPackets = 64;
+    static constexpr size_t kMaxBytes = 65507;
+    static constexpr size_t kMaxIov = 512;
+    static constexpr uint32_t kNoTag = 0xffffffff;
+
+    // Packets sent by the flush are counted in `qp_counters` (tx_packets, tx_payload_bytes),
+    // if given.
+    TransmitBatch(Engine& engine, QpCounters* qp_counters) noexcept
+        : engine_(engine), qp_counters_(qp_counters) {}
+    // Sends what is left (Engine::flush).
+    ~TransmitBatch();
+    TransmitBatch(const TransmitBatch&) = delete;
+    TransmitBatch& operator=(const TransmitBatch&) = delete;
+
+    bool empty() const { return count_ == 0; }
+    size_t size() const { return count_; }
+
+    // The caller's mark for the packets it appends from now on (e.g. the index of the work
+    // request they belong to): failed_tag() names the first packet the flush could not send.
+    void set_tag(uint32_t tag) { tag_ = tag; }
+    // Set by a flush that returned Failed: the tag of the first packet that can never be
+    // sent; kNoTag otherwise. Stays until clear_failure().
+    uint32_t failed_tag() const { return failed_tag_; }
+    void clear_failure() { failed_tag_ = kNoTag; }
+
+    // Holds the memory table's read lock until the flush (for payloads that point into
+    // registered memory). Does nothing if it is held already.
+    void pin(const MemoryTable& memory);
+
+  private:
+    friend class Engine;
+
+    struct Packet {
+        uint16_t first_iov;
+        uint16_t niov;  // header, payload pieces, pad, ICRC
+        uint32_t bytes;
+        uint32_t payload_len;
+        uint32_t tag;
+    };
+
+    // Whether a packet of `bytes` bytes in `niov` pieces, from `from` to `dst_ip`, may join.
+    bool fits(const UdpSocket& from, uint32_t dst_ip, uint32_t bytes, size_t niov) const;
+    // Forgets the packets (sent or dropped); the pin stays.
+    void clear() noexcept;
+    void unpin() noexcept;
+
+    Engine& engine_;
+    QpCounters* const qp_counters_;
+    const UdpSocket* from_ = nullptr;
+    uint32_t dst_ip_ = 0;
+    uint32_t segment_bytes_ = 0;  // the size of the first packet: the GSO segment size
+    uint32_t bytes_ = 0;
+    bool closed_ = false;  // a shorter packet came: it must stay the last
+    uint32_t tag_ = kNoTag;
+    uint32_t failed_tag_ = kNoTag;
+    MemoryTable::ReadLock pin_;
+    size_t count_ = 0;
+    size_t niov_ = 0;
+    std::array<Packet, kMaxPackets> packets_;
+    std::array<std::array<uint8_t, wire::kMaxHeaderBytes>, kMaxPackets> headers_;
+    std::array<std::array<uint8_t, 4>, kMaxPackets> icrcs_;
+    std::array<iovec, kMaxIov> iov_;
+};
+
+}  // namespace uroce::transport
