@@ -145,6 +145,7 @@ class Engine {
     void progress();
     // The engine thread has left the socket to polling threads (PollHandoff).
     bool socket_parked() const { return handoff_ && handoff_->parked(); }
+    uint64_t socket_handbacks() const { return handoff_ ? handoff_->handbacks() : 0; }
 
     // Seam for tests and fuzzing: handles one UDP payload (BTH .. ICRC) exactly as if the
     // socket had delivered it from src_ip:src_port, then sends the ACKs it asked for (unless

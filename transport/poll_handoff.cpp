@@ -55,6 +55,7 @@ void PollHandoff::on_watch(evutil_socket_t, short, void* arg) {
     // meanwhile makes the (level-triggered) event fire at once.
     h->streak_.store(0, std::memory_order_relaxed);
     h->parked_.store(false, std::memory_order_relaxed);
+    h->handbacks_.fetch_add(1, std::memory_order_relaxed);
     event_add(h->rx_event_, nullptr);
 }
 

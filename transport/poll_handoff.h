@@ -44,6 +44,8 @@ class PollHandoff {
     // which the engine thread may be handling under that lock.
     void on_poll();
     bool parked() const { return parked_.load(std::memory_order_relaxed); }
+    // Times the engine thread took the socket back because the polls had stopped.
+    uint64_t handbacks() const { return handbacks_.load(std::memory_order_relaxed); }
 
   private:
     static void on_watch(evutil_socket_t, short, void* arg);
@@ -57,6 +59,7 @@ class PollHandoff {
     std::atomic<int64_t> last_poll_ns_{0};
     std::atomic<uint32_t> streak_{0};
     std::atomic<bool> parked_{false};
+    std::atomic<uint64_t> handbacks_{0};
     uint64_t polls_at_watch_ = 0;  // engine thread only
 };
 

@@ -203,6 +203,11 @@ void RcQp::pump_window() {
         }
     }
     if (sent) arm_timer();
+    // The batch leaves before anything is retired: its tags are sq_ indices.
+    if (!flush_tx_batch()) {
+        enter_error();
+        return;
+    }
     // Local operations at the front have nothing to wait for.
     while (!sq_.empty() && sq_.front().assigned && is_local_op(sq_.front().wqe.opcode)) {
         if (sq_.front().failed != WcStatus::Success) {
