@@ -95,9 +95,6 @@ WcStatus UcQp::send_message(const SendWqe& wqe) {
     const OpcodeSet& ops = send ? kSendOps : kWriteOps;
     const uint32_t mtu = attrs_.mtu;
     const uint32_t npkts = std::max<uint32_t>(1, (wqe.length + mtu - 1) / mtu);
-    // The message leaves in trains (transmit_batch.h), all of it before it completes.
-    TransmitBatch batch(engine_, &qp_counters_);
-    batch.set_tag(0);
     for (uint32_t i = 0; i < npkts; ++i) {
         const bool first = i == 0;
         const bool last = i + 1 == npkts;
@@ -120,21 +117,18 @@ WcStatus UcQp::send_message(const SendWqe& wqe) {
         next_psn_ = psn_add(next_psn_, 1);
         if (first && !send) h.reth = {wqe.remote_addr, wqe.rkey, wqe.length};
         if (last && with_imm) h.imm = wqe.imm;
-        batch.pin(engine_.memory());  // until the flush: the payload is sent from there
+        auto guard = engine_.memory().lock_shared();
         iovec iov[kMaxSge];
         size_t niov = 0;
         if (!gather_checked(engine_.memory(), wqe, pd_, offset, len, iov, niov))
             return WcStatus::LocProtErr;
-        const auto result =
-            engine_.transmit(h, std::span(iov, niov), len, attrs_.dst_ip, sender_, 0, &batch);
+        const auto result = engine_.transmit(h, std::span(iov, niov), len, attrs_.dst_ip, sender_);
         if (result == Engine::TransmitResult::Failed) return WcStatus::LocQpOpErr;
         if (result == Engine::TransmitResult::Sent) {
             bump(qp_counters_.tx_packets);
             bump(qp_counters_.tx_payload_bytes, len);
         }
     }
-    engine_.flush(batch);
-    if (batch.failed_tag() != TransmitBatch::kNoTag) return WcStatus::LocQpOpErr;
     return WcStatus::Success;  // a lost packet is the unreliable service's to have
 }
 
