@@ -180,6 +180,9 @@ verbs_context* alloc_context(ibv_device* ibdev, int cmd_fd, void*) {
             err = EINVAL;
             goto fail;
         }
+        // UROCE_PCAP=FILE: every packet of this context into FILE ("%p": the process id),
+        // without root and one frame per RoCE packet (packet_capture.h).
+        if (const char* pcap = std::getenv("UROCE_PCAP"); pcap && *pcap) ec.pcap_path = pcap;
         std::string why;
         try {
             st->engine = transport::Engine::create(ec, why, err);

@@ -300,11 +300,12 @@ int cmd_env() {
     return 0;
 }
 
-int cmd_run(const std::vector<std::string>& command) {
+int cmd_run(const std::vector<std::string>& command, const std::string& pcap) {
     auto env = client_environment("uroce run");
     if (!env) return kExitFailure;
     if (::setenv("SYSFS_PATH", env->sysfs_path.c_str(), 1) != 0 ||
-        ::setenv("RDMAV_DRIVERS", env->rdmav_drivers.c_str(), 1) != 0) {
+        ::setenv("RDMAV_DRIVERS", env->rdmav_drivers.c_str(), 1) != 0 ||
+        (!pcap.empty() && ::setenv("UROCE_PCAP", pcap.c_str(), 1) != 0)) {
         print_error("uroce run", "cannot set the environment (out of memory)");
         return kExitFailure;
     }
@@ -441,6 +442,11 @@ int main(int argc, char** argv) {
     std::vector<std::string> command;
     auto* run = app.add_subcommand(
         "run", "Run a command with SYSFS_PATH and RDMAV_DRIVERS set: uroce run -- CMD ARGS...");
+    std::string run_pcap;
+    run->add_option("--pcap", run_pcap,
+                    "Capture every RoCE packet of the command's uroce contexts into FILE "
+                    "(UROCE_PCAP; '%p' in FILE becomes each process's id)")
+        ->option_text("FILE");
     run->add_option("command", command, "Command and its arguments (put '--' before them)")
         ->required();
     run->footer(
@@ -497,7 +503,7 @@ int main(int argc, char** argv) {
         if (list->parsed()) return cmd_list();
         if (env->parsed()) return cmd_env();
         if (stats->parsed()) return cmd_stats(stats_name, stats_qpn);
-        if (run->parsed()) return cmd_run(command);
+        if (run->parsed()) return cmd_run(command, run_pcap);
     } catch (const reg::Error& e) {
         print_error(who, e.what());
         return e.kind() == reg::Error::Kind::Usage ? kExitUsage : kExitFailure;

@@ -72,6 +72,14 @@ std::unique_ptr<Engine> Engine::create(const EngineConfig& config, std::string& 
                                   no_sharing + ")";
         return nullptr;
     }
+    if (!config.pcap_path.empty()) {
+        std::string why;
+        e->capture_ = PacketCapture::open(config.pcap_path, why, err);
+        if (!e->capture_) {
+            error = "cannot write the capture " + why;
+            return nullptr;
+        }
+    }
     if (shared) {
         if (const int rc = e->steering_->add(e->socket_.fd(), error); rc != 0) {
             err = rc;
@@ -298,201 +306,6 @@ int Engine::detach_multicast(uint32_t group, uint32_t qpn) {
     return multicast_.detach(group, qpn);
 }
 
-const UdpSocket& Engine::sender_for_qpn(uint32_t qpn) {
-    const uint16_t port = source_port_for_qpn(qpn);
-    const UdpSocket& sock = send_sockets_.for_port(port);
-    if (sock.port() != port) bump(counters_->tx_sport_fallback);
-    return sock;
-}
-
-Engine::TransmitResult Engine::transmit(const wire::Headers& h, std::span<const iovec> payload,
-                                        uint32_t payload_len, uint32_t dst_ip,
-                                        const UdpSocket& sock, uint8_t ttl, TransmitBatch* batch) {
-    if (batch && (ttl != 0 || !gso_enabled())) {
-        // Sent alone, after what the batch holds (whose pin stays: the caller gathered this
-        // packet's payload under it).
-        if (!batch->empty()) send_batch(*batch);
-        batch = nullptr;
-    }
-    uint8_t local_hdr[wire::kMaxHeaderBytes];
-    uint8_t local_icrc[4];
-    wire::Headers out = h;
-    out.bth.pad = wire::pad_for(payload_len);
-    const size_t hlen = wire::build_headers(out, local_hdr);
-    if (hlen == 0) {
-        bump(counters_->tx_errors);
-        return TransmitResult::Failed;
-    }
-    uint8_t* hdr = local_hdr;
-    uint8_t* icrc = local_icrc;
-    uint16_t index = 0;  // packet k of a batch is the k-th segment Linux cuts from the train
-    if (batch) {
-        size_t npieces = 2 + (out.bth.pad ? 1 : 0);  // header, pad, ICRC
-        for (const iovec& v : payload) npieces += v.iov_len != 0;
-        const auto bytes = static_cast<uint32_t>(hlen + payload_len + out.bth.pad + 4);
-        if (!batch->fits(sock, dst_ip, bytes, npieces)) send_batch(*batch);  // keeps the pin
-        // A packet before it can never be sent: its QP fails, nothing after it leaves.
-        if (batch->failed_tag_ != TransmitBatch::kNoTag) return TransmitResult::Failed;
-        index = static_cast<uint16_t>(batch->count_);
-        hdr = batch->headers_[index].data();
-        std::memcpy(hdr, local_hdr, hlen);
-        icrc = batch->icrcs_[index].data();
-    }
-    static const uint8_t kZeros[4] = {0, 0, 0, 0};
-    iovec local_iov[kMaxSge + 4];
-    iovec* iov = batch ? &batch->iov_[batch->niov_] : local_iov;
-    std::span<const uint8_t> pieces[kMaxSge + 4];
-    size_t n = 0;
-    iov[n] = {hdr, hlen};
-    pieces[n++] = {hdr, hlen};
-    for (const iovec& v : payload) {
-        if (v.iov_len == 0) continue;
-        iov[n] = v;
-        pieces[n++] = {static_cast<const uint8_t*>(v.iov_base), v.iov_len};
-    }
-    if (out.bth.pad) {
-        iov[n] = {const_cast<uint8_t*>(kZeros), out.bth.pad};
-        pieces[n++] = {kZeros, out.bth.pad};
-    }
-    // The ICRC covers the UDP source port: it is the port of the socket that sends.
-    const wire::Ipv4Flow flow{config_.ip, dst_ip, sock.port(), config_.port};
-    const uint32_t crc = wire::icrc_ipv4(flow, wire::Ipv4Unseen{index, true}, std::span(pieces, n));
-    icrc[0] = static_cast<uint8_t>(crc);
-    icrc[1] = static_cast<uint8_t>(crc >> 8);
-    icrc[2] = static_cast<uint8_t>(crc >> 16);
-    icrc[3] = static_cast<uint8_t>(crc >> 24);
-    iov[n++] = {icrc, 4};
-    if (faults_.drop_next()) {
-        bump(counters_->tx_dropped_fault);
-        return TransmitResult::Lost;
-    }
-    if (has_transmit_filter_.load(std::memory_order_acquire) &&
-        !pass_filter(std::span(iov, n), dst_ip)) {
-        bump(counters_->tx_dropped_filter);
-        return TransmitResult::Lost;
-    }
-    if (batch) {
-        const auto bytes = static_cast<uint32_t>(hlen + payload_len + out.bth.pad + 4);
-        if (batch->count_ == 0) {
-            batch->from_ = &sock;
-            batch->dst_ip_ = dst_ip;
-            batch->segment_bytes_ = bytes;
-        } else if (bytes < batch->segment_bytes_) {
-            batch->closed_ = true;
-        }
-        batch->packets_[index] = {static_cast<uint16_t>(batch->niov_), static_cast<uint16_t>(n),
-                                  bytes, payload_len, batch->tag_};
-        batch->niov_ += n;
-        batch->bytes_ += bytes;
-        ++batch->count_;
-        return TransmitResult::Queued;
-    }
-    return account_send(sock.send(dst_ip, config_.port, std::span(iov, n), ttl), 1);
-}
-
-Engine::TransmitResult Engine::account_send(int err, uint64_t packets) {
-    switch (err) {
-        case 0:
-            bump(counters_->tx_packets, packets);
-            return TransmitResult::Sent;
-        case EAGAIN:
-        case ENOBUFS:
-            // Waiting here would stall every thread that needs this QP's mutex; the
-            // retransmission machinery recovers the packet as it would a loss.
-            bump(counters_->tx_dropped_full, packets);
-            return TransmitResult::Lost;
-        case EMSGSIZE:
-            bump(counters_->tx_too_big, packets);
-            return TransmitResult::Failed;
-        default:
-            // A route that is down for a moment (ENETUNREACH, EHOSTUNREACH, a firewall's
-            // EPERM) may come back: treated as a loss, the retry counter decides.
-            bump(counters_->tx_errors, packets);
-            return TransmitResult::Lost;
-    }
-}
-
-Engine::TransmitResult Engine::flush(TransmitBatch& batch) {
-    const TransmitResult result = send_batch(batch);
-    batch.unpin();
-    return result;
-}
-
-Engine::TransmitResult Engine::send_batch(TransmitBatch& batch) {
-    if (batch.count_ == 0) return TransmitResult::Sent;
-    TransmitResult result;
-    bool counted = false;  // the QP's counters already have the packets
-    const std::span<const iovec> iov(batch.iov_.data(), batch.niov_);
-    if (batch.count_ == 1) {
-        result = account_send(batch.from_->send(batch.dst_ip_, config_.port, iov), 1);
-        if (result == TransmitResult::Failed && batch.failed_tag_ == TransmitBatch::kNoTag)
-            batch.failed_tag_ = batch.packets_[0].tag;
-    } else {
-        const int err = batch.from_->send(batch.dst_ip_, config_.port, iov, 0,
-                                          static_cast<uint16_t>(batch.segment_bytes_));
-        if (err == EINVAL || err == EMSGSIZE || err == EIO || err == EOPNOTSUPP ||
-            err == ENOPROTOOPT) {
-            // This path cannot take GSO (a segment larger than its MTU, a device without
-            // checksum offload, an old kernel): no more batches from this engine.
-            bump(counters_->tx_gso_fallbacks);
-            gso_.store(false, std::memory_order_relaxed);
-            result = send_one_by_one(batch);
-            counted = true;
-        } else {
-            result = account_send(err, batch.count_);
-            if (result == TransmitResult::Sent) bump(counters_->tx_gso_sends);
-            if (result == TransmitResult::Failed && batch.failed_tag_ == TransmitBatch::kNoTag)
-                batch.failed_tag_ = batch.packets_[0].tag;
-        }
-    }
-    if (result == TransmitResult::Sent && batch.qp_counters_ && !counted) {
-        uint64_t payload = 0;
-        for (size_t i = 0; i < batch.count_; ++i) payload += batch.packets_[i].payload_len;
-        bump(batch.qp_counters_->tx_packets, batch.count_);
-        bump(batch.qp_counters_->tx_payload_bytes, payload);
-    }
-    batch.clear();
-    return result;
-}
-
-Engine::TransmitResult Engine::send_one_by_one(TransmitBatch& batch) {
-    TransmitResult worst = TransmitResult::Sent;
-    for (size_t i = 0; i < batch.count_; ++i) {
-        const TransmitBatch::Packet& p = batch.packets_[i];
-        iovec* iov = &batch.iov_[p.first_iov];
-        const std::span<const iovec> packet(iov, p.niov);
-        if (i != 0) {
-            // Sent alone it carries identification 0: its ICRC must say so.
-            std::span<const uint8_t> pieces[kMaxSge + 4];
-            for (size_t k = 0; k + 1 < p.niov; ++k)
-                pieces[k] = {static_cast<const uint8_t*>(iov[k].iov_base), iov[k].iov_len};
-            const wire::Ipv4Flow flow{config_.ip, batch.dst_ip_, batch.from_->port(), config_.port};
-            const uint32_t crc =
-                wire::icrc_ipv4(flow, wire::Ipv4Unseen{}, std::span(pieces, p.niov - 1));
-            uint8_t* icrc = batch.icrcs_[i].data();
-            icrc[0] = static_cast<uint8_t>(crc);
-            icrc[1] = static_cast<uint8_t>(crc >> 8);
-            icrc[2] = static_cast<uint8_t>(crc >> 16);
-            icrc[3] = static_cast<uint8_t>(crc >> 24);
-        }
-        const TransmitResult r =
-            account_send(batch.from_->send(batch.dst_ip_, config_.port, packet), 1);
-        if (r == TransmitResult::Sent && batch.qp_counters_) {
-            bump(batch.qp_counters_->tx_packets);
-            bump(batch.qp_counters_->tx_payload_bytes, p.payload_len);
-        }
-        if (r == TransmitResult::Failed) {
-            // The request it belongs to fails, and the QP with it: what follows stays here.
-            if (batch.failed_tag_ == TransmitBatch::kNoTag) batch.failed_tag_ = p.tag;
-            return r;
-        }
-        if (r == TransmitResult::Lost && worst == TransmitResult::Sent) {
-            worst = r;
-        }
-    }
-    return worst;
-}
-
 void Engine::set_timer_hook(std::function<void(uint32_t)> hook) {
     std::lock_guard lock(timer_hook_mutex_);
     timer_hook_ = std::move(hook);
@@ -580,6 +393,10 @@ void Engine::receive_from(const UdpSocket& socket, uint32_t group) {
             // At least once: an empty datagram (or one cut short, length 0) is counted too.
             for (size_t off = 0; off == 0 || off < d.length; off += step, ++index, ++handled) {
                 const std::span<const uint8_t> one(d.data + off, std::min(step, d.length - off));
+                if (capture_ && !one.empty())
+                    capture_->received(wire::Ipv4Flow{d.src_ip, group ? group : config_.ip,
+                                                      d.src_port, config_.port},
+                                       one, index);
                 if (group != 0) {
                     deliver_multicast(one, d.src_ip, d.src_port, group);
                     continue;
@@ -594,6 +411,7 @@ void Engine::receive_from(const UdpSocket& socket, uint32_t group) {
     // ACK coalescing: one ACK per QP for everything this batch delivered.
     for (auto& qp : touched_) qp->flush_ack();
     touched_.clear();
+    if (capture_ && handled > 0) capture_->flush();
 }
 
 bool Engine::accept(std::span<const uint8_t> datagram, uint32_t src_ip, uint32_t dst_ip,

@@ -27,6 +27,7 @@
 #include "transport/fault_injector.h"
 #include "transport/memory_table.h"
 #include "transport/multicast_groups.h"
+#include "transport/packet_capture.h"
 #include "transport/poll_handoff.h"
 #include "transport/qp_counters.h"
 #include "transport/qpn_steering.h"
@@ -65,6 +66,9 @@ struct EngineConfig {
     // and while they poll in a loop the engine thread leaves the socket to them
     // (poll_handoff.h). Off: only the engine thread reads.
     bool inline_progress = true;
+    // Non-empty: every packet sent and received is written to this pcap file (packet_capture.h;
+    // "%p" becomes the process id).
+    std::string pcap_path;
 };
 
 struct AsyncEvent {
@@ -254,6 +258,9 @@ class Engine {
     UdpSocket socket_;
     SendSockets send_sockets_;
     FaultInjector faults_;
+    std::shared_ptr<PacketCapture> capture_;  // UROCE_PCAP; null: no capture
+    // Writes the packets of a batch that left to the capture.
+    void capture_sent(const TransmitBatch& batch, size_t first, size_t count);
     MemoryTable memory_;
     event_base* base_ = nullptr;
     event* rx_event_ = nullptr;

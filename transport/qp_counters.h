@@ -16,16 +16,17 @@
 
 namespace uroce::transport {
 
-#define UROCE_QP_COUNTERS(X)                                                     \
-    X(tx_packets)            /* packets of this QP handed to the socket */       \
-    X(tx_payload_bytes)      /* their payload bytes (no headers, pad or ICRC) */ \
-    X(rx_packets)            /* packets delivered to this QP */                  \
-    X(rx_payload_bytes)      /* their payload bytes */                           \
-    X(retransmit_timeouts)   /* retransmission timer expiries */                 \
-    X(retransmitted_packets) /* request packets sent again */                    \
-    X(rx_naks)               /* NAKs and RNR NAKs received */                    \
-    X(tx_naks)               /* NAKs of every kind sent */                       \
-    X(early_retransmits)     /* adaptive timeouts before the local ACK timeout */
+#define UROCE_QP_COUNTERS(X)                                                      \
+    X(tx_packets)            /* packets of this QP handed to the socket */        \
+    X(tx_payload_bytes)      /* their payload bytes (no headers, pad or ICRC) */  \
+    X(rx_packets)            /* packets delivered to this QP */                   \
+    X(rx_payload_bytes)      /* their payload bytes */                            \
+    X(retransmit_timeouts)   /* retransmission timer expiries */                  \
+    X(retransmitted_packets) /* request packets sent again */                     \
+    X(rx_naks)               /* NAKs and RNR NAKs received */                     \
+    X(tx_naks)               /* NAKs of every kind sent */                        \
+    X(early_retransmits)     /* adaptive timeouts before the local ACK timeout */ \
+    X(tail_probes)           /* last packets resent alone (tail-loss probes) */
 
 struct QpCounters {
 #define UROCE_QP_COUNTER_FIELD(name) std::atomic<uint64_t> name{0};

@@ -150,6 +150,7 @@ void RcQp::ack_through(uint32_t psn) {
         rnr_retries_left_ = attrs_.rnr_retry;
         last_rewind_psn_ = 0xffffffff;
         rto_backoff_ = 0;
+        probe_sent_ = false;
         restart_timer();
         if (state_ == QpState::Sqd && !has_outstanding() && attrs_.sqd_notify)
             post_async(AsyncEventType::SqDrained);
@@ -220,6 +221,12 @@ void RcQp::on_response(const wire::ParsedPacket& pkt) {
         case wire::AckType::Nak: {
             bump(engine_.counters().rx_naks);
             bump(qp_counters_.rx_naks);
+            if (aeth.value() == static_cast<uint8_t>(wire::NakCode::PsnSequenceError))
+                // A packet after `psn` made the responder send it, and every packet after a
+                // PSN left after that PSN's first transmission: timed from a packet at or
+                // before `psn`, the NAK overstates the round trip, never understates it
+                // (under loss, it is often the only sample there is).
+                take_rtt_sample(psn);
             ack_through(psn_add(psn, kPsnMask));
             if (aeth.value() == static_cast<uint8_t>(wire::NakCode::PsnSequenceError)) {
                 // Resend from the PSN the responder expects, once per PSN: the NAKs for
@@ -322,6 +329,7 @@ void RcQp::on_read_response(const wire::ParsedPacket& pkt) {
     retries_left_ = attrs_.retry_cnt;
     last_rewind_psn_ = 0xffffffff;
     rto_backoff_ = 0;
+    probe_sent_ = false;
     if (is_last) {
         e.read_done = true;
         una_psn_ = psn_add(e.psn, e.npkts);
@@ -354,6 +362,8 @@ void RcQp::on_timer() {
         return;
     }
     timer_armed_ = false;
+    const bool probe = probe_armed_;
+    probe_armed_ = false;
     if (state_ != QpState::Rts && state_ != QpState::Sqd) {
         ack_deadline_set_ = false;
         return;
@@ -366,6 +376,11 @@ void RcQp::on_timer() {
     }
     if (!has_outstanding()) {
         ack_deadline_set_ = false;
+        return;
+    }
+    if (probe) {
+        send_tail_probe();
+        arm_timer();
         return;
     }
     if (!ack_deadline_set_ || now >= ack_deadline_) {
@@ -405,9 +420,42 @@ void RcQp::arm_timer() {
     if (ack_deadline_ > now)
         us = static_cast<uint64_t>(
             std::chrono::ceil<std::chrono::microseconds>(ack_deadline_ - now).count());
-    if (engine_.config().adaptive_retransmit && rtt_.measured())
+    probe_armed_ = false;
+    if (engine_.config().adaptive_retransmit) {
         us = std::min(us, rtt_.timeout_us(rto_backoff_, ack_timeout_us));
+        if (!probe_sent_ && rtt_.measured() && rtt_.probe_us() < us && tail_probe_possible()) {
+            us = rtt_.probe_us();
+            probe_armed_ = true;
+        }
+    }
     start_timer(us, now);
+}
+
+bool RcQp::tail_probe_possible() const {
+    // Only a SEND or WRITE packet: a READ or atomic request sent again is executed again
+    // (a READ's responses all come back), which is the retransmission timeout's business.
+    // And only when the requester is not already resending.
+    if (send_index_ < sq_.size()) {
+        const SqEntry& next = sq_[send_index_];
+        if (next.assigned && psn_before(psn_add(next.psn, send_pkt_), sent_high_)) return false;
+    }
+    const uint32_t last = psn_add(sent_high_, kPsnMask);
+    for (const SqEntry& e : sq_) {
+        if (!e.assigned) break;
+        const int32_t d = psn_diff(last, e.psn);
+        if (d >= 0 && d < static_cast<int32_t>(e.npkts))
+            return !takes_responder_resource(e.wqe.opcode);
+    }
+    return false;
+}
+
+void RcQp::send_tail_probe() {
+    probe_sent_ = true;
+    probe_psn_ = psn_add(sent_high_, kPsnMask);
+    bump(engine_.counters().tail_probes);
+    bump(qp_counters_.tail_probes);
+    rewind_to(probe_psn_);
+    pump();
 }
 
 void RcQp::start_rtt_timing(uint32_t psn) {
@@ -443,6 +491,7 @@ void RcQp::cancel_timer() {
         event_del_noblock(timer_);
         timer_armed_ = false;
     }
+    probe_armed_ = false;
     ack_deadline_set_ = false;
     rnr_wait_ = false;
 }

@@ -262,7 +262,17 @@ class RcQp final : public QpCommon {
     std::chrono::steady_clock::time_point ack_deadline_{};
     RttEstimator rtt_;
     unsigned rto_backoff_ = 0;  // adaptive timeouts since the last progress
-    bool rtt_timing_ = false;   // a packet sent once is being timed (Karn: never a resent one)
+    // A third use of the timer, sooner than both: the tail-loss probe. When nothing has been
+    // acknowledged for about two round trips, the last packet sent goes again, alone and
+    // asking for an ACK: if the tail of a burst (or its ACK) was lost, that repairs it for
+    // one packet; a loss earlier in the burst gets the responder's NAK. Once per stall: it is
+    // armed again only after progress.
+    bool probe_armed_ = false;  // the timer stands for the probe
+    bool probe_sent_ = false;   // since the last progress
+    uint32_t probe_psn_ = 0;    // the packet probed (sent with AckReq)
+    bool tail_probe_possible() const;
+    void send_tail_probe();
+    bool rtt_timing_ = false;  // a packet sent once is being timed (Karn: never a resent one)
     uint32_t rtt_psn_ = 0;
     std::chrono::steady_clock::time_point rtt_sent_{};
     void start_rtt_timing(uint32_t psn);

@@ -79,7 +79,8 @@ WcStatus RcQp::send_request_packet(SqEntry& e, uint32_t pkt_index) {
     h.bth.psn = psn_add(e.psn, pkt_index);
     h.xrc_srqn = e.wqe.remote_srqn;
     h.bth.solicited = last && e.wqe.solicited;
-    h.bth.ack_req = last || ((pkt_index + 1) % kAckRequestInterval == 0);
+    h.bth.ack_req = last || ((pkt_index + 1) % kAckRequestInterval == 0) ||
+                    (probe_sent_ && h.bth.psn == probe_psn_);
     if (first && !is_send) h.reth = {e.wqe.remote_addr, e.wqe.rkey, e.wqe.length};
     if (last && with_imm) h.imm = e.wqe.imm;
 
@@ -237,7 +238,8 @@ WcStatus RcQp::run_local_op(const SendWqe& wqe) {
 
 // Go back N: send everything again from `psn`, the oldest PSN the responder lacks.
 void RcQp::rewind_to(uint32_t psn) {
-    rtt_timing_ = false;  // what is resent times nothing (Karn)
+    // What is resent times nothing (Karn); a timed packet before `psn` is not resent.
+    if (rtt_timing_ && !psn_before(rtt_psn_, psn)) rtt_timing_ = false;
     for (size_t i = 0; i < sq_.size(); ++i) {
         SqEntry& e = sq_[i];
         if (!e.assigned) break;

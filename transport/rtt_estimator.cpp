@@ -18,9 +18,13 @@ void RttEstimator::sample(uint64_t rtt_us) {
 }
 
 uint64_t RttEstimator::timeout_us(unsigned backoff, uint64_t cap_us) const {
-    uint64_t rto = std::max(kMinRtoUs, srtt_us_ + 4 * rttvar_us_);
+    uint64_t rto = measured_ ? std::max(kMinRtoUs, srtt_us_ + 4 * rttvar_us_) : kInitialRtoUs;
     for (unsigned i = 0; i < backoff && rto < cap_us; ++i) rto *= 2;
     return std::min(rto, cap_us);
+}
+
+uint64_t RttEstimator::probe_us() const {
+    return std::max(kMinProbeUs, 2 * srtt_us_);
 }
 
 }  // namespace uroce::transport

@@ -23,14 +23,30 @@ class RttEstimator {
     // A round trip measured on a packet sent once (Karn: never on a retransmitted one).
     void sample(uint64_t rtt_us);
 
-    // Whether any round trip has been measured; before that there is no early timeout.
+    // The timeout before any round trip has been measured. RFC 6298's one second suits the
+    // Internet, not a RoCE fabric whose QP gives up after 4.096 us * 2^timeout (67 ms for
+    // `timeout` 14): a guess this long still resends before the local ACK timeout, and one
+    // that is too short costs a spurious resend, never a retry (it backs off, and the first
+    // sample replaces it).
+    static constexpr uint64_t kInitialRtoUs = 4000;
+
+    // The shortest wait before a tail-loss probe (probe_us()). A spurious probe costs one
+    // packet, not a window, so it may come much sooner than the retransmission timeout.
+    static constexpr uint64_t kMinProbeUs = 200;
+
+    // Whether any round trip has been measured.
     bool measured() const { return measured_; }
     uint64_t smoothed_us() const { return srtt_us_; }
     uint64_t deviation_us() const { return rttvar_us_; }
 
-    // srtt + 4 * rttvar, at least kMinRtoUs, shifted left by `backoff` (each early timeout
-    // without progress doubles it), saturating at `cap_us`.
+    // srtt + 4 * rttvar, at least kMinRtoUs (kInitialRtoUs before any sample), shifted left
+    // by `backoff` (each early timeout without progress doubles it), saturating at `cap_us`.
     uint64_t timeout_us(unsigned backoff, uint64_t cap_us) const;
+
+    // When a requester that has heard nothing since it sent should resend its last packet
+    // alone (a tail-loss probe): two smoothed round trips, at least kMinProbeUs. Only
+    // meaningful once measured().
+    uint64_t probe_us() const;
 
   private:
     bool measured_ = false;

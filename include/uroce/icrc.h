@@ -57,7 +57,10 @@ const char* to_string(IcrcCheck c);
 // `expected_identification` is the identification the sender most likely used: Exact means
 // the ICRC matches with it. 0 for a datagram received alone; k for the k-th segment of a
 // datagram train a sender sent with GSO (Linux numbers the segments 0, 1, 2, ...).
+// Unless it is a Mismatch, `*identification` (if not null) gets the identification that
+// explains the ICRC: what the IPv4 header must have carried (a capture writes it back).
 IcrcCheck icrc_verify_ipv4(const Ipv4Flow& flow, std::span<const uint8_t> udp_payload,
-                           uint16_t expected_identification = 0);
+                           uint16_t expected_identification = 0,
+                           uint16_t* identification = nullptr);
 
 }  // namespace uroce::wire

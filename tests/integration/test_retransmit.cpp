@@ -1,7 +1,7 @@
 // Adaptive retransmission (transport/rtt_estimator.h) through the real provider: a message
-// whose only packet or whose ACK is lost is resent after a timeout measured from the round
-// trip, not after the QP's local ACK timeout; UROCE_RETRANSMIT=ack-timeout keeps the IBA's
-// timer alone; a bad value refuses the context.
+// whose only packet or whose ACK is lost is resent by a tail-loss probe or after a timeout
+// measured from the round trip, not after the QP's local ACK timeout;
+// UROCE_RETRANSMIT=ack-timeout keeps the IBA's timer alone; a bad value refuses the context.
 #include <catch2/catch.hpp>
 #include <cerrno>
 #include <cstdlib>
@@ -39,7 +39,7 @@ void ping(Endpoint& a, Endpoint& b, int rounds) {
 
 }  // namespace
 
-TEST_CASE("A tail loss is resent after the adaptive timeout, without counting a retry",
+TEST_CASE("A tail loss is resent by a probe or the adaptive timeout, without counting a retry",
           "[retransmit][faults]") {
     ::setenv("UROCE_FAULTS", "drop=0.05,seed=31", 1);
     QpOptions opt;
@@ -49,8 +49,10 @@ TEST_CASE("A tail loss is resent after the adaptive timeout, without counting a 
     connect(a, b, opt);
     ping(a, b, 300);
     CHECK(counter(a.ctx, "tx_dropped_fault") + counter(b.ctx, "tx_dropped_fault") > 0);
-    // The resends came from the adaptive timer: early, and not counted against retry_cnt.
-    CHECK(counter(a.ctx, "early_retransmits") > 0);
+    // The resends came from tail-loss probes (about two round trips after a silence) and
+    // the adaptive timer (when a probe was lost too): early, not counted against retry_cnt.
+    CHECK(counter(a.ctx, "tail_probes") > 0);
+    CHECK(qp_counter(a.qp, "tail_probes") == counter(a.ctx, "tail_probes"));
     CHECK(qp_counter(a.qp, "early_retransmits") == counter(a.ctx, "early_retransmits"));
     CHECK(counter(a.ctx, "retransmitted_packets") > 0);
     CHECK(a.state() == IBV_QPS_RTS);
@@ -69,6 +71,7 @@ TEST_CASE("UROCE_RETRANSMIT=ack-timeout resends only after the local ACK timeout
     ping(a, b, 100);
     CHECK(counter(a.ctx, "tx_dropped_fault") + counter(b.ctx, "tx_dropped_fault") > 0);
     CHECK(counter(a.ctx, "early_retransmits") == 0);
+    CHECK(counter(a.ctx, "tail_probes") == 0);
     CHECK(counter(a.ctx, "retransmit_timeouts") > 0);
 }
 

@@ -217,7 +217,7 @@ const char* to_string(IcrcCheck c) {
 }
 
 IcrcCheck icrc_verify_ipv4(const Ipv4Flow& flow, std::span<const uint8_t> udp_payload,
-                           uint16_t expected_identification) {
+                           uint16_t expected_identification, uint16_t* identification) {
     if (udp_payload.size() < kIcrcBytes) return IcrcCheck::Mismatch;
     const size_t roce_len = udp_payload.size() - kIcrcBytes;
     const uint8_t* c = udp_payload.data() + roce_len;
@@ -227,13 +227,21 @@ IcrcCheck icrc_verify_ipv4(const Ipv4Flow& flow, std::span<const uint8_t> udp_pa
     const uint32_t computed =
         icrc_ipv4(flow, Ipv4Unseen{expected_identification, true}, udp_payload.first(roce_len));
     const uint32_t delta = received ^ computed;
-    if (delta == 0) return IcrcCheck::Exact;
+    if (delta == 0) {
+        if (identification) *identification = expected_identification;
+        return IcrcCheck::Exact;
+    }
 
     // s + 32 in bytes: what follows the window in the message, plus the CRC's own 32 bits.
     const uint64_t bytes_after_window = kPseudoBytes + uint64_t{roce_len} - kWindowEndOffset;
     const uint32_t window = multiply(delta, x_to_minus_bytes(bytes_after_window + 4));
-    return (window & ~kUnseenWindowMask) == 0 ? IcrcCheck::MatchesUnseenFields
-                                              : IcrcCheck::Mismatch;
+    if ((window & ~kUnseenWindowMask) != 0) return IcrcCheck::Mismatch;
+    // The window's bytes 0 and 1 are the identification's high and low byte on the wire; the
+    // difference says which of their bits the sender had otherwise.
+    if (identification)
+        *identification = static_cast<uint16_t>(
+            expected_identification ^ (((window >> 8) & 0xff) << 8 | ((window >> 16) & 0xff)));
+    return IcrcCheck::MatchesUnseenFields;
 }
 
 }  // namespace uroce::wire

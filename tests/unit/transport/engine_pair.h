@@ -155,6 +155,10 @@ struct PairOptions {
     bool gro_a = true, gro_b = true;
     // EngineConfig::inline_progress of a and b.
     bool inline_a = true, inline_b = true;
+    // EngineConfig::adaptive_retransmit of both: off leaves only the local ACK timeout.
+    bool adaptive = true;
+    // EngineConfig::pcap_path of a and b (empty: no capture).
+    std::string pcap_a, pcap_b;
 };
 
 inline QpAttributes default_attributes() {
@@ -176,9 +180,9 @@ class Pair {
     explicit Pair(const PairOptions& opt = {}) {
         const Addresses addrs = opt.addresses ? *opt.addresses : next_addresses();
         setup(a, addrs.a, addrs.port, opt.faults_a, opt, 0x100000000000ull, opt.gso_a, opt.gro_a,
-              opt.inline_a);
+              opt.inline_a, opt.pcap_a);
         setup(b, addrs.b, addrs.port, opt.faults_b, opt, 0x200000000000ull, opt.gso_b, opt.gro_b,
-              opt.inline_b);
+              opt.inline_b, opt.pcap_b);
     }
 
     ~Pair() {
@@ -272,7 +276,7 @@ class Pair {
   private:
     static void setup(Side& s, uint32_t ip, uint16_t port, const FaultConfig& faults,
                       const PairOptions& opt, uint64_t iova, bool gso, bool gro,
-                      bool inline_progress) {
+                      bool inline_progress, const std::string& pcap) {
         s.ip = ip;
         EngineConfig config;
         config.ip = ip;
@@ -282,6 +286,8 @@ class Pair {
         config.gso = gso;
         config.gro = gro;
         config.inline_progress = inline_progress;
+        config.adaptive_retransmit = opt.adaptive;
+        config.pcap_path = pcap;
         std::string error;
         int err = 0;
         s.engine = Engine::create(config, error, err);

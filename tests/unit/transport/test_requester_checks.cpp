@@ -141,7 +141,10 @@ TEST_CASE("Requester: a fatal NAK fails the request whose PSN it names", "[reque
 }
 
 TEST_CASE("Requester: a PSN sequence NAK restarts the retransmission timer", "[requester]") {
-    Pair p;
+    // The IBA's local ACK timeout alone: no adaptive timeout resends before the NAK.
+    PairOptions o;
+    o.adaptive = false;
+    Pair p(o);
     QpAttributes attrs = default_attributes();
     attrs.timeout = 16;  // 4.096 us * 2^16 = 268 ms
     p.connect(attrs, attrs);

@@ -41,3 +41,24 @@ TEST_CASE("RttEstimator: the timeout has a floor, doubles per backoff and stops 
     slow.sample(30000);  // 30 ms + 4 * 15 ms = 90 ms: the local ACK timeout is shorter
     CHECK(slow.timeout_us(0, 67000) == 67000);
 }
+
+TEST_CASE("RttEstimator: before any sample the timeout is the initial guess", "[rtt]") {
+    RttEstimator e;
+    CHECK(e.timeout_us(0, 67000) == RttEstimator::kInitialRtoUs);
+    CHECK(e.timeout_us(1, 67000) == 2 * RttEstimator::kInitialRtoUs);
+    CHECK(e.timeout_us(0, 1000) == 1000);  // a shorter local ACK timeout still wins
+    // Well below the common local ACK timeout (67 ms), which it stands in for.
+    CHECK(RttEstimator::kInitialRtoUs * 4 < 67000);
+}
+
+TEST_CASE("RttEstimator: a tail-loss probe waits two round trips, at least its floor", "[rtt]") {
+    RttEstimator fast;
+    fast.sample(30);
+    CHECK(fast.probe_us() == RttEstimator::kMinProbeUs);
+    RttEstimator slow;
+    slow.sample(700);
+    CHECK(slow.probe_us() == 1400);
+    // Sooner than the retransmission timeout it comes before.
+    CHECK(RttEstimator::kMinProbeUs < RttEstimator::kMinRtoUs);
+    CHECK(slow.probe_us() < slow.timeout_us(0, 67000));
+}

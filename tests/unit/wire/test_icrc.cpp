@@ -285,6 +285,39 @@ TEST_CASE("packets sent with identification 0 and DF verify Exact", "[icrc][veri
     }
 }
 
+TEST_CASE("verification names the identification that explains the ICRC", "[icrc][verify]") {
+    for (const CapturedPacket& cp : all_packets()) {
+        CAPTURE(cp.capture, cp.frame);
+        uint16_t id = 0;
+        REQUIRE(icrc_verify_ipv4(cp.flow, cp.udp, 0, &id) == IcrcCheck::MatchesUnseenFields);
+        CHECK(id == cp.unseen.identification);  // the kernel's, read from the IPv4 header
+        // Whatever the guess, the same answer.
+        uint16_t again = 0;
+        const auto guess = static_cast<uint16_t>(cp.unseen.identification ^ 0x5a5a);
+        REQUIRE(icrc_verify_ipv4(cp.flow, cp.udp, guess, &again) != IcrcCheck::Mismatch);
+        CHECK(again == cp.unseen.identification);
+        uint16_t exact = 0;
+        CHECK(icrc_verify_ipv4(cp.flow, cp.udp, cp.unseen.identification, &exact) ==
+              IcrcCheck::Exact);
+        CHECK(exact == cp.unseen.identification);
+    }
+    const CapturedPacket& cp = wiretest::find_packet("rc_send_64", 1);
+    std::vector<uint8_t> udp = cp.udp;
+    for (uint32_t id : {1u, 0x80u, 0x100u, 0x8000u, 0x1234u, 0xffffu}) {
+        CAPTURE(id);
+        store_icrc(udp,
+                   icrc_ipv4(cp.flow, Ipv4Unseen{static_cast<uint16_t>(id), true}, roce_of(udp)));
+        uint16_t got = 0;
+        REQUIRE(icrc_verify_ipv4(cp.flow, udp, 7, &got) == IcrcCheck::MatchesUnseenFields);
+        CHECK(got == id);
+    }
+    // A Mismatch leaves it alone.
+    udp[20] ^= 1;
+    uint16_t untouched = 0xabcd;
+    CHECK(icrc_verify_ipv4(cp.flow, udp, 0, &untouched) == IcrcCheck::Mismatch);
+    CHECK(untouched == 0xabcd);
+}
+
 TEST_CASE("packets sent with DF clear are a Mismatch, whatever their identification",
           "[icrc][verify]") {
     std::mt19937 rng(17);

@@ -1,0 +1,161 @@
+#!/usr/bin/env bash
+# The provider's own packet captures (UROCE_PCAP, `uroce run --pcap`), read by tshark.
+#
+#   test_pcap.sh PATH_TO_UROCE
+#
+# ib_write_bw, ib_read_bw and ibv_rc_pingpong run between two loopback devices with GSO
+# trains and GRO reads on (the default), each process writing its own file ("%p"). No
+# dumpcap, no capture privilege: the files are the processes' own. Checks:
+#   - one file per process; each holds one frame per packet its process sent or received
+#     (tx_packets + rx_packets of its counters), none longer than one packet;
+#   - trains show as numbered packets (IPv4 ids > 0), and every frame's ICRC is right
+#     for the identification it carries (tests/scripts/check_icrc.py, which first
+#     proves itself on the Linux rxe reference captures);
+#   - tshark decodes every frame as RoCEv2, with no malformed packet and no expert info
+#     (not even a warning or a note);
+#   - the server's and the client's files hold the same packets (addresses, id, opcode,
+#     PSN, ICRC), so the receiver recovered the identification the sender used;
+#   - `uroce run --pcap FILE` writes FILE; a file that cannot be written makes
+#     ibv_open_device fail with a message naming it.
+# Root is needed only for `uroce add` (the /dev/infiniband nodes); otherwise skip (77).
+# Last line: "N passed, M failed"; exit 1 if M > 0.
+set -u
+# shellcheck source=lib.sh
+source "$(dirname "$(readlink -f "$0")")/lib.sh"
+lib_init "$@"
+SCRIPT_DIR=$(dirname "$(readlink -f "$0")")
+CHECK_ICRC="$SCRIPT_DIR/check_icrc.py"
+
+for tool in tshark python3 ibv_rc_pingpong ib_write_bw ib_read_bw ibv_devinfo ss timeout; do
+    if ! command -v "$tool" >/dev/null; then
+        skip "$tool is not installed"
+        finish
+    fi
+done
+require_root "uroce add" "uroce add makes /dev/infiniband nodes"
+
+OCT=$(pick_octet 63) || echo "# warning: every 127.0.63..82.* block has UDP sockets; using 127.0.$OCT"
+A="pc$$a"
+B="pc$$b"
+IP_A="127.0.$OCT.1"
+IP_B="127.0.$OCT.2"
+PMTU=1024
+add_device "$A" "$IP_A" || finish
+add_device "$B" "$IP_B" || finish
+tsh() { tshark "$@" 2>>"$WORK/tshark.err"; }
+
+if out=$(python3 "$CHECK_ICRC" "$SCRIPT_DIR/../data"/*.pcap 2>&1); then
+    ok "ICRC checker accepts the rxe reference captures ($out)"
+else
+    not_ok "ICRC checker accepts the rxe reference captures" "$out"
+    finish
+fi
+
+# captured LABEL KIND PROGRAM ARGS...: server on A, client on B, each writing
+# $WORK/LABEL.<pid>.pcap; then checks both files.
+captured() {
+    local label=$1 kind=$2 prog=$3 port
+    shift 3
+    port=$(free_tcp_port) || { not_ok "$label: no free TCP port"; return; }
+    local gid=(-x 0)
+    [[ $kind == pingpong ]] && gid=(-g 0)
+    run_pair "$label" "$port" 60 UROCE_STATS=1 "UROCE_PCAP=$WORK/$label.%p.pcap" \
+        -- "$prog" -d "$A" "${gid[@]}" -p "$port" "$@" \
+        -- "$prog" -d "$B" "${gid[@]}" -p "$port" "$@" "$IP_A"
+    expect_pair_ok "$label" || return
+    local files=("$WORK/$label".*.pcap)
+    if [[ ${#files[@]} -ne 2 || ! -s ${files[0]} ]]; then
+        not_ok "$label: one capture file per process" "${files[*]}"
+        return
+    fi
+    ok "$label: one capture file per process (${files[*]##*/})"
+
+    # Loopback loses nothing: what one side sent, the other received.
+    local s_tx s_rx c_tx c_rx want
+    s_tx=$(counter_value "$SRV_ERR" "$A" tx_packets)
+    s_rx=$(counter_value "$SRV_ERR" "$A" rx_packets)
+    c_tx=$(counter_value "$CLI_ERR" "$B" tx_packets)
+    c_rx=$(counter_value "$CLI_ERR" "$B" rx_packets)
+    expect_eq "$label: the client received what the server sent, and back" "$s_tx/$s_rx" "$c_rx/$c_tx"
+    want=$((s_tx + s_rx))
+    local f n
+    for f in "${files[@]}"; do
+        n=$(tsh -r "$f" -T fields -e frame.number | wc -l)
+        expect_eq "$label: ${f##*/}: one frame per packet sent and received ($want)" "$want" "$n"
+    done
+    local gso
+    gso=$(($(counter_value "$SRV_ERR" "$A" tx_gso_sends) + $(counter_value "$CLI_ERR" "$B" tx_gso_sends)))
+    if [[ $gso -gt 0 ]]; then
+        ok "$label: packets left in GSO trains ($gso)"
+    else
+        not_ok "$label: packets left in GSO trains" "tx_gso_sends 0 on both sides"
+    fi
+    local maxlen
+    maxlen=$(tsh -r "${files[0]}" -T fields -e udp.length | sort -n | tail -n 1)
+    if [[ -n $maxlen && $maxlen -le $((PMTU + 8 + 12 + 16 + 4)) ]]; then
+        ok "$label: every frame is one packet (the longest UDP length $maxlen)"
+    else
+        not_ok "$label: every frame is one packet" "the longest UDP length ${maxlen:-none}"
+    fi
+    local nonzero
+    nonzero=$(tsh -r "${files[0]}" -Y "ip.id != 0" -T fields -e frame.number | wc -l)
+    if [[ $nonzero -gt 0 ]]; then
+        ok "$label: packets of trains carry IPv4 ids 1, 2, ... ($nonzero frames with id > 0)"
+    else
+        not_ok "$label: packets of trains carry IPv4 ids 1, 2, ..." "every frame has id 0"
+    fi
+    for f in "${files[@]}"; do
+        out=$(tsh -r "$f" -T fields -e frame.number -e frame.protocols | awk -F'\t' '$2 !~ /(^|:)infiniband(:|$)/')
+        expect_eq "$label: ${f##*/}: every frame decodes as RoCEv2" "" "$(head -n 5 <<<"$out")"
+        out=$(tsh -r "$f" -Y "_ws.malformed || _ws.expert")
+        expect_eq "$label: ${f##*/}: no malformed packets, no expert info of any severity" "" "$(head -n 10 <<<"$out")"
+        if out=$(python3 "$CHECK_ICRC" --pmtu "$PMTU" "$f" 2>&1); then
+            ok "$label: ${f##*/}: every ICRC is right for its frame's IPv4 id ($(tail -n1 <<<"$out"))"
+        else
+            IFS=$'\n' read -r -d '' -a lines <<<"$out"
+            not_ok "$label: ${f##*/}: every ICRC is right for its frame's IPv4 id" "${lines[@]}"
+        fi
+    done
+    local fields=(-T fields -e ip.src -e ip.dst -e ip.id -e udp.srcport -e infiniband.bth.opcode
+        -e infiniband.bth.psn -e infiniband.invariant.crc)
+    tsh -r "${files[0]}" "${fields[@]}" | sort >"$WORK/$label.first"
+    tsh -r "${files[1]}" "${fields[@]}" | sort >"$WORK/$label.second"
+    if cmp -s "$WORK/$label.first" "$WORK/$label.second"; then
+        ok "$label: both files hold the same packets, with the same IPv4 ids"
+    else
+        not_ok "$label: both files hold the same packets, with the same IPv4 ids" \
+            "$(diff "$WORK/$label.first" "$WORK/$label.second" | head -n 6)"
+    fi
+}
+
+captured ib_write_bw perftest ib_write_bw -s 16384 -n 20
+captured ib_read_bw perftest ib_read_bw -s 16384 -n 20
+captured pingpong pingpong ibv_rc_pingpong -s 4096 -n 20
+
+# uroce run --pcap FILE: the file, with the packets of that process.
+port=$(free_tcp_port)
+timeout -k 5 60 "$UROCE" run -- ibv_rc_pingpong -d "$A" -g 0 -p "$port" -s 64 -n 5 \
+    >"$WORK/flag.server.out" 2>&1 &
+spid=$!
+BG_PIDS+=("$spid")
+wait_listen "$port" 10 "$spid"
+timeout -k 5 60 "$UROCE" run --pcap "$WORK/flag.pcap" -- ibv_rc_pingpong -d "$B" -g 0 \
+    -p "$port" -s 64 -n 5 "$IP_A" >"$WORK/flag.client.out" 2>&1
+crc=$?
+stop_timed "$spid"
+wait "$spid"
+forget_pid "$spid"
+expect_eq "uroce run --pcap: the client succeeds" 0 "$crc"
+n=$(tsh -r "$WORK/flag.pcap" -Y "infiniband.bth.opcode == 4" -T fields -e frame.number | wc -l)
+# Five SENDs each way, each seen once by the client: sent or received.
+expect_eq "uroce run --pcap FILE: FILE holds the client's 10 SEND Only packets" 10 "$n"
+
+# A capture that cannot be written: the context is refused, saying why.
+out=$(UROCE_PCAP=/nonexistent-uroce-dir/x.pcap timeout 30 "$UROCE" run -- ibv_devinfo -d "$A" 2>&1)
+rc=$?
+if [[ $rc -ne 0 && $out == *"cannot write the capture /nonexistent-uroce-dir/x.pcap"* ]]; then
+    ok "an unwritable UROCE_PCAP makes ibv_open_device fail with a message (exit $rc)"
+else
+    not_ok "an unwritable UROCE_PCAP makes ibv_open_device fail with a message" "exit $rc" "$out"
+fi
+finish

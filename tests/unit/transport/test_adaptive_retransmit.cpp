@@ -1,0 +1,223 @@
+// Loss recovery that does not wait for the local ACK timeout (rc_qp.h, rtt_estimator.h):
+// the tail-loss probe, the initial timeout before any round trip is measured, and the round
+// trip a sequence NAK measures. Every case uses `timeout` 14 (67 ms): a recovery that fell
+// back to it would count a retransmit_timeout.
+#include <catch2/catch.hpp>
+
+#include <atomic>
+
+#include "tests/unit/transport/engine_pair.h"
+#include "tests/unit/transport/forged_peer.h"
+
+using namespace uroce::transport;
+using namespace uroce::transport::test;
+namespace wire = uroce::wire;
+
+namespace {
+
+constexpr uint32_t kBurst = 8;  // packets of the WRITE whose last packet is lost
+
+bool is_op(const wire::ParsedPacket& p, wire::Opcode op) {
+    return p.h.bth.opcode == static_cast<uint8_t>(op);
+}
+
+// One SEND of `len` bytes from a to b, byte-checked.
+void send_one(Pair& p, uint32_t len, uint64_t seed) {
+    fill(p.a.at(0), len, seed);
+    REQUIRE(p.b.qp->post_recv(recv_wqe(seed, {p.b.sge(0, len)})) == 0);
+    REQUIRE(p.a.qp->post_send(send_wqe(seed, {p.a.sge(0, len)})) == 0);
+    REQUIRE(p.wait_one(*p.a.scq).status == WcStatus::Success);
+    const Completion got = p.wait_one(*p.b.rcq);
+    REQUIRE(got.status == WcStatus::Success);
+    REQUIRE(got.byte_len == len);
+    CHECK(first_mismatch(p.b.at(0), len, seed) == len);
+}
+
+}  // namespace
+
+TEST_CASE("A lost last packet is sent again alone, asking for an ACK (tail-loss probe)",
+          "[rc][retransmit]") {
+    Pair p;
+    p.connect();
+    for (uint64_t i = 1; i <= 3; ++i) send_one(p, 64, i);  // round trips measured
+    const uint64_t probes0 = p.a.counters().tail_probes.load();
+
+    // The WRITE's last packet is lost the first time it is sent.
+    int lose_left = 1;
+    TxRecorder a_out(*p.a.engine, [&lose_left](const wire::ParsedPacket& pkt) {
+        return is_op(pkt, wire::Opcode::RcWriteLast) && lose_left-- > 0;
+    });
+    const uint32_t len = kBurst * kMtu;
+    fill(p.a.at(0), len, 77);
+    REQUIRE(p.a.qp->post_send(rdma_wqe(SendOpcode::RdmaWrite, 9, {p.a.sge(0, len)}, p.b.iova,
+                                       p.b.keys.rkey)) == 0);
+    REQUIRE(p.wait_one(*p.a.scq).status == WcStatus::Success);
+    CHECK(first_mismatch(p.b.at(0), len, 77) == len);
+
+    // FIRST, MIDDLE x 6, LAST (lost), then the probe: that LAST again, and nothing before it
+    // (a whole-window resend would start with the FIRST).
+    const auto sent = a_out.packets();
+    REQUIRE(sent.size() >= kBurst + 1);
+    REQUIRE(sent[kBurst - 1].lost);
+    const wire::ParsedPacket lost = sent[kBurst - 1].parsed();
+    const wire::ParsedPacket probe = sent[kBurst].parsed();
+    CHECK(is_op(probe, wire::Opcode::RcWriteLast));
+    CHECK(probe.h.bth.psn == lost.h.bth.psn);
+    CHECK(probe.h.bth.ack_req);
+    CHECK(p.a.counters().tail_probes.load() - probes0 == 1);
+    CHECK(p.a.counters().retransmit_timeouts.load() == 0);
+}
+
+TEST_CASE("A probe whose ACK was what got lost is answered as a duplicate", "[rc][retransmit]") {
+    Pair p;
+    p.connect();
+    for (uint64_t i = 1; i <= 3; ++i) send_one(p, 64, i);
+    // b's first ACK after this point is lost: a's SEND arrived, a does not know it.
+    int lose_left = 1;
+    TxRecorder b_out(*p.b.engine, [&lose_left](const wire::ParsedPacket& pkt) {
+        return is_op(pkt, wire::Opcode::RcAcknowledge) && lose_left-- > 0;
+    });
+    const uint64_t dup0 = p.b.counters().rx_duplicate.load();
+    send_one(p, 3 * kMtu, 41);
+    CHECK(b_out.lost() == 1);
+    // The probe reached b as a duplicate of the SEND's last packet: ACKed again, not
+    // delivered twice (b's receive queue held one WQE, and no second completion came).
+    CHECK(p.b.counters().rx_duplicate.load() - dup0 >= 1);
+    CHECK(p.a.counters().tail_probes.load() >= 1);
+    CHECK(p.b.rcq->depth() == 0);
+    CHECK(p.a.counters().retransmit_timeouts.load() == 0);
+}
+
+TEST_CASE("A READ is never probed: its request would be executed again", "[rc][retransmit]") {
+    Pair p;
+    p.connect();
+    for (uint64_t i = 1; i <= 3; ++i) send_one(p, 64, i);
+    // The first READ response is lost; the requester asks again only after its timeout.
+    int lose_left = 1;
+    TxRecorder b_out(*p.b.engine, [&lose_left](const wire::ParsedPacket& pkt) {
+        return is_op(pkt, wire::Opcode::RcReadResponseOnly) && lose_left-- > 0;
+    });
+    fill(p.b.at(0), 256, 5);
+    REQUIRE(p.a.qp->post_send(rdma_wqe(SendOpcode::RdmaRead, 3, {p.a.sge(0, 256)}, p.b.iova,
+                                       p.b.keys.rkey)) == 0);
+    REQUIRE(p.wait_one(*p.a.scq).status == WcStatus::Success);
+    CHECK(first_mismatch(p.a.at(0), 256, 5) == 256);
+    CHECK(p.a.counters().tail_probes.load() == 0);
+    CHECK(p.a.counters().early_retransmits.load() >= 1);
+}
+
+TEST_CASE("Before any round trip is measured, a loss waits the initial guess, not 67 ms",
+          "[rc][retransmit]") {
+    Pair p;
+    p.connect();
+    // The very first packet a sends is lost: there is no sample yet, and nothing follows it.
+    int lose_left = 1;
+    TxRecorder a_out(*p.a.engine,
+                     [&lose_left](const wire::ParsedPacket&) { return lose_left-- > 0; });
+    send_one(p, 64, 3);
+    CHECK(a_out.lost() == 1);
+    CHECK(p.a.counters().early_retransmits.load() >= 1);
+    CHECK(p.a.counters().tail_probes.load() == 0);  // a probe needs a measured round trip
+    CHECK(p.a.counters().retransmit_timeouts.load() == 0);
+}
+
+TEST_CASE("A sequence NAK measures the round trip when nothing else can", "[rc][retransmit]") {
+    Pair p;
+    p.connect();
+    // The first packet of a's first SEND is lost: b NAKs on the second, a resends all three.
+    // Resent packets time nothing (Karn), so the NAK is the only round trip measured ...
+    int lose_left = 1;
+    TxRecorder a_out(*p.a.engine,
+                     [&lose_left](const wire::ParsedPacket&) { return lose_left-- > 0; });
+    send_one(p, 3 * kMtu, 11);
+    REQUIRE(p.a.counters().rx_naks.load() == 1);
+    REQUIRE(p.a.counters().early_retransmits.load() == 0);
+    // ... and it is enough for the next tail loss to get a probe (which needs a measured
+    // round trip) instead of an early timeout.
+    int lose_next = 1;
+    TxRecorder a_out2(*p.a.engine,
+                      [&lose_next](const wire::ParsedPacket&) { return lose_next-- > 0; });
+    send_one(p, 64, 12);
+    CHECK(a_out2.lost() == 1);
+    CHECK(p.a.counters().tail_probes.load() == 1);
+    CHECK(p.a.counters().retransmit_timeouts.load() == 0);
+}
+
+TEST_CASE("Without adaptive retransmission nothing is probed", "[rc][retransmit]") {
+    PairOptions o;
+    o.adaptive = false;
+    Pair p(o);
+    QpAttributes attrs = default_attributes();
+    attrs.timeout = 8;  // ~1 ms: the only timer left
+    p.connect(attrs, default_attributes());
+    for (uint64_t i = 1; i <= 3; ++i) send_one(p, 64, i);
+    int lose_left = 1;
+    TxRecorder a_out(*p.a.engine,
+                     [&lose_left](const wire::ParsedPacket&) { return lose_left-- > 0; });
+    send_one(p, 64, 4);
+    CHECK(a_out.lost() == 1);
+    CHECK(p.a.counters().tail_probes.load() == 0);
+    CHECK(p.a.counters().early_retransmits.load() == 0);
+    CHECK(p.a.counters().retransmit_timeouts.load() >= 1);
+}
+
+TEST_CASE("A probe asks for an ACK even when the packet it repeats did not", "[rc][retransmit]") {
+    PairOptions o;
+    o.mem_bytes = 512 * 1024;
+    Pair p(o);
+    p.connect();
+    for (uint64_t i = 1; i <= 3; ++i) send_one(p, 64, i);
+    // Until told otherwise b's ACKs are lost: a stalls when its window (256 packets of 1 KiB)
+    // is full. The window starts inside the first WRITE, so it ends at packet 250 of the
+    // second, which (unlike every 16th packet and a message's last) carries no AckReq.
+    std::atomic<bool> ack_through{false};
+    TxRecorder b_out(*p.b.engine, [&ack_through](const wire::ParsedPacket& pkt) {
+        return !ack_through.load() && is_op(pkt, wire::Opcode::RcAcknowledge);
+    });
+    TxRecorder a_out(*p.a.engine);
+    const uint32_t first = 5 * kMtu, second = 300 * kMtu;
+    fill(p.a.at(0), first + second, 8);
+    REQUIRE(p.a.qp->post_send(rdma_wqe(SendOpcode::RdmaWrite, 1, {p.a.sge(0, first)}, p.b.iova,
+                                       p.b.keys.rkey)) == 0);
+    REQUIRE(p.a.qp->post_send(rdma_wqe(SendOpcode::RdmaWrite, 2, {p.a.sge(first, second)},
+                                       p.b.iova + first, p.b.keys.rkey)) == 0);
+    // The window's last packet, sent twice: once in the burst, once as the probe.
+    auto last_of_window = [&] {
+        std::vector<SentPacket> out;
+        const auto sent = a_out.packets();
+        for (const SentPacket& s : sent)
+            if (s.psn() == psn_add(sent.front().psn(), 255)) out.push_back(s);
+        return out;
+    };
+    REQUIRE(p.wait_until([&] { return last_of_window().size() >= 2; }));
+    const auto twice = last_of_window();
+    CHECK(is_op(twice[0].parsed(), wire::Opcode::RcWriteMiddle));
+    CHECK_FALSE(twice[0].parsed().h.bth.ack_req);
+    CHECK(twice[1].parsed().h.bth.ack_req);
+    CHECK(p.a.counters().tail_probes.load() >= 1);
+    ack_through = true;
+    REQUIRE(p.wait(*p.a.scq, 2).size() == 2);
+    CHECK(first_mismatch(p.b.at(0), first + second, 8) == first + second);
+}
+
+TEST_CASE("Early resends use no retry: retry_cnt 1 survives several", "[rc][retransmit]") {
+    Pair p;
+    QpAttributes attrs = default_attributes();
+    attrs.retry_cnt = 1;  // timeout 14: 67 ms, far beyond this test's silence
+    p.connect(attrs, default_attributes());
+    for (uint64_t i = 1; i <= 3; ++i) send_one(p, 64, i);
+    std::atomic<bool> silent{true};
+    TxRecorder b_out(*p.b.engine, [&silent](const wire::ParsedPacket&) { return silent.load(); });
+    const uint64_t early0 = p.a.counters().early_retransmits.load();
+    fill(p.a.at(0), 64, 21);
+    REQUIRE(p.b.qp->post_recv(recv_wqe(21, {p.b.sge(0, 64)})) == 0);
+    REQUIRE(p.a.qp->post_send(send_wqe(21, {p.a.sge(0, 64)})) == 0);
+    // A probe, then early resends (1, 2, 4 ms apart) go unanswered.
+    REQUIRE(p.wait_until([&] { return p.a.counters().early_retransmits.load() - early0 >= 2; }));
+    silent = false;
+    CHECK(p.wait_one(*p.a.scq).status == WcStatus::Success);
+    CHECK(p.wait_one(*p.b.rcq).status == WcStatus::Success);
+    CHECK(first_mismatch(p.b.at(0), 64, 21) == 64);
+    CHECK(p.a.counters().retransmit_timeouts.load() == 0);
+    CHECK(p.a.qp->state() == QpState::Rts);
+}

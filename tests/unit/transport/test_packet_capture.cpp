@@ -1,0 +1,291 @@
+// The provider's own packet capture (transport/packet_capture.h), read back with libpcap:
+// one frame per RoCE packet in each direction, whatever the batching, each with sound
+// Ethernet/IPv4/UDP headers and the ICRC for the IPv4 identification the frame carries.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <pcap/pcap.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <cstdlib>
+#include <filesystem>
+
+#include "tests/unit/transport/engine_pair.h"
+#include "tests/unit/transport/forged_peer.h"
+
+using namespace uroce::transport;
+using namespace uroce::transport::test;
+namespace wire = uroce::wire;
+
+namespace {
+
+struct Frame {
+    uint32_t src_ip = 0, dst_ip = 0;
+    uint16_t src_port = 0, dst_port = 0;
+    uint16_t id = 0;
+    std::vector<uint8_t> udp_payload;
+};
+
+uint16_t get16(const uint8_t* p) {
+    return static_cast<uint16_t>(p[0] << 8 | p[1]);
+}
+uint32_t get32(const uint8_t* p) {
+    return uint32_t{get16(p)} << 16 | get16(p + 2);
+}
+
+// Every frame of `path`, each checked for what a capture of the wire would show.
+std::vector<Frame> read_capture(const std::string& path) {
+    char err[PCAP_ERRBUF_SIZE];
+    pcap_t* p = pcap_open_offline(path.c_str(), err);
+    INFO(path << ": " << err);
+    REQUIRE(p);
+    REQUIRE(pcap_datalink(p) == DLT_EN10MB);
+    std::vector<Frame> out;
+    pcap_pkthdr* h = nullptr;
+    const u_char* d = nullptr;
+    while (pcap_next_ex(p, &h, &d) == 1) {
+        INFO("frame " << out.size() + 1);
+        REQUIRE(h->caplen == h->len);
+        REQUIRE(h->caplen >= 14 + 20 + 8);
+        CHECK(get16(d + 12) == 0x0800);
+        const uint8_t* ip = d + 14;
+        CHECK(ip[0] == 0x45);
+        CHECK(ip[9] == 17);
+        CHECK(get16(ip + 6) == 0x4000);  // DF, no fragment
+        CHECK(get16(ip + 2) == h->len - 14);
+        uint32_t sum = 0;
+        for (int i = 0; i < 20; i += 2) sum += get16(ip + i);
+        while (sum >> 16) sum = (sum & 0xffff) + (sum >> 16);
+        CHECK(sum == 0xffff);  // the header checksum holds
+        const uint8_t* udp = ip + 20;
+        CHECK(get16(udp + 4) == h->len - 14 - 20);
+        Frame f;
+        f.src_ip = get32(ip + 12);
+        f.dst_ip = get32(ip + 16);
+        f.id = get16(ip + 4);
+        f.src_port = get16(udp);
+        f.dst_port = get16(udp + 2);
+        f.udp_payload.assign(udp + 8, d + h->caplen);
+        // The ICRC is exactly the one for the identification in the frame.
+        const wire::Ipv4Flow flow{f.src_ip, f.dst_ip, f.src_port, f.dst_port};
+        CHECK(wire::icrc_verify_ipv4(flow, f.udp_payload, f.id) == wire::IcrcCheck::Exact);
+        wire::ParsedPacket pkt;
+        CHECK(wire::parse_packet(f.udp_payload, pkt) == wire::ParseError::None);
+        out.push_back(std::move(f));
+    }
+    pcap_close(p);
+    return out;
+}
+
+class TempDir {
+  public:
+    TempDir() {
+        char tmpl[] = "/tmp/uroce-pcap-XXXXXX";
+        REQUIRE(::mkdtemp(tmpl));
+        path_ = tmpl;
+    }
+    ~TempDir() { std::filesystem::remove_all(path_); }
+    std::string file(const std::string& name) const { return path_ + "/" + name; }
+
+  private:
+    std::string path_;
+};
+
+constexpr uint32_t kWrite = 40 * kMtu;
+constexpr uint32_t kSend = 9 * kMtu + 5;
+constexpr uint32_t kRead = 20 * kMtu;
+
+void traffic(Pair& p) {
+    fill(p.a.at(0), kWrite, 1);
+    REQUIRE(p.a.qp->post_send(rdma_wqe(SendOpcode::RdmaWrite, 1, {p.a.sge(0, kWrite)}, p.b.iova,
+                                       p.b.keys.rkey)) == 0);
+    CHECK(p.wait_one(*p.a.scq).status == WcStatus::Success);
+    CHECK(first_mismatch(p.b.at(0), kWrite, 1) == kWrite);
+    fill(p.a.at(kWrite), kSend, 2);
+    REQUIRE(p.b.qp->post_recv(recv_wqe(2, {p.b.sge(kWrite, kSend)})) == 0);
+    REQUIRE(p.a.qp->post_send(send_wqe(3, {p.a.sge(kWrite, kSend)})) == 0);
+    CHECK(p.wait_one(*p.a.scq).status == WcStatus::Success);
+    CHECK(p.wait_one(*p.b.rcq).status == WcStatus::Success);
+    CHECK(first_mismatch(p.b.at(kWrite), kSend, 2) == kSend);
+    fill(p.b.at(kWrite + kSend), kRead, 3);
+    REQUIRE(p.a.qp->post_send(rdma_wqe(SendOpcode::RdmaRead, 4, {p.a.sge(kWrite + kSend, kRead)},
+                                       p.b.iova + kWrite + kSend, p.b.keys.rkey)) == 0);
+    CHECK(p.wait_one(*p.a.scq).status == WcStatus::Success);
+    CHECK(first_mismatch(p.a.at(kWrite + kSend), kRead, 3) == kRead);
+}
+
+std::vector<Frame> from(const std::vector<Frame>& frames, uint32_t src_ip) {
+    std::vector<Frame> out;
+    for (const Frame& f : frames)
+        if (f.src_ip == src_ip) out.push_back(f);
+    return out;
+}
+
+// What one side sent is what the other received, frame for frame: same payload, same
+// identification (the receiver recovered the one the sender's ICRC was made for).
+void same_frames(const std::vector<Frame>& sent, const std::vector<Frame>& received) {
+    REQUIRE(sent.size() == received.size());
+    for (size_t i = 0; i < sent.size(); ++i) {
+        INFO("frame " << i);
+        CHECK(sent[i].udp_payload == received[i].udp_payload);
+        CHECK(sent[i].id == received[i].id);
+        CHECK(sent[i].src_port == received[i].src_port);
+        CHECK(sent[i].dst_ip == received[i].dst_ip);
+    }
+}
+
+}  // namespace
+
+TEST_CASE("UROCE_PCAP: one frame per packet sent and received, ICRC right for its id",
+          "[capture]") {
+    const bool gso = GENERATE(true, false);
+    INFO("GSO " << gso);
+    TempDir dir;
+    PairOptions o;
+    o.mem_bytes = 128 * 1024;
+    o.gso_a = o.gso_b = gso;
+    o.pcap_a = dir.file("a.pcap");
+    o.pcap_b = dir.file("b.pcap");
+    uint32_t ip_a = 0, ip_b = 0;
+    uint64_t a_tx = 0, a_rx = 0, b_tx = 0, b_rx = 0, trains = 0;
+    {
+        Pair p(o);
+        p.connect();
+        traffic(p);
+        ip_a = p.a.ip;
+        ip_b = p.b.ip;
+        // Let the last ACKs arrive before the engines close.
+        REQUIRE(p.wait_until([&] {
+            return p.a.counters().rx_packets.load() == p.b.counters().tx_packets.load() &&
+                   p.b.counters().rx_packets.load() == p.a.counters().tx_packets.load();
+        }));
+        a_tx = p.a.counters().tx_packets.load();
+        a_rx = p.a.counters().rx_packets.load();
+        b_tx = p.b.counters().tx_packets.load();
+        b_rx = p.b.counters().rx_packets.load();
+        trains = p.a.counters().tx_gso_sends.load() + p.b.counters().tx_gso_sends.load();
+    }  // the engines close: the files are complete
+    const auto a = read_capture(o.pcap_a);
+    const auto b = read_capture(o.pcap_b);
+    CHECK(a.size() == a_tx + a_rx);
+    CHECK(b.size() == b_tx + b_rx);
+    CHECK(from(a, ip_a).size() == a_tx);
+    CHECK(from(b, ip_b).size() == b_tx);
+    same_frames(from(a, ip_a), from(b, ip_a));
+    same_frames(from(b, ip_b), from(a, ip_b));
+    // Packets of a train carry identifications 0, 1, 2, ...; without GSO all are 0.
+    size_t nonzero = 0;
+    for (const Frame& f : a) nonzero += f.id != 0;
+    if (gso) {
+        CHECK(trains > 0);
+        CHECK(nonzero > 0);
+    } else {
+        CHECK(trains == 0);
+        CHECK(nonzero == 0);
+    }
+}
+
+TEST_CASE("UROCE_PCAP: packets the fault injector drops are not in the sender's capture",
+          "[capture]") {
+    TempDir dir;
+    PairOptions o;
+    o.mem_bytes = 128 * 1024;
+    o.faults_a.drop = 0.05;
+    o.faults_a.seed = 9;
+    o.pcap_a = dir.file("a.pcap");
+    o.pcap_b = dir.file("b.pcap");
+    uint32_t ip_a = 0;
+    uint64_t a_tx = 0, dropped = 0;
+    {
+        Pair p(o);
+        p.connect();
+        traffic(p);
+        ip_a = p.a.ip;
+        REQUIRE(p.wait_until(
+            [&] { return p.b.counters().rx_packets.load() == p.a.counters().tx_packets.load(); }));
+        a_tx = p.a.counters().tx_packets.load();
+        dropped = p.a.counters().tx_dropped_fault.load();
+    }
+    CHECK(dropped > 0);
+    const auto a = read_capture(o.pcap_a);
+    const auto b = read_capture(o.pcap_b);
+    CHECK(from(a, ip_a).size() == a_tx);
+    same_frames(from(a, ip_a), from(b, ip_a));
+}
+
+TEST_CASE("UROCE_PCAP: engines naming one file share it; %p is the process id", "[capture]") {
+    CHECK(PacketCapture::expand("x-%p.pcap") == "x-" + std::to_string(::getpid()) + ".pcap");
+    CHECK(PacketCapture::expand("100%%-%q%") == "100%-%q%");
+    TempDir dir;
+    std::string why;
+    int err = 0;
+    auto one = PacketCapture::open(dir.file("s-%p.pcap"), why, err);
+    auto two = PacketCapture::open(dir.file("s-%p.pcap"), why, err);
+    REQUIRE(one);
+    CHECK(one == two);
+    CHECK(one->path() == dir.file("s-" + std::to_string(::getpid()) + ".pcap"));
+    CHECK(std::filesystem::exists(one->path()));
+}
+
+TEST_CASE("UROCE_PCAP: a file that cannot be written refuses the engine, saying why", "[capture]") {
+    EngineConfig config;
+    const Addresses addrs = next_addresses();
+    config.ip = addrs.a;
+    config.port = addrs.port;
+    config.pcap_path = "/nonexistent-uroce-dir/x.pcap";
+    std::string error;
+    int err = 0;
+    CHECK(Engine::create(config, error, err) == nullptr);
+    CHECK(err == ENOENT);
+    CHECK(error.find("/nonexistent-uroce-dir/x.pcap") != std::string::npos);
+}
+
+TEST_CASE("UROCE_PCAP: a received packet gets the identification its sender used", "[capture]") {
+    // A peer like the kernel's rxe numbers its packets itself: here a packet whose ICRC was
+    // made for identification 0x1234, sent from a plain UDP socket at a's address.
+    TempDir dir;
+    PairOptions o;
+    o.pcap_b = dir.file("b.pcap");
+    uint32_t ip_a = 0;
+    {
+        Pair p(o);
+        p.connect();
+        ip_a = p.a.ip;
+        const int fd = ::socket(AF_INET, SOCK_DGRAM, 0);
+        REQUIRE(fd >= 0);
+        sockaddr_in self{};
+        self.sin_family = AF_INET;
+        self.sin_addr.s_addr = htonl(p.a.ip);
+        REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&self), sizeof self) == 0);
+        socklen_t len = sizeof self;
+        REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&self), &len) == 0);
+        wire::Headers h;
+        h.bth.opcode = static_cast<uint8_t>(wire::Opcode::RcSendOnly);
+        h.bth.dest_qp = p.b.qp->qpn();
+        h.bth.psn = p.b.qp->attributes().rq_psn;
+        h.bth.ack_req = true;
+        std::vector<uint8_t> message(100);
+        fill(message.data(), message.size(), 77);
+        const auto pkt = forge_packet(
+            h, message,
+            wire::Ipv4Flow{p.a.ip, p.b.ip, ntohs(self.sin_port), p.b.engine->config().port},
+            wire::Ipv4Unseen{0x1234, true});
+        REQUIRE(p.b.qp->post_recv(recv_wqe(1, {p.b.sge(0, 100)})) == 0);
+        sockaddr_in to{};
+        to.sin_family = AF_INET;
+        to.sin_addr.s_addr = htonl(p.b.ip);
+        to.sin_port = htons(p.b.engine->config().port);
+        REQUIRE(::sendto(fd, pkt.data(), pkt.size(), 0, reinterpret_cast<sockaddr*>(&to),
+                         sizeof to) == static_cast<ssize_t>(pkt.size()));
+        ::close(fd);
+        const Completion c = p.wait_one(*p.b.rcq);
+        CHECK(c.status == WcStatus::Success);
+        CHECK(first_mismatch(p.b.at(0), 100, 77) == 100);
+        CHECK(p.b.counters().rx_icrc_unseen_fields.load() == 1);
+    }
+    const auto b = read_capture(o.pcap_b);  // checks the ICRC of each frame for its id
+    const auto forged = from(b, ip_a);
+    REQUIRE(forged.size() == 1);
+    CHECK(forged[0].id == 0x1234);
+}

@@ -1,0 +1,183 @@
+// See packet_capture.h.
+#include "transport/packet_capture.h"
+
+#include <pcap/pcap.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include <array>
+#include <cerrno>
+#include <cstring>
+#include <map>
+
+namespace uroce::transport {
+namespace {
+
+constexpr size_t kEthBytes = 14;
+constexpr size_t kIpBytes = 20;
+constexpr size_t kUdpBytes = 8;
+constexpr size_t kFrameHeadBytes = kEthBytes + kIpBytes + kUdpBytes;
+// The largest UDP payload a frame holds: a 4096-byte MTU packet with every header, with room.
+constexpr size_t kMaxUdpPayload = 8192;
+
+void put16(uint8_t* p, uint16_t v) {
+    p[0] = static_cast<uint8_t>(v >> 8);
+    p[1] = static_cast<uint8_t>(v);
+}
+void put32(uint8_t* p, uint32_t v) {
+    put16(p, static_cast<uint16_t>(v >> 16));
+    put16(p + 2, static_cast<uint16_t>(v));
+}
+
+// 02:00 (locally administered, unicast) followed by the IPv4 address.
+void put_mac(uint8_t* p, uint32_t ip) {
+    p[0] = 0x02;
+    p[1] = 0x00;
+    put32(p + 2, ip);
+}
+
+uint16_t ipv4_checksum(const uint8_t* h) {
+    uint32_t sum = 0;
+    for (size_t i = 0; i < kIpBytes; i += 2) sum += uint32_t{h[i]} << 8 | h[i + 1];
+    while (sum >> 16) sum = (sum & 0xffff) + (sum >> 16);
+    return static_cast<uint16_t>(~sum);
+}
+
+// One writer per file in this process: contexts that name the same file share it.
+std::mutex registry_mutex;
+std::map<std::string, std::weak_ptr<PacketCapture>>& registry() {
+    static auto* r = new std::map<std::string, std::weak_ptr<PacketCapture>>;  // never freed:
+    return *r;  // engines may close after static destructors ran
+}
+
+}  // namespace
+
+std::string PacketCapture::expand(const std::string& pattern) {
+    std::string out;
+    for (size_t i = 0; i < pattern.size(); ++i) {
+        if (pattern[i] == '%' && i + 1 < pattern.size()) {
+            if (pattern[i + 1] == 'p') {
+                out += std::to_string(::getpid());
+                ++i;
+                continue;
+            }
+            if (pattern[i + 1] == '%') {
+                out += '%';
+                ++i;
+                continue;
+            }
+        }
+        out += pattern[i];
+    }
+    return out;
+}
+
+std::shared_ptr<PacketCapture> PacketCapture::open(const std::string& pattern, std::string& error,
+                                                   int& err) {
+    const std::string path = expand(pattern);
+    if (path.empty()) {
+        error = "empty file name";
+        err = EINVAL;
+        return nullptr;
+    }
+    std::lock_guard lock(registry_mutex);
+    auto& r = registry();
+    if (auto it = r.find(path); it != r.end()) {
+        if (auto existing = it->second.lock()) return existing;
+        r.erase(it);
+    }
+    pcap_t* handle = pcap_open_dead(DLT_EN10MB, static_cast<int>(kFrameHeadBytes + kMaxUdpPayload));
+    if (!handle) {
+        error = "libpcap could not make a capture handle";
+        err = ENOMEM;
+        return nullptr;
+    }
+    errno = 0;
+    pcap_dumper_t* dumper = pcap_dump_open(handle, path.c_str());
+    if (!dumper) {
+        err = errno != 0 ? errno : EIO;
+        error = path + ": " + pcap_geterr(handle);
+        pcap_close(handle);
+        return nullptr;
+    }
+    std::shared_ptr<PacketCapture> capture(new PacketCapture(path, handle, dumper));
+    r[path] = capture;
+    return capture;
+}
+
+PacketCapture::PacketCapture(std::string path, pcap* handle, pcap_dumper* dumper)
+    : path_(std::move(path)), handle_(handle), dumper_(dumper) {}
+
+PacketCapture::~PacketCapture() {
+    pcap_dump_close(dumper_);  // flushes
+    pcap_close(handle_);
+}
+
+uint64_t PacketCapture::frames() const {
+    std::lock_guard lock(mutex_);
+    return frames_;
+}
+
+void PacketCapture::sent(const wire::Ipv4Flow& flow, uint16_t identification, uint8_t ttl,
+                         std::span<const iovec> udp_payload) {
+    write(flow, identification, ttl, udp_payload);
+}
+
+void PacketCapture::received(const wire::Ipv4Flow& flow, std::span<const uint8_t> udp_payload,
+                             uint16_t expected_identification) {
+    uint16_t id = expected_identification;
+    wire::icrc_verify_ipv4(flow, udp_payload, expected_identification, &id);
+    const iovec one{const_cast<uint8_t*>(udp_payload.data()), udp_payload.size()};
+    write(flow, id, 0, std::span(&one, 1));
+}
+
+void PacketCapture::write(const wire::Ipv4Flow& flow, uint16_t identification, uint8_t ttl,
+                          std::span<const iovec> udp_payload) {
+    std::array<uint8_t, kFrameHeadBytes + kMaxUdpPayload> frame;
+    size_t len = 0;
+    for (const iovec& v : udp_payload) len += v.iov_len;
+    // What fits is written (a frame's caplen may be shorter than its length); the lengths in
+    // the headers stay the real ones.
+    size_t at = kFrameHeadBytes;
+    for (const iovec& v : udp_payload) {
+        const size_t n = std::min(v.iov_len, frame.size() - at);
+        if (n) std::memcpy(frame.data() + at, v.iov_base, n);
+        at += n;
+    }
+    uint8_t* eth = frame.data();
+    put_mac(eth, flow.dst_ip);
+    put_mac(eth + 6, flow.src_ip);
+    put16(eth + 12, 0x0800);
+    uint8_t* ip = eth + kEthBytes;
+    ip[0] = 0x45;  // version 4, 20-byte header
+    ip[1] = 0;     // DSCP and ECN: the ICRC masks them
+    put16(ip + 2, static_cast<uint16_t>(kIpBytes + kUdpBytes + len));
+    put16(ip + 4, identification);
+    put16(ip + 6, 0x4000);  // DF, as every RoCEv2 packet uroce sends
+    ip[8] = ttl ? ttl : 64;
+    ip[9] = 17;  // UDP
+    put16(ip + 10, 0);
+    put32(ip + 12, flow.src_ip);
+    put32(ip + 16, flow.dst_ip);
+    put16(ip + 10, ipv4_checksum(ip));
+    uint8_t* udp = ip + kIpBytes;
+    put16(udp, flow.src_port);
+    put16(udp + 2, flow.dst_port);
+    put16(udp + 4, static_cast<uint16_t>(kUdpBytes + len));
+    put16(udp + 6, 0);  // no checksum (IPv4 allows it; the ICRC masks it anyway)
+
+    pcap_pkthdr hdr{};
+    ::gettimeofday(&hdr.ts, nullptr);
+    hdr.caplen = static_cast<bpf_u_int32>(at);
+    hdr.len = static_cast<bpf_u_int32>(kFrameHeadBytes + len);
+    std::lock_guard lock(mutex_);
+    pcap_dump(reinterpret_cast<u_char*>(dumper_), &hdr, frame.data());
+    ++frames_;
+}
+
+void PacketCapture::flush() {
+    std::lock_guard lock(mutex_);
+    pcap_dump_flush(dumper_);
+}
+
+}  // namespace uroce::transport

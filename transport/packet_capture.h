@@ -1,0 +1,76 @@
+// A packet capture written by the provider itself (UROCE_PCAP): every RoCEv2 packet an
+// engine sends or receives, one frame each, as tcpdump on the wire would show it.
+//
+// Why not tcpdump: it needs root, and on lo it shows a GSO train as one frame of up to 64
+// KiB (the kernel cuts trains only where a device needs it). Here each packet is written with
+// Ethernet, IPv4 and UDP headers rebuilt from what the engine knows: the addresses and
+// ports, DF set, and the IPv4 identification its ICRC was computed for (k for the k-th
+// packet of a train, 0 for a packet sent alone; for a received packet, the identification
+// that explains its ICRC). So every frame carries a correct ICRC, whatever the batching.
+// The MAC addresses are made up (02:00 + the IPv4 address): loopback and UDP have none.
+//
+// Files are written with libpcap's writer (classic pcap, Ethernet link type, microsecond
+// timestamps). Engines of one process that name the same file share one writer; "%p" in
+// the name becomes the process id, so several processes can each have their own file.
+#pragma once
+
+#include <sys/uio.h>
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+
+#include "uroce/icrc.h"
+
+struct pcap;
+struct pcap_dumper;
+
+namespace uroce::transport {
+
+class PacketCapture {
+  public:
+    // The writer for `pattern` ("%p": the process id, "%%": a percent sign), opened
+    // (truncated) on first use in this process, shared afterwards. nullptr with `error` set
+    // (and errno-like `err`) if the file cannot be written.
+    static std::shared_ptr<PacketCapture> open(const std::string& pattern, std::string& error,
+                                               int& err);
+    // `pattern` with "%p" and "%%" replaced.
+    static std::string expand(const std::string& pattern);
+
+    ~PacketCapture();
+    PacketCapture(const PacketCapture&) = delete;
+    PacketCapture& operator=(const PacketCapture&) = delete;
+
+    // A packet this host sent: the UDP payload is the concatenation of `udp_payload` (BTH
+    // .. ICRC), its ICRC computed for `identification`; `ttl` 0 stands for the default 64.
+    void sent(const wire::Ipv4Flow& flow, uint16_t identification, uint8_t ttl,
+              std::span<const iovec> udp_payload);
+    // A packet this host received. `expected_identification` is the receiver's guess (see
+    // icrc_verify_ipv4); the frame gets the identification that explains the ICRC, or the
+    // guess if none does (a corrupted packet shows as such).
+    void received(const wire::Ipv4Flow& flow, std::span<const uint8_t> udp_payload,
+                  uint16_t expected_identification);
+
+    // Hands what was written to the file (the engine does after each send and each
+    // receive batch, so a capture read while the program runs is complete).
+    void flush();
+
+    // Frames written so far.
+    uint64_t frames() const;
+    const std::string& path() const { return path_; }
+
+  private:
+    PacketCapture(std::string path, pcap* handle, pcap_dumper* dumper);
+    void write(const wire::Ipv4Flow& flow, uint16_t identification, uint8_t ttl,
+               std::span<const iovec> udp_payload);
+
+    const std::string path_;
+    mutable std::mutex mutex_;
+    pcap* handle_;
+    pcap_dumper* dumper_;
+    uint64_t frames_ = 0;
+};
+
+}  // namespace uroce::transport
