@@ -650,7 +650,21 @@ MUTANTS = [
            ("fast-paths-integration",)),
     # --- fault injector (transport/fault_injector.cpp) ---
     Mutant("faults: until=N ignored (loss in the teardown)", "transport/fault_injector.cpp",
-           "    if (until_ != 0 && n >= until_) return false;\n", "", ("faults",)),
+           "    if (until_ != 0 && n >= until_) return {};\n", "", ("faults",)),
+    Mutant("faults: corrupt= flips nothing (the receiver's ICRC check goes untested)",
+           "transport/engine_transmit.cpp",
+           "        FaultInjector::corrupt(copy, fault.draw);", "", ("faults",)),
+    Mutant("faults: corrupt= may flip the BTH's reserved byte (the ICRC cannot see it)",
+           "transport/fault_injector.cpp", "    if (byte >= kMasked) ++byte;", "", ("faults",)),
+    Mutant("faults: duplicate= sends once", "transport/engine_transmit.cpp",
+           "        copies = 2;", "        copies = 1;", ("faults",)),
+    Mutant("faults: a burst never ends", "transport/fault_injector.cpp",
+           "burst_bad_ = burst_bad_ ? d >= burst_leave_ : d < burst_enter_;",
+           "burst_bad_ = burst_bad_ ? true : d < burst_enter_;", ("faults",)),
+    Mutant("faults: packets of a train escape corrupt= and duplicate=",
+           "transport/engine_transmit.cpp",
+           "    if (batch && (ttl != 0 || !gso_enabled() || faulted)) {",
+           "    if (batch && (ttl != 0 || !gso_enabled())) {", ("faults",)),
 ]
 
 def failed_cases(report):

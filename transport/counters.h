@@ -9,6 +9,8 @@ namespace uroce::transport {
 #define UROCE_COUNTERS(X)                                                                        \
     X(tx_packets)                /* RoCEv2 packets handed to the socket */                       \
     X(tx_dropped_fault)          /* dropped on purpose by UROCE_FAULTS */                        \
+    X(tx_corrupted_fault)        /* sent with one bit flipped by UROCE_FAULTS */                 \
+    X(tx_duplicated_fault)       /* sent twice by UROCE_FAULTS */                                \
     X(tx_dropped_filter)         /* dropped by a test's transmit filter */                       \
     X(tx_errors)                 /* sendmsg failures */                                          \
     X(rx_packets)                /* datagrams read from the socket */                            \

@@ -259,6 +259,10 @@ class Engine {
     SendSockets send_sockets_;
     FaultInjector faults_;
     std::shared_ptr<PacketCapture> capture_;  // UROCE_PCAP; null: no capture
+    // Sends a packet the fault injector corrupts (a copy with one bit flipped) or duplicates.
+    TransmitResult send_faulted(const FaultDecision& fault, std::span<const iovec> packet,
+                                uint32_t bytes, const wire::Ipv4Flow& flow, const UdpSocket& sock,
+                                uint8_t ttl);
     // Writes the packets of a batch that left to the capture.
     void capture_sent(const TransmitBatch& batch, size_t first, size_t count);
     MemoryTable memory_;

@@ -15,6 +15,8 @@
 #     (not even a warning or a note);
 #   - the server's and the client's files hold the same packets (addresses, id, opcode,
 #     PSN, ICRC), so the receiver recovered the identification the sender used;
+#   - with UROCE_FAULTS corrupt=, the frames with a wrong ICRC in each file are exactly the
+#     packets both sides corrupted, and each receiver refused what its peer corrupted;
 #   - `uroce run --pcap FILE` writes FILE; a file that cannot be written makes
 #     ibv_open_device fail with a message naming it.
 # Root is needed only for `uroce add` (the /dev/infiniband nodes); otherwise skip (77).
@@ -131,6 +133,33 @@ captured() {
 captured ib_write_bw perftest ib_write_bw -s 16384 -n 20
 captured ib_read_bw perftest ib_read_bw -s 16384 -n 20
 captured pingpong pingpong ibv_rc_pingpong -s 4096 -n 20
+
+# Corruption on the way (UROCE_FAULTS corrupt=): each side's file holds every corrupted
+# packet, its own and its peer's, and those are exactly the frames whose ICRC is wrong; the
+# receivers refused each of them, and the run still succeeds.
+port=$(free_tcp_port)
+run_pair corrupt "$port" 60 UROCE_STATS=1 "UROCE_FAULTS=corrupt=0.05,seed=5,until=150" \
+    "UROCE_PCAP=$WORK/corrupt.%p.pcap" \
+    -- ibv_rc_pingpong -d "$A" -g 0 -p "$port" -s 4096 -n 40 \
+    -- ibv_rc_pingpong -d "$B" -g 0 -p "$port" -s 4096 -n 40 "$IP_A"
+if expect_pair_ok corrupt; then
+    s_bad=$(counter_value "$SRV_ERR" "$A" tx_corrupted_fault)
+    c_bad=$(counter_value "$CLI_ERR" "$B" tx_corrupted_fault)
+    s_ref=$(($(counter_value "$SRV_ERR" "$A" rx_bad_icrc) + $(counter_value "$SRV_ERR" "$A" rx_malformed)))
+    c_ref=$(($(counter_value "$CLI_ERR" "$B" rx_bad_icrc) + $(counter_value "$CLI_ERR" "$B" rx_malformed)))
+    if [[ $((s_bad + c_bad)) -gt 0 ]]; then
+        ok "corrupt: packets left with a bit flipped (server $s_bad, client $c_bad)"
+    else
+        not_ok "corrupt: packets left with a bit flipped" "tx_corrupted_fault 0 on both sides"
+    fi
+    expect_eq "corrupt: each side refused what the other corrupted" "$c_bad/$s_bad" "$s_ref/$c_ref"
+    for f in "$WORK"/corrupt.*.pcap; do
+        out=$(python3 "$CHECK_ICRC" "$f" 2>&1)
+        bad=$(sed -n 's/^icrc: [0-9]* packets, \([0-9]*\) bad$/\1/p' <<<"$out")
+        expect_eq "corrupt: ${f##*/}: the frames with a wrong ICRC are the corrupted ones" \
+            "$((s_bad + c_bad))" "$bad"
+    done
+fi
 
 # uroce run --pcap FILE: the file, with the packets of that process.
 port=$(free_tcp_port)

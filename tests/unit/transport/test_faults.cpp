@@ -1,4 +1,5 @@
 // UROCE_FAULTS parsing and the fault injector's drop decisions.
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cstdint>
 #include <string>
@@ -102,8 +103,20 @@ TEST_CASE("parse_fault_config rejects bad specs", "[faults]") {
         // unknown keys
         "loss=0.1",
         "Drop=0.1",
-        "drop=0.1,corrupt=0.1",
+        "drop=0.1,reorder=0.1",
         "=0.1",
+        // the newer faults: probabilities, and burst's ENTER:LEAVE with LEAVE > 0
+        "corrupt=1.5",
+        "corrupt=",
+        "duplicate=-1",
+        "duplicate=x",
+        "burst=0.1",
+        "burst=0.1:",
+        "burst=:0.5",
+        "burst=0.1:0",
+        "burst=0.1:1.5",
+        "burst=2:0.5",
+        "burst=0.1:0.5:0.2",
         " drop=0.1",
         // probabilities outside [0,1]
         "drop=-0.1",
@@ -141,6 +154,123 @@ TEST_CASE("parse_fault_config rejects bad specs", "[faults]") {
         CHECK_FALSE(parse_fault_config(spec, error));
         CHECK_FALSE(error.empty());
     }
+}
+
+TEST_CASE("parse_fault_config takes burst, corrupt and duplicate", "[faults]") {
+    std::string error;
+    auto c = parse_fault_config("burst=0.01:0.25,corrupt=0.001,duplicate=0.5,seed=3", error);
+    INFO(error);
+    REQUIRE(c);
+    CHECK(c->burst_enter == Approx(0.01));
+    CHECK(c->burst_leave == Approx(0.25));
+    CHECK(c->corrupt == Approx(0.001));
+    CHECK(c->duplicate == 0.5);
+    CHECK(c->drop == 0.0);
+    CHECK(c->seed == 3);
+    c = parse_fault_config("burst=0:1", error);
+    REQUIRE(c);
+    CHECK(c->burst_enter == 0.0);
+    CHECK_FALSE(FaultInjector(*c).enabled());
+    CHECK_FALSE(parse_fault_config("burst=0.1:0", error));
+    CHECK(error.find("burst") != std::string::npos);
+}
+
+TEST_CASE("FaultInjector: each fault at its rate, all reproducible from the seed", "[faults]") {
+    FaultConfig cfg;
+    cfg.corrupt = 0.02;
+    cfg.duplicate = 0.03;
+    cfg.seed = 11;
+    FaultInjector a(cfg), b(cfg);
+    constexpr int kDraws = 100000;
+    int corrupt = 0, duplicate = 0, drop = 0;
+    for (int i = 0; i < kDraws; ++i) {
+        const FaultDecision da = a.next();
+        const FaultDecision db = b.next();
+        REQUIRE(da.fault == db.fault);
+        REQUIRE(da.draw == db.draw);
+        corrupt += da.fault == Fault::Corrupt;
+        duplicate += da.fault == Fault::Duplicate;
+        drop += da.fault == Fault::Drop;
+    }
+    CHECK(drop == 0);
+    CHECK(corrupt > kDraws * 0.02 * 0.8);
+    CHECK(corrupt < kDraws * 0.02 * 1.2);
+    // A packet gets one fault: duplicates are drawn among the packets not corrupted.
+    CHECK(duplicate > kDraws * 0.03 * 0.98 * 0.8);
+    CHECK(duplicate < kDraws * 0.03 * 1.2);
+    // Another seed, other positions.
+    cfg.seed = 12;
+    FaultInjector c(cfg);
+    FaultInjector again(FaultConfig{0.0, 11, 0, 0.02, 0.03});
+    int differ = 0;
+    for (int i = 0; i < 1000; ++i) differ += c.next().fault != again.next().fault;
+    CHECK(differ > 0);
+}
+
+TEST_CASE("FaultInjector: the drop stream is the same with other faults added", "[faults]") {
+    // Seeds published for drop= experiments keep dropping the same packets.
+    FaultConfig plain{0.05, 7};
+    FaultConfig more = plain;
+    more.corrupt = 0.1;
+    more.duplicate = 0.1;
+    FaultInjector p(plain), m(more);
+    for (int i = 0; i < 10000; ++i) {
+        INFO("packet " << i);
+        REQUIRE((p.next().fault == Fault::Drop) == (m.next().fault == Fault::Drop));
+    }
+}
+
+TEST_CASE("FaultInjector: burst losses come in runs of mean length 1/LEAVE", "[faults]") {
+    FaultConfig cfg;
+    cfg.burst_enter = 0.01;
+    cfg.burst_leave = 0.25;
+    cfg.seed = 5;
+    FaultInjector f(cfg);
+    constexpr int kDraws = 200000;
+    int lost = 0, runs = 0, longest = 0, run = 0;
+    for (int i = 0; i < kDraws; ++i) {
+        if (f.next().fault == Fault::Drop) {
+            ++lost;
+            if (run++ == 0) ++runs;
+            longest = std::max(longest, run);
+        } else {
+            run = 0;
+        }
+    }
+    REQUIRE(runs > 100);
+    const double mean = static_cast<double>(lost) / runs;
+    CHECK(mean > 3.2);  // 1 / 0.25 = 4
+    CHECK(mean < 4.8);
+    CHECK(longest >= 10);
+    // Stationary share of the bad state: 0.01 / (0.01 + 0.25), about 3.8%.
+    CHECK(lost > kDraws * 0.030);
+    CHECK(lost < kDraws * 0.047);
+    // The same seed, the same bursts; until= ends them.
+    FaultInjector g(cfg), h(cfg);
+    for (int i = 0; i < 5000; ++i) REQUIRE(g.next().fault == h.next().fault);
+    cfg.until = 1000;
+    FaultInjector u(cfg);
+    int late = 0;
+    for (int i = 0; i < 20000; ++i) late += u.next().fault != Fault::None && i >= 1000;
+    CHECK(late == 0);
+}
+
+TEST_CASE("FaultInjector::corrupt flips one bit, never in the BTH's reserved byte", "[faults]") {
+    std::vector<uint8_t> packet(64, 0);
+    std::vector<int> hits(packet.size(), 0);
+    for (uint64_t draw = 0; draw < 100000; draw += 7) {
+        std::vector<uint8_t> p = packet;
+        FaultInjector::corrupt(p, draw * 0x9e3779b97f4a7c15ull);
+        int bits = 0;
+        for (size_t i = 0; i < p.size(); ++i) {
+            bits += __builtin_popcount(p[i]);
+            hits[i] += p[i] != 0;
+        }
+        REQUIRE(bits == 1);
+    }
+    CHECK(hits[4] == 0);
+    for (size_t i = 0; i < hits.size(); ++i)
+        if (i != 4) CHECK(hits[i] > 0);
 }
 
 TEST_CASE("parse_fault_config errors say what was wrong", "[faults]") {
