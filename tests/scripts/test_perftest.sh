@@ -103,7 +103,7 @@ for run in "${RUNS[@]}"; do
         expect_eq "$t: $side rx_malformed=0" 0 "$(counter_value "$file" "$dev" rx_malformed)"
         v=$(counter_value "$file" "$dev" retransmitted_packets)
         if [[ ${v:-0} -ne 0 ]]; then
-            echo "# note: $t: $side retransmitted $v packets ($(counter_value "$file" "$dev" retransmit_timeouts) timeouts, $(counter_value "$file" "$dev" early_retransmits) early resends, $(counter_value "$file" "$dev" rx_naks) NAKs received)"
+            echo "# note: $t: $side retransmitted $v packets ($(counter_value "$file" "$dev" retransmit_timeouts) timeouts, $(counter_value "$file" "$dev" early_retransmits) early resends, $(counter_value "$file" "$dev" tail_probes) tail probes, $(counter_value "$file" "$dev" rx_naks) NAKs received)"
         fi
     done
 done

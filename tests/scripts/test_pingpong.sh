@@ -26,8 +26,8 @@
 # already uses it; the TCP port of each pingpong comes from a range derived
 # from the PID. Every pingpong runs with UROCE_STATS=1 so that the transport
 # counters can be checked: rx_bad_icrc=0 always; with UROCE_FAULTS=drop=0.05
-# tx_dropped_fault>0 and early_retransmits+retransmit_timeouts+rx_naks>0 (recovery
-# really ran).
+# tx_dropped_fault>0 and tail_probes+early_retransmits+retransmit_timeouts+rx_naks>0
+# (recovery really ran).
 # Lossy runs drop only among the first packets each side sends (until=N, about
 # half of them): the pingpongs' teardown is not loss-proof on any transport (one
 # side done and gone, the other's last SEND never acknowledged: "retry counter
@@ -228,7 +228,7 @@ pingpong() {
         local sdrop cdrop recov=0 c
         sdrop=$(counter_value "$SRV_ERR" "$sdev" tx_dropped_fault)
         cdrop=$(counter_value "$CLI_ERR" "$cdev" tx_dropped_fault)
-        for c in early_retransmits retransmit_timeouts rx_naks; do
+        for c in tail_probes early_retransmits retransmit_timeouts rx_naks; do
             recov=$((recov + $(counter_value "$SRV_ERR" "$sdev" $c) + $(counter_value "$CLI_ERR" "$cdev" $c)))
         done
         if [[ ${sdrop:-0} -gt 0 && ${cdrop:-0} -gt 0 ]]; then
@@ -237,9 +237,9 @@ pingpong() {
             not_ok "$label: both sides dropped packets" "$(counters_line "$SRV_ERR" "$sdev")" "$(counters_line "$CLI_ERR" "$cdev")"
         fi
         if [[ $recov -gt 0 ]]; then
-            ok "$label: recovery ran (early_retransmits + retransmit_timeouts + rx_naks = $recov)"
+            ok "$label: recovery ran (tail_probes + early_retransmits + retransmit_timeouts + rx_naks = $recov)"
         else
-            not_ok "$label: recovery ran (early_retransmits + retransmit_timeouts + rx_naks > 0)" "$(counters_line "$SRV_ERR" "$sdev")" "$(counters_line "$CLI_ERR" "$cdev")"
+            not_ok "$label: recovery ran (tail_probes + early_retransmits + retransmit_timeouts + rx_naks > 0)" "$(counters_line "$SRV_ERR" "$sdev")" "$(counters_line "$CLI_ERR" "$cdev")"
         fi
         echo "#   $(counters_line "$SRV_ERR" "$sdev")"
         echo "#   $(counters_line "$CLI_ERR" "$cdev")"
