@@ -439,12 +439,15 @@ bool RcQp::tail_probe_possible() const {
         const SqEntry& next = sq_[send_index_];
         if (next.assigned && psn_before(psn_add(next.psn, send_pkt_), sent_high_)) return false;
     }
+    // The last packet sent belongs to one of the last requests sent: search from there (this
+    // runs at every ACK, and a deep queue holds hundreds of outstanding requests).
     const uint32_t last = psn_add(sent_high_, kPsnMask);
-    for (const SqEntry& e : sq_) {
-        if (!e.assigned) break;
+    for (size_t i = std::min(send_index_ + 1, sq_.size()); i-- > 0;) {
+        const SqEntry& e = sq_[i];
+        if (!e.assigned || e.npkts == 0) continue;
         const int32_t d = psn_diff(last, e.psn);
-        if (d >= 0 && d < static_cast<int32_t>(e.npkts))
-            return !takes_responder_resource(e.wqe.opcode);
+        if (d < 0) continue;
+        return d < static_cast<int32_t>(e.npkts) && !takes_responder_resource(e.wqe.opcode);
     }
     return false;
 }
