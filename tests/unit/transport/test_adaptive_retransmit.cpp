@@ -5,6 +5,8 @@
 #include <catch2/catch.hpp>
 
 #include <atomic>
+#include <chrono>
+#include <thread>
 
 #include "tests/unit/transport/engine_pair.h"
 #include "tests/unit/transport/forged_peer.h"
@@ -162,6 +164,7 @@ TEST_CASE("Without adaptive retransmission nothing is probed", "[rc][retransmit]
 }
 
 TEST_CASE("A probe asks for an ACK even when the packet it repeats did not", "[rc][retransmit]") {
+    std::atomic<bool> posted{false};  // before the engines: their timer hook reads it
     PairOptions o;
     o.mem_bytes = 512 * 1024;
     Pair p(o);
@@ -177,10 +180,18 @@ TEST_CASE("A probe asks for an ACK even when the packet it repeats did not", "[r
     TxRecorder a_out(*p.a.engine);
     const uint32_t first = 5 * kMtu, second = 300 * kMtu;
     fill(p.a.at(0), first + second, 8);
+    // The probe must come after both WRITEs went out: a timer that fires in between (a
+    // descheduled test thread) waits for the second post, at most 2 s.
+    p.a.engine->set_timer_hook([&posted](uint32_t) {
+        const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+        while (!posted.load() && std::chrono::steady_clock::now() < until)
+            std::this_thread::yield();
+    });
     REQUIRE(p.a.qp->post_send(rdma_wqe(SendOpcode::RdmaWrite, 1, {p.a.sge(0, first)}, p.b.iova,
                                        p.b.keys.rkey)) == 0);
     REQUIRE(p.a.qp->post_send(rdma_wqe(SendOpcode::RdmaWrite, 2, {p.a.sge(first, second)},
                                        p.b.iova + first, p.b.keys.rkey)) == 0);
+    posted = true;
     // The window's last packet, sent twice: once in the burst, once as the probe.
     auto last_of_window = [&] {
         std::vector<SentPacket> out;
@@ -195,6 +206,7 @@ TEST_CASE("A probe asks for an ACK even when the packet it repeats did not", "[r
     CHECK_FALSE(twice[0].parsed().h.bth.ack_req);
     CHECK(twice[1].parsed().h.bth.ack_req);
     CHECK(p.a.counters().tail_probes.load() >= 1);
+    p.a.engine->set_timer_hook({});
     ack_through = true;
     REQUIRE(p.wait(*p.a.scq, 2).size() == 2);
     CHECK(first_mismatch(p.b.at(0), first + second, 8) == first + second);
