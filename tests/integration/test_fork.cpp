@@ -41,10 +41,24 @@ bool verified_write_read(Endpoint& from, Endpoint& to, uint64_t seed) {
     if (post_rdma(from.qp, IBV_WR_RDMA_READ, back, 0, kLen, dst.addr(), dst.mr->rkey, 2) != 0)
         return false;
     const auto wcs = wait_completions(from.cq, 2);
-    if (wcs.size() != 2) return false;
-    for (const ibv_wc& wc : wcs)
-        if (wc.status != IBV_WC_SUCCESS) return false;
-    return dst.bytes == src.bytes && back.bytes == src.bytes;
+    // What went wrong goes to stderr (the scenario runs in a child: no Catch2 messages).
+    if (wcs.size() != 2) {
+        std::fprintf(stderr, "verified_write_read: %zu of 2 completions\n", wcs.size());
+        return false;
+    }
+    for (const ibv_wc& wc : wcs) {
+        if (wc.status != IBV_WC_SUCCESS) {
+            std::fprintf(stderr, "verified_write_read: wr_id %llu: %s (vendor_err %u)\n",
+                         static_cast<unsigned long long>(wc.wr_id), ibv_wc_status_str(wc.status),
+                         wc.vendor_err);
+            return false;
+        }
+    }
+    const bool written = dst.bytes == src.bytes, read = back.bytes == src.bytes;
+    if (!written || !read)
+        std::fprintf(stderr, "verified_write_read: data %s\n",
+                     written ? "read back differs" : "written differs");
+    return written && read;
 }
 
 }  // namespace
