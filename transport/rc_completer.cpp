@@ -146,11 +146,8 @@ void RcQp::ack_through(uint32_t psn) {
     }
     if (!has_outstanding()) una_psn_ = sq_.empty() || !sq_.front().assigned ? next_psn_ : una_psn_;
     if (progress) {
-        retries_left_ = attrs_.retry_cnt;
         rnr_retries_left_ = attrs_.rnr_retry;
-        last_rewind_psn_ = 0xffffffff;
-        rto_backoff_ = 0;
-        probe_sent_ = false;
+        note_progress();
         restart_timer();
         if (state_ == QpState::Sqd && !has_outstanding() && attrs_.sqd_notify)
             post_async(AsyncEventType::SqDrained);
@@ -221,14 +218,16 @@ void RcQp::on_response(const wire::ParsedPacket& pkt) {
         case wire::AckType::Nak: {
             bump(engine_.counters().rx_naks);
             bump(qp_counters_.rx_naks);
-            if (aeth.value() == static_cast<uint8_t>(wire::NakCode::PsnSequenceError))
+            const bool sequence_error =
+                aeth.value() == static_cast<uint8_t>(wire::NakCode::PsnSequenceError);
+            if (sequence_error)
                 // A packet after `psn` made the responder send it, and every packet after a
                 // PSN left after that PSN's first transmission: timed from a packet at or
                 // before `psn`, the NAK overstates the round trip, never understates it
                 // (under loss, it is often the only sample there is).
                 take_rtt_sample(psn);
             ack_through(psn_add(psn, kPsnMask));
-            if (aeth.value() == static_cast<uint8_t>(wire::NakCode::PsnSequenceError)) {
+            if (sequence_error) {
                 // Resend from the PSN the responder expects, once per PSN: the NAKs for
                 // a burst of out-of-order packets all name the same one.
                 if (has_outstanding() && psn != last_rewind_psn_) {
@@ -326,10 +325,7 @@ void RcQp::on_read_response(const wire::ParsedPacket& pkt) {
     }
     e.read_bytes += len;
     e.read_pkts = is_last ? e.npkts : e.read_pkts + 1;
-    retries_left_ = attrs_.retry_cnt;
-    last_rewind_psn_ = 0xffffffff;
-    rto_backoff_ = 0;
-    probe_sent_ = false;
+    note_progress();
     if (is_last) {
         e.read_done = true;
         una_psn_ = psn_add(e.psn, e.npkts);
@@ -429,6 +425,13 @@ void RcQp::arm_timer() {
         }
     }
     start_timer(us, now);
+}
+
+void RcQp::note_progress() {
+    retries_left_ = attrs_.retry_cnt;
+    last_rewind_psn_ = 0xffffffff;
+    rto_backoff_ = 0;
+    probe_sent_ = false;
 }
 
 bool RcQp::tail_probe_possible() const {

@@ -271,6 +271,8 @@ class RcQp final : public QpCommon {
     bool probe_sent_ = false;   // since the last progress
     uint32_t probe_psn_ = 0;    // the packet probed (sent with AckReq)
     bool tail_probe_possible() const;
+    // Something was acknowledged: retries, backoff and the probe start afresh.
+    void note_progress();
     void send_tail_probe();
     bool rtt_timing_ = false;  // a packet sent once is being timed (Karn: never a resent one)
     uint32_t rtt_psn_ = 0;
