@@ -53,7 +53,7 @@ class ProviderCmHost final : public transport::cm::CmHost {
         ec.counters_file = dev->second.ibdev_path + "/uroce/counters";
         if (const char* spec = std::getenv("UROCE_FAULTS"); spec && *spec) {
             std::string why;
-            if (auto f = transport::parse_fault_config(spec, why)) ec.faults = *f;
+            if (auto f = transport::parse_fault_plan(spec, why)) ec.faults = *f;
         }
         std::string why;
         auto engine = transport::Engine::create(ec, why, err);

@@ -147,7 +147,7 @@ verbs_context* alloc_context(ibv_device* ibdev, int cmd_fd, void*) {
         ec.counters_file = std::string(ibdev->ibdev_path) + "/uroce/counters";
         if (const char* spec = std::getenv("UROCE_FAULTS"); spec && *spec) {
             std::string why;
-            auto faults = transport::parse_fault_config(spec, why);
+            auto faults = transport::parse_fault_plan(spec, why);
             if (!faults) {
                 std::fprintf(stderr, "uroce: UROCE_FAULTS: %s\n", why.c_str());
                 err = EINVAL;

@@ -11,6 +11,13 @@ namespace uroce::transport {
     X(tx_dropped_fault)          /* dropped on purpose by UROCE_FAULTS */                        \
     X(tx_corrupted_fault)        /* sent with one bit flipped by UROCE_FAULTS */                 \
     X(tx_duplicated_fault)       /* sent twice by UROCE_FAULTS */                                \
+    X(tx_delayed_fault)          /* held back by UROCE_FAULTS' delay (and jitter) */             \
+    X(tx_reordered_fault)        /* held back by UROCE_FAULTS' reorder: later ones overtake */   \
+    X(rx_dropped_fault)          /* received, then lost on purpose by UROCE_FAULTS (dir=rx) */   \
+    X(rx_corrupted_fault)        /* received, one bit flipped by UROCE_FAULTS (dir=rx) */        \
+    X(rx_duplicated_fault)       /* received, handled twice by UROCE_FAULTS (dir=rx) */          \
+    X(rx_delayed_fault)          /* received, held back by UROCE_FAULTS' delay (dir=rx) */       \
+    X(rx_reordered_fault)        /* received, held back by UROCE_FAULTS' reorder (dir=rx) */     \
     X(tx_dropped_filter)         /* dropped by a test's transmit filter */                       \
     X(tx_errors)                 /* sendmsg failures */                                          \
     X(rx_packets)                /* datagrams read from the socket */                            \

@@ -115,7 +115,8 @@ std::unique_ptr<Engine> Engine::create(const EngineConfig& config, std::string& 
         e->base_, -1, 0,
         [](evutil_socket_t, short, void* b) { event_base_loopbreak(static_cast<event_base*>(b)); },
         e->base_);
-    if (!e->stop_event_) {
+    e->delay_event_ = evtimer_new(e->base_, &Engine::on_delay_due, e.get());
+    if (!e->stop_event_ || !e->delay_event_) {
         err = ENOMEM;
         error = "cannot create the event loop";
         return nullptr;
@@ -163,6 +164,7 @@ Engine::~Engine() {
     handoff_.reset();
     if (rx_event_) event_free(rx_event_);
     if (stop_event_) event_free(stop_event_);
+    if (delay_event_) event_free(delay_event_);  // held packets are lost with the engine
     if (base_) event_base_free(base_);
 }
 
@@ -391,20 +393,9 @@ void Engine::receive_from(const UdpSocket& socket, uint32_t group) {
             if (d.segment_size && d.length > d.segment_size) bump(counters_->rx_gro_datagrams);
             uint16_t index = 0;
             // At least once: an empty datagram (or one cut short, length 0) is counted too.
-            for (size_t off = 0; off == 0 || off < d.length; off += step, ++index, ++handled) {
-                const std::span<const uint8_t> one(d.data + off, std::min(step, d.length - off));
-                if (capture_ && !one.empty())
-                    capture_->received(wire::Ipv4Flow{d.src_ip, group ? group : config_.ip,
-                                                      d.src_port, config_.port},
-                                       one, index);
-                if (group != 0) {
-                    deliver_multicast(one, d.src_ip, d.src_port, group);
-                    continue;
-                }
-                auto qp = deliver(one, d.src_ip, d.src_port, index);
-                if (qp && std::find(touched_.begin(), touched_.end(), qp) == touched_.end())
-                    touched_.push_back(std::move(qp));
-            }
+            for (size_t off = 0; off == 0 || off < d.length; off += step, ++index, ++handled)
+                receive_read(std::span(d.data + off, std::min(step, d.length - off)), d.src_ip,
+                             d.src_port, group, index);
         }
         if (got < rx_batch_) break;
     }
@@ -412,6 +403,20 @@ void Engine::receive_from(const UdpSocket& socket, uint32_t group) {
     for (auto& qp : touched_) qp->flush_ack();
     touched_.clear();
     if (capture_ && handled > 0) capture_->flush();
+}
+
+void Engine::receive_one(std::span<const uint8_t> one, uint32_t src_ip, uint16_t src_port,
+                         uint32_t group, uint16_t index) {
+    if (capture_ && !one.empty())
+        capture_->received(
+            wire::Ipv4Flow{src_ip, group ? group : config_.ip, src_port, config_.port}, one, index);
+    if (group != 0) {
+        deliver_multicast(one, src_ip, src_port, group);
+        return;
+    }
+    auto qp = deliver(one, src_ip, src_port, index);
+    if (qp && std::find(touched_.begin(), touched_.end(), qp) == touched_.end())
+        touched_.push_back(std::move(qp));
 }
 
 bool Engine::accept(std::span<const uint8_t> datagram, uint32_t src_ip, uint32_t dst_ip,

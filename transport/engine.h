@@ -22,9 +22,10 @@
 #include <vector>
 
 #include "transport/counters.h"
+#include "transport/delay_line.h"
 #include "transport/device_counters.h"
 #include "transport/device_slots.h"
-#include "transport/fault_injector.h"
+#include "transport/fault_plan.h"
 #include "transport/memory_table.h"
 #include "transport/multicast_groups.h"
 #include "transport/packet_capture.h"
@@ -44,8 +45,8 @@ class UdQp;
 struct EngineConfig {
     uint32_t ip = 0;  // host order
     uint16_t port = wire::kRoceV2Port;
-    uint32_t mtu = 1024;  // the port's active MTU in bytes
-    FaultConfig faults;
+    uint32_t mtu = 1024;              // the port's active MTU in bytes
+    std::vector<FaultConfig> faults;  // UROCE_FAULTS' rules (fault_plan.h)
     // The device's slot table (device_slots.h), shared by every context of the device. Set:
     // this engine claims a slot, its QPNs carry it, and it shares ip:port with the device's
     // other contexts through QPN steering where that is available (else it must be alone on
@@ -257,12 +258,34 @@ class Engine {
     std::unique_ptr<QpCounterTable> qp_counters_;
     UdpSocket socket_;
     SendSockets send_sockets_;
-    FaultInjector faults_;
+    FaultPlan faults_;
     std::shared_ptr<PacketCapture> capture_;  // UROCE_PCAP; null: no capture
-    // Sends a packet the fault injector corrupts (a copy with one bit flipped) or duplicates.
+    // Sends a packet the fault injector corrupts (a copy with one bit flipped), duplicates
+    // or holds back (engine_faults.cpp).
     TransmitResult send_faulted(const FaultDecision& fault, std::span<const iovec> packet,
                                 uint32_t bytes, const wire::Ipv4Flow& flow, const UdpSocket& sock,
                                 uint8_t ttl);
+    // Sends one packet built in full (a faulted copy), writes it to the capture.
+    TransmitResult send_copy(std::span<const uint8_t> packet, const wire::Ipv4Flow& flow,
+                             const UdpSocket& sock, uint8_t ttl);
+    // Puts `p` in `line` for `delay_us` and makes sure the delay timer fires in time;
+    // false (counted as a dropped fault by the caller) when the line is full.
+    bool hold(DelayLine& line, uint32_t delay_us, DelayLine::Packet p);
+    // Sends and delivers what the delay lines hold that is due, then re-arms the timer.
+    static void on_delay_due(evutil_socket_t, short, void* arg);
+    void release_delayed();
+    void arm_delay_timer();
+    // A datagram (or a GRO segment) read from a socket: the receive-side faults, then
+    // receive_one(). `index` is its position in its GRO train.
+    void receive_read(std::span<uint8_t> one, uint32_t src_ip, uint16_t src_port, uint32_t group,
+                      uint16_t index);
+    // Writes a received datagram to the capture and hands it to its QP (or group),
+    // remembering the QP for the batch's ACK.
+    void receive_one(std::span<const uint8_t> one, uint32_t src_ip, uint16_t src_port,
+                     uint32_t group, uint16_t index);
+    DelayLine tx_delayed_, rx_delayed_;
+    event* delay_event_ = nullptr;  // fires when the first held packet is due
+    std::mutex delay_timer_mutex_;  // orders re-arming against the callback's reading
     // Writes the packets of a batch that left to the capture.
     void capture_sent(const TransmitBatch& batch, size_t first, size_t count);
     MemoryTable memory_;

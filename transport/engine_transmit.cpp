@@ -3,7 +3,6 @@
 // and written to the capture (packet_capture.h) once the socket took them.
 #include <cerrno>
 #include <cstring>
-#include <vector>
 
 #include "transport/engine.h"
 #include "uroce/icrc.h"
@@ -33,8 +32,11 @@ Engine::TransmitResult Engine::transmit(const wire::Headers& h, std::span<const 
                                         uint32_t payload_len, uint32_t dst_ip,
                                         const UdpSocket& sock, uint8_t ttl, TransmitBatch* batch) {
     // One decision per packet the engine is asked to send (UROCE_FAULTS).
-    const FaultDecision fault = faults_.next();
-    const bool faulted = fault.fault == Fault::Corrupt || fault.fault == Fault::Duplicate;
+    const FaultDecision fault = faults_.enabled(FaultDirection::Tx)
+                                    ? faults_.next(FaultDirection::Tx, h.bth.opcode, h.bth.dest_qp)
+                                    : FaultDecision{};
+    const bool faulted =
+        fault.fault == Fault::Corrupt || fault.fault == Fault::Duplicate || fault.delay_us != 0;
     if (batch && (ttl != 0 || !gso_enabled() || faulted)) {
         // Sent alone, after what the batch holds (whose pin stays: the caller gathered this
         // packet's payload under it).
@@ -118,37 +120,6 @@ Engine::TransmitResult Engine::transmit(const wire::Headers& h, std::span<const 
         capture_->flush();
     }
     return sent;
-}
-
-Engine::TransmitResult Engine::send_faulted(const FaultDecision& fault,
-                                            std::span<const iovec> packet, uint32_t bytes,
-                                            const wire::Ipv4Flow& flow, const UdpSocket& sock,
-                                            uint8_t ttl) {
-    // A copy: the payload is the application's registered memory, never written here.
-    std::vector<uint8_t> copy;
-    copy.reserve(bytes);
-    for (const iovec& v : packet) {
-        const auto* p = static_cast<const uint8_t*>(v.iov_base);
-        copy.insert(copy.end(), p, p + v.iov_len);
-    }
-    int copies = 1;
-    if (fault.fault == Fault::Corrupt) {
-        FaultInjector::corrupt(copy, fault.draw);  // after the ICRC: a bit flipped on the way
-        bump(counters_->tx_corrupted_fault);
-    } else {
-        copies = 2;
-        bump(counters_->tx_duplicated_fault);
-    }
-    const iovec one{copy.data(), copy.size()};
-    TransmitResult result = TransmitResult::Sent;
-    for (int i = 0; i < copies; ++i) {
-        const TransmitResult r =
-            account_send(sock.send(flow.dst_ip, config_.port, std::span(&one, 1), ttl), 1);
-        if (capture_ && r == TransmitResult::Sent) capture_->sent(flow, 0, ttl, std::span(&one, 1));
-        if (i == 0) result = r;  // the copy is extra: its fate is not the packet's
-    }
-    if (capture_) capture_->flush();
-    return result;
 }
 
 Engine::TransmitResult Engine::account_send(int err, uint64_t packets) {

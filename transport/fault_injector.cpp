@@ -1,7 +1,10 @@
 #include "transport/fault_injector.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
+
+#include "uroce/wire.h"
 
 namespace uroce::transport {
 
@@ -15,7 +18,17 @@ uint64_t splitmix64(uint64_t x) {
 }
 
 // An independent stream of draws per kind of fault, all from one seed.
-enum Stream : uint64_t { kCorruptStream = 1, kBitStream, kDuplicateStream, kBurstStream };
+enum Stream : uint64_t {
+    kCorruptStream = 1,
+    kBitStream,
+    kDuplicateStream,
+    kBurstStream,
+    kJitterStream,
+    kReorderStream,
+};
+
+// Delays are for experiments on a host, not for storing packets: at most a second.
+constexpr uint32_t kMaxDelayUs = 1'000'000;
 
 // A probability as a threshold for a 64-bit draw.
 uint64_t threshold(double p) {
@@ -38,7 +51,95 @@ bool parse_probability(std::string_view key, const std::string& value, double& o
     return true;
 }
 
+// Decimal, or with `hex_ok` also 0x hex (QPNs, as perftest prints them).
+bool parse_unsigned(std::string_view key, std::string_view value, uint64_t& out, std::string& error,
+                    uint64_t max = UINT64_MAX, bool hex_ok = false) {
+    int base = 10;
+    std::string_view digits = value;
+    if (hex_ok && digits.size() > 2 && digits[0] == '0' && (digits[1] == 'x' || digits[1] == 'X')) {
+        base = 16;
+        digits.remove_prefix(2);
+    }
+    uint64_t n = 0;
+    auto [ptr, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), n, base);
+    if (ec != std::errc{} || ptr != digits.data() + digits.size() || digits.empty() || n > max) {
+        error = std::string(key) + " must be an unsigned integer" +
+                (max != UINT64_MAX ? " up to " + std::to_string(max) : std::string()) + ", got '" +
+                std::string(value) + "'";
+        return false;
+    }
+    out = n;
+    return true;
+}
+
+// "A" or "A:B", each part a number of microseconds up to kMaxDelayUs.
+bool parse_delay(std::string_view key, const std::string& value, uint32_t& first, uint32_t* second,
+                 std::string& error) {
+    const size_t colon = value.find(':');
+    uint64_t a = 0, b = 0;
+    if (!parse_unsigned(key, std::string_view(value).substr(0, colon), a, error, kMaxDelayUs))
+        return false;
+    if (colon != std::string::npos) {
+        if (!second) {
+            error = std::string(key) + " takes one value, got '" + value + "'";
+            return false;
+        }
+        if (!parse_unsigned(key, std::string_view(value).substr(colon + 1), b, error, kMaxDelayUs))
+            return false;
+        *second = static_cast<uint32_t>(b);
+    }
+    first = static_cast<uint32_t>(a);
+    return true;
+}
+
+struct OpClassName {
+    std::string_view name;
+    uint32_t bits;
+};
+constexpr OpClassName kOpClassNames[] = {
+    {"send", kOpSend},       {"write", kOpWrite},
+    {"read", kOpRead},       {"read-response", kOpReadResponse},
+    {"atomic", kOpAtomic},   {"atomic-response", kOpAtomicResponse},
+    {"ack", kOpAck},         {"cnp", kOpCnp},
+    {"request", kOpRequest}, {"response", kOpResponse},
+};
+
+bool parse_op_classes(const std::string& value, uint32_t& out, std::string& error) {
+    uint32_t bits = 0;
+    std::string_view rest = value;
+    for (bool more = true; more;) {
+        const size_t plus = rest.find('+');
+        const std::string_view name = rest.substr(0, plus);
+        more = plus != std::string_view::npos;
+        rest = more ? rest.substr(plus + 1) : std::string_view{};
+        const auto* it = std::find_if(std::begin(kOpClassNames), std::end(kOpClassNames),
+                                      [&](const OpClassName& c) { return c.name == name; });
+        if (it == std::end(kOpClassNames)) {
+            error = "unknown opcode class '" + std::string(name) +
+                    "' in op= (known: send, write, read, read-response, atomic, "
+                    "atomic-response, ack, cnp, request, response; join them with +)";
+            return false;
+        }
+        bits |= it->bits;
+    }
+    out = bits;
+    return true;
+}
+
 }  // namespace
+
+uint32_t fault_op_class(uint8_t opcode) {
+    const wire::OpcodeInfo* info = wire::opcode_info(opcode);
+    if (!info) return 0;
+    const uint16_t f = info->flags;
+    if (f & wire::kCnp) return kOpCnp;
+    if (f & wire::kSend) return kOpSend;
+    if (f & wire::kWrite) return kOpWrite;
+    if (f & wire::kRead) return f & wire::kRequest ? kOpRead : kOpReadResponse;
+    if (f & wire::kAtomic) return f & wire::kRequest ? kOpAtomic : kOpAtomicResponse;
+    if (f & wire::kAck) return kOpAck;
+    return 0;
+}
 
 std::optional<FaultConfig> parse_fault_config(std::string_view spec, std::string& error) {
     FaultConfig cfg;
@@ -68,16 +169,35 @@ std::optional<FaultConfig> parse_fault_config(std::string_view spec, std::string
                                    /*zero_ok=*/false))
                 return std::nullopt;
         } else if (key == "seed" || key == "until") {
-            uint64_t n = 0;
-            auto [ptr, ec] = std::from_chars(value.data(), value.data() + value.size(), n);
-            if (ec != std::errc{} || ptr != value.data() + value.size() || value.empty()) {
-                error = std::string(key) + " must be an unsigned integer, got '" + value + "'";
+            if (!parse_unsigned(key, value, key == "seed" ? cfg.seed : cfg.until, error))
+                return std::nullopt;
+        } else if (key == "delay") {
+            if (!parse_delay(key, value, cfg.delay_us, &cfg.jitter_us, error)) return std::nullopt;
+        } else if (key == "reorder") {
+            const size_t colon = value.find(':');
+            if (!parse_probability(key, value.substr(0, colon), cfg.reorder, error))
+                return std::nullopt;
+            if (colon != std::string::npos &&
+                !parse_delay("reorder's hold time", value.substr(colon + 1), cfg.reorder_us,
+                             nullptr, error))
+                return std::nullopt;
+        } else if (key == "dir") {
+            if (value != "tx" && value != "rx") {
+                error = "dir must be tx or rx, got '" + value + "'";
                 return std::nullopt;
             }
-            (key == "seed" ? cfg.seed : cfg.until) = n;
+            cfg.direction = value == "tx" ? FaultDirection::Tx : FaultDirection::Rx;
+        } else if (key == "qp") {
+            uint64_t n = 0;
+            if (!parse_unsigned(key, value, n, error, wire::kQpnMask, /*hex_ok=*/true))
+                return std::nullopt;
+            cfg.qpn = static_cast<uint32_t>(n);
+        } else if (key == "op") {
+            if (!parse_op_classes(value, cfg.op_classes, error)) return std::nullopt;
         } else {
             error = "unknown fault '" + std::string(key) +
-                    "' (known: drop, burst, corrupt, duplicate, seed, until)";
+                    "' (known: drop, burst, corrupt, duplicate, delay, reorder, dir, qp, op, "
+                    "seed, until)";
             return std::nullopt;
         }
     }
@@ -90,8 +210,20 @@ FaultInjector::FaultInjector(const FaultConfig& config)
       duplicate_(threshold(config.duplicate)),
       burst_enter_(threshold(config.burst_enter)),
       burst_leave_(threshold(config.burst_leave)),
+      reorder_(threshold(config.reorder)),
+      delay_us_(config.delay_us),
+      jitter_us_(config.jitter_us),
+      reorder_us_(config.reorder_us),
+      direction_(config.direction),
+      qpn_(config.qpn),
+      op_classes_(config.op_classes),
       seed_(config.seed),
       until_(config.until) {}
+
+bool FaultInjector::matches(FaultDirection direction, uint8_t opcode, uint32_t dest_qp) const {
+    return direction == direction_ && (!qpn_ || *qpn_ == dest_qp) &&
+           (op_classes_ == 0 || (fault_op_class(opcode) & op_classes_) != 0);
+}
 
 FaultDecision FaultInjector::next() {
     if (!enabled()) return {};
@@ -114,13 +246,32 @@ FaultDecision FaultInjector::next() {
         n = counter_.fetch_add(1, std::memory_order_relaxed);
     }
     if (until_ != 0 && n >= until_) return {};
-    if (burst_lost) return {Fault::Drop, 0};
-    // drop's stream is the one before the other faults existed: seeds keep their meaning.
-    if (drop_ != 0 && splitmix64(seed_ ^ splitmix64(n)) < drop_) return {Fault::Drop, 0};
-    if (corrupt_ != 0 && draw(n, kCorruptStream) < corrupt_)
-        return {Fault::Corrupt, draw(n, kBitStream)};
-    if (duplicate_ != 0 && draw(n, kDuplicateStream) < duplicate_) return {Fault::Duplicate, 0};
-    return {};
+    FaultDecision d;
+    if (burst_lost) {
+        d.fault = Fault::Drop;
+    } else if (drop_ != 0 && splitmix64(seed_ ^ splitmix64(n)) < drop_) {
+        // drop's stream is the one before the other faults existed: seeds keep their meaning.
+        d.fault = Fault::Drop;
+    } else if (corrupt_ != 0 && draw(n, kCorruptStream) < corrupt_) {
+        d = {Fault::Corrupt, draw(n, kBitStream)};
+    } else if (duplicate_ != 0 && draw(n, kDuplicateStream) < duplicate_) {
+        d.fault = Fault::Duplicate;
+    }
+    if (d.fault == Fault::Drop) return d;  // nothing left to hold back
+    if (delay_us_ != 0 || jitter_us_ != 0) {
+        int64_t us = delay_us_;
+        if (jitter_us_ != 0) {
+            const uint64_t span = 2 * uint64_t{jitter_us_} + 1;
+            us += static_cast<int64_t>(draw(n, kJitterStream) % span) - jitter_us_;
+        }
+        d.delay_us = static_cast<uint32_t>(std::max<int64_t>(us, 0));
+        d.delayed = d.delay_us != 0;
+    }
+    if (reorder_ != 0 && draw(n, kReorderStream) < reorder_) {
+        d.delay_us += reorder_us_;
+        d.reordered = true;
+    }
+    return d;
 }
 
 void FaultInjector::corrupt(std::span<uint8_t> udp_payload, uint64_t draw) {

@@ -128,6 +128,7 @@ void RcQp::ack_through(uint32_t psn) {
                     enter_error();
                     return;
                 }
+                count_request_resent();
             }
             break;
         }
@@ -283,6 +284,8 @@ void RcQp::on_read_response(const wire::ParsedPacket& pkt) {
             if (const WcStatus status = send_read_request(e); status != WcStatus::Success) {
                 e.failed = status;
                 enter_error();
+            } else {
+                count_request_resent();
             }
         }
         return;

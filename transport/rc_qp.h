@@ -126,6 +126,8 @@ class RcQp final : public QpCommon {
     // LocQpOpErr (the socket refused the packet for good, e.g. larger than the IP MTU).
     WcStatus send_request_packet(SqEntry& e, uint32_t pkt_index);
     WcStatus send_read_request(SqEntry& e);
+    // Counts a request packet sent again (retransmitted_packets, device and QP).
+    void count_request_resent();
     WcStatus send_atomic_request(SqEntry& e);
     // BindMw / LocalInv: the memory table change, and the status their completion carries.
     WcStatus run_local_op(const SendWqe& wqe);

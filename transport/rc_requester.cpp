@@ -91,6 +91,11 @@ WcStatus RcQp::send_request_packet(SqEntry& e, uint32_t pkt_index) {
     return transmit(h, std::span(iov, niov), len) ? WcStatus::Success : WcStatus::LocQpOpErr;
 }
 
+void RcQp::count_request_resent() {
+    bump(engine_.counters().retransmitted_packets);
+    bump(qp_counters_.retransmitted_packets);
+}
+
 WcStatus RcQp::send_read_request(SqEntry& e) {
     wire::Headers h;
     h.bth.opcode = opcode(wire::Opcode::RcReadRequest);
@@ -189,8 +194,7 @@ void RcQp::pump_window() {
         }
         sent = true;
         if (psn_before(psn, sent_high_)) {
-            bump(engine_.counters().retransmitted_packets);
-            bump(qp_counters_.retransmitted_packets);
+            count_request_resent();
         } else {
             start_rtt_timing(psn);
         }

@@ -121,6 +121,11 @@ devices_group() {
     for n in "$A" "$B" "$C" "$D"; do
         expect_match "ibv_devinfo -l lists $n" "^[[:space:]]*$n\$" "$out"
     done
+    # A bad UROCE_FAULTS refuses the device with the reason, naming the rule.
+    out=$(UROCE_FAULTS="drop=0.1;dir=rx,op=acks" "$UROCE" run -- timeout 20 ibv_devinfo -d "$A" 2>&1)
+    expect_match "a bad UROCE_FAULTS rule is refused, and named" \
+        "uroce: UROCE_FAULTS: rule 2: unknown opcode class 'acks'" "$out"
+    expect_match "... and the device does not open" "[Ff]ailed to open device" "$out"
 }
 
 # ------------------------------------------------------------------ pingpong
@@ -231,10 +236,16 @@ pingpong() {
         for c in tail_probes early_retransmits retransmit_timeouts rx_naks; do
             recov=$((recov + $(counter_value "$SRV_ERR" "$sdev" $c) + $(counter_value "$CLI_ERR" "$cdev" $c)))
         done
+        # Every kind of fault counts: a side may only lose what it receives (dir=rx).
+        local sv cv
+        for c in rx_dropped_fault tx_reordered_fault rx_reordered_fault; do
+            sv=$(counter_value "$SRV_ERR" "$sdev" $c) cv=$(counter_value "$CLI_ERR" "$cdev" $c)
+            sdrop=$((${sdrop:-0} + ${sv:-0})) cdrop=$((${cdrop:-0} + ${cv:-0}))
+        done
         if [[ ${sdrop:-0} -gt 0 && ${cdrop:-0} -gt 0 ]]; then
-            ok "$label: both sides dropped packets (tx_dropped_fault $sdrop, $cdrop)"
+            ok "$label: both sides lost or reordered packets (tx_ + rx_dropped_fault, tx_ + rx_reordered_fault: $sdrop, $cdrop)"
         else
-            not_ok "$label: both sides dropped packets" "$(counters_line "$SRV_ERR" "$sdev")" "$(counters_line "$CLI_ERR" "$cdev")"
+            not_ok "$label: both sides lost or reordered packets" "$(counters_line "$SRV_ERR" "$sdev")" "$(counters_line "$CLI_ERR" "$cdev")"
         fi
         if [[ $recov -gt 0 ]]; then
             ok "$label: recovery ran (tail_probes + early_retransmits + retransmit_timeouts + rx_naks = $recov)"
@@ -289,6 +300,19 @@ case $GROUP in
         pingpong "drop5% poll -s 65536" drop=0.05,seed=4,until=5000 "$A" "$B" "$IP_A" 200 -s 65536 -c
         pingpong "drop5% event -s 65536" drop=0.05,seed=5,until=5000 "$A" "$B" "$IP_A" 200 -e -s 65536 -c
         pingpong "drop5% -m 4096 -s 65536" drop=0.05,seed=6,until=1500 "$B" "$C" "$IP_B" 200 -m 4096 -s 65536 -c
+        # Several rules at once: 5% of what each side receives lost, 5% of what it sends
+        # reordered, its ACKs 100-300 us late; the data checked (-c) and each rule counted.
+        pingpong "rules: rx drop, reorder, ack delay" \
+            "dir=rx,drop=0.05,seed=8,until=200;reorder=0.05,seed=9,until=400;op=ack,delay=200:100,until=200" \
+            "$A" "$B" "$IP_A" 200 -s 4096 -c
+        for c in rx_dropped_fault tx_reordered_fault tx_delayed_fault; do
+            sv=$(counter_value "$SRV_ERR" "$A" $c) cv=$(counter_value "$CLI_ERR" "$B" $c)
+            if [[ ${sv:-0} -gt 0 && ${cv:-0} -gt 0 ]]; then
+                ok "rules: each side counted $c ($sv, $cv)"
+            else
+                not_ok "rules: each side counted $c" "server ${sv:-none}, client ${cv:-none}"
+            fi
+        done
         ;;
     srq)
         # -n counts the exchanges of each QP; -c checks every received buffer.

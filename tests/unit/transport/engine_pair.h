@@ -146,6 +146,8 @@ struct PairOptions {
     size_t mem_bytes = 64 * 1024;
     FaultConfig faults_a;
     FaultConfig faults_b;
+    // More fault rules of a and b, after faults_a / faults_b (fault_plan.h).
+    std::vector<FaultConfig> rules_a, rules_b;
     uint32_t cq_capacity = 1024;
     QpCaps caps{512, 512, kMaxSge, kMaxSge, kMaxInlineData};
     // The engines' addresses and port; unset: next_addresses().
@@ -179,10 +181,10 @@ class Pair {
   public:
     explicit Pair(const PairOptions& opt = {}) {
         const Addresses addrs = opt.addresses ? *opt.addresses : next_addresses();
-        setup(a, addrs.a, addrs.port, opt.faults_a, opt, 0x100000000000ull, opt.gso_a, opt.gro_a,
-              opt.inline_a, opt.pcap_a);
-        setup(b, addrs.b, addrs.port, opt.faults_b, opt, 0x200000000000ull, opt.gso_b, opt.gro_b,
-              opt.inline_b, opt.pcap_b);
+        setup(a, addrs.a, addrs.port, opt.faults_a, opt.rules_a, opt, 0x100000000000ull, opt.gso_a,
+              opt.gro_a, opt.inline_a, opt.pcap_a);
+        setup(b, addrs.b, addrs.port, opt.faults_b, opt.rules_b, opt, 0x200000000000ull, opt.gso_b,
+              opt.gro_b, opt.inline_b, opt.pcap_b);
     }
 
     ~Pair() {
@@ -275,14 +277,16 @@ class Pair {
 
   private:
     static void setup(Side& s, uint32_t ip, uint16_t port, const FaultConfig& faults,
-                      const PairOptions& opt, uint64_t iova, bool gso, bool gro,
-                      bool inline_progress, const std::string& pcap) {
+                      const std::vector<FaultConfig>& more_faults, const PairOptions& opt,
+                      uint64_t iova, bool gso, bool gro, bool inline_progress,
+                      const std::string& pcap) {
         s.ip = ip;
         EngineConfig config;
         config.ip = ip;
         config.port = port;
         config.mtu = kMtu;
-        config.faults = faults;
+        config.faults = {faults};
+        config.faults.insert(config.faults.end(), more_faults.begin(), more_faults.end());
         config.gso = gso;
         config.gro = gro;
         config.inline_progress = inline_progress;

@@ -103,7 +103,7 @@ TEST_CASE("parse_fault_config rejects bad specs", "[faults]") {
         // unknown keys
         "loss=0.1",
         "Drop=0.1",
-        "drop=0.1,reorder=0.1",
+        "drop=0.1,shuffle=0.1",
         "=0.1",
         // the newer faults: probabilities, and burst's ENTER:LEAVE with LEAVE > 0
         "corrupt=1.5",
