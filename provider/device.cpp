@@ -1,6 +1,8 @@
 // Driver registration, device discovery and contexts.
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <linux/netlink.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -322,9 +324,23 @@ const verbs_device_ops kDeviceOps = {
     .uninit_device = uninit_device,
 };
 
+// Whether this process cannot open RDMA netlink (no kernel RDMA, or refused by `uroce run`'s
+// filter or `uroce env`'s preload library). libibverbs asked the same just before it loaded
+// us, so the call loads no module that libibverbs did not load already.
+bool rdma_netlink_refused() noexcept {
+    const int fd = ::socket(AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC, NETLINK_RDMA);
+    if (fd < 0) return true;
+    ::close(fd);
+    return false;
+}
+
 __attribute__((constructor)) void register_driver() {
     fork_guard_install();
-    static_cast<void>(ucma::hook_install());
+    // An installed provider (uroce.driver) is loaded into every verbs program that sees a
+    // device, kernel RDMA hosts included. There libibverbs lists only the kernel's devices
+    // and librdmacm must keep the kernel's rdma_cm, so the redirection waits for a uroce
+    // device (alloc_device).
+    if (rdma_netlink_refused()) static_cast<void>(ucma::hook_install());
     verbs_register_driver_34(&kDeviceOps);
 }
 
