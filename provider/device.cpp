@@ -325,7 +325,7 @@ const verbs_device_ops kDeviceOps = {
 __attribute__((constructor)) void register_driver() {
     fork_guard_install();
     static_cast<void>(ucma::hook_install());
-    verbs_register_driver_34(&kDeviceOps);
+    uroce_verbs_register_driver(&kDeviceOps);
 }
 
 }  // namespace
