@@ -3,7 +3,8 @@
 // the symbols the provider imports. The linker records those versions in the provider
 // (IBVERBS_PRIVATE_57 for the private ones); at run time the real libibverbs supplies them.
 // Never loaded, never installed: the bodies only have to exist. The provider is linked with
-// -z defs, so an import missing here (a new libibverbs call) fails the build, not the load.
+// -z defs (b_lundef, the default), so an import missing here (a new libibverbs call) fails
+// the build, not the load.
 #define UROCE_VERBS_ABI 57
 #include "uroce/verbs_abi.h"
 
