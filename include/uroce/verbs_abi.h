@@ -152,15 +152,20 @@ enum { VERBS_QP_XRCD = 1 << 0, VERBS_QP_EX = 1 << 1 };
 #define UROCE_QP_EX_FLUSH_SLOT 0
 #endif
 
+#if UROCE_QP_EX_FLUSH_SLOT
+// ibv_qp_ex as v45 and later lay it out, on headers that predate wr_flush.
+struct uroce_qp_ex_v45 {
+    struct ibv_qp_ex v44;
+    void (*wr_flush)(struct ibv_qp_ex*, uint32_t, uint64_t, size_t, uint8_t, uint8_t);
+};
+#endif
+
 struct verbs_qp {
     union {
         struct ibv_qp qp;
         struct ibv_qp_ex qp_ex;
 #if UROCE_QP_EX_FLUSH_SLOT
-        struct {
-            struct ibv_qp_ex v44;
-            void (*wr_flush)(struct ibv_qp_ex*, uint32_t, uint64_t, size_t, uint8_t, uint8_t);
-        } qp_ex_v45;
+        struct uroce_qp_ex_v45 qp_ex_v45;
 #endif
     };
     uint32_t comp_mask;
