@@ -8,7 +8,8 @@
 // (IBVERBS_1.14) makes the dynamic loader refuse this module on anything older, before a
 // single op is called: dlopen fails with "version `IBVERBS_1.14' not found", which
 // libibverbs prints as a warning naming this driver. (v57 and later renamed the private
-// ABI, so verbs_register_driver_34 is missing there and the loader refuses as well.)
+// ABI, so verbs_register_driver_34 is missing there and the loader refuses as well; the ABI
+// 57 build needs IBVERBS_1.14 too, which every libibverbs exporting IBVERBS_PRIVATE_57 has.)
 #include <infiniband/verbs.h>
 
 namespace uroce::provider {

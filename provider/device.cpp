@@ -341,7 +341,7 @@ __attribute__((constructor)) void register_driver() {
     // and librdmacm must keep the kernel's rdma_cm, so the redirection waits for a uroce
     // device (alloc_device).
     if (rdma_netlink_refused()) static_cast<void>(ucma::hook_install());
-    verbs_register_driver_34(&kDeviceOps);
+    uroce_verbs_register_driver(&kDeviceOps);
 }
 
 }  // namespace

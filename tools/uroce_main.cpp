@@ -45,8 +45,9 @@ namespace tools = uroce::tools;
 
 namespace {
 
-constexpr const char* kProviderFile = "liburoce-rdmav34.so";
-// libibverbs appends "-rdmav34.so" to an RDMAV_DRIVERS entry that contains '/'.
+constexpr const char* kProviderFile = "liburoce" UROCE_PROVIDER_SUFFIX;
+// libibverbs appends UROCE_PROVIDER_SUFFIX ("-rdmav34.so") to an RDMAV_DRIVERS entry that contains
+// '/'.
 constexpr const char* kProviderStem = "liburoce";
 
 constexpr int kExitFailure = 1;
@@ -397,7 +398,8 @@ int main(int argc, char** argv) {
     app.footer(
         "Environment:\n"
         "  UROCE_ROOT          registry directory (default /run/uroce)\n"
-        "  UROCE_PROVIDER_DIR  directory holding liburoce-rdmav34.so (default: found next to\n"
+        "  UROCE_PROVIDER_DIR  directory holding liburoce" UROCE_PROVIDER_SUFFIX
+        " (default: found next to\n"
         "                      this program, else the install location)\n"
         "Exit status: 0 success, 1 error, 2 usage error.\n"
         "Run 'uroce COMMAND --help' for the options of a command.");

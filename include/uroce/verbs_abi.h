@@ -1,11 +1,17 @@
-// The parts of libibverbs' private provider ABI ("IBVERBS_PRIVATE_34") that uroce uses.
+// The parts of libibverbs' private provider ABI that uroce uses, for either of the two
+// private ABIs the provider can be built for (UROCE_VERBS_ABI, set per target by meson):
+//   34: IBVERBS_PRIVATE_34, rdma-core v36 through v56 (liburoce-rdmav34.so);
+//   57: IBVERBS_PRIVATE_57, rdma-core v57 and v58 (liburoce-rdmav57.so).
 //
 // Debian ships <infiniband/verbs.h> but not the provider header, so these declarations are
-// written from the ABI's facts: the structure layouts and symbols that rdma-core v36 through
-// v56 export under IBVERBS_PRIVATE_34. (v34 and v35 use the same symbol version with a
-// different verbs_context_ops layout; v57 moves to IBVERBS_PRIVATE_57.) meson.build refuses
-// to build against a libibverbs outside that range, and the static_asserts at the bottom pin
-// every offset this project relies on, so a layout change fails the build, not the app.
+// written from the ABI's facts: the structure layouts and symbols those releases export.
+// (v34 and v35 use the name IBVERBS_PRIVATE_34 with a different verbs_context_ops layout;
+// v59 moves to IBVERBS_PRIVATE_59 with a longer one.) For a provider the two ABIs differ in
+// two places only, both selected below: the name of the registration function, and where
+// verbs_qp::comp_mask sits (after libibverbs' own ibv_qp_ex, which v45 lengthened).
+// meson.build refuses to build against a libibverbs outside the supported range, and the
+// static_asserts at the bottom pin every offset this project relies on, per ABI, so a
+// layout change fails the build, not the app.
 #pragma once
 
 #include <infiniband/verbs.h>
@@ -14,6 +20,19 @@
 #include <stdint.h>
 #include <sys/types.h>
 #include <time.h>
+
+// The provider targets set UROCE_VERBS_ABI; everything else (tests that build a context with
+// the system's libibverbs) gets the system's ABI, which meson passes for the whole project.
+#ifndef UROCE_VERBS_ABI
+#ifdef UROCE_SYSTEM_VERBS_ABI
+#define UROCE_VERBS_ABI UROCE_SYSTEM_VERBS_ABI
+#else
+#define UROCE_VERBS_ABI 34
+#endif
+#endif
+#if UROCE_VERBS_ABI != 34 && UROCE_VERBS_ABI != 57
+#error "UROCE_VERBS_ABI must be 34 or 57"
+#endif
 
 #ifdef __cplusplus
 #include <atomic>
@@ -121,10 +140,33 @@ struct verbs_xrcd {
 
 enum { VERBS_QP_XRCD = 1 << 0, VERBS_QP_EX = 1 << 1 };
 
+// libibverbs finds comp_mask right after its own ibv_qp_ex (ibv_qp_to_qp_ex reads it), so
+// the slot follows the ibv_qp_ex of the release the provider is loaded by. v45 appended
+// wr_flush to ibv_qp_ex: ABI 57 (v57, v58) has it, the headers of Debian 12 (v44) do not,
+// so the 57 build reserves the slot itself unless the headers already have it
+// (UROCE_IBV_QP_EX_HAS_WR_FLUSH, from meson). uroce never offers IBV_QP_EX_WITH_FLUSH; the
+// slot stays null.
+#if UROCE_VERBS_ABI == 57 && !defined(UROCE_IBV_QP_EX_HAS_WR_FLUSH)
+#define UROCE_QP_EX_FLUSH_SLOT 1
+#else
+#define UROCE_QP_EX_FLUSH_SLOT 0
+#endif
+
+#if UROCE_QP_EX_FLUSH_SLOT
+// ibv_qp_ex as v45 and later lay it out, on headers that predate wr_flush.
+struct uroce_qp_ex_v45 {
+    struct ibv_qp_ex v44;
+    void (*wr_flush)(struct ibv_qp_ex*, uint32_t, uint64_t, size_t, uint8_t, uint8_t);
+};
+#endif
+
 struct verbs_qp {
     union {
         struct ibv_qp qp;
         struct ibv_qp_ex qp_ex;
+#if UROCE_QP_EX_FLUSH_SLOT
+        struct uroce_qp_ex_v45 qp_ex_v45;
+#endif
     };
     uint32_t comp_mask;
     struct verbs_xrcd* xrcd;
@@ -223,8 +265,13 @@ struct verbs_context_ops {
     void (*unimport_pd)(struct ibv_pd*);
 };
 
-// Symbols libibverbs exports under IBVERBS_PRIVATE_34.
-void verbs_register_driver_34(const struct verbs_device_ops* ops);
+// Symbols libibverbs exports under IBVERBS_PRIVATE_<ABI>. The registration function carries
+// the ABI number in its name (verbs_register_driver_34 / _57); one declaration under our own
+// name binds to the right one.
+#define UROCE_ABI_STR2(x) #x
+#define UROCE_ABI_STR(x) UROCE_ABI_STR2(x)
+void uroce_verbs_register_driver(const struct verbs_device_ops* ops) __asm__(
+    "verbs_register_driver_" UROCE_ABI_STR(UROCE_VERBS_ABI));
 void* _verbs_init_and_alloc_context(struct ibv_device* device, int cmd_fd, size_t alloc_size,
                                     struct verbs_context* context_offset, uint32_t driver_id);
 void verbs_uninit_context(struct verbs_context* context);
@@ -239,8 +286,9 @@ enum { UROCE_RDMA_DRIVER_UNKNOWN = 0 };
 }  // extern "C"
 #endif
 
-// Layout checks: LP64 offsets as rdma-core v36..v56 define them. If one of these fails, the
-// installed libibverbs does not have the layout this file describes.
+// Layout checks: LP64 offsets as rdma-core v36..v56 (ABI 34) and v57..v58 (ABI 57) define
+// them; all but verbs_qp's are the same for both. If one of these fails, the installed
+// headers do not have the layout this file describes.
 #if defined(__LP64__)
 #define UROCE_ABI_CHECK(cond) static_assert(cond, #cond)
 UROCE_ABI_CHECK(sizeof(struct verbs_match_ent) == 24);
@@ -266,7 +314,18 @@ UROCE_ABI_CHECK(offsetof(struct verbs_context_ops, query_qp_data_in_order) == 62
 UROCE_ABI_CHECK(offsetof(struct verbs_context_ops, unimport_pd) == 75 * sizeof(void*));
 UROCE_ABI_CHECK(offsetof(struct verbs_mr, mr_type) == sizeof(struct ibv_mr));
 UROCE_ABI_CHECK(sizeof(struct verbs_mr) == sizeof(struct ibv_mr) + 8);
+#if UROCE_VERBS_ABI == 34
+// ABI 34 as built here: after the build headers' ibv_qp_ex (352 bytes with v44's).
 UROCE_ABI_CHECK(offsetof(struct verbs_qp, comp_mask) == sizeof(struct ibv_qp_ex));
 UROCE_ABI_CHECK(offsetof(struct verbs_qp, xrcd) == sizeof(struct ibv_qp_ex) + 8);
+#else
+// ABI 57: ibv_qp_ex is 360 bytes there (v44's 352, wr_atomic_write last, then wr_flush).
+#if UROCE_QP_EX_FLUSH_SLOT
+UROCE_ABI_CHECK(offsetof(struct ibv_qp_ex, wr_atomic_write) + 8 == sizeof(struct ibv_qp_ex));
+#endif
+UROCE_ABI_CHECK(offsetof(struct verbs_qp, comp_mask) == 360);
+UROCE_ABI_CHECK(offsetof(struct verbs_qp, xrcd) == 368);
+UROCE_ABI_CHECK(sizeof(struct verbs_qp) == 376);
+#endif
 #undef UROCE_ABI_CHECK
 #endif

@@ -72,7 +72,7 @@ namespace {
 // A function the provider exports (uroce/uroce.h), found in the loaded provider.
 void* provider_symbol(const char* symbol) {
     const char* drv = std::getenv("RDMAV_DRIVERS");
-    const std::string path = std::string(drv ? drv : "") + "-rdmav34.so";
+    const std::string path = std::string(drv ? drv : "") + UROCE_PROVIDER_SUFFIX;
     void* h = ::dlopen(path.c_str(), RTLD_NOW | RTLD_NOLOAD);
     void* fn = h ? ::dlsym(h, symbol) : nullptr;
     if (!fn) throw std::runtime_error(std::string(symbol) + " not found in the provider");
