@@ -249,8 +249,12 @@ int cmd_stats(const std::string& name, std::optional<uint32_t> qpn) {
             throw reg::Error(reg::Error::Kind::Failure,
                              fmt::format("no QP {:#x} was ever created on '{}'", *qpn, name));
         uroce::transport::QpCounterValues q;
-        if (!uroce::transport::QpCounterTable::read(qp_file, *qpn, q, why))
+        bool owned = false;
+        if (!uroce::transport::QpCounterTable::read(qp_file, *qpn, q, owned, why))
             throw reg::Error(reg::Error::Kind::Failure, why);
+        if (!owned)
+            throw reg::Error(reg::Error::Kind::Failure,
+                             fmt::format("no QP {:#x} was ever created on '{}'", *qpn, name));
 #define UROCE_PRINT_QP_STAT(n) fmt::print("{} {}\n", #n, q.n);
         UROCE_QP_COUNTERS(UROCE_PRINT_QP_STAT)
 #undef UROCE_PRINT_QP_STAT

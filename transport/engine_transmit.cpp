@@ -31,7 +31,8 @@ const UdpSocket& Engine::sender_for_qpn(uint32_t qpn) {
 
 Engine::TransmitResult Engine::transmit(const wire::Headers& h, std::span<const iovec> payload,
                                         uint32_t payload_len, uint32_t dst_ip,
-                                        const UdpSocket& sock, uint8_t ttl, TransmitBatch* batch) {
+                                        const UdpSocket& sock, uint8_t ttl, TransmitBatch* batch,
+                                        QpCounters* qp) {
     // One decision per packet the engine is asked to send (UROCE_FAULTS).
     const FaultDecision fault = faults_.next();
     const bool faulted = fault.fault == Fault::Corrupt || fault.fault == Fault::Duplicate;
@@ -88,6 +89,7 @@ Engine::TransmitResult Engine::transmit(const wire::Headers& h, std::span<const 
     iov[n++] = {icrc, 4};
     if (fault.fault == Fault::Drop) {
         bump(counters_->tx_dropped_fault);
+        if (qp) bump(qp->tx_faults);
         return TransmitResult::Lost;
     }
     if (has_transmit_filter_.load(std::memory_order_acquire) &&
@@ -110,7 +112,7 @@ Engine::TransmitResult Engine::transmit(const wire::Headers& h, std::span<const 
         ++batch->count_;
         return TransmitResult::Queued;
     }
-    if (faulted) return send_faulted(fault, std::span(iov, n), bytes, flow, sock, ttl);
+    if (faulted) return send_faulted(fault, qp, std::span(iov, n), bytes, flow, sock, ttl);
     const TransmitResult sent =
         account_send(sock.send(dst_ip, config_.port, std::span(iov, n), ttl), 1);
     if (capture_ && sent == TransmitResult::Sent) {
@@ -120,7 +122,7 @@ Engine::TransmitResult Engine::transmit(const wire::Headers& h, std::span<const 
     return sent;
 }
 
-Engine::TransmitResult Engine::send_faulted(const FaultDecision& fault,
+Engine::TransmitResult Engine::send_faulted(const FaultDecision& fault, QpCounters* qp,
                                             std::span<const iovec> packet, uint32_t bytes,
                                             const wire::Ipv4Flow& flow, const UdpSocket& sock,
                                             uint8_t ttl) {
@@ -139,6 +141,7 @@ Engine::TransmitResult Engine::send_faulted(const FaultDecision& fault,
         copies = 2;
         bump(counters_->tx_duplicated_fault);
     }
+    if (qp) bump(qp->tx_faults);
     const iovec one{copy.data(), copy.size()};
     TransmitResult result = TransmitResult::Sent;
     for (int i = 0; i < copies; ++i) {
