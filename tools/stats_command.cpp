@@ -15,10 +15,10 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
-#include <cmath>
 #include <csignal>
 #include <cstring>
 #include <ctime>
+#include <limits>
 #include <vector>
 
 #include "registry.h"
@@ -150,9 +150,9 @@ CLI::Validator interval_validator() {
             try {
                 size_t used = 0;
                 v = std::stod(value, &used);
-                if (used != value.size()) v = NAN;
+                if (used != value.size()) v = std::numeric_limits<double>::quiet_NaN();
             } catch (const std::exception&) {
-                v = NAN;
+                v = std::numeric_limits<double>::quiet_NaN();
             }
             if (!(v >= kMinInterval && v <= kMaxInterval))
                 return fmt::format("'{}' is not an interval; use seconds from {} to {}", value,
