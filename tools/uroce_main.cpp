@@ -5,8 +5,8 @@
 //   uroce list                                      one line per device
 //   uroce env                                       export lines for SYSFS_PATH / RDMAV_DRIVERS
 //                                                   / LD_PRELOAD
-//   uroce stats NAME [--qp QPN]                     the device's counters (all processes),
-//                                                   or one QP's
+//   uroce stats [NAME] [--qp QPN] [--json]          the devices' counters (all processes)
+//               [--watch [SECONDS] [--count N]]     and their QPs', or one QP's (stats_command.h)
 //   uroce run -- CMD ARGS...                        exec CMD with that environment, RDMA
 //                                                   netlink refused (netlink_filter.h)
 //
@@ -35,8 +35,7 @@
 #include "kernel_rdma.h"
 #include "netlink_filter.h"
 #include "registry.h"
-#include "transport/device_counters.h"
-#include "transport/qp_counters.h"
+#include "stats_command.h"
 #include "uroce_tools_config.h"
 
 namespace fs = std::filesystem;
@@ -233,42 +232,6 @@ int cmd_list() {
     return 0;
 }
 
-// Every counter of the device, all contexts in all processes since it was added, one
-// "name value" line each (device_counters.h).
-int cmd_stats(const std::string& name, std::optional<uint32_t> qpn) {
-    reg::Registry r(reg::root_from_env());
-    bool found = false;
-    for (const auto& d : r.list()) found = found || d.config.name == name;
-    if (!found) throw reg::Error(reg::Error::Kind::Failure, fmt::format("no device '{}'", name));
-    const fs::path file = r.sysfs_path() / "class" / "infiniband" / name / "uroce" / "counters";
-    std::string why;
-    if (qpn) {
-        // The QP's block in its context's slot file (QPN = slot << 12 | index).
-        const std::string qp_file =
-            uroce::transport::QpCounterTable::path_for_slot(file.string(), *qpn >> 12);
-        if (*qpn >> 12 == 0 || !fs::exists(qp_file))
-            throw reg::Error(reg::Error::Kind::Failure,
-                             fmt::format("no QP {:#x} was ever created on '{}'", *qpn, name));
-        uroce::transport::QpCounterValues q;
-        if (!uroce::transport::QpCounterTable::read(qp_file, *qpn, q, why))
-            throw reg::Error(reg::Error::Kind::Failure, why);
-#define UROCE_PRINT_QP_STAT(n) fmt::print("{} {}\n", #n, q.n);
-        UROCE_QP_COUNTERS(UROCE_PRINT_QP_STAT)
-#undef UROCE_PRINT_QP_STAT
-        return 0;
-    }
-    uroce::transport::CounterValues c;
-    if (!fs::exists(file)) {
-        // No context has opened the device yet: nothing was counted.
-    } else if (!uroce::transport::DeviceCounters::read_totals(file.string(), c, why)) {
-        throw reg::Error(reg::Error::Kind::Failure, why);
-    }
-#define UROCE_PRINT_STAT(n) fmt::print("{} {}\n", #n, c.n);
-    UROCE_COUNTERS(UROCE_PRINT_STAT)
-#undef UROCE_PRINT_STAT
-    return 0;
-}
-
 int cmd_env() {
     auto env = client_environment("uroce env");
     if (!env) return kExitFailure;
@@ -432,14 +395,8 @@ int main(int argc, char** argv) {
         "Print 'export SYSFS_PATH=...', 'export RDMAV_DRIVERS=...' and 'export LD_PRELOAD=...' "
         "for a shell");
 
-    std::string stats_name;
-    auto* stats = app.add_subcommand(
-        "stats", "Print the device's counters, all contexts in all processes: NAME VALUE lines");
-    stats->add_option("NAME", stats_name, "Device name")->required()->check(name_validator());
-    std::optional<uint32_t> stats_qpn;
-    stats->add_option("--qp", stats_qpn,
-                      "One QP's counters instead (QPN, decimal or 0x hex); a destroyed QP's "
-                      "last figures until its number is used again");
+    tools::StatsOptions stats_options;
+    auto* stats = tools::add_stats_command(app, stats_options);
 
     std::vector<std::string> command;
     auto* run = app.add_subcommand(
@@ -504,7 +461,7 @@ int main(int argc, char** argv) {
         if (del->parsed()) return cmd_del(del_name);
         if (list->parsed()) return cmd_list();
         if (env->parsed()) return cmd_env();
-        if (stats->parsed()) return cmd_stats(stats_name, stats_qpn);
+        if (stats->parsed()) return tools::run_stats(stats_options);
         if (run->parsed()) return cmd_run(command, run_pcap);
     } catch (const reg::Error& e) {
         print_error(who, e.what());

@@ -198,10 +198,12 @@ class Engine {
     //
     // With a `batch` (and GSO on, and ttl 0) the packet joins it (Queued), after the batch
     // was flushed if the packet could not join it; `payload` must then stay valid until the
-    // flush (TransmitBatch::pin).
+    // flush (TransmitBatch::pin). `qp`: the counters of the QP sending it, which count the
+    // faults injected into it (tx_faults); nullptr for a packet of no QP's (QP1's MADs).
     TransmitResult transmit(const wire::Headers& h, std::span<const iovec> payload,
                             uint32_t payload_len, uint32_t dst_ip, const UdpSocket& from,
-                            uint8_t ttl = 0, TransmitBatch* batch = nullptr);
+                            uint8_t ttl = 0, TransmitBatch* batch = nullptr,
+                            QpCounters* qp = nullptr);
     // Sends what `batch` holds, in one sendmsg if it holds several packets, and empties it.
     // Failed if a packet of it can never be sent (batch.failed_tag() says which); Lost if
     // the socket dropped them (full buffer, an error that may pass); else Sent. A path
@@ -262,9 +264,10 @@ class Engine {
     std::shared_ptr<PacketCapture> capture_;  // UROCE_PCAP; null: no capture
     // Sends a packet the fault injector corrupts (a copy with one bit flipped), duplicates
     // or holds back (engine_faults.cpp).
-    TransmitResult send_faulted(const FaultDecision& fault, std::span<const iovec> packet,
-                                uint32_t bytes, const wire::Ipv4Flow& flow, const UdpSocket& sock,
-                                uint8_t ttl);
+    // `qp`: the sending QP's counters (tx_faults), or null.
+    TransmitResult send_faulted(const FaultDecision& fault, QpCounters* qp,
+                                std::span<const iovec> packet, uint32_t bytes,
+                                const wire::Ipv4Flow& flow, const UdpSocket& sock, uint8_t ttl);
     // Sends one packet built in full (a faulted copy), writes it to the capture.
     TransmitResult send_copy(std::span<const uint8_t> packet, const wire::Ipv4Flow& flow,
                              const UdpSocket& sock, uint8_t ttl);

@@ -26,10 +26,11 @@ constexpr uint8_t kNoOpcode = 0xff;  // no opcode uroce knows
 
 }  // namespace
 
-Engine::TransmitResult Engine::send_faulted(const FaultDecision& fault,
+Engine::TransmitResult Engine::send_faulted(const FaultDecision& fault, QpCounters* qp,
                                             std::span<const iovec> packet, uint32_t bytes,
                                             const wire::Ipv4Flow& flow, const UdpSocket& sock,
                                             uint8_t ttl) {
+    if (qp) bump(qp->tx_faults);
     // A copy: the payload is the application's registered memory, never written here, and
     // may be reused before a held-back packet leaves.
     std::vector<uint8_t> copy;

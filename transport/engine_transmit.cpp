@@ -30,7 +30,8 @@ const UdpSocket& Engine::sender_for_qpn(uint32_t qpn) {
 
 Engine::TransmitResult Engine::transmit(const wire::Headers& h, std::span<const iovec> payload,
                                         uint32_t payload_len, uint32_t dst_ip,
-                                        const UdpSocket& sock, uint8_t ttl, TransmitBatch* batch) {
+                                        const UdpSocket& sock, uint8_t ttl, TransmitBatch* batch,
+                                        QpCounters* qp) {
     // One decision per packet the engine is asked to send (UROCE_FAULTS).
     const FaultDecision fault = faults_.enabled(FaultDirection::Tx)
                                     ? faults_.next(FaultDirection::Tx, h.bth.opcode, h.bth.dest_qp)
@@ -90,6 +91,7 @@ Engine::TransmitResult Engine::transmit(const wire::Headers& h, std::span<const 
     iov[n++] = {icrc, 4};
     if (fault.fault == Fault::Drop) {
         bump(counters_->tx_dropped_fault);
+        if (qp) bump(qp->tx_faults);
         return TransmitResult::Lost;
     }
     if (has_transmit_filter_.load(std::memory_order_acquire) &&
@@ -112,7 +114,7 @@ Engine::TransmitResult Engine::transmit(const wire::Headers& h, std::span<const 
         ++batch->count_;
         return TransmitResult::Queued;
     }
-    if (faulted) return send_faulted(fault, std::span(iov, n), bytes, flow, sock, ttl);
+    if (faulted) return send_faulted(fault, qp, std::span(iov, n), bytes, flow, sock, ttl);
     const TransmitResult sent =
         account_send(sock.send(dst_ip, config_.port, std::span(iov, n), ttl), 1);
     if (capture_ && sent == TransmitResult::Sent) {

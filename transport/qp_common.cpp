@@ -21,7 +21,7 @@ QpCommon::QpCommon(Engine& engine, uint32_t qpn, uint32_t pd, const QpCaps& caps
       recv_cq_(std::move(recv_cq)),
       user_handle_(user_handle),
       srq_(std::move(srq)) {
-    qp_counters_.reset();
+    qp_counters_.claim(qpn);
 }
 
 QpState QpCommon::state() const {

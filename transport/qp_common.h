@@ -23,7 +23,8 @@ class Engine;
 class QpCommon : public Qp {
   public:
     // `user_handle` is what the QP's asynchronous events name (the provider's ibv_qp).
-    // The QP's counters block is zeroed: it may hold a destroyed QP's figures.
+    // The QP's counters block is zeroed (it may hold a destroyed QP's figures) and marked
+    // with its QPN.
     QpCommon(Engine& engine, uint32_t qpn, uint32_t pd, const QpCaps& caps,
              std::shared_ptr<CompletionQueue> send_cq, std::shared_ptr<CompletionQueue> recv_cq,
              void* user_handle, std::shared_ptr<SharedReceiveQueue> srq);

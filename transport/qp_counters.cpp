@@ -14,7 +14,10 @@
 namespace uroce::transport {
 namespace {
 
-constexpr uint64_t kMagic = 0x31707163656f7275ull;  // "uroecqp1"
+// "uroecqp2": version 2 has 256-byte blocks with an owner word; a version 1 file (128-byte
+// blocks, no owner) has another magic, so it is started afresh by a context and refused by a
+// reader, never misread.
+constexpr uint64_t kMagic = 0x32707163656f7275ull;
 constexpr size_t kStride = QpCounterTable::kStride;
 constexpr size_t kHeader = 4096;
 constexpr size_t kFileBytes = kHeader + QpCounterTable::kQps * kStride;
@@ -22,7 +25,7 @@ constexpr size_t kFileBytes = kHeader + QpCounterTable::kQps * kStride;
 #define UROCE_COUNT_ONE(name) +1
 constexpr uint32_t kCounterCount = 0 UROCE_QP_COUNTERS(UROCE_COUNT_ONE);
 #undef UROCE_COUNT_ONE
-static_assert(sizeof(QpCounters) == kCounterCount * sizeof(uint64_t));
+static_assert(sizeof(QpCounters) == (kCounterCount + 1) * sizeof(uint64_t));  // + owner
 static_assert(sizeof(QpCounters) <= kStride);
 
 // The blocks are laid out kStride apart: a QpCounters padded to the stride.
@@ -39,20 +42,41 @@ constexpr uint64_t layout_hash() {
 
 struct Header {
     uint64_t magic;
-    uint64_t layout;
+    uint64_t layout;  // layout_hash()
+    uint64_t stride;  // kStride
 };
 
 bool header_ok(const Header* h) {
-    return __atomic_load_n(&h->magic, __ATOMIC_ACQUIRE) == kMagic && h->layout == layout_hash();
+    return __atomic_load_n(&h->magic, __ATOMIC_ACQUIRE) == kMagic && h->layout == layout_hash() &&
+           h->stride == kStride;
+}
+
+// The mapped table file at `path`, checked, for a reader.
+bool open_view(const std::string& path, CounterFileView& file, std::string& error) {
+    if (!file.open(path, kFileBytes, "QP counters", error)) return false;
+    if (!header_ok(reinterpret_cast<const Header*>(file.data()))) {
+        error = path + " was written by a uroce with other QP counters";
+        return false;
+    }
+    return true;
 }
 
 }  // namespace
 
-void QpCounters::reset() {
 #define UROCE_QP_RESET(name) name.store(0, std::memory_order_relaxed);
+
+void QpCounters::claim(uint32_t qpn) {
     UROCE_QP_COUNTERS(UROCE_QP_RESET)
-#undef UROCE_QP_RESET
+    // Release: a reader that sees the owner sees the zeroes.
+    owner.store(kOwned | qpn, std::memory_order_release);
 }
+
+void QpCounters::clear() {
+    owner.store(0, std::memory_order_relaxed);
+    UROCE_QP_COUNTERS(UROCE_QP_RESET)
+}
+
+#undef UROCE_QP_RESET
 
 QpCounterValues snapshot(const QpCounters& c) {
     QpCounterValues v;
@@ -92,8 +116,9 @@ std::unique_ptr<QpCounterTable> QpCounterTable::open_shared(const std::string& p
         // New, or written by a uroce with other QP counters: start afresh with this layout.
         __atomic_store_n(&h->magic, 0, __ATOMIC_RELEASE);
         auto* blocks = reinterpret_cast<Block*>(static_cast<char*>(map) + kHeader);
-        for (uint32_t i = 0; i < kQps; ++i) blocks[i].c.reset();
+        for (uint32_t i = 0; i < kQps; ++i) blocks[i].c.clear();
         h->layout = layout_hash();
+        h->stride = kStride;
         __atomic_store_n(&h->magic, kMagic, __ATOMIC_RELEASE);
     }
     return std::unique_ptr<QpCounterTable>(
@@ -113,16 +138,29 @@ QpCounterTable::~QpCounterTable() {
         delete[] reinterpret_cast<Block*>(blocks_);
 }
 
-bool QpCounterTable::read(const std::string& path, uint32_t qpn, QpCounterValues& out,
+bool QpCounterTable::read(const std::string& path, uint32_t qpn, QpCounterValues& out, bool& owned,
                           std::string& error) {
     out = {};
+    owned = false;
     CounterFileView file;
-    if (!file.open(path, kFileBytes, "QP counters", error)) return false;
-    if (!header_ok(reinterpret_cast<const Header*>(file.data()))) {
-        error = path + " was written by a uroce with other QP counters";
-        return false;
+    if (!open_view(path, file, error)) return false;
+    const QpCounters& c = reinterpret_cast<const Block*>(file.data() + kHeader)[qpn % kQps].c;
+    owned = c.owner.load(std::memory_order_acquire) == (QpCounters::kOwned | qpn);
+    if (owned) out = snapshot(c);
+    return true;
+}
+
+bool QpCounterTable::read_all(const std::string& path, std::vector<Entry>& out,
+                              std::string& error) {
+    out.clear();
+    CounterFileView file;
+    if (!open_view(path, file, error)) return false;
+    const auto* blocks = reinterpret_cast<const Block*>(file.data() + kHeader);
+    for (uint32_t i = 0; i < kQps; ++i) {
+        const uint64_t owner = blocks[i].c.owner.load(std::memory_order_acquire);
+        if (!(owner & QpCounters::kOwned)) continue;  // never used (a sparse, zero block)
+        out.push_back(Entry{static_cast<uint32_t>(owner & 0xffffff), snapshot(blocks[i].c)});
     }
-    out = snapshot(reinterpret_cast<const Block*>(file.data() + kHeader)[qpn % kQps].c);
     return true;
 }
 

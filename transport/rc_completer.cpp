@@ -203,6 +203,7 @@ void RcQp::on_response(const wire::ParsedPacket& pkt) {
         case wire::AckType::RnrNak: {
             bump(engine_.counters().rx_naks);
             bump(qp_counters_.rx_naks);
+            bump(qp_counters_.rx_rnr_naks);
             ack_through(psn_add(psn, kPsnMask));  // psn - 1
             if (!has_outstanding()) break;
             if (attrs_.rnr_retry != 7 && rnr_retries_left_-- <= 0) {
@@ -221,6 +222,7 @@ void RcQp::on_response(const wire::ParsedPacket& pkt) {
             bump(qp_counters_.rx_naks);
             const bool sequence_error =
                 aeth.value() == static_cast<uint8_t>(wire::NakCode::PsnSequenceError);
+            bump(sequence_error ? qp_counters_.rx_seq_naks : qp_counters_.rx_other_naks);
             if (sequence_error)
                 // A packet after `psn` made the responder send it, and every packet after a
                 // PSN left after that PSN's first transmission: timed from a packet at or

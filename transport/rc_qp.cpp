@@ -158,6 +158,7 @@ void RcQp::on_packet(const wire::ParsedPacket& pkt, uint32_t src_ip) {
     if (!count_received(pkt)) return;
     if (src_ip != attrs_.dst_ip) {
         bump(engine_.counters().rx_wrong_peer);
+        bump(qp_counters_.rx_wrong_peer);
         return;
     }
     const uint16_t flags = pkt.info->flags;
@@ -253,8 +254,8 @@ void RcQp::flush_all() {
 }
 
 bool RcQp::transmit(const wire::Headers& h, std::span<const iovec> payload, uint32_t payload_len) {
-    const auto result =
-        engine_.transmit(h, payload, payload_len, attrs_.dst_ip, sender_, 0, tx_batch_);
+    const auto result = engine_.transmit(h, payload, payload_len, attrs_.dst_ip, sender_, 0,
+                                         tx_batch_, &qp_counters_);
     if (result == Engine::TransmitResult::Sent) {
         bump(qp_counters_.tx_packets);
         bump(qp_counters_.tx_payload_bytes, payload_len);

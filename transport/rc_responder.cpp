@@ -90,13 +90,13 @@ void RcQp::responder_error(wire::NakCode code, uint32_t psn, AsyncEventType even
     switch (code) {
         case wire::NakCode::RemoteAccessError:
             bump(engine_.counters().tx_access_naks);
-            bump(qp_counters_.tx_naks);
             break;
         default:
             bump(engine_.counters().tx_invalid_naks);
-            bump(qp_counters_.tx_naks);
             break;
     }
+    bump(qp_counters_.tx_naks);
+    bump(qp_counters_.tx_other_naks);
     send_ack(psn, wire::Aeth::make(wire::AckType::Nak, static_cast<uint8_t>(code)));
     post_async(event);
     enter_error();
@@ -314,6 +314,7 @@ void RcQp::on_request(const wire::ParsedPacket& pkt) {
     const int32_t d = psn_diff(psn, epsn_);
     if (d < 0) {
         bump(engine_.counters().rx_duplicate);
+        bump(qp_counters_.rx_duplicate);
         on_duplicate(pkt);
         return;
     }
@@ -323,6 +324,7 @@ void RcQp::on_request(const wire::ParsedPacket& pkt) {
             nak_sent_ = true;
             bump(engine_.counters().tx_seq_naks);
             bump(qp_counters_.tx_naks);
+            bump(qp_counters_.tx_seq_naks);
             send_ack(epsn_,
                      wire::Aeth::make(wire::AckType::Nak,
                                       static_cast<uint8_t>(wire::NakCode::PsnSequenceError)));
@@ -407,6 +409,7 @@ void RcQp::execute_one(const wire::ParsedPacket& pkt) {
         // everything after it, which is why what was held behind it goes too.
         bump(engine_.counters().tx_rnr_naks);
         bump(qp_counters_.tx_naks);
+        bump(qp_counters_.tx_rnr_naks);
         nak_sent_ = true;
         epsn_ = psn;
         held_.clear();

@@ -122,7 +122,8 @@ WcStatus UcQp::send_message(const SendWqe& wqe) {
         size_t niov = 0;
         if (!gather_checked(engine_.memory(), wqe, pd_, offset, len, iov, niov))
             return WcStatus::LocProtErr;
-        const auto result = engine_.transmit(h, std::span(iov, niov), len, attrs_.dst_ip, sender_);
+        const auto result = engine_.transmit(h, std::span(iov, niov), len, attrs_.dst_ip, sender_,
+                                             0, nullptr, &qp_counters_);
         if (result == Engine::TransmitResult::Failed) return WcStatus::LocQpOpErr;
         if (result == Engine::TransmitResult::Sent) {
             bump(qp_counters_.tx_packets);
@@ -181,6 +182,7 @@ void UcQp::on_packet(const wire::ParsedPacket& pkt, uint32_t src_ip) {
     if (!count_received(pkt)) return;
     if (src_ip != attrs_.dst_ip) {
         bump(engine_.counters().rx_wrong_peer);
+        bump(qp_counters_.rx_wrong_peer);
         return;
     }
     if (state_ != QpState::Rtr && state_ != QpState::Rts && state_ != QpState::Sqd) {

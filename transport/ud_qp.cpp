@@ -133,8 +133,8 @@ WcStatus UdQp::send_now(const SendWqe& wqe, const UdDestination& dest) {
     // A hop limit of 0 still reaches the link, as it does from a NIC (Linux keeps a TTL 0
     // multicast packet on the host).
     const uint8_t ttl = multicast ? std::max<uint8_t>(dest.hop_limit, 1) : 0;
-    const auto result =
-        engine_.transmit(h, std::span(iov, niov), wqe.length, dest.ip, sender_, ttl);
+    const auto result = engine_.transmit(h, std::span(iov, niov), wqe.length, dest.ip, sender_, ttl,
+                                         nullptr, &qp_counters_);
     if (result == Engine::TransmitResult::Failed) return WcStatus::LocQpOpErr;
     if (result == Engine::TransmitResult::Sent) {
         bump(qp_counters_.tx_packets);

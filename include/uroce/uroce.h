@@ -27,7 +27,8 @@ int uroce_read_device_counter(struct ibv_context* ctx, const char* name, uint64_
 typedef int (*uroce_read_device_counter_fn)(struct ibv_context*, const char*, uint64_t*);
 
 // Reads the counter `name` of one QP (see transport/qp_counters.h for the list: packets and
-// payload bytes each way, retransmissions, NAKs). Returns 0, EINVAL if qp is not a uroce QP,
+// payload bytes each way, retransmissions, NAKs by kind, duplicates, packets from a wrong
+// peer, injected faults). Returns 0, EINVAL if qp is not a uroce QP,
 // or ENOENT for an unknown name.
 int uroce_read_qp_counter(struct ibv_qp* qp, const char* name, uint64_t* value);
 

@@ -43,18 +43,22 @@ TEST_CASE("Receive filters: refused packets change nothing and are counted", "[f
     TxRecorder a_out(*t.p.a.engine, {}, false);
     EngineCounters& c = t.p.a.counters();
     const uint64_t rx_before = c.rx_packets.load();
+    QpCounters& qc = t.p.a.engine->qp_counters(t.p.a.qp->qpn());
+    const uint64_t qp_rx_before = qc.rx_packets.load();
 
     SECTION("ICRC that does not match") {
         auto pkt = t.peer.forge(t.write(), t.payload);
         pkt[wire::kBthBytes + wire::kRethBytes + 7] ^= 0x10;  // one payload bit
         t.p.a.engine->receive_datagram(pkt, t.peer.ip, t.peer.port);
         CHECK(c.rx_bad_icrc.load() == 1);
+        CHECK(qc.rx_packets.load() == qp_rx_before);  // its QPN is unverified: no QP's
     }
     SECTION("source address other than the connected peer") {
         const ForgedPeer stranger{t.peer.engine, t.p.b.ip + 100, t.peer.port, t.peer.qpn,
                                   t.peer.local_qpn};
         stranger.inject(t.write(), t.payload);
         CHECK(c.rx_wrong_peer.load() == 1);
+        CHECK(qc.rx_wrong_peer.load() == 1);  // the QP it named
     }
     SECTION("P_Key of another partition") {
         wire::Headers h = t.write();
