@@ -686,7 +686,7 @@ MUTANTS = [
            "    if (true) {\n        for (int i = 0; i < copies; ++i) receive_one", ("faults",)),
     Mutant("faults: jitter adds nothing", "transport/fault_injector.cpp",
            "            us += static_cast<int64_t>(draw(n, kJitterStream) % span) - jitter_us_;",
-           "", ("faults",)),
+           "            static_cast<void>(span);", ("faults",)),
     Mutant("faults: reorder= holds nothing back", "transport/fault_injector.cpp",
            "    if (reorder_ != 0 && draw(n, kReorderStream) < reorder_) {",
            "    if (false) {", ("faults",)),
