@@ -82,9 +82,18 @@ GUID0=$("$UROCE" list | awk -v n="$D0" '$1 == n {print $6}')
 # in_ns SCRIPT: runs SCRIPT (bash) in a private mount namespace where the DESTDIR's provider
 # directory and libibverbs.d are bind-mounted over the system's, with SYSFS_PATH set and
 # nothing else of uroce's in the environment.
+# A sanitizer build's provider needs the ASan runtime preloaded into the plain programs: the
+# only preload the namespace gets.
+ASAN_RT=$(ldd "$DEST$PROVIDER" 2>/dev/null | awk '/libasan/ { print $3 }')
+NS_ENV=()
+if [[ -n $ASAN_RT ]]; then
+    echo "# sanitizer build: LD_PRELOAD=$ASAN_RT for the libibverbs programs"
+    NS_ENV=(LD_PRELOAD="$ASAN_RT"
+        ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}verify_asan_link_order=0:detect_leaks=0")
+fi
 in_ns() {
     timeout -k 5 60 unshare -m --propagation private env -u RDMAV_DRIVERS -u LD_PRELOAD \
-        -u UROCE_PROVIDER_DIR SYSFS_PATH="$UROCE_ROOT/sys" \
+        -u UROCE_PROVIDER_DIR "${NS_ENV[@]}" SYSFS_PATH="$UROCE_ROOT/sys" \
         NS_PROVIDER_DIR="$SYS_PROVIDER_DIR" NS_DEST="$DEST" bash -c '
         set -e
         mount --bind "$NS_DEST$NS_PROVIDER_DIR" "$NS_PROVIDER_DIR"
