@@ -19,7 +19,6 @@ uint64_t now_ns() {
                                      .count());
 }
 
-constexpr size_t kBthBytes = 12;
 // A datagram too short for a BTH matches no rule limited to a QP or an opcode class.
 constexpr uint32_t kNoQp = 0xffffffff;
 constexpr uint8_t kNoOpcode = 0xff;  // no opcode uroce knows
@@ -91,7 +90,7 @@ void Engine::receive_read(std::span<uint8_t> one, uint32_t src_ip, uint16_t src_
         receive_one(one, src_ip, src_port, group, index);
         return;
     }
-    const bool has_bth = one.size() >= kBthBytes;
+    const bool has_bth = one.size() >= wire::kBthBytes;
     const uint8_t opcode = has_bth ? one[0] : kNoOpcode;
     const uint32_t dest_qp =
         has_bth ? (uint32_t{one[5]} << 16 | uint32_t{one[6]} << 8 | one[7]) : kNoQp;
