@@ -40,7 +40,7 @@ namespace uroce::transport {
     X(rx_other_naks)         /* other NAKs received */                                        \
     X(rx_duplicate)          /* duplicate requests (older PSN) received */                    \
     X(rx_wrong_peer)         /* packets naming this QP from a source not its peer: dropped */ \
-    X(tx_faults)             /* packets dropped, corrupted or duplicated by UROCE_FAULTS */
+    X(tx_faults)             /* packets UROCE_FAULTS dropped, corrupted, duplicated, delayed */
 
 struct QpCounters {
 #define UROCE_QP_COUNTER_FIELD(name) std::atomic<uint64_t> name{0};
