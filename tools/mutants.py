@@ -695,6 +695,9 @@ MUTANTS = [
     Mutant("faults: a packet put at the head of a delay line does not re-arm the timer",
            "transport/engine_faults.cpp", "    if (earliest) arm_delay_timer();", "",
            ("faults",)),
+    Mutant("faults: a QP's tx_faults misses its corrupted, duplicated and held-back packets",
+           "transport/engine_faults.cpp", "    if (qp) bump(qp->tx_faults);",
+           "    static_cast<void>(qp);", ("faults",)),
     Mutant("faults: a full delay line keeps growing", "transport/delay_line.cpp",
            "    if (packets_.size() >= kMaxPackets) return false;\n", "", ("faults",)),
 ]

@@ -87,6 +87,7 @@ TEST_CASE("corrupt=P: every flipped bit is caught by the receiver, and repaired"
     CHECK(p.a.counters().rx_bad_icrc.load() + p.a.counters().rx_malformed.load() == b_bad);
     CHECK(p.a.counters().retransmitted_packets.load() > 0);
     CHECK(p.a.counters().tx_dropped_fault.load() == 0);
+    CHECK(p.a.engine->qp_counters(p.a.qp->qpn()).tx_faults.load() == a_bad);
 }
 
 TEST_CASE("duplicate=P: duplicates are answered, never executed or delivered twice",
@@ -152,6 +153,9 @@ TEST_CASE("delay=US:JITTER: every packet leaves late, and all arrive", "[faults]
                p.b.counters().tx_delayed_fault.load() == p.b.counters().tx_packets.load();
     }));
     CHECK(p.a.counters().tx_packets.load() > 0);
+    // The QP's own count of the packets faulted: each one held back.
+    CHECK(p.a.engine->qp_counters(p.a.qp->qpn()).tx_faults.load() ==
+          p.a.counters().tx_delayed_fault.load());
     // A request and its ACK are each held back: a round trip takes at least 200 + 1000 us.
     fill(p.a.at(0), 8, 7);
     const auto start = std::chrono::steady_clock::now();
