@@ -1,6 +1,6 @@
 // Address handles: the destination of UD SENDs. RoCE addresses by GID, so an AH needs a GRH
-// whose destination GID is an IPv4-mapped address (the only form this version routes): a
-// unicast address, or a multicast group (224.0.0.0/4) for QPs attached to it.
+// whose destination GID is an address of the device's family (IPv4-mapped on an IPv4
+// device): a unicast address, or a multicast group for QPs attached to it.
 #include <cerrno>
 #include <new>
 
@@ -15,9 +15,10 @@ ibv_ah* create_ah(ibv_pd* pd, ibv_ah_attr* attr) noexcept {
         errno = EIO;
         return nullptr;
     }
-    uint32_t ip = 0;
+    IpAddress ip;
+    const int family = to_uctx(pd->context)->state->device->config.ip.family();
     if (!attr || !attr->is_global || attr->grh.sgid_index != 0 ||
-        !gid_to_ipv4(attr->grh.dgid, ip) || attr->port_num > 1) {
+        !gid_to_ip(attr->grh.dgid, family, ip) || attr->port_num > 1) {
         errno = EINVAL;
         return nullptr;
     }

@@ -30,8 +30,10 @@ class ProviderCmHost final : public transport::cm::CmHost {
     std::vector<transport::cm::CmDeviceInfo> devices() const override {
         std::lock_guard lock(mutex_);
         std::vector<transport::cm::CmDeviceInfo> out;
+        // The CM speaks IPv4 only so far (docs/rdma-cm.md): IPv6 devices have no CM.
         for (const auto& [name, d] : devices_)
-            out.push_back({name, d.config.ipv4, d.config.node_guid, d.config.mtu});
+            if (d.config.ip.is_v4())
+                out.push_back({name, d.config.ip.v4(), d.config.node_guid, d.config.mtu});
         return out;
     }
 
@@ -46,7 +48,7 @@ class ProviderCmHost final : public transport::cm::CmHost {
         // The CM's own context of the device: QP1 lives there, steered to it among the
         // device's contexts (qpn_steering.bpf.c). Faults apply as to any context.
         transport::EngineConfig ec;
-        ec.ip = dev->second.config.ipv4;
+        ec.ip = dev->second.config.ip;
         ec.port = dev->second.config.udp_port;
         ec.mtu = dev->second.config.mtu;
         ec.slot_table = dev->second.ibdev_path + "/uroce/slots";

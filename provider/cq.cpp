@@ -69,13 +69,15 @@ ibv_wc_opcode wc_opcode(transport::WcOpcode op) {
 
 // RoCE packets carry no SL; for a UD receive ConnectX NICs (mlx5) report the packet's L3 header
 // type in sl instead (0 GRH, 1 IPv6, 2 IPv4). UCX's ud_verbs (up to 1.18) reads the destination
-// address out of the GRH area by it and, given 0 (rxe's value), drops every datagram. uroce
-// receives only RoCEv2 over IPv4; 2 is also a valid SL for an AH made from the completion
-// (ibv_create_ah_from_wc copies sl).
+// address out of the GRH area by it and, given 0 (rxe's value), drops every datagram. A device
+// receives in its own family only. 1 and 2 are also valid SLs for an AH made from the
+// completion (ibv_create_ah_from_wc copies sl).
+constexpr uint8_t kRoceL3HeaderIpv6 = 1;
 constexpr uint8_t kRoceL3HeaderIpv4 = 2;
 
-uint8_t wc_sl(const transport::Completion& c) {
-    return c.with_grh ? kRoceL3HeaderIpv4 : 0;
+uint8_t wc_sl(const transport::Completion& c, bool ipv6) {
+    if (!c.with_grh) return 0;
+    return ipv6 ? kRoceL3HeaderIpv6 : kRoceL3HeaderIpv4;
 }
 
 UroceCq* new_cq(ibv_context* ibctx, int cqe, ibv_comp_channel* channel, int comp_vector) noexcept {
@@ -102,6 +104,7 @@ UroceCq* new_cq(ibv_context* ibctx, int cqe, ibv_comp_channel* channel, int comp
         return nullptr;
     }
     auto* ctx = to_uctx(ibctx);
+    cq->ipv6 = !ctx->state->device->config.ip.is_v4();
     if (!cq->slot.acquire(ctx->state->cqs, kMaxCq)) {
         delete cq;
         errno = EINVAL;  // as rxe's object pools answer when full
@@ -194,7 +197,7 @@ int poll_cq(ibv_cq* ibcq, int n, ibv_wc* wc) noexcept {
             w.qp_num = c[i].qp_num;
             w.src_qp = c[i].src_qp;
             w.pkey_index = 0;
-            w.sl = wc_sl(c[i]);
+            w.sl = wc_sl(c[i], cq->ipv6);
             if (c[i].with_grh) w.wc_flags |= IBV_WC_GRH;
             if (c[i].with_inv) {
                 w.wc_flags |= IBV_WC_WITH_INV;

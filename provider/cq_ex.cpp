@@ -92,7 +92,7 @@ uint32_t read_slid(ibv_cq_ex*) {
     return 0;  // RoCE has no LIDs
 }
 uint8_t read_sl(ibv_cq_ex* c) {
-    return wc_sl(of(c)->current);
+    return wc_sl(of(c)->current, of(c)->ipv6);
 }
 uint8_t read_dlid_path_bits(ibv_cq_ex*) {
     return 0;

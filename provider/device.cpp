@@ -51,10 +51,12 @@ bool read_setting(const char* ibdev_path, const char* name, std::string& out) {
 
 bool load_config(const char* ibdev_path, DeviceConfig& cfg) {
     std::string ip, port, mtu, guid;
-    if (!read_setting(ibdev_path, "ipv4", ip)) return false;
-    in_addr a{};
-    if (inet_pton(AF_INET, ip.c_str(), &a) != 1) return false;
-    cfg.ipv4 = ntohl(a.s_addr);
+    // One of the two: the device's address and thus its family.
+    const bool v4 = read_setting(ibdev_path, "ipv4", ip);
+    if (!v4 && !read_setting(ibdev_path, "ipv6", ip)) return false;
+    const auto address = IpAddress::parse(ip);
+    if (!address || address->is_v4() != v4 || address->is_unspecified()) return false;
+    cfg.ip = *address;
     if (read_setting(ibdev_path, "udp_port", port)) {
         const long p = std::strtol(port.c_str(), nullptr, 10);
         if (p < 1 || p > 65535) return false;
@@ -78,7 +80,8 @@ bool match_device(verbs_sysfs_dev* sysfs_dev) {
     // A uroce device is one whose registry entry carries our settings; the name is the
     // user's choice, so it cannot be matched by pattern.
     std::string ip;
-    return read_setting(sysfs_dev->ibdev_path, "ipv4", ip);
+    return read_setting(sysfs_dev->ibdev_path, "ipv4", ip) ||
+           read_setting(sysfs_dev->ibdev_path, "ipv6", ip);
 }
 
 verbs_device* alloc_device(verbs_sysfs_dev* sysfs_dev) {
@@ -141,7 +144,7 @@ verbs_context* alloc_context(ibv_device* ibdev, int cmd_fd, void*) {
     st->device = dev;
     {
         transport::EngineConfig ec;
-        ec.ip = dev->config.ipv4;
+        ec.ip = dev->config.ip;
         ec.port = dev->config.udp_port;
         ec.mtu = dev->config.mtu;
         // Every context of the device, in any process, shares this table (device_slots.h).

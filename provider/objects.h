@@ -32,7 +32,7 @@ namespace uroce::provider {
 
 // One uroce device, as the registry describes it (ibdev_path/uroce/*).
 struct DeviceConfig {
-    uint32_t ipv4 = 0;  // host order
+    IpAddress ip;  // IPv4 or IPv6: the device's family
     uint16_t udp_port = 4791;
     uint32_t mtu = 1024;
     uint64_t node_guid = 0;  // as libibverbs shows it (host order value of the big-endian GUID)
@@ -121,6 +121,7 @@ struct UroceCq {
     // ibv_cq_ex polling (cq_ex.cpp): the completion start_poll/next_poll made current.
     transport::Completion current{};
     uint64_t wc_flags_asked = 0;  // what create_cq_ex was asked to report
+    bool ipv6 = false;            // the device's family: what a UD receive's GRH area holds
     LimitedSlot slot;
 };
 
@@ -160,8 +161,8 @@ struct UroceMw {
 
 // An address handle: where UD SENDs that name it go.
 struct UroceAh {
-    ibv_ah ah;              // must be first
-    uint32_t dst_ip = 0;    // host order
+    ibv_ah ah;  // must be first
+    IpAddress dst_ip;
     uint8_t hop_limit = 0;  // the TTL of multicast packets
     LimitedSlot slot;
 };
@@ -255,7 +256,8 @@ int query_rt_values(ibv_context*, ibv_values_ex*) noexcept;
 ibv_wc_status wc_status(transport::WcStatus s);
 ibv_wc_opcode wc_opcode(transport::WcOpcode op);
 // The work completion's sl: what a RoCE NIC reports there for a received packet (wc_sl in cq.cpp).
-uint8_t wc_sl(const transport::Completion& c);
+// `ipv6`: the CQ's device is an IPv6 one.
+uint8_t wc_sl(const transport::Completion& c, bool ipv6);
 int destroy_cq(ibv_cq*) noexcept;
 int poll_cq(ibv_cq*, int, ibv_wc*) noexcept;
 int req_notify_cq(ibv_cq*, int) noexcept;

@@ -240,7 +240,8 @@ int modify_qp(ibv_qp* ibqp, ibv_qp_attr* attr, int mask) noexcept {
     std::lock_guard lock(qp->attr_mutex);
     const QpState current = qp_state(*qp);
     QpState next;
-    if (int err = check_modify(ibqp->qp_type, current, *attr, mask, next)) return err;
+    const int family = to_uctx(ibqp->context)->state->device->config.ip.family();
+    if (int err = check_modify(ibqp->qp_type, current, *attr, mask, family, next)) return err;
     merge_attributes(qp->attr, *attr, mask);
     if (next == QpState::Reset) {
         // Back to the defaults a new QP has.

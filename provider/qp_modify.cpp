@@ -156,16 +156,14 @@ constexpr MaskRule kUdRules[] = {
 
 }  // namespace
 
-bool gid_to_ipv4(const ibv_gid& gid, uint32_t& ip) {
-    static const uint8_t kPrefix[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
-    if (std::memcmp(gid.raw, kPrefix, sizeof kPrefix) != 0) return false;
-    uint32_t be;
-    std::memcpy(&be, gid.raw + 12, 4);
-    ip = ntohl(be);
-    return ip != 0;
+bool gid_to_ip(const ibv_gid& gid, int family, IpAddress& ip) {
+    const IpAddress a = IpAddress::from_bytes(gid.raw);
+    if (a.family() != family || a.is_unspecified()) return false;
+    ip = a;
+    return true;
 }
 
-int check_modify(ibv_qp_type type, QpState current, const ibv_qp_attr& attr, int mask,
+int check_modify(ibv_qp_type type, QpState current, const ibv_qp_attr& attr, int mask, int family,
                  QpState& next) {
     bool ok = true;
     next = (mask & IBV_QP_STATE) ? to_state(attr.qp_state, ok) : current;
@@ -203,11 +201,12 @@ int check_modify(ibv_qp_type type, QpState current, const ibv_qp_attr& attr, int
            IBV_ACCESS_ON_DEMAND | IBV_ACCESS_HUGETLB)))
         return EINVAL;
     if (mask & IBV_QP_AV) {
-        uint32_t ip;
-        // RoCE carries every packet in UDP/IP: the address vector needs a GRH.
-        // A connection has one peer: a multicast group is no destination for it.
+        IpAddress ip;
+        // RoCE carries every packet in UDP/IP: the address vector needs a GRH, whose GID is
+        // of the device's family. A connection has one peer: a multicast group is no
+        // destination for it.
         if (!attr.ah_attr.is_global || attr.ah_attr.grh.sgid_index != 0 ||
-            !gid_to_ipv4(attr.ah_attr.grh.dgid, ip) || (ip >> 28) == 0xe)
+            !gid_to_ip(attr.ah_attr.grh.dgid, family, ip) || ip.is_multicast())
             return EINVAL;
         if (attr.ah_attr.port_num > 1) return EINVAL;
     }
@@ -255,7 +254,7 @@ transport::QpAttributes to_transport(const ibv_qp_attr& a, uint32_t port_mtu) {
     if (a.qp_access_flags & IBV_ACCESS_REMOTE_WRITE) t.access |= transport::kRemoteWrite;
     if (a.qp_access_flags & IBV_ACCESS_REMOTE_READ) t.access |= transport::kRemoteRead;
     if (a.qp_access_flags & IBV_ACCESS_REMOTE_ATOMIC) t.access |= transport::kRemoteAtomic;
-    gid_to_ipv4(a.ah_attr.grh.dgid, t.dst_ip);
+    t.dst_ip = IpAddress::from_bytes(a.ah_attr.grh.dgid.raw);  // checked by check_modify
     t.dest_qpn = a.dest_qp_num;
     // The path MTU is taken as the application sets it (both ends must agree on it, as they
     // segment and check by it); the port's MTU is only its default.

@@ -8,14 +8,16 @@
 
 namespace uroce::provider {
 
-// 0 if `mask` and the values in `attr` form a valid modify of a QP in `current`; sets
-// `next` to the state it moves to. EINVAL otherwise.
+// 0 if `mask` and the values in `attr` form a valid modify of a QP in `current` on a device
+// whose address is of `family` (AF_INET, AF_INET6); sets `next` to the state it moves to.
+// EINVAL otherwise.
 int check_modify(ibv_qp_type type, transport::QpState current, const ibv_qp_attr& attr, int mask,
-                 transport::QpState& next);
+                 int family, transport::QpState& next);
 
-// The IPv4 address of an IPv4-mapped GID (::ffff:a.b.c.d), the only GID form this version
-// routes; false for any other GID or 0.0.0.0.
-bool gid_to_ipv4(const ibv_gid& gid, uint32_t& ip);
+// The address a RoCEv2 GID holds, if it is one a device of `family` reaches: an
+// IPv4-mapped GID (::ffff:a.b.c.d) for AF_INET, any other for AF_INET6. False for the other
+// family and for an unspecified address (::, 0.0.0.0).
+bool gid_to_ip(const ibv_gid& gid, int family, IpAddress& ip);
 
 // Copies the attributes named by `mask` into `stored`.
 void merge_attributes(ibv_qp_attr& stored, const ibv_qp_attr& attr, int mask);

@@ -59,9 +59,9 @@ int post_send_ud(UroceQp& qp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexcept {
 int attach_mcast(ibv_qp* ibqp, const ibv_gid* gid, uint16_t) noexcept {
     if (inherited(ibqp->context)) return EIO;
     UroceQp* qp = to_uqp(ibqp);
-    uint32_t group = 0;
+    IpAddress group;
     // Only UD QPs have multicast, and only IPv4 (the engine refuses addresses not groups).
-    if (!qp->ud || !gid || !gid_to_ipv4(*gid, group)) return EINVAL;
+    if (!qp->ud || !gid || !gid_to_ip(*gid, AF_INET, group)) return EINVAL;
     try {
         return to_uctx(ibqp->context)->state->engine->attach_multicast(group, qp->ud);
     } catch (...) {
@@ -72,8 +72,8 @@ int attach_mcast(ibv_qp* ibqp, const ibv_gid* gid, uint16_t) noexcept {
 int detach_mcast(ibv_qp* ibqp, const ibv_gid* gid, uint16_t) noexcept {
     if (inherited(ibqp->context)) return EIO;
     UroceQp* qp = to_uqp(ibqp);
-    uint32_t group = 0;
-    if (!qp->ud || !gid || !gid_to_ipv4(*gid, group)) return EINVAL;
+    IpAddress group;
+    if (!qp->ud || !gid || !gid_to_ip(*gid, AF_INET, group)) return EINVAL;
     return to_uctx(ibqp->context)->state->engine->detach_multicast(group, ibqp->qp_num);
 }
 

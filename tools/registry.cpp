@@ -209,19 +209,16 @@ bool ensure_dev_node(const std::string& name, std::vector<std::string>& warnings
 }
 
 // Warns when the address is not local: the provider could not bind it.
-void check_address_is_local(const Ipv4& ip, std::vector<std::string>& warnings) {
-    int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+void check_address_is_local(const IpAddress& ip, std::vector<std::string>& warnings) {
+    int fd = ::socket(ip.family(), SOCK_DGRAM | SOCK_CLOEXEC, 0);
     if (fd < 0) return;
-    sockaddr_in sa{};
-    sa.sin_family = AF_INET;
-    std::copy(ip.begin(), ip.end(), reinterpret_cast<uint8_t*>(&sa.sin_addr.s_addr));
-    sa.sin_port = 0;
-    if (::bind(fd, reinterpret_cast<const sockaddr*>(&sa), sizeof sa) != 0 &&
-        errno == EADDRNOTAVAIL) {
+    sockaddr_storage sa;
+    const socklen_t len = ip.to_sockaddr(0, sa);
+    if (::bind(fd, reinterpret_cast<const sockaddr*>(&sa), len) != 0 && errno == EADDRNOTAVAIL) {
         warnings.push_back(fmt::format(
             "{} is not an address of this host; the device is registered, but the provider "
             "cannot use it until the address is configured on an interface",
-            format_ipv4(ip)));
+            format_ip(ip)));
     }
     ::close(fd);
 }
@@ -272,43 +269,61 @@ std::string check_mtu(int mtu) {
     return fmt::format("MTU {} is not supported; use one of 256, 512, 1024, 2048, 4096", mtu);
 }
 
-std::string parse_ipv4(std::string_view text, Ipv4& out) {
+std::string parse_ip(std::string_view text, IpAddress& out) {
     const std::string s(text);
-    in_addr a4{};
-    if (::inet_pton(AF_INET, s.c_str(), &a4) != 1) {
-        in6_addr a6{};
-        if (::inet_pton(AF_INET6, s.c_str(), &a6) == 1 || s.find(':') != std::string::npos) {
-            return fmt::format(
-                "IPv6 addresses are not supported yet ('{}'); use an IPv4 address such as "
-                "127.0.0.1",
-                s);
-        }
+    const auto parsed = IpAddress::parse(s);
+    if (!parsed) {
         return fmt::format(
-            "'{}' is not a valid IPv4 address; use dotted-quad form such as 127.0.0.1", s);
+            "'{}' is not a valid IP address; use dotted-quad IPv4 such as 127.0.0.1 or IPv6 such "
+            "as ::1",
+            s);
     }
-    Ipv4 ip{};
-    std::copy_n(reinterpret_cast<const uint8_t*>(&a4.s_addr), 4, ip.begin());
-    if (ip == Ipv4{0, 0, 0, 0}) {
-        return "0.0.0.0 cannot be a device address; use the address of a local interface such as "
-               "127.0.0.1";
+    const IpAddress ip = *parsed;
+    if (ip.is_v4() && s.find(':') != std::string::npos) {
+        return fmt::format(
+            "{} is an IPv4-mapped IPv6 address; give the IPv4 address itself, such as {}", s,
+            ip.to_string());
     }
-    if (ip[0] >= 224) {
+    if (ip.is_unspecified()) {
+        return fmt::format(
+            "{} cannot be a device address; use the address of a local interface such as "
+            "127.0.0.1 or ::1",
+            s);
+    }
+    if (ip.is_v4() && (ip.v4() >> 24) >= 224) {
         return fmt::format(
             "{} is a multicast, broadcast or reserved address; use a unicast address of a local "
             "interface",
+            s);
+    }
+    if (!ip.is_v4() && ip.is_multicast()) {
+        return fmt::format("{} is a multicast address; use a unicast address of a local interface",
+                           s);
+    }
+    if (!ip.is_v4() && ip.bytes()[0] == 0xfe && (ip.bytes()[1] & 0xc0) == 0x80) {
+        return fmt::format(
+            "{} is a link-local IPv6 address, which names no interface by itself; use a global "
+            "or unique-local address (fd00::/8) of a local interface, or ::1",
             s);
     }
     out = ip;
     return {};
 }
 
-std::string format_ipv4(const Ipv4& ip) {
-    return fmt::format("{}.{}.{}.{}", ip[0], ip[1], ip[2], ip[3]);
+std::string format_ip(const IpAddress& ip) {
+    return ip.to_string();
 }
 
-uint64_t node_guid_for(const Ipv4& ip, uint16_t port) {
-    return (uint64_t{0x02} << 56) | (uint64_t{ip[0]} << 40) | (uint64_t{ip[1]} << 32) |
-           (uint64_t{ip[2]} << 24) | (uint64_t{ip[3]} << 16) | port;
+std::string format_endpoint(const IpAddress& ip, uint16_t port) {
+    return ip.is_v4() ? fmt::format("{}:{}", ip.to_string(), port)
+                      : fmt::format("[{}]:{}", ip.to_string(), port);
+}
+
+uint64_t node_guid_for(const IpAddress& ip, uint16_t port) {
+    const auto& b = ip.bytes();
+    const uint64_t kind = ip.is_v4() ? 0x02 : 0x06;
+    return (kind << 56) | (uint64_t{b[12]} << 40) | (uint64_t{b[13]} << 32) |
+           (uint64_t{b[14]} << 24) | (uint64_t{b[15]} << 16) | port;
 }
 
 std::string format_guid(uint64_t guid) {
@@ -316,13 +331,16 @@ std::string format_guid(uint64_t guid) {
                        (guid >> 16) & 0xffff, guid & 0xffff);
 }
 
-std::string format_gid_sysfs(const Ipv4& ip) {
-    return fmt::format("0000:0000:0000:0000:0000:ffff:{:02x}{:02x}:{:02x}{:02x}", ip[0], ip[1],
-                       ip[2], ip[3]);
+std::string format_gid_sysfs(const IpAddress& ip) {
+    const auto& b = ip.bytes();
+    std::string out;
+    for (size_t i = 0; i < b.size(); i += 2)
+        out += fmt::format("{}{:02x}{:02x}", i ? ":" : "", b[i], b[i + 1]);
+    return out;
 }
 
-std::string format_gid_short(const Ipv4& ip) {
-    return "::ffff:" + format_ipv4(ip);
+std::string format_gid_short(const IpAddress& ip) {
+    return ip.is_v4() ? "::ffff:" + ip.to_string() : ip.to_string();
 }
 
 std::string uverbs_name(std::string_view device_name) {
@@ -374,16 +392,16 @@ std::vector<std::string> Registry::add(const DeviceConfig& cfg) {
                         cfg.name, root_.string(), cfg.name));
     }
     for (const auto& dev : list()) {
-        if (dev.config.ipv4 == cfg.ipv4 && dev.config.port == cfg.port) {
+        if (dev.config.ip == cfg.ip && dev.config.port == cfg.port) {
             fail(
-                fmt::format("device '{}' already uses {}:{}; choose another --ip or --port, or "
+                fmt::format("device '{}' already uses {}; choose another --ip or --port, or "
                             "remove it with 'uroce del {}'",
-                            dev.config.name, format_ipv4(cfg.ipv4), cfg.port, dev.config.name));
+                            dev.config.name, format_endpoint(cfg.ip, cfg.port), dev.config.name));
         }
     }
 
     std::vector<std::string> warnings;
-    check_address_is_local(cfg.ipv4, warnings);
+    check_address_is_local(cfg.ip, warnings);
 
     const fs::path abi = verbs_class() / "abi_version";
     if (read_file(abi) != "6") write_file(abi, "6");
@@ -405,7 +423,7 @@ std::vector<std::string> Registry::add(const DeviceConfig& cfg) {
     bool node_created = false;
     try {
         remove_tree_quietly(ib_stage);
-        const std::string guid = format_guid(node_guid_for(cfg.ipv4, cfg.port));
+        const std::string guid = format_guid(node_guid_for(cfg.ip, cfg.port));
         const fs::path port_dir = ib_stage / "ports" / "1";
         make_dirs(port_dir / "gids");
         make_dirs(port_dir / "gid_attrs" / "types");
@@ -417,10 +435,10 @@ std::vector<std::string> Registry::add(const DeviceConfig& cfg) {
         write_file(ib_stage / "fw_ver", "0.1.0");
         write_file(ib_stage / "board_id", "uroce");
         write_file(ib_stage / "hca_type", "uroce");
-        write_file(port_dir / "gids" / "0", format_gid_sysfs(cfg.ipv4));
+        write_file(port_dir / "gids" / "0", format_gid_sysfs(cfg.ip));
         write_file(port_dir / "gid_attrs" / "types" / "0", "RoCE v2");
         write_file(port_dir / "pkeys" / "0", "0xffff");
-        write_file(ib_stage / "uroce" / "ipv4", format_ipv4(cfg.ipv4));
+        write_file(ib_stage / "uroce" / (cfg.ip.is_v4() ? "ipv4" : "ipv6"), format_ip(cfg.ip));
         write_file(ib_stage / "uroce" / "udp_port", std::to_string(cfg.port));
         write_file(ib_stage / "uroce" / "mtu", std::to_string(cfg.mtu));
         if (::rename(ib_stage.c_str(), ib_dir.c_str()) != 0) {
@@ -501,7 +519,9 @@ std::vector<DeviceInfo> Registry::list(std::vector<std::string>* warnings) const
         };
         DeviceInfo info;
         info.config.name = name;
-        auto ip = read_file(dir / "uroce" / "ipv4");
+        const bool v4 = fs::exists(dir / "uroce" / "ipv4", ec);
+        const char* ip_file = v4 ? "ipv4" : "ipv6";
+        auto ip = read_file(dir / "uroce" / ip_file);
         auto port = read_file(dir / "uroce" / "udp_port");
         auto mtu = read_file(dir / "uroce" / "mtu");
         auto guid = read_file(dir / "node_guid");
@@ -509,8 +529,8 @@ std::vector<DeviceInfo> Registry::list(std::vector<std::string>* warnings) const
             warn("incomplete entry");
             continue;
         }
-        if (!parse_ipv4(*ip, info.config.ipv4).empty()) {
-            warn(fmt::format("bad uroce/ipv4 '{}'", *ip));
+        if (!parse_ip(*ip, info.config.ip).empty() || info.config.ip.is_v4() != v4) {
+            warn(fmt::format("bad uroce/{} '{}'", ip_file, *ip));
             continue;
         }
         if (!parse_number(*port, info.config.port) || info.config.port == 0) {

@@ -18,7 +18,7 @@
 //   ROOT/sys/class/infiniband/NAME/ports/1/gids/0                  IPv4-mapped GID
 //   ROOT/sys/class/infiniband/NAME/ports/1/gid_attrs/types/0       "RoCE v2"
 //   ROOT/sys/class/infiniband/NAME/ports/1/pkeys/0                 "0xffff"
-//   ROOT/sys/class/infiniband/NAME/uroce/ipv4                      "a.b.c.d"
+//   ROOT/sys/class/infiniband/NAME/uroce/ipv4 (or ipv6)            "a.b.c.d" (or "::1")
 //   ROOT/sys/class/infiniband/NAME/uroce/udp_port                  "4791"
 //   ROOT/sys/class/infiniband/NAME/uroce/mtu                       "1024"
 //   /dev/infiniband/uverbs_uroce_NAME                              char 1:3 (like /dev/null), 0666
@@ -57,6 +57,8 @@
 #include <string_view>
 #include <vector>
 
+#include "uroce/ip_address.h"
+
 namespace uroce::registry {
 
 inline constexpr std::string_view kDefaultRoot = "/run/uroce";
@@ -70,11 +72,9 @@ inline constexpr std::array<int, 5> kValidMtus = {256, 512, 1024, 2048, 4096};
 inline constexpr unsigned kNodeMajor = 1;
 inline constexpr unsigned kNodeMinor = 3;
 
-using Ipv4 = std::array<uint8_t, 4>;  // network order: a.b.c.d -> {a, b, c, d}
-
 struct DeviceConfig {
     std::string name;
-    Ipv4 ipv4{};
+    IpAddress ip;  // IPv4 or IPv6
     uint16_t port = kDefaultPort;
     int mtu = kDefaultMtu;
 };
@@ -99,15 +99,18 @@ class Error : public std::runtime_error {
 // Validators return an empty string when the value is fine, else a message.
 std::string check_name(std::string_view name);
 std::string check_mtu(int mtu);
-// Parses a dotted-quad IPv4 address. IPv6 and unusable addresses (0.0.0.0,
-// multicast, 255.255.255.255) get their own message.
-std::string parse_ipv4(std::string_view text, Ipv4& out);
+// Parses a device address: dotted-quad IPv4 or IPv6. Unusable addresses (0.0.0.0, ::,
+// multicast, 255.255.255.255, link-local IPv6, which needs an interface) get their own
+// message.
+std::string parse_ip(std::string_view text, IpAddress& out);
 
-std::string format_ipv4(const Ipv4& ip);
-uint64_t node_guid_for(const Ipv4& ip, uint16_t port);
+std::string format_ip(const IpAddress& ip);                       // "127.0.0.1", "::1"
+std::string format_endpoint(const IpAddress& ip, uint16_t port);  // "127.0.0.1:4791", "[::1]:4791"
+// 02 (IPv4) or 06 (IPv6), the address's last four bytes, the port.
+uint64_t node_guid_for(const IpAddress& ip, uint16_t port);
 std::string format_guid(uint64_t guid);                 // "0200:7f00:0001:12b7"
-std::string format_gid_sysfs(const Ipv4& ip);           // "0000:...:ffff:7f00:0001"
-std::string format_gid_short(const Ipv4& ip);           // "::ffff:127.0.0.1"
+std::string format_gid_sysfs(const IpAddress& ip);      // "0000:...:ffff:7f00:0001"
+std::string format_gid_short(const IpAddress& ip);      // "::ffff:127.0.0.1", "::1"
 std::string uverbs_name(std::string_view device_name);  // "uverbs_uroce_NAME"
 std::filesystem::path dev_node_path(std::string_view device_name);
 

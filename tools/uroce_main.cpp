@@ -40,6 +40,7 @@
 
 namespace fs = std::filesystem;
 namespace reg = uroce::registry;
+using uroce::IpAddress;
 namespace tools = uroce::tools;
 
 namespace {
@@ -223,8 +224,8 @@ int cmd_list() {
     for (const auto& d : devices) name_w = std::max(name_w, d.config.name.size());
     for (const auto& d : devices) {
         fmt::print("{:<{}}  {:<15}  {:>5}  {:>4}  {:<22}  {}\n", d.config.name, name_w,
-                   reg::format_ipv4(d.config.ipv4), d.config.port, d.config.mtu,
-                   reg::format_gid_short(d.config.ipv4), d.node_guid);
+                   reg::format_ip(d.config.ip), d.config.port, d.config.mtu,
+                   reg::format_gid_short(d.config.ip), d.node_guid);
     }
     std::fflush(stdout);
     print_warnings("uroce list", warnings);
@@ -300,13 +301,13 @@ CLI::Validator name_validator() {
                           "device name");
 }
 
-CLI::Validator ipv4_validator() {
+CLI::Validator ip_validator() {
     return CLI::Validator(
         [](std::string& value) {
-            reg::Ipv4 ip;
-            return reg::parse_ipv4(value, ip);
+            IpAddress ip;
+            return reg::parse_ip(value, ip);
         },
-        "IPV4", "IPv4 address");
+        "IP", "IPv4 or IPv6 address");
 }
 
 // Parses a decimal integer in [lo, hi] (CLI11's own checks would report
@@ -373,9 +374,9 @@ int main(int argc, char** argv) {
     add->add_option("NAME", cfg.name, "Device name: letters, digits and '_', 1 to 31 characters")
         ->required()
         ->check(name_validator());
-    add->add_option("--ip", ip_text, "IPv4 address the device sends from and listens on")
+    add->add_option("--ip", ip_text, "IPv4 or IPv6 address the device sends from and listens on")
         ->required()
-        ->check(ipv4_validator());
+        ->check(ip_validator());
     add->add_option("--mtu", cfg.mtu, "Path MTU: 256, 512, 1024, 2048 or 4096")
         ->capture_default_str()
         ->check(mtu_validator());
@@ -455,7 +456,7 @@ int main(int argc, char** argv) {
     const std::string who = "uroce " + app.get_subcommands().front()->get_name();
     try {
         if (add->parsed()) {
-            reg::parse_ipv4(ip_text, cfg.ipv4);
+            reg::parse_ip(ip_text, cfg.ip);
             return cmd_add(cfg);
         }
         if (del->parsed()) return cmd_del(del_name);

@@ -14,6 +14,8 @@
 #include <utility>
 #include <vector>
 
+#include "uroce/ip_address.h"
+
 namespace uroce::transport {
 
 class UdpSocket;
@@ -24,10 +26,10 @@ class DelayLine {
 
     struct Packet {
         std::vector<uint8_t> bytes;         // the UDP payload: BTH .. ICRC
-        uint32_t peer_ip = 0;               // tx: the destination; rx: the source
+        IpAddress peer_ip;                  // tx: the destination; rx: the source
         uint16_t peer_port = 0;             // rx: the source port
         uint16_t id = 0;                    // rx: the IPv4 identification its ICRC likely covers
-        uint32_t group = 0;                 // rx: the multicast group it came through, or 0
+        IpAddress group;                    // rx: the multicast group it came through, or ::
         uint8_t ttl = 0;                    // tx: the TTL to send with (0: the socket's)
         const UdpSocket* socket = nullptr;  // tx: the socket to send it from
     };

@@ -299,12 +299,12 @@ void Engine::detach(uint32_t qpn) {
     if (keep) keep->close();
 }
 
-int Engine::attach_multicast(uint32_t group, const std::shared_ptr<UdQp>& qp) {
-    if (!is_ipv4_multicast(group)) return EINVAL;
+int Engine::attach_multicast(const IpAddress& group, const std::shared_ptr<UdQp>& qp) {
+    if (!group.is_v4() || !group.is_multicast()) return EINVAL;  // IPv6 groups: not yet
     return multicast_.attach(base_, group, qp);
 }
 
-int Engine::detach_multicast(uint32_t group, uint32_t qpn) {
+int Engine::detach_multicast(const IpAddress& group, uint32_t qpn) {
     return multicast_.detach(group, qpn);
 }
 
@@ -330,7 +330,7 @@ void Engine::set_transmit_filter(TransmitFilter filter) {
     has_transmit_filter_.store(static_cast<bool>(transmit_filter_), std::memory_order_release);
 }
 
-bool Engine::pass_filter(std::span<const iovec> iov, uint32_t dst_ip) {
+bool Engine::pass_filter(std::span<const iovec> iov, const IpAddress& dst_ip) {
     std::vector<uint8_t> packet;
     for (const iovec& v : iov)
         packet.insert(packet.end(), static_cast<const uint8_t*>(v.iov_base),
@@ -339,10 +339,10 @@ bool Engine::pass_filter(std::span<const iovec> iov, uint32_t dst_ip) {
     return !transmit_filter_ || transmit_filter_(packet, dst_ip);
 }
 
-void Engine::receive_datagram(std::span<const uint8_t> udp_payload, uint32_t src_ip,
-                              uint16_t src_port, bool send_acks, uint32_t group) {
+void Engine::receive_datagram(std::span<const uint8_t> udp_payload, const IpAddress& src_ip,
+                              uint16_t src_port, bool send_acks, const IpAddress& group) {
     std::lock_guard lock(rx_mutex_);
-    if (group != 0) {
+    if (!group.is_unspecified()) {
         deliver_multicast(udp_payload, src_ip, src_port, group);
         return;
     }
@@ -356,7 +356,7 @@ void Engine::on_readable(evutil_socket_t, short, void* arg) {
     e->receive_batch();
 }
 
-void Engine::on_group_readable(const UdpSocket& socket, uint32_t group, void* arg) {
+void Engine::on_group_readable(const UdpSocket& socket, const IpAddress& group, void* arg) {
     auto* e = static_cast<Engine*>(arg);
     std::lock_guard lock(e->rx_mutex_);
     e->receive_from(socket, group);
@@ -375,15 +375,15 @@ void Engine::progress() {
 }
 
 void Engine::receive_batch() {
-    receive_from(socket_, 0);
+    receive_from(socket_, IpAddress{});
 }
 
-void Engine::receive_from(const UdpSocket& socket, uint32_t group) {
+void Engine::receive_from(const UdpSocket& socket, const IpAddress& group) {
     UdpSocket::Datagram batch[kRxBatch];
     size_t handled = 0;
     while (handled < kRxBudget) {
         for (size_t i = 0; i < rx_batch_; ++i)
-            batch[i] = {rx_buffers_.get() + i * rx_buffer_bytes_, rx_buffer_bytes_, 0, 0, 0, 0};
+            batch[i] = {rx_buffers_.get() + i * rx_buffer_bytes_, rx_buffer_bytes_, 0, {}, 0, 0};
         const size_t got = socket.receive(std::span(batch, rx_batch_));
         if (got == 0) break;
         for (size_t i = 0; i < got; ++i) {
@@ -405,12 +405,13 @@ void Engine::receive_from(const UdpSocket& socket, uint32_t group) {
     if (capture_ && handled > 0) capture_->flush();
 }
 
-void Engine::receive_one(std::span<const uint8_t> one, uint32_t src_ip, uint16_t src_port,
-                         uint32_t group, uint16_t index) {
+void Engine::receive_one(std::span<const uint8_t> one, const IpAddress& src_ip, uint16_t src_port,
+                         const IpAddress& group, uint16_t index) {
     if (capture_ && !one.empty())
-        capture_->received(
-            wire::Ipv4Flow{src_ip, group ? group : config_.ip, src_port, config_.port}, one, index);
-    if (group != 0) {
+        capture_->received(wire::IpFlow{src_ip, group.is_unspecified() ? config_.ip : group,
+                                        src_port, config_.port},
+                           one, index);
+    if (!group.is_unspecified()) {
         deliver_multicast(one, src_ip, src_port, group);
         return;
     }
@@ -419,15 +420,16 @@ void Engine::receive_one(std::span<const uint8_t> one, uint32_t src_ip, uint16_t
         touched_.push_back(std::move(qp));
 }
 
-bool Engine::accept(std::span<const uint8_t> datagram, uint32_t src_ip, uint32_t dst_ip,
-                    uint16_t src_port, wire::ParsedPacket& pkt, uint16_t expected_id) {
+bool Engine::accept(std::span<const uint8_t> datagram, const IpAddress& src_ip,
+                    const IpAddress& dst_ip, uint16_t src_port, wire::ParsedPacket& pkt,
+                    uint16_t expected_id) {
     bump(counters_->rx_packets);
     if (wire::parse_packet(datagram, pkt) != wire::ParseError::None) {
         bump(counters_->rx_malformed);
         return false;
     }
-    const wire::Ipv4Flow flow{src_ip, dst_ip, src_port, config_.port};
-    switch (wire::icrc_verify_ipv4(flow, datagram, expected_id)) {
+    const wire::IpFlow flow{src_ip, dst_ip, src_port, config_.port};
+    switch (wire::icrc_verify(flow, datagram, expected_id)) {
         case wire::IcrcCheck::Exact:
             break;
         case wire::IcrcCheck::MatchesUnseenFields:
@@ -450,7 +452,7 @@ bool Engine::accept(std::span<const uint8_t> datagram, uint32_t src_ip, uint32_t
     return true;
 }
 
-std::shared_ptr<Qp> Engine::deliver(std::span<const uint8_t> datagram, uint32_t src_ip,
+std::shared_ptr<Qp> Engine::deliver(std::span<const uint8_t> datagram, const IpAddress& src_ip,
                                     uint16_t src_port, uint16_t expected_id) {
     wire::ParsedPacket pkt;
     if (!accept(datagram, src_ip, config_.ip, src_port, pkt, expected_id)) return nullptr;
@@ -480,8 +482,8 @@ std::shared_ptr<Qp> Engine::deliver(std::span<const uint8_t> datagram, uint32_t 
     return qp;
 }
 
-void Engine::deliver_multicast(std::span<const uint8_t> datagram, uint32_t src_ip,
-                               uint16_t src_port, uint32_t group) {
+void Engine::deliver_multicast(std::span<const uint8_t> datagram, const IpAddress& src_ip,
+                               uint16_t src_port, const IpAddress& group) {
     wire::ParsedPacket pkt;
     // The ICRC covers the destination address: the group's.
     if (!accept(datagram, src_ip, group, src_port, pkt)) return;

@@ -43,7 +43,7 @@ namespace uroce::transport {
 class UdQp;
 
 struct EngineConfig {
-    uint32_t ip = 0;  // host order
+    IpAddress ip;
     uint16_t port = wire::kRoceV2Port;
     uint32_t mtu = 1024;              // the port's active MTU in bytes
     std::vector<FaultConfig> faults;  // UROCE_FAULTS' rules (fault_plan.h)
@@ -126,9 +126,9 @@ class Engine {
     // Attaches the UD QP `qp` to the IPv4 multicast group `group` (host order): each datagram
     // sent to the group with destination QP 0xFFFFFF reaches it, as every other QP of this
     // engine attached there. 0 or an errno (multicast_groups.h).
-    int attach_multicast(uint32_t group, const std::shared_ptr<UdQp>& qp);
+    int attach_multicast(const IpAddress& group, const std::shared_ptr<UdQp>& qp);
     // EINVAL if `qpn` is not attached to `group`.
-    int detach_multicast(uint32_t group, uint32_t qpn);
+    int detach_multicast(const IpAddress& group, uint32_t qpn);
     // XRC SRQs, by the number XRC requests name in their XRCETH. allocate_srqn() draws a
     // number as allocate_qpn() does (unique on the device); attach_xrc_srq() makes the SRQ
     // findable; detach_xrc_srq() ends that and frees the number. Throws std::bad_alloc
@@ -156,15 +156,15 @@ class Engine {
     // socket had delivered it from src_ip:src_port, then sends the ACKs it asked for (unless
     // `send_acks` is false: they stay pending, as in the middle of a receive batch). With
     // `group` set, as if the socket of that multicast group had received it.
-    void receive_datagram(std::span<const uint8_t> udp_payload, uint32_t src_ip, uint16_t src_port,
-                          bool send_acks = true, uint32_t group = 0);
+    void receive_datagram(std::span<const uint8_t> udp_payload, const IpAddress& src_ip,
+                          uint16_t src_port, bool send_acks = true, const IpAddress& group = {});
 
     // Sees every packet the engine is about to send (the whole UDP payload, ICRC included)
     // after the fault injector let it through; returning false drops it (counted as
     // tx_dropped_filter). For tests that play a peer or lose chosen packets. Pass an empty
     // function to remove it.
     using TransmitFilter =
-        std::function<bool(std::span<const uint8_t> udp_payload, uint32_t dst_ip)>;
+        std::function<bool(std::span<const uint8_t> udp_payload, const IpAddress& dst_ip)>;
     void set_transmit_filter(TransmitFilter filter);
 
     // The socket a QP sends from: bound to the UDP source port derived from its QPN, or the
@@ -201,7 +201,7 @@ class Engine {
     // flush (TransmitBatch::pin). `qp`: the counters of the QP sending it, which count the
     // faults injected into it (tx_faults); nullptr for a packet of no QP's (QP1's MADs).
     TransmitResult transmit(const wire::Headers& h, std::span<const iovec> payload,
-                            uint32_t payload_len, uint32_t dst_ip, const UdpSocket& from,
+                            uint32_t payload_len, const IpAddress& dst_ip, const UdpSocket& from,
                             uint8_t ttl = 0, TransmitBatch* batch = nullptr,
                             QpCounters* qp = nullptr);
     // Sends what `batch` holds, in one sendmsg if it holds several packets, and empties it.
@@ -215,7 +215,7 @@ class Engine {
 
   private:
     // Asks the transmit filter about the packet gathered from `iov`.
-    bool pass_filter(std::span<const iovec> iov, uint32_t dst_ip);
+    bool pass_filter(std::span<const iovec> iov, const IpAddress& dst_ip);
     // Counts the outcome `err` (UdpSocket::send) of sending `packets` packets.
     TransmitResult account_send(int err, uint64_t packets);
     // flush() without letting go of the batch's pin: for a flush in the middle of
@@ -226,25 +226,25 @@ class Engine {
     TransmitResult send_one_by_one(TransmitBatch& batch);
     // Checks one received UDP payload and hands it to its QP; returns that QP.
     // `expected_id`: the IPv4 identification its ICRC most likely covers (the segment's
-    // index in a GRO train, icrc_verify_ipv4).
-    std::shared_ptr<Qp> deliver(std::span<const uint8_t> datagram, uint32_t src_ip,
+    // index in a GRO train, icrc_verify).
+    std::shared_ptr<Qp> deliver(std::span<const uint8_t> datagram, const IpAddress& src_ip,
                                 uint16_t src_port, uint16_t expected_id = 0);
     // Checks one datagram the socket of multicast `group` received and hands it to every
     // QP attached to the group.
-    void deliver_multicast(std::span<const uint8_t> datagram, uint32_t src_ip, uint16_t src_port,
-                           uint32_t group);
+    void deliver_multicast(std::span<const uint8_t> datagram, const IpAddress& src_ip,
+                           uint16_t src_port, const IpAddress& group);
     // The checks every received datagram passes (parse, ICRC against dst_ip, P_Key, not a
     // CNP), counting what fails; false: dropped.
-    bool accept(std::span<const uint8_t> datagram, uint32_t src_ip, uint32_t dst_ip,
+    bool accept(std::span<const uint8_t> datagram, const IpAddress& src_ip, const IpAddress& dst_ip,
                 uint16_t src_port, wire::ParsedPacket& pkt, uint16_t expected_id = 0);
 
     Engine(const EngineConfig& config, std::unique_ptr<DeviceSlot> slot,
            std::unique_ptr<QpnSteering> steering, std::unique_ptr<DeviceCounters> counters);
     static void on_readable(evutil_socket_t fd, short what, void* arg);
-    static void on_group_readable(const UdpSocket& socket, uint32_t group, void* arg);
+    static void on_group_readable(const UdpSocket& socket, const IpAddress& group, void* arg);
     void receive_batch();
     // Reads and delivers what `socket` holds (`group` 0: the device's socket).
-    void receive_from(const UdpSocket& socket, uint32_t group);
+    void receive_from(const UdpSocket& socket, const IpAddress& group);
     void run();
 
     EngineConfig config_;
@@ -267,9 +267,9 @@ class Engine {
     // `qp`: the sending QP's counters (tx_faults), or null.
     TransmitResult send_faulted(const FaultDecision& fault, QpCounters* qp,
                                 std::span<const iovec> packet, uint32_t bytes,
-                                const wire::Ipv4Flow& flow, const UdpSocket& sock, uint8_t ttl);
+                                const wire::IpFlow& flow, const UdpSocket& sock, uint8_t ttl);
     // Sends one packet built in full (a faulted copy), writes it to the capture.
-    TransmitResult send_copy(std::span<const uint8_t> packet, const wire::Ipv4Flow& flow,
+    TransmitResult send_copy(std::span<const uint8_t> packet, const wire::IpFlow& flow,
                              const UdpSocket& sock, uint8_t ttl);
     // Puts `p` in `line` for `delay_us` and makes sure the delay timer fires in time;
     // false (counted as a dropped fault by the caller) when the line is full.
@@ -280,12 +280,12 @@ class Engine {
     void arm_delay_timer();
     // A datagram (or a GRO segment) read from a socket: the receive-side faults, then
     // receive_one(). `index` is its position in its GRO train.
-    void receive_read(std::span<uint8_t> one, uint32_t src_ip, uint16_t src_port, uint32_t group,
-                      uint16_t index);
+    void receive_read(std::span<uint8_t> one, const IpAddress& src_ip, uint16_t src_port,
+                      const IpAddress& group, uint16_t index);
     // Writes a received datagram to the capture and hands it to its QP (or group),
     // remembering the QP for the batch's ACK.
-    void receive_one(std::span<const uint8_t> one, uint32_t src_ip, uint16_t src_port,
-                     uint32_t group, uint16_t index);
+    void receive_one(std::span<const uint8_t> one, const IpAddress& src_ip, uint16_t src_port,
+                     const IpAddress& group, uint16_t index);
     DelayLine tx_delayed_, rx_delayed_;
     event* delay_event_ = nullptr;  // fires when the first held packet is due
     std::mutex delay_timer_mutex_;  // orders re-arming against the callback's reading

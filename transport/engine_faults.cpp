@@ -27,7 +27,7 @@ constexpr uint8_t kNoOpcode = 0xff;  // no opcode uroce knows
 
 Engine::TransmitResult Engine::send_faulted(const FaultDecision& fault, QpCounters* qp,
                                             std::span<const iovec> packet, uint32_t bytes,
-                                            const wire::Ipv4Flow& flow, const UdpSocket& sock,
+                                            const wire::IpFlow& flow, const UdpSocket& sock,
                                             uint8_t ttl) {
     if (qp) bump(qp->tx_faults);
     // A copy: the payload is the application's registered memory, never written here, and
@@ -71,9 +71,8 @@ Engine::TransmitResult Engine::send_faulted(const FaultDecision& fault, QpCounte
     return result;
 }
 
-Engine::TransmitResult Engine::send_copy(std::span<const uint8_t> packet,
-                                         const wire::Ipv4Flow& flow, const UdpSocket& sock,
-                                         uint8_t ttl) {
+Engine::TransmitResult Engine::send_copy(std::span<const uint8_t> packet, const wire::IpFlow& flow,
+                                         const UdpSocket& sock, uint8_t ttl) {
     const iovec one{const_cast<uint8_t*>(packet.data()), packet.size()};
     const TransmitResult r =
         account_send(sock.send(flow.dst_ip, config_.port, std::span(&one, 1), ttl), 1);
@@ -84,8 +83,8 @@ Engine::TransmitResult Engine::send_copy(std::span<const uint8_t> packet,
     return r;
 }
 
-void Engine::receive_read(std::span<uint8_t> one, uint32_t src_ip, uint16_t src_port,
-                          uint32_t group, uint16_t index) {
+void Engine::receive_read(std::span<uint8_t> one, const IpAddress& src_ip, uint16_t src_port,
+                          const IpAddress& group, uint16_t index) {
     if (!faults_.enabled(FaultDirection::Rx)) {
         receive_one(one, src_ip, src_port, group, index);
         return;
@@ -159,7 +158,7 @@ void Engine::release_delayed() {
     std::vector<DelayLine::Packet> due;
     tx_delayed_.take_due(now, due);
     for (const DelayLine::Packet& p : due)
-        send_copy(p.bytes, wire::Ipv4Flow{config_.ip, p.peer_ip, p.socket->port(), config_.port},
+        send_copy(p.bytes, wire::IpFlow{config_.ip, p.peer_ip, p.socket->port(), config_.port},
                   *p.socket, p.ttl);
     due.clear();
     {

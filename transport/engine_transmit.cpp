@@ -29,7 +29,7 @@ const UdpSocket& Engine::sender_for_qpn(uint32_t qpn) {
 }
 
 Engine::TransmitResult Engine::transmit(const wire::Headers& h, std::span<const iovec> payload,
-                                        uint32_t payload_len, uint32_t dst_ip,
+                                        uint32_t payload_len, const IpAddress& dst_ip,
                                         const UdpSocket& sock, uint8_t ttl, TransmitBatch* batch,
                                         QpCounters* qp) {
     // One decision per packet the engine is asked to send (UROCE_FAULTS).
@@ -85,8 +85,8 @@ Engine::TransmitResult Engine::transmit(const wire::Headers& h, std::span<const 
         pieces[n++] = {kZeros, out.bth.pad};
     }
     // The ICRC covers the UDP source port: it is the port of the socket that sends.
-    const wire::Ipv4Flow flow{config_.ip, dst_ip, sock.port(), config_.port};
-    const uint32_t crc = wire::icrc_ipv4(flow, wire::Ipv4Unseen{index, true}, std::span(pieces, n));
+    const wire::IpFlow flow{config_.ip, dst_ip, sock.port(), config_.port};
+    const uint32_t crc = wire::icrc(flow, wire::Ipv4Unseen{index, true}, std::span(pieces, n));
     store_icrc(icrc, crc);
     iov[n++] = {icrc, 4};
     if (fault.fault == Fault::Drop) {
@@ -204,9 +204,9 @@ Engine::TransmitResult Engine::send_one_by_one(TransmitBatch& batch) {
             std::span<const uint8_t> pieces[kMaxSge + 4];
             for (size_t k = 0; k + 1 < p.niov; ++k)
                 pieces[k] = {static_cast<const uint8_t*>(iov[k].iov_base), iov[k].iov_len};
-            const wire::Ipv4Flow flow{config_.ip, batch.dst_ip_, batch.from_->port(), config_.port};
+            const wire::IpFlow flow{config_.ip, batch.dst_ip_, batch.from_->port(), config_.port};
             const uint32_t crc =
-                wire::icrc_ipv4(flow, wire::Ipv4Unseen{}, std::span(pieces, p.niov - 1));
+                wire::icrc(flow, wire::Ipv4Unseen{}, std::span(pieces, p.niov - 1));
             store_icrc(batch.icrcs_[i].data(), crc);
         }
         const TransmitResult r =
@@ -217,7 +217,7 @@ Engine::TransmitResult Engine::send_one_by_one(TransmitBatch& batch) {
         }
         if (r == TransmitResult::Sent && capture_) {
             // Sent alone: identification 0, as its ICRC now says.
-            const wire::Ipv4Flow flow{config_.ip, batch.dst_ip_, batch.from_->port(), config_.port};
+            const wire::IpFlow flow{config_.ip, batch.dst_ip_, batch.from_->port(), config_.port};
             capture_->sent(flow, 0, 0, packet);
             capture_->flush();
         }
@@ -235,7 +235,7 @@ Engine::TransmitResult Engine::send_one_by_one(TransmitBatch& batch) {
 
 void Engine::capture_sent(const TransmitBatch& batch, size_t first, size_t count) {
     if (!capture_) return;
-    const wire::Ipv4Flow flow{config_.ip, batch.dst_ip_, batch.from_->port(), config_.port};
+    const wire::IpFlow flow{config_.ip, batch.dst_ip_, batch.from_->port(), config_.port};
     for (size_t i = first; i < first + count; ++i) {
         const TransmitBatch::Packet& p = batch.packets_[i];
         // Packet k of a train has the ICRC for identification k (the segment Linux cuts).

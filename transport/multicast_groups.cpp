@@ -9,7 +9,7 @@
 namespace uroce::transport {
 
 struct MulticastGroups::Group {
-    Group(MulticastGroups& o, uint32_t group, uint32_t if_ip, uint16_t port)
+    Group(MulticastGroups& o, const IpAddress& group, const IpAddress& if_ip, uint16_t port)
         : owner(o), ip(group), socket(JoinGroup{group, if_ip}, port) {}
     // libevent's event_free waits for a callback running on another thread, so the socket
     // (closed after this body) is never read once freed.
@@ -20,13 +20,14 @@ struct MulticastGroups::Group {
     Group& operator=(const Group&) = delete;
 
     MulticastGroups& owner;
-    const uint32_t ip;
+    const IpAddress ip;
     UdpSocket socket;
     event* ev = nullptr;
     std::vector<std::shared_ptr<UdQp>> members;
 };
 
-MulticastGroups::MulticastGroups(uint32_t if_ip, uint16_t port, OnReadable on_readable, void* arg)
+MulticastGroups::MulticastGroups(const IpAddress& if_ip, uint16_t port, OnReadable on_readable,
+                                 void* arg)
     : if_ip_(if_ip), port_(port), on_readable_(on_readable), arg_(arg) {}
 
 MulticastGroups::~MulticastGroups() {
@@ -38,7 +39,8 @@ void MulticastGroups::on_event(evutil_socket_t, short, void* arg) {
     g->owner.on_readable_(g->socket, g->ip, g->owner.arg_);
 }
 
-int MulticastGroups::attach(event_base* base, uint32_t group, const std::shared_ptr<UdQp>& qp) {
+int MulticastGroups::attach(event_base* base, const IpAddress& group,
+                            const std::shared_ptr<UdQp>& qp) {
     std::unique_lock lock(mutex_);
     auto it = groups_.find(group);
     if (it == groups_.end()) {
@@ -56,7 +58,7 @@ int MulticastGroups::attach(event_base* base, uint32_t group, const std::shared_
     return 0;
 }
 
-int MulticastGroups::detach(uint32_t group, uint32_t qpn) {
+int MulticastGroups::detach(const IpAddress& group, uint32_t qpn) {
     std::unique_ptr<Group> gone;  // closed outside the lock: it may wait for its event
     std::unique_lock lock(mutex_);
     auto it = groups_.find(group);
@@ -90,7 +92,7 @@ void MulticastGroups::detach_all(uint32_t qpn) {
     lock.unlock();
 }
 
-void MulticastGroups::members(uint32_t group, std::vector<std::shared_ptr<UdQp>>& out) {
+void MulticastGroups::members(const IpAddress& group, std::vector<std::shared_ptr<UdQp>>& out) {
     out.clear();
     std::shared_lock lock(mutex_);
     auto it = groups_.find(group);
@@ -98,7 +100,7 @@ void MulticastGroups::members(uint32_t group, std::vector<std::shared_ptr<UdQp>>
 }
 
 void MulticastGroups::clear() {
-    std::unordered_map<uint32_t, std::unique_ptr<Group>> gone;
+    decltype(groups_) gone;
     {
         std::unique_lock lock(mutex_);
         gone.swap(groups_);

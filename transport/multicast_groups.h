@@ -23,11 +23,6 @@ class UdQp;
 // The destination QPN of every multicast packet (IBA 9.6.1.2.1); never a QP's number.
 inline constexpr uint32_t kMulticastQpn = 0xffffff;
 
-// 224.0.0.0/4 (host order).
-constexpr bool is_ipv4_multicast(uint32_t ip) {
-    return (ip >> 28) == 0xe;
-}
-
 class MulticastGroups {
   public:
     // What an engine may hold: groups (each costs a socket) and QPs per group. ENOMEM beyond.
@@ -35,10 +30,10 @@ class MulticastGroups {
     static constexpr size_t kMaxQpsPerGroup = 64;
 
     // Runs on the engine thread when the socket of `group` has datagrams.
-    using OnReadable = void (*)(const UdpSocket& socket, uint32_t group, void* arg);
+    using OnReadable = void (*)(const UdpSocket& socket, const IpAddress& group, void* arg);
 
     // Sockets join on the interface of `if_ip` and bind `port`.
-    MulticastGroups(uint32_t if_ip, uint16_t port, OnReadable on_readable, void* arg);
+    MulticastGroups(const IpAddress& if_ip, uint16_t port, OnReadable on_readable, void* arg);
     ~MulticastGroups();
     MulticastGroups(const MulticastGroups&) = delete;
     MulticastGroups& operator=(const MulticastGroups&) = delete;
@@ -46,14 +41,14 @@ class MulticastGroups {
     // Attaches `qp` to `group` (a second time changes nothing). The group's first QP opens
     // its socket and adds the read event to `base`. 0, ENOMEM past the limits, or the
     // errno of the socket's bind or join.
-    int attach(event_base* base, uint32_t group, const std::shared_ptr<UdQp>& qp);
+    int attach(event_base* base, const IpAddress& group, const std::shared_ptr<UdQp>& qp);
     // Detaches QP `qpn` from `group`: EINVAL if it is not attached. The last QP to leave
     // closes the socket, which leaves the group. Waits for a read event in progress.
-    int detach(uint32_t group, uint32_t qpn);
+    int detach(const IpAddress& group, uint32_t qpn);
     // Detaches QP `qpn` from every group (it is being destroyed).
     void detach_all(uint32_t qpn);
     // The QPs attached to `group` now (out is replaced).
-    void members(uint32_t group, std::vector<std::shared_ptr<UdQp>>& out);
+    void members(const IpAddress& group, std::vector<std::shared_ptr<UdQp>>& out);
     // Closes every group; for the engine's destruction, after its loop has stopped.
     void clear();
     // Closes this process's descriptors without the lock: only for a child of fork().
@@ -63,12 +58,12 @@ class MulticastGroups {
     struct Group;
     static void on_event(evutil_socket_t, short, void* arg);
 
-    const uint32_t if_ip_;
+    const IpAddress if_ip_;
     const uint16_t port_;
     const OnReadable on_readable_;
     void* const arg_;
     std::shared_mutex mutex_;
-    std::unordered_map<uint32_t, std::unique_ptr<Group>> groups_;
+    std::unordered_map<IpAddress, std::unique_ptr<Group>, IpAddressHash> groups_;
 };
 
 }  // namespace uroce::transport

@@ -15,8 +15,10 @@ namespace {
 
 constexpr size_t kEthBytes = 14;
 constexpr size_t kIpBytes = 20;
+constexpr size_t kIpv6Bytes = 40;
 constexpr size_t kUdpBytes = 8;
 constexpr size_t kFrameHeadBytes = kEthBytes + kIpBytes + kUdpBytes;
+constexpr size_t kFrameHeadBytesV6 = kEthBytes + kIpv6Bytes + kUdpBytes;
 // The largest UDP payload a frame holds: a 4096-byte MTU packet with every header, with room.
 constexpr size_t kMaxUdpPayload = 8192;
 
@@ -29,18 +31,28 @@ void put32(uint8_t* p, uint32_t v) {
     put16(p + 2, static_cast<uint16_t>(v));
 }
 
-// 02:00 (locally administered, unicast) followed by the IPv4 address.
-void put_mac(uint8_t* p, uint32_t ip) {
+// 02:00 (locally administered, unicast) followed by the address's last four bytes (the
+// IPv4 address itself).
+void put_mac(uint8_t* p, const IpAddress& ip) {
     p[0] = 0x02;
     p[1] = 0x00;
-    put32(p + 2, ip);
+    std::memcpy(p + 2, ip.bytes().data() + 12, 4);
+}
+
+// The Internet checksum's running sum of `len` bytes (big-endian 16-bit words).
+uint32_t add_words(uint32_t sum, const uint8_t* p, size_t len) {
+    for (size_t i = 0; i + 1 < len; i += 2) sum += uint32_t{p[i]} << 8 | p[i + 1];
+    if (len & 1) sum += uint32_t{p[len - 1]} << 8;
+    return sum;
+}
+
+uint16_t fold(uint32_t sum) {
+    while (sum >> 16) sum = (sum & 0xffff) + (sum >> 16);
+    return static_cast<uint16_t>(~sum);
 }
 
 uint16_t ipv4_checksum(const uint8_t* h) {
-    uint32_t sum = 0;
-    for (size_t i = 0; i < kIpBytes; i += 2) sum += uint32_t{h[i]} << 8 | h[i + 1];
-    while (sum >> 16) sum = (sum & 0xffff) + (sum >> 16);
-    return static_cast<uint16_t>(~sum);
+    return fold(add_words(0, h, kIpBytes));
 }
 
 // One writer per file in this process: contexts that name the same file share it.
@@ -86,7 +98,8 @@ std::shared_ptr<PacketCapture> PacketCapture::open(const std::string& pattern, s
         if (auto existing = it->second.lock()) return existing;
         r.erase(it);
     }
-    pcap_t* handle = pcap_open_dead(DLT_EN10MB, static_cast<int>(kFrameHeadBytes + kMaxUdpPayload));
+    pcap_t* handle =
+        pcap_open_dead(DLT_EN10MB, static_cast<int>(kFrameHeadBytesV6 + kMaxUdpPayload));
     if (!handle) {
         error = "libpcap could not make a capture handle";
         err = ENOMEM;
@@ -118,27 +131,29 @@ uint64_t PacketCapture::frames() const {
     return frames_;
 }
 
-void PacketCapture::sent(const wire::Ipv4Flow& flow, uint16_t identification, uint8_t ttl,
+void PacketCapture::sent(const wire::IpFlow& flow, uint16_t identification, uint8_t ttl,
                          std::span<const iovec> udp_payload) {
     write(flow, identification, ttl, udp_payload);
 }
 
-void PacketCapture::received(const wire::Ipv4Flow& flow, std::span<const uint8_t> udp_payload,
+void PacketCapture::received(const wire::IpFlow& flow, std::span<const uint8_t> udp_payload,
                              uint16_t expected_identification) {
     uint16_t id = expected_identification;
-    wire::icrc_verify_ipv4(flow, udp_payload, expected_identification, &id);
+    wire::icrc_verify(flow, udp_payload, expected_identification, &id);
     const iovec one{const_cast<uint8_t*>(udp_payload.data()), udp_payload.size()};
     write(flow, id, 0, std::span(&one, 1));
 }
 
-void PacketCapture::write(const wire::Ipv4Flow& flow, uint16_t identification, uint8_t ttl,
+void PacketCapture::write(const wire::IpFlow& flow, uint16_t identification, uint8_t ttl,
                           std::span<const iovec> udp_payload) {
-    std::array<uint8_t, kFrameHeadBytes + kMaxUdpPayload> frame;
+    std::array<uint8_t, kFrameHeadBytesV6 + kMaxUdpPayload> frame;
+    const bool v6 = !flow.dst_ip.is_v4();
+    const size_t head = v6 ? kFrameHeadBytesV6 : kFrameHeadBytes;
     size_t len = 0;
     for (const iovec& v : udp_payload) len += v.iov_len;
     // What fits is written (a frame's caplen may be shorter than its length); the lengths in
     // the headers stay the real ones.
-    size_t at = kFrameHeadBytes;
+    size_t at = head;
     for (const iovec& v : udp_payload) {
         const size_t n = std::min(v.iov_len, frame.size() - at);
         if (n) std::memcpy(frame.data() + at, v.iov_base, n);
@@ -147,29 +162,50 @@ void PacketCapture::write(const wire::Ipv4Flow& flow, uint16_t identification, u
     uint8_t* eth = frame.data();
     put_mac(eth, flow.dst_ip);
     put_mac(eth + 6, flow.src_ip);
-    put16(eth + 12, 0x0800);
-    uint8_t* ip = eth + kEthBytes;
-    ip[0] = 0x45;  // version 4, 20-byte header
-    ip[1] = 0;     // DSCP and ECN: the ICRC masks them
-    put16(ip + 2, static_cast<uint16_t>(kIpBytes + kUdpBytes + len));
-    put16(ip + 4, identification);
-    put16(ip + 6, 0x4000);  // DF, as every RoCEv2 packet uroce sends
-    ip[8] = ttl ? ttl : 64;
-    ip[9] = 17;  // UDP
-    put16(ip + 10, 0);
-    put32(ip + 12, flow.src_ip);
-    put32(ip + 16, flow.dst_ip);
-    put16(ip + 10, ipv4_checksum(ip));
-    uint8_t* udp = ip + kIpBytes;
+    uint8_t* udp = eth + head - kUdpBytes;
     put16(udp, flow.src_port);
     put16(udp + 2, flow.dst_port);
     put16(udp + 4, static_cast<uint16_t>(kUdpBytes + len));
-    put16(udp + 6, 0);  // no checksum (IPv4 allows it; the ICRC masks it anyway)
-
+    put16(udp + 6, 0);
+    if (v6) {
+        put16(eth + 12, 0x86dd);
+        uint8_t* ip = eth + kEthBytes;
+        put32(ip, 0x60000000);  // version 6; traffic class and flow label 0: the ICRC masks them
+        put16(ip + 4, static_cast<uint16_t>(kUdpBytes + len));
+        ip[6] = 17;  // UDP
+        ip[7] = ttl ? ttl : 64;
+        std::memcpy(ip + 8, flow.src_ip.bytes().data(), 16);
+        std::memcpy(ip + 24, flow.dst_ip.bytes().data(), 16);
+        // IPv6 forbids a zero UDP checksum (RFC 8200), and the kernel filled it in on the
+        // wire: the pseudo-header (addresses, length, next header), then the datagram. A
+        // frame cut short (caplen < len) gets the checksum of what it holds, never a
+        // real one; such frames do not occur for RoCE's MTUs.
+        uint32_t sum = add_words(0, ip + 8, 32);
+        sum += static_cast<uint32_t>(kUdpBytes + len) + 17;
+        sum = add_words(sum, udp, at - (head - kUdpBytes));
+        uint16_t checksum = fold(sum);
+        if (checksum == 0) checksum = 0xffff;
+        put16(udp + 6, checksum);
+    } else {
+        put16(eth + 12, 0x0800);
+        uint8_t* ip = eth + kEthBytes;
+        ip[0] = 0x45;  // version 4, 20-byte header
+        ip[1] = 0;     // DSCP and ECN: the ICRC masks them
+        put16(ip + 2, static_cast<uint16_t>(kIpBytes + kUdpBytes + len));
+        put16(ip + 4, identification);
+        put16(ip + 6, 0x4000);  // DF, as every RoCEv2 packet uroce sends
+        ip[8] = ttl ? ttl : 64;
+        ip[9] = 17;  // UDP
+        put16(ip + 10, 0);
+        put32(ip + 12, flow.src_ip.v4());
+        put32(ip + 16, flow.dst_ip.v4());
+        put16(ip + 10, ipv4_checksum(ip));
+        // No UDP checksum: IPv4 allows it, and the ICRC masks it anyway.
+    }
     pcap_pkthdr hdr{};
     ::gettimeofday(&hdr.ts, nullptr);
     hdr.caplen = static_cast<bpf_u_int32>(at);
-    hdr.len = static_cast<bpf_u_int32>(kFrameHeadBytes + len);
+    hdr.len = static_cast<bpf_u_int32>(head + len);
     std::lock_guard lock(mutex_);
     pcap_dump(reinterpret_cast<u_char*>(dumper_), &hdr, frame.data());
     ++frames_;

@@ -3,11 +3,12 @@
 //
 // Why not tcpdump: it needs root, and on lo it shows a GSO train as one frame of up to 64
 // KiB (the kernel cuts trains only where a device needs it). Here each packet is written with
-// Ethernet, IPv4 and UDP headers rebuilt from what the engine knows: the addresses and
+// Ethernet, IPv4 or IPv6, and UDP headers rebuilt from what the engine knows: the addresses and
 // ports, DF set, and the IPv4 identification its ICRC was computed for (k for the k-th
 // packet of a train, 0 for a packet sent alone; for a received packet, the identification
 // that explains its ICRC). So every frame carries a correct ICRC, whatever the batching.
-// The MAC addresses are made up (02:00 + the IPv4 address): loopback and UDP have none.
+// The MAC addresses are made up (02:00 + the IPv4 address, or the IPv6 address's last four
+// bytes): loopback and UDP have none. IPv6 frames carry their UDP checksum, which IPv6 requires.
 //
 // Files are written with libpcap's writer (classic pcap, Ethernet link type, microsecond
 // timestamps). Engines of one process that name the same file share one writer; "%p" in
@@ -45,12 +46,12 @@ class PacketCapture {
 
     // A packet this host sent: the UDP payload is the concatenation of `udp_payload` (BTH
     // .. ICRC), its ICRC computed for `identification`; `ttl` 0 stands for the default 64.
-    void sent(const wire::Ipv4Flow& flow, uint16_t identification, uint8_t ttl,
+    void sent(const wire::IpFlow& flow, uint16_t identification, uint8_t ttl,
               std::span<const iovec> udp_payload);
     // A packet this host received. `expected_identification` is the receiver's guess (see
-    // icrc_verify_ipv4); the frame gets the identification that explains the ICRC, or the
+    // icrc_verify); the frame gets the identification that explains the ICRC, or the
     // guess if none does (a corrupted packet shows as such).
-    void received(const wire::Ipv4Flow& flow, std::span<const uint8_t> udp_payload,
+    void received(const wire::IpFlow& flow, std::span<const uint8_t> udp_payload,
                   uint16_t expected_identification);
 
     // Hands what was written to the file (the engine does after each send and each
@@ -63,7 +64,7 @@ class PacketCapture {
 
   private:
     PacketCapture(std::string path, pcap* handle, pcap_dumper* dumper);
-    void write(const wire::Ipv4Flow& flow, uint16_t identification, uint8_t ttl,
+    void write(const wire::IpFlow& flow, uint16_t identification, uint8_t ttl,
                std::span<const iovec> udp_payload);
 
     const std::string path_;

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "uroce/ip_address.h"
 #include "uroce/wire.h"
 
 namespace uroce::transport {
@@ -40,7 +41,7 @@ class Qp {
 
     // --- called by the engine thread (or a polling application thread) ---
     // One packet that passed the engine's checks (parse, ICRC, P_Key, transport, QPN).
-    virtual void on_packet(const wire::ParsedPacket& pkt, uint32_t src_ip) = 0;
+    virtual void on_packet(const wire::ParsedPacket& pkt, const IpAddress& src_ip) = 0;
     // Sends the acknowledgement the last receive batch asked for, if any.
     virtual void flush_ack() {}
 

@@ -153,7 +153,7 @@ int RcQp::post_recv(const RecvWqe& wqe) {
     return 0;
 }
 
-void RcQp::on_packet(const wire::ParsedPacket& pkt, uint32_t src_ip) {
+void RcQp::on_packet(const wire::ParsedPacket& pkt, const IpAddress& src_ip) {
     std::lock_guard lock(mutex_);
     if (!count_received(pkt)) return;
     if (src_ip != attrs_.dst_ip) {

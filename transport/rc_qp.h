@@ -47,7 +47,7 @@ class Engine;
 // Connection attributes, set by modify (the provider validates them first).
 struct QpAttributes {
     uint32_t access = 0;  // Access bits the QP grants to remote requests
-    uint32_t dst_ip = 0;  // peer address, host order
+    IpAddress dst_ip;     // the peer's address
     uint32_t dest_qpn = 0;
     uint32_t mtu = 1024;   // path MTU in bytes
     uint32_t rq_psn = 0;   // first PSN expected from the peer
@@ -100,10 +100,10 @@ class RcQp final : public QpCommon {
     void close() override;
 
     // --- called by the engine thread ---
-    void on_packet(const wire::ParsedPacket& pkt, uint32_t src_ip) override;
+    void on_packet(const wire::ParsedPacket& pkt, const IpAddress& src_ip) override;
     // Sends the ACK that packets of the last receive batch asked for, if any.
     void flush_ack() override;
-    uint32_t peer_ip() const { return attrs_.dst_ip; }
+    const IpAddress& peer_ip() const { return attrs_.dst_ip; }
 
   private:
     struct SqEntry {

@@ -32,7 +32,7 @@ static_assert(kSourcePorts == 1u << (32 - 26));
 class SendSockets {
   public:
     // `fallback` (the engine's main socket) sends when a port cannot be bound.
-    SendSockets(uint32_t ip, const UdpSocket& fallback) : ip_(ip), fallback_(fallback) {}
+    SendSockets(const IpAddress& ip, const UdpSocket& fallback) : ip_(ip), fallback_(fallback) {}
 
     // The socket bound to ip:port, made on first use. If the port cannot be bound (another
     // program holds it), the fallback socket: the caller learns the port actually used
@@ -44,7 +44,7 @@ class SendSockets {
     void close_fds_after_fork() noexcept;
 
   private:
-    const uint32_t ip_;
+    const IpAddress ip_;
     const UdpSocket& fallback_;
     std::shared_mutex mutex_;
     std::unordered_map<uint16_t, std::unique_ptr<UdpSocket>> sockets_;  // null: bind failed

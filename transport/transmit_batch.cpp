@@ -12,7 +12,7 @@ void TransmitBatch::pin(const MemoryTable& memory) {
     if (!pin_.owns_lock()) pin_ = memory.lock_shared();
 }
 
-bool TransmitBatch::fits(const UdpSocket& from, uint32_t dst_ip, uint32_t bytes,
+bool TransmitBatch::fits(const UdpSocket& from, const IpAddress& dst_ip, uint32_t bytes,
                          size_t niov) const {
     if (count_ == 0) return niov <= kMaxIov && bytes <= kMaxBytes;
     return &from == from_ && dst_ip == dst_ip_ && !closed_ && bytes <= segment_bytes_ &&

@@ -30,6 +30,7 @@
 #include <cstdint>
 
 #include "transport/memory_table.h"
+#include "transport/udp_socket.h"
 #include "uroce/wire.h"
 
 namespace uroce::transport {
@@ -83,7 +84,7 @@ class TransmitBatch {
     };
 
     // Whether a packet of `bytes` bytes in `niov` pieces, from `from` to `dst_ip`, may join.
-    bool fits(const UdpSocket& from, uint32_t dst_ip, uint32_t bytes, size_t niov) const;
+    bool fits(const UdpSocket& from, const IpAddress& dst_ip, uint32_t bytes, size_t niov) const;
     // Forgets the packets (sent or dropped); the pin stays.
     void clear() noexcept;
     void unpin() noexcept;
@@ -91,7 +92,7 @@ class TransmitBatch {
     Engine& engine_;
     QpCounters* const qp_counters_;
     const UdpSocket* from_ = nullptr;
-    uint32_t dst_ip_ = 0;
+    IpAddress dst_ip_;
     uint32_t segment_bytes_ = 0;  // the size of the first packet: the GSO segment size
     uint32_t bytes_ = 0;
     bool closed_ = false;  // a shorter packet came: it must stay the last

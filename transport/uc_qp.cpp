@@ -177,7 +177,7 @@ int UcQp::post_recv(const RecvWqe& wqe) {
     return 0;
 }
 
-void UcQp::on_packet(const wire::ParsedPacket& pkt, uint32_t src_ip) {
+void UcQp::on_packet(const wire::ParsedPacket& pkt, const IpAddress& src_ip) {
     std::lock_guard lock(mutex_);
     if (!count_received(pkt)) return;
     if (src_ip != attrs_.dst_ip) {

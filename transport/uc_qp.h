@@ -47,7 +47,7 @@ class UcQp final : public QpCommon {
     int post_send(const SendWqe& wqe);
     int post_recv(const RecvWqe& wqe);
 
-    void on_packet(const wire::ParsedPacket& pkt, uint32_t src_ip) override;
+    void on_packet(const wire::ParsedPacket& pkt, const IpAddress& src_ip) override;
 
   private:
     WcStatus send_message(const SendWqe& wqe);

@@ -23,7 +23,8 @@ constexpr uint32_t kIpv4HeaderBytes = 20;
 // header it received, so it is rebuilt from what the packet was: its addresses, protocol
 // UDP, its length, DF, a TTL of 64 (what Linux sends with), and a valid checksum, which
 // ibv_init_ah_from_wc uses to tell an IPv4 header from an IPv6 GRH.
-void build_grh(uint8_t* grh, uint32_t src_ip, uint32_t dst_ip, uint32_t udp_payload_bytes) {
+void build_ipv4_grh(uint8_t* grh, const IpAddress& src_ip, const IpAddress& dst_ip,
+                    uint32_t udp_payload_bytes) {
     std::memset(grh, 0, kGrhBytes);
     uint8_t* ip = grh + kGrhBytes - kIpv4HeaderBytes;
     const uint16_t total =
@@ -34,15 +35,39 @@ void build_grh(uint8_t* grh, uint32_t src_ip, uint32_t dst_ip, uint32_t udp_payl
     ip[6] = 0x40;  // DF
     ip[8] = 64;    // TTL
     ip[9] = 17;    // UDP
-    const uint32_t src = htonl(src_ip), dst = htonl(dst_ip);
-    std::memcpy(ip + 12, &src, 4);
-    std::memcpy(ip + 16, &dst, 4);
+    std::memcpy(ip + 12, src_ip.bytes().data() + 12, 4);
+    std::memcpy(ip + 16, dst_ip.bytes().data() + 12, 4);
     uint32_t sum = 0;
     for (uint32_t i = 0; i < kIpv4HeaderBytes; i += 2) sum += (uint32_t{ip[i]} << 8) | ip[i + 1];
     while (sum >> 16) sum = (sum & 0xffff) + (sum >> 16);
     const uint16_t check = static_cast<uint16_t>(~sum);
     ip[10] = static_cast<uint8_t>(check >> 8);
     ip[11] = static_cast<uint8_t>(check);
+}
+
+// Over IPv6 the GRH area holds the packet's IPv6 header, which has the GRH's layout: version
+// 6, traffic class and flow label 0, the payload (UDP) length, next header UDP, hop limit 64,
+// the source and destination addresses (the GIDs).
+void build_ipv6_grh(uint8_t* grh, const IpAddress& src_ip, const IpAddress& dst_ip,
+                    uint32_t udp_payload_bytes) {
+    std::memset(grh, 0, kGrhBytes);
+    const uint16_t payload = static_cast<uint16_t>(kUdpHeaderBytes + udp_payload_bytes);
+    grh[0] = 0x60;
+    grh[4] = static_cast<uint8_t>(payload >> 8);
+    grh[5] = static_cast<uint8_t>(payload);
+    grh[6] = 17;
+    grh[7] = 64;
+    std::memcpy(grh + 8, src_ip.bytes().data(), 16);
+    std::memcpy(grh + 24, dst_ip.bytes().data(), 16);
+}
+
+void build_grh(uint8_t* grh, const IpAddress& src_ip, const IpAddress& dst_ip,
+               uint32_t udp_payload_bytes) {
+    if (dst_ip.is_v4()) {
+        build_ipv4_grh(grh, src_ip, dst_ip, udp_payload_bytes);
+    } else {
+        build_ipv6_grh(grh, src_ip, dst_ip, udp_payload_bytes);
+    }
 }
 
 }  // namespace
@@ -107,7 +132,7 @@ WcStatus UdQp::send_now(const SendWqe& wqe, const UdDestination& dest) {
     wire::Headers h;
     h.bth.opcode =
         static_cast<uint8_t>(with_imm ? wire::Opcode::UdSendOnlyImm : wire::Opcode::UdSendOnly);
-    const bool multicast = is_ipv4_multicast(dest.ip);
+    const bool multicast = dest.ip.is_multicast();
     // A multicast packet names no QP: every QP attached to the group takes it.
     h.bth.dest_qp = multicast ? kMulticastQpn : dest.qpn & kPsnMask;
     h.bth.psn = next_psn_;
@@ -191,15 +216,17 @@ int UdQp::post_recv(const RecvWqe& wqe) {
     return 0;
 }
 
-void UdQp::on_packet(const wire::ParsedPacket& pkt, uint32_t src_ip) {
+void UdQp::on_packet(const wire::ParsedPacket& pkt, const IpAddress& src_ip) {
     receive(pkt, src_ip, engine_.config().ip);
 }
 
-void UdQp::on_multicast(const wire::ParsedPacket& pkt, uint32_t src_ip, uint32_t group) {
+void UdQp::on_multicast(const wire::ParsedPacket& pkt, const IpAddress& src_ip,
+                        const IpAddress& group) {
     receive(pkt, src_ip, group);
 }
 
-void UdQp::receive(const wire::ParsedPacket& pkt, uint32_t src_ip, uint32_t dst_ip) {
+void UdQp::receive(const wire::ParsedPacket& pkt, const IpAddress& src_ip,
+                   const IpAddress& dst_ip) {
     std::lock_guard lock(mutex_);
     if (!count_received(pkt)) return;
     if (state_ != QpState::Rtr && state_ != QpState::Rts && state_ != QpState::Sqd) {

@@ -48,11 +48,11 @@ struct UdAttributes {
 
 // Where one UD SEND goes: the address handle's destination and the WR's remote QP and Q_Key.
 struct UdDestination {
-    uint32_t ip = 0;  // host order
+    IpAddress ip;
     uint32_t qpn = 0;
     uint32_t qkey = 0;
-    // The IPv4 TTL of multicast packets (the AH's hop limit); unicast ones keep the
-    // socket's.
+    // The IPv4 TTL or IPv6 hop limit of multicast packets (the AH's hop limit); unicast ones keep
+    // the socket's.
     uint8_t hop_limit = 64;
 };
 
@@ -74,13 +74,14 @@ class UdQp final : public QpCommon {
     // EINVAL in RESET or with an SRQ, ENOMEM when full.
     int post_recv(const RecvWqe& wqe);
 
-    void on_packet(const wire::ParsedPacket& pkt, uint32_t src_ip) override;
+    void on_packet(const wire::ParsedPacket& pkt, const IpAddress& src_ip) override;
     // A packet the socket of multicast `group` received (the engine checked its QPN).
-    void on_multicast(const wire::ParsedPacket& pkt, uint32_t src_ip, uint32_t group);
+    void on_multicast(const wire::ParsedPacket& pkt, const IpAddress& src_ip,
+                      const IpAddress& group);
 
   private:
     // Takes a packet sent to dst_ip (this device, or a group) into the next receive WQE.
-    void receive(const wire::ParsedPacket& pkt, uint32_t src_ip, uint32_t dst_ip);
+    void receive(const wire::ParsedPacket& pkt, const IpAddress& src_ip, const IpAddress& dst_ip);
     // Sends `wqe` now; the status its completion carries.
     WcStatus send_now(const SendWqe& wqe, const UdDestination& dest);
     void complete_send(const SendWqe& wqe, WcStatus status);

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstddef>
 #include <cstring>
 #include <vector>
 
@@ -15,9 +16,19 @@ namespace uroce::transport {
 
 namespace {
 constexpr int kSocketBuffer = 4 << 20;
-}
 
-UdpSocket::UdpSocket(uint32_t ip, uint16_t port, bool reuseport) : ip_(ip), port_(port) {
+IpAddress source_address(const sockaddr_storage& sa, socklen_t len) {
+    return IpAddress::from_sockaddr(reinterpret_cast<const sockaddr*>(&sa), len)
+        .value_or(IpAddress{});
+}
+uint16_t source_port(const sockaddr_storage& sa) {
+    // sin_port and sin6_port sit at the same offset.
+    return ntohs(reinterpret_cast<const sockaddr_in&>(sa).sin_port);
+}
+static_assert(offsetof(sockaddr_in, sin_port) == offsetof(sockaddr_in6, sin6_port));
+}  // namespace
+
+UdpSocket::UdpSocket(const IpAddress& ip, uint16_t port, bool reuseport) : ip_(ip), port_(port) {
     if (!open()) return;
     const int one = 1;
     if (reuseport && ::setsockopt(fd_, SOL_SOCKET, SO_REUSEPORT, &one, sizeof one) != 0) {
@@ -27,13 +38,19 @@ UdpSocket::UdpSocket(uint32_t ip, uint16_t port, bool reuseport) : ip_(ip), port
     // Multicast sends leave from the device's interface (not the default route's) and come
     // back to members on this host, such as other contexts of this device. Best effort: a
     // socket that cannot have them still serves unicast.
-    in_addr ifa{htonl(ip)};
-    ::setsockopt(fd_, IPPROTO_IP, IP_MULTICAST_IF, &ifa, sizeof ifa);
-    ::setsockopt(fd_, IPPROTO_IP, IP_MULTICAST_LOOP, &one, sizeof one);
+    if (ip.is_v4()) {
+        in_addr ifa{htonl(ip.v4())};
+        ::setsockopt(fd_, IPPROTO_IP, IP_MULTICAST_IF, &ifa, sizeof ifa);
+        ::setsockopt(fd_, IPPROTO_IP, IP_MULTICAST_LOOP, &one, sizeof one);
+    }
     bind_or_close();
 }
 
 UdpSocket::UdpSocket(const JoinGroup& join, uint16_t port) : ip_(join.group), port_(port) {
+    if (!join.group.is_v4() || !join.if_ip.is_v4()) {
+        error_ = EAFNOSUPPORT;  // IPv6 multicast groups: not yet (docs/ud.md)
+        return;
+    }
     if (!open()) return;
     const int one = 1, zero = 0;
     // Linux hands a multicast datagram to every socket bound to the group. SO_REUSEADDR,
@@ -48,19 +65,27 @@ UdpSocket::UdpSocket(const JoinGroup& join, uint16_t port) : ip_(join.group), po
     }
     if (!bind_or_close()) return;
     ip_mreq mreq{};
-    mreq.imr_multiaddr.s_addr = htonl(join.group);
-    mreq.imr_interface.s_addr = htonl(join.if_ip);
+    mreq.imr_multiaddr.s_addr = htonl(join.group.v4());
+    mreq.imr_interface.s_addr = htonl(join.if_ip.v4());
     if (::setsockopt(fd_, IPPROTO_IP, IP_ADD_MEMBERSHIP, &mreq, sizeof mreq) != 0) fail(errno);
 }
 
 bool UdpSocket::open() {
-    fd_ = ::socket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    fd_ = ::socket(ip_.family(), SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd_ < 0) {
         error_ = errno;
         return false;
     }
-    int pmtu = IP_PMTUDISC_DO;
-    ::setsockopt(fd_, IPPROTO_IP, IP_MTU_DISCOVER, &pmtu, sizeof pmtu);
+    if (ip_.is_v4()) {
+        int pmtu = IP_PMTUDISC_DO;
+        ::setsockopt(fd_, IPPROTO_IP, IP_MTU_DISCOVER, &pmtu, sizeof pmtu);
+    } else {
+        // IPv6 only: an IPv6 device neither sends nor receives IPv4-mapped traffic.
+        const int one = 1;
+        int pmtu = IPV6_PMTUDISC_DO;
+        ::setsockopt(fd_, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one);
+        ::setsockopt(fd_, IPPROTO_IPV6, IPV6_MTU_DISCOVER, &pmtu, sizeof pmtu);
+    }
     // Best effort: larger buffers absorb bursts of a full send window.
     int buf = kSocketBuffer;
     ::setsockopt(fd_, SOL_SOCKET, SO_RCVBUF, &buf, sizeof buf);
@@ -69,11 +94,9 @@ bool UdpSocket::open() {
 }
 
 bool UdpSocket::bind_or_close() {
-    sockaddr_in sa{};
-    sa.sin_family = AF_INET;
-    sa.sin_addr.s_addr = htonl(ip_);
-    sa.sin_port = htons(port_);
-    if (::bind(fd_, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0) return true;
+    sockaddr_storage sa;
+    const socklen_t len = ip_.to_sockaddr(port_, sa);
+    if (::bind(fd_, reinterpret_cast<sockaddr*>(&sa), len) == 0) return true;
     fail(errno);
     return false;
 }
@@ -92,19 +115,17 @@ void UdpSocket::close_fd() noexcept {
     fd_ = -1;
 }
 
-int UdpSocket::send(uint32_t dst_ip, uint16_t dst_port, std::span<const iovec> iov, uint8_t ttl,
-                    uint16_t segment_size) const {
-    sockaddr_in sa{};
-    sa.sin_family = AF_INET;
-    sa.sin_addr.s_addr = htonl(dst_ip);
-    sa.sin_port = htons(dst_port);
+int UdpSocket::send(const IpAddress& dst_ip, uint16_t dst_port, std::span<const iovec> iov,
+                    uint8_t ttl, uint16_t segment_size) const {
+    if (dst_ip.is_v4() != ip_.is_v4()) return EAFNOSUPPORT;
+    sockaddr_storage sa;
     msghdr msg{};
     msg.msg_name = &sa;
-    msg.msg_namelen = sizeof sa;
+    msg.msg_namelen = dst_ip.to_sockaddr(dst_port, sa);
     msg.msg_iov = const_cast<iovec*>(iov.data());
     msg.msg_iovlen = iov.size();
-    // The TTL per packet (IP_TTL as ancillary data, which Linux honours for multicast too):
-    // QPs with different hop limits share a socket.
+    // The TTL per packet (IP_TTL or IPV6_HOPLIMIT as ancillary data, which Linux honours for
+    // multicast too): QPs with different hop limits share a socket.
     alignas(cmsghdr) uint8_t control[CMSG_SPACE(sizeof(int)) + CMSG_SPACE(sizeof(uint16_t))] = {};
     size_t used = 0;
     const auto add = [&](int level, int type, const void* data, size_t len) {
@@ -117,7 +138,11 @@ int UdpSocket::send(uint32_t dst_ip, uint16_t dst_port, std::span<const iovec> i
     };
     if (ttl != 0) {
         const int value = ttl;
-        add(IPPROTO_IP, IP_TTL, &value, sizeof value);
+        if (ip_.is_v4()) {
+            add(IPPROTO_IP, IP_TTL, &value, sizeof value);
+        } else {
+            add(IPPROTO_IPV6, IPV6_HOPLIMIT, &value, sizeof value);
+        }
     }
     if (segment_size != 0) add(IPPROTO_UDP, UDP_SEGMENT, &segment_size, sizeof segment_size);
     if (used != 0) {
@@ -143,7 +168,7 @@ size_t UdpSocket::receive(std::span<Datagram> batch) const {
     const size_t n = batch.size() < kMax ? batch.size() : kMax;
     mmsghdr msgs[kMax];
     iovec iovs[kMax];
-    sockaddr_in addrs[kMax];
+    sockaddr_storage addrs[kMax];
     // The UDP_GRO segment size, when the kernel sends one.
     struct alignas(cmsghdr) Control {
         uint8_t bytes[CMSG_SPACE(sizeof(int))];
@@ -167,8 +192,8 @@ size_t UdpSocket::receive(std::span<Datagram> batch) const {
     for (int i = 0; i < got; ++i) {
         batch[i].length = msgs[i].msg_len;
         if (msgs[i].msg_hdr.msg_flags & MSG_TRUNC) batch[i].length = 0;  // too big: drop
-        batch[i].src_ip = ntohl(addrs[i].sin_addr.s_addr);
-        batch[i].src_port = ntohs(addrs[i].sin_port);
+        batch[i].src_ip = source_address(addrs[i], msgs[i].msg_hdr.msg_namelen);
+        batch[i].src_port = source_port(addrs[i]);
         batch[i].segment_size = 0;
         for (cmsghdr* c = CMSG_FIRSTHDR(&msgs[i].msg_hdr); c;
              c = CMSG_NXTHDR(&msgs[i].msg_hdr, c)) {

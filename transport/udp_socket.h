@@ -1,8 +1,10 @@
 // The UDP socket a device sends and receives RoCEv2 packets on.
 //
-// Unconnected and bound to the device's address and port. Don't-fragment is set, which
-// also makes Linux send IPv4 identification 0 on an unconnected socket: the ICRC covers
-// that field, so it has to be predictable (see docs/wire-format.md). Multicast goes out of
+// Unconnected and bound to the device's address and port: AF_INET for an IPv4 address,
+// AF_INET6 (IPv6 only) for an IPv6 one. Don't-fragment is set, which also makes Linux send
+// IPv4 identification 0 on an unconnected socket: the ICRC covers that field, so it has to
+// be predictable (see docs/wire-format.md). IPv6 never fragments on the way and has no such
+// field. Multicast goes out of
 // the interface holding the device's address and loops back to members on this host.
 //
 // A group member socket (JoinGroup) is bound to an IPv4 multicast group and joined on the
@@ -16,20 +18,22 @@
 #include <span>
 #include <string>
 
+#include "uroce/ip_address.h"
+
 namespace uroce::transport {
 
 // A multicast group to receive on, and the device address naming the interface to join on.
 struct JoinGroup {
-    uint32_t group = 0;  // host order
-    uint32_t if_ip = 0;  // host order
+    IpAddress group;
+    IpAddress if_ip;
 };
 
 class UdpSocket {
   public:
-    // Binds ip:port (host order), as one member of a SO_REUSEPORT group if `reuseport` (the
+    // Binds ip:port (port in host order), as one member of a SO_REUSEPORT group if `reuseport` (the
     // group's steering decides which member gets a datagram). On failure fd() is -1 and
     // error() says why.
-    UdpSocket(uint32_t ip, uint16_t port, bool reuseport = false);
+    UdpSocket(const IpAddress& ip, uint16_t port, bool reuseport = false);
     // Binds group:port with SO_REUSEADDR (beside any other member socket on the host; each
     // gets its own copy of a datagram) and joins the group on the interface.
     UdpSocket(const JoinGroup& join, uint16_t port);
@@ -43,21 +47,22 @@ class UdpSocket {
     // itself stays open in the parent, which keeps receiving on it.
     void close_fd() noexcept;
     int error() const { return error_; }
-    uint32_t ip() const { return ip_; }
+    const IpAddress& ip() const { return ip_; }
     uint16_t port() const { return port_; }
 
     // Sends one datagram gathered from `iov` to ip:port without waiting. Returns 0 or an
     // errno: EAGAIN/ENOBUFS when the socket buffer is full, EMSGSIZE when the datagram
-    // exceeds the path MTU (don't-fragment is set). A non-zero `ttl` is the packet's IPv4
-    // TTL (multicast: the AH's hop limit); 0 keeps the socket's.
+    // exceeds the path MTU (don't-fragment is set), EAFNOSUPPORT when `dst_ip` is of the
+    // other family. A non-zero `ttl` is the packet's IPv4 TTL or IPv6 hop limit (multicast:
+    // the AH's hop limit); 0 keeps the socket's.
     //
     // A non-zero `segment_size` makes it a UDP GSO send (UDP_SEGMENT): the kernel cuts `iov`
     // into datagrams of that many bytes (the last may be shorter), one trip through the
     // stack for all of them. Linux gives them IPv4 identifications 0, 1, 2, ... when it cuts
     // them (see docs/wire-format.md). EINVAL, EIO or EOPNOTSUPP: GSO is not possible on this
     // path (larger than its MTU, no checksum offload, an old kernel).
-    int send(uint32_t dst_ip, uint16_t dst_port, std::span<const iovec> iov, uint8_t ttl = 0,
-             uint16_t segment_size = 0) const;
+    int send(const IpAddress& dst_ip, uint16_t dst_port, std::span<const iovec> iov,
+             uint8_t ttl = 0, uint16_t segment_size = 0) const;
 
     // Asks the kernel to hand over datagrams it received as one GSO train, or coalesced on
     // the way (UDP_GRO), as one buffer of equal-sized segments: receive() then reports their
@@ -68,7 +73,7 @@ class UdpSocket {
         uint8_t* data;
         size_t capacity;
         size_t length;
-        uint32_t src_ip;
+        IpAddress src_ip;
         uint16_t src_port;
         // With GRO: `length` holds datagrams of this many bytes each, the last one possibly
         // shorter. 0: one datagram.
@@ -87,7 +92,7 @@ class UdpSocket {
 
     int fd_ = -1;
     int error_ = 0;
-    uint32_t ip_;
+    IpAddress ip_;
     uint16_t port_;
 };
 

@@ -96,8 +96,9 @@ class Spoofer {
         roce.resize(hl);
         roce.insert(roce.end(), payload, kSpoofByte);
         roce.insert(roce.end(), hh.bth.pad, 0);
-        const wire::Ipv4Flow flow{src_ip_, dst_ip, src_port_, devices().port};
-        const uint32_t crc = wire::icrc_ipv4(flow, wire::Ipv4Unseen{}, roce);
+        const wire::IpFlow flow{uroce::IpAddress::v4(src_ip_), uroce::IpAddress::v4(dst_ip),
+                                src_port_, devices().port};
+        const uint32_t crc = wire::icrc(flow, wire::Ipv4Unseen{}, roce);
         for (int i = 0; i < 4; ++i) roce.push_back(static_cast<uint8_t>(crc >> (8 * i)));
 
         std::vector<uint8_t> datagram;

@@ -70,8 +70,9 @@ struct Injector {
         const size_t hl = wire::build_headers(hh, out.data());
         REQUIRE(hl > 0);
         out.resize(hl + payload + pad_bytes, 0x42);
-        const wire::Ipv4Flow flow{src_ip, ip_of(to_ip), src_port, devices().port};
-        const uint32_t crc = wire::icrc_ipv4(flow, wire::Ipv4Unseen{}, out);
+        const wire::IpFlow flow{uroce::IpAddress::v4(src_ip), uroce::IpAddress::v4(ip_of(to_ip)),
+                                src_port, devices().port};
+        const uint32_t crc = wire::icrc(flow, wire::Ipv4Unseen{}, out);
         for (int i = 0; i < 4; ++i) out.push_back(static_cast<uint8_t>(crc >> (8 * i)));
         return out;
     }

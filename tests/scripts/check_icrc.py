@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 # check_icrc.py [--pmtu N] [--flip] PCAP...: checks the RoCEv2 ICRC of every
-# UDP/4791 packet of classic pcap files (Ethernet link type). With --pmtu, also
+# UDP/4791 packet, over IPv4 or IPv6, of classic pcap files (Ethernet link type). With --pmtu, also
 # that FIRST/MIDDLE packets carry exactly N payload bytes and no pad. With
 # --flip, writes nothing, but flips one payload bit of the first packet in
 # memory first (the check must then fail). Exit 0 only if all is good.
@@ -51,11 +51,24 @@ def complain(msg):
 
 for path in args:
     for n, fr, whole in packets(path):
-        if len(fr) < 34 or fr[12:14] != b'\x08\x00':
-            continue
-        ip = fr[14:]
-        ihl = (ip[0] & 15) * 4
-        if ip[9] != 17:
+        ethertype = fr[12:14]
+        if ethertype == b'\x08\x00' and len(fr) >= 34:
+            ip = fr[14:]
+            ihl = (ip[0] & 15) * 4
+            if ip[9] != 17:
+                continue
+            # The masked IPv4 header: TOS, TTL and header checksum set to ones.
+            iph = bytearray(ip[:ihl]); iph[1] = 0xff; iph[8] = 0xff; iph[10:12] = b'\xff\xff'
+            ident = 'IP id %d' % struct.unpack('>H', ip[4:6])[0]
+        elif ethertype == b'\x86\xdd' and len(fr) >= 54:
+            ip = fr[14:]
+            ihl = 40
+            if ip[6] != 17:
+                continue
+            # The masked IPv6 header: traffic class, flow label and hop limit set to ones.
+            iph = bytearray(ip[:40]); iph[0] |= 0x0f; iph[1:4] = b'\xff\xff\xff'; iph[7] = 0xff
+            ident = 'IPv6'
+        else:
             continue
         udp = ip[ihl:]
         if struct.unpack('>H', udp[2:4])[0] != 4791:
@@ -67,14 +80,12 @@ for path in args:
             continue
         if flip and total == 1:
             udp[ulen - 5] ^= 0x01
-        iph = bytearray(ip[:ihl]); iph[1] = 0xff; iph[8] = 0xff; iph[10:12] = b'\xff\xff'
         uh = bytearray(udp[:8]); uh[6:8] = b'\xff\xff'
         body = bytearray(udp[8:ulen - 4]); body[4] = 0xff
         want = zlib.crc32(b'\xff' * 8 + bytes(iph) + bytes(uh) + bytes(body)) & 0xffffffff
         got = int.from_bytes(udp[ulen - 4:ulen], 'little')
         if want != got:
-            complain('%s #%d: ICRC %08x, computed %08x (IP id %d)'
-                     % (path, n, got, want, struct.unpack('>H', ip[4:6])[0]))
+            complain('%s #%d: ICRC %08x, computed %08x (%s)' % (path, n, got, want, ident))
         op = udp[8]
         pad = (udp[9] >> 4) & 3
         if pmtu is not None and op in EXTRA:

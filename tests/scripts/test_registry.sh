@@ -36,7 +36,8 @@ B="rt$$b"
 C="rt$$c"
 D="rt$$d"
 E="rt$$e"
-NAMES=("$A" "$B" "$C" "$D" "$E")
+F="rt$$f"
+NAMES=("$A" "$B" "$C" "$D" "$E" "$F")
 DEVDIR=/dev/infiniband
 
 cleanup() {
@@ -160,7 +161,13 @@ check_device_tree() {
     expect_file "$ib/ports/1/gids/0" "$gid"
     expect_file "$ib/ports/1/gid_attrs/types/0" "RoCE v2"
     expect_file "$ib/ports/1/pkeys/0" 0xffff
-    expect_file "$ib/uroce/ipv4" "$ip"
+    if [[ $ip == *:* ]]; then
+        expect_file "$ib/uroce/ipv6" "$ip"
+        expect_absent "$ib/uroce/ipv4" "an IPv6 device has no uroce/ipv4 ($name)"
+    else
+        expect_file "$ib/uroce/ipv4" "$ip"
+        expect_absent "$ib/uroce/ipv6" "an IPv4 device has no uroce/ipv6 ($name)"
+    fi
     expect_file "$ib/uroce/udp_port" "$port"
     expect_file "$ib/uroce/mtu" "$mtu"
     expect_absent "$ib/ports/1/gids/1" "GID table has one entry ($name)"
@@ -201,13 +208,16 @@ for claimed in rxe0 siw_a mlx5_0 efa0 irdma1; do
 done
 expect_rc 2 "missing NAME" add --ip 127.0.0.1
 expect_rc 2 "bad IPv4 300.1.1.1" add "$A" --ip 300.1.1.1
-expect_err "*not a valid IPv4 address*" "bad IPv4: says so"
+expect_err "*not a valid IP address*" "bad IPv4: says so"
 expect_rc 2 "bad IPv4 1.2.3" add "$A" --ip 1.2.3
 expect_rc 2 "bad IPv4 hostname" add "$A" --ip localhost
-expect_rc 2 "IPv6 ::1" add "$A" --ip ::1
-expect_err "*IPv6 addresses are not supported yet*" "IPv6: says it is not supported yet"
 expect_rc 2 "IPv6 fe80::1" add "$A" --ip fe80::1
+expect_err "*link-local IPv6 address*" "IPv6 link-local: says why"
+expect_rc 2 "IPv6 multicast ff02::1" add "$A" --ip ff02::1
+expect_rc 2 "IPv6 ::" add "$A" --ip ::
 expect_rc 2 "IPv4-mapped IPv6" add "$A" --ip ::ffff:127.0.0.1
+expect_err "*IPv4-mapped IPv6 address; give the IPv4 address itself, such as 127.0.0.1*" \
+    "IPv4-mapped IPv6: names the IPv4 address to give"
 expect_rc 2 "0.0.0.0" add "$A" --ip 0.0.0.0
 expect_rc 2 "multicast 239.1.1.1" add "$A" --ip 239.1.1.1
 expect_rc 2 "broadcast" add "$A" --ip 255.255.255.255
@@ -346,6 +356,15 @@ expect_eq "list line of $B" "$B 127.0.0.1 5000 4096 ::ffff:127.0.0.1 0200:7f00:0
 expect_eq "list line of $C" "$C 192.0.2.7 65535 256 ::ffff:192.0.2.7 0200:c000:0207:ffff" "$(list_line "$C")"
 expect_eq "list order" "$A $B $C" "$(printf '%s\n' "$OUT" | awk '{print $1}' | paste -sd' ')"
 expect_eq "list prints no warnings" "" "$ERR"
+
+# An IPv6 device: its GID is the address itself, its node GUID starts with 06.
+expect_rc 0 "add $F --ip ::1" add "$F" --ip ::1 --port 4800
+check_device_tree "$F" ::1 4800 1024 0000:0000:0000:0000:0000:0000:0000:0001 0600:0000:0001:12c0
+expect_rc 0 "list with an IPv6 device" list
+expect_eq "list line of $F" "$F ::1 4800 1024 ::1 0600:0000:0001:12c0" "$(list_line "$F")"
+expect_rc 1 "duplicate [::1]:4800" add "$E" --ip 0:0:0:0:0:0:0:1 --port 4800
+expect_err "*'$F' already uses \[::1\]:4800*" "duplicate IPv6 address and port: names the other device"
+expect_rc 0 "del $F" del "$F"
 
 expect_rc 1 "duplicate name" add "$A" --ip 127.0.0.2
 expect_err "*'$A' already exists*uroce del $A*" "duplicate name: says so"

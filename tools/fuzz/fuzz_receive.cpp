@@ -320,10 +320,10 @@ class Harness {
             }
             if (ctrl & 0x10) point_reth(to, pkt);
             if (ctrl & 0x02) {
-                const wire::Ipv4Flow flow{from.ip, to.ip, port_, port_};
-                const uint32_t crc = wire::icrc_ipv4(
-                    flow, wire::Ipv4Unseen{},
-                    std::span<const uint8_t>(pkt.data(), pkt.size() - wire::kIcrcBytes));
+                const wire::IpFlow flow{from.ip, to.ip, port_, port_};
+                const uint32_t crc =
+                    wire::icrc(flow, wire::Ipv4Unseen{},
+                               std::span<const uint8_t>(pkt.data(), pkt.size() - wire::kIcrcBytes));
                 for (size_t i = 0; i < 4; ++i)
                     pkt[pkt.size() - 4 + i] = static_cast<uint8_t>(crc >> (8 * i));
             }

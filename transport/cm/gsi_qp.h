@@ -43,7 +43,7 @@ class GsiQp final : public Qp {
     GsiQp(Engine& engine, Receiver receiver);
 
     wire::Transport transport() const override { return wire::Transport::Ud; }
-    void on_packet(const wire::ParsedPacket& pkt, uint32_t src_ip) override;
+    void on_packet(const wire::ParsedPacket& pkt, const IpAddress& src_ip) override;
     // After it returns no receiver call is running or will start; send_mad() sends nothing.
     // Not from inside the receiver.
     void close() override;

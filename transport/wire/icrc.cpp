@@ -1,5 +1,6 @@
-// The RoCEv2 ICRC over IPv4, and its verification by a receiver that cannot see the IPv4
-// identification and flags (it takes DF to be set and solves for the identification).
+// The RoCEv2 ICRC over IPv4 and IPv6, and its verification by a receiver, which over IPv4
+// cannot see the identification and flags (it takes DF to be set and solves for the
+// identification).
 #include "uroce/icrc.h"
 
 #include <isa-l/crc.h>
@@ -12,11 +13,13 @@
 namespace uroce::wire {
 namespace {
 
-// Masked pseudo-header: 8 bytes of ones, the IPv4 header, the UDP header.
+// Masked pseudo-header: 8 bytes of ones, the IP header, the UDP header.
 constexpr size_t kOnesBytes = 8;
 constexpr size_t kIpv4Bytes = 20;
+constexpr size_t kIpv6Bytes = 40;
 constexpr size_t kUdpBytes = 8;
 constexpr size_t kPseudoBytes = kOnesBytes + kIpv4Bytes + kUdpBytes;
+constexpr size_t kPseudoBytesV6 = kOnesBytes + kIpv6Bytes + kUdpBytes;
 // Offsets in the CRC'd message of the unseen IPv4 fields: identification (2 bytes) and
 // flags/fragment offset (first byte holds the flags).
 constexpr size_t kIdOffset = kOnesBytes + 4;
@@ -33,9 +36,15 @@ void put32(uint8_t* p, uint32_t v) {
     put16(p + 2, v);
 }
 
-// Fills the pseudo-header for a UDP payload of `udp_len` bytes (ICRC included).
-void fill_pseudo_header(uint8_t* p, const Ipv4Flow& flow, const Ipv4Unseen& unseen,
-                        size_t udp_len) {
+void put_udp(uint8_t* udp, const IpFlow& flow, size_t udp_len) {
+    put16(udp, flow.src_port);
+    put16(udp + 2, flow.dst_port);
+    put16(udp + 4, static_cast<uint32_t>(kUdpBytes + udp_len));
+    udp[6] = udp[7] = 0xff;  // checksum: masked
+}
+
+// Fills the IPv4 pseudo-header for a UDP payload of `udp_len` bytes (ICRC included).
+void fill_pseudo_header(uint8_t* p, const IpFlow& flow, const Ipv4Unseen& unseen, size_t udp_len) {
     std::fill_n(p, kOnesBytes, uint8_t{0xff});
     uint8_t* ip = p + kOnesBytes;
     ip[0] = 0x45;  // version 4, IHL 5: the ICRC has no room for options
@@ -46,13 +55,24 @@ void fill_pseudo_header(uint8_t* p, const Ipv4Flow& flow, const Ipv4Unseen& unse
     ip[8] = 0xff;            // TTL: masked
     ip[9] = 17;              // UDP
     ip[10] = ip[11] = 0xff;  // header checksum: masked
-    put32(ip + 12, flow.src_ip);
-    put32(ip + 16, flow.dst_ip);
-    uint8_t* udp = ip + kIpv4Bytes;
-    put16(udp, flow.src_port);
-    put16(udp + 2, flow.dst_port);
-    put16(udp + 4, static_cast<uint32_t>(kUdpBytes + udp_len));
-    udp[6] = udp[7] = 0xff;  // checksum: masked
+    put32(ip + 12, flow.src_ip.v4());
+    put32(ip + 16, flow.dst_ip.v4());
+    put_udp(ip + kIpv4Bytes, flow, udp_len);
+}
+
+// The IPv6 one: version 6, then traffic class and flow label masked (28 bits of ones), the
+// payload length (the UDP length), next header UDP, hop limit masked, the addresses.
+void fill_pseudo_header_v6(uint8_t* p, const IpFlow& flow, size_t udp_len) {
+    std::fill_n(p, kOnesBytes, uint8_t{0xff});
+    uint8_t* ip = p + kOnesBytes;
+    ip[0] = 0x6f;
+    ip[1] = ip[2] = ip[3] = 0xff;
+    put16(ip + 4, static_cast<uint32_t>(kUdpBytes + udp_len));
+    ip[6] = 17;    // UDP
+    ip[7] = 0xff;  // hop limit: masked
+    std::copy_n(flow.src_ip.bytes().data(), 16, ip + 8);
+    std::copy_n(flow.dst_ip.bytes().data(), 16, ip + 24);
+    put_udp(ip + kIpv6Bytes, flow, udp_len);
 }
 
 // --- GF(2) polynomial arithmetic modulo the CRC-32 polynomial P ----------------------------
@@ -172,25 +192,31 @@ static_assert(kFlagsOffset == kIdOffset + 2, "the window is three consecutive by
 
 }  // namespace
 
-uint32_t icrc_ipv4(const Ipv4Flow& flow, const Ipv4Unseen& unseen,
-                   std::span<const std::span<const uint8_t>> pieces) {
+uint32_t icrc(const IpFlow& flow, const Ipv4Unseen& unseen,
+              std::span<const std::span<const uint8_t>> pieces) {
     size_t roce_len = 0;
     for (const auto& piece : pieces) roce_len += piece.size();
 
     // The pseudo-header and the BTH go through one buffer, so the BTH reserved byte can be
     // masked even when the BTH is split across pieces.
-    std::array<uint8_t, kPseudoBytes + kBthBytes> head;
-    fill_pseudo_header(head.data(), flow, unseen, roce_len + kIcrcBytes);
+    std::array<uint8_t, kPseudoBytesV6 + kBthBytes> head;
+    size_t pseudo = kPseudoBytes;
+    if (flow.dst_ip.is_v4()) {
+        fill_pseudo_header(head.data(), flow, unseen, roce_len + kIcrcBytes);
+    } else {
+        fill_pseudo_header_v6(head.data(), flow, roce_len + kIcrcBytes);
+        pseudo = kPseudoBytesV6;
+    }
     size_t bth_len = 0;
     for (const auto& piece : pieces) {
         const size_t n = std::min(piece.size(), kBthBytes - bth_len);
-        std::copy_n(piece.data(), n, head.data() + kPseudoBytes + bth_len);
+        std::copy_n(piece.data(), n, head.data() + pseudo + bth_len);
         bth_len += n;
         if (bth_len == kBthBytes) break;
     }
-    if (bth_len > kBthReservedByte) head[kPseudoBytes + kBthReservedByte] = 0xff;
+    if (bth_len > kBthReservedByte) head[pseudo + kBthReservedByte] = 0xff;
 
-    uint32_t crc = crc32_gzip_refl(0, head.data(), kPseudoBytes + bth_len);
+    uint32_t crc = crc32_gzip_refl(0, head.data(), pseudo + bth_len);
     size_t skip = bth_len;
     for (const auto& piece : pieces) {
         const size_t n = std::min(piece.size(), skip);
@@ -200,8 +226,8 @@ uint32_t icrc_ipv4(const Ipv4Flow& flow, const Ipv4Unseen& unseen,
     return crc;
 }
 
-uint32_t icrc_ipv4(const Ipv4Flow& flow, const Ipv4Unseen& unseen, std::span<const uint8_t> roce) {
-    return icrc_ipv4(flow, unseen, std::span<const std::span<const uint8_t>>(&roce, 1));
+uint32_t icrc(const IpFlow& flow, const Ipv4Unseen& unseen, std::span<const uint8_t> roce) {
+    return icrc(flow, unseen, std::span<const std::span<const uint8_t>>(&roce, 1));
 }
 
 const char* to_string(IcrcCheck c) {
@@ -216,8 +242,8 @@ const char* to_string(IcrcCheck c) {
     return "invalid IcrcCheck";
 }
 
-IcrcCheck icrc_verify_ipv4(const Ipv4Flow& flow, std::span<const uint8_t> udp_payload,
-                           uint16_t expected_identification, uint16_t* identification) {
+IcrcCheck icrc_verify(const IpFlow& flow, std::span<const uint8_t> udp_payload,
+                      uint16_t expected_identification, uint16_t* identification) {
     if (udp_payload.size() < kIcrcBytes) return IcrcCheck::Mismatch;
     const size_t roce_len = udp_payload.size() - kIcrcBytes;
     const uint8_t* c = udp_payload.data() + roce_len;
@@ -225,12 +251,13 @@ IcrcCheck icrc_verify_ipv4(const Ipv4Flow& flow, std::span<const uint8_t> udp_pa
         uint32_t{c[0]} | uint32_t{c[1]} << 8 | uint32_t{c[2]} << 16 | uint32_t{c[3]} << 24;
 
     const uint32_t computed =
-        icrc_ipv4(flow, Ipv4Unseen{expected_identification, true}, udp_payload.first(roce_len));
+        icrc(flow, Ipv4Unseen{expected_identification, true}, udp_payload.first(roce_len));
     const uint32_t delta = received ^ computed;
     if (delta == 0) {
         if (identification) *identification = expected_identification;
         return IcrcCheck::Exact;
     }
+    if (!flow.dst_ip.is_v4()) return IcrcCheck::Mismatch;  // IPv6: nothing unseen
 
     // s + 32 in bytes: what follows the window in the message, plus the CRC's own 32 bits.
     const uint64_t bytes_after_window = kPseudoBytes + uint64_t{roce_len} - kWindowEndOffset;

@@ -38,16 +38,16 @@ inline constexpr uint32_t kPd = 7;
 inline constexpr uint32_t kMtu = 1024;
 inline constexpr auto kWait = 20s;  // for things that take milliseconds when all is well
 
-inline uint32_t ipv4(uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
-    return a << 24 | b << 16 | c << 8 | d;
+inline IpAddress ipv4(uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
+    return IpAddress::v4(a << 24 | b << 16 | c << 8 | d);
 }
 
 // Addresses unique to this process (third octet and port from the pid) and to each pair
 // of engines it creates (fourth octet), so that concurrent test runs and consecutive test
 // cases never share a socket address.
 struct Addresses {
-    uint32_t a;
-    uint32_t b;
+    IpAddress a;
+    IpAddress b;
     uint16_t port;
 };
 
@@ -119,7 +119,7 @@ struct GuardedAllocator {
 using GuardedBytes = std::vector<uint8_t, GuardedAllocator<uint8_t>>;
 
 struct Side {
-    uint32_t ip = 0;
+    IpAddress ip;
     std::unique_ptr<Engine> engine;
     std::shared_ptr<CompletionQueue> scq;
     std::shared_ptr<CompletionQueue> rcq;
@@ -276,7 +276,7 @@ class Pair {
     Side b;
 
   private:
-    static void setup(Side& s, uint32_t ip, uint16_t port, const FaultConfig& faults,
+    static void setup(Side& s, const IpAddress& ip, uint16_t port, const FaultConfig& faults,
                       const std::vector<FaultConfig>& more_faults, const PairOptions& opt,
                       uint64_t iova, bool gso, bool gro, bool inline_progress,
                       const std::string& pcap) {

@@ -26,7 +26,7 @@ namespace uroce::transport::test {
 // flow.src_ip:flow.src_port would put it on the wire. The pad is computed here unless
 // `pad_override` is given (for malformed-packet tests).
 inline std::vector<uint8_t> forge_packet(const wire::Headers& h, std::span<const uint8_t> payload,
-                                         const wire::Ipv4Flow& flow,
+                                         const wire::IpFlow& flow,
                                          const wire::Ipv4Unseen& unseen = {},
                                          int pad_override = -1) {
     wire::Headers out = h;
@@ -38,7 +38,7 @@ inline std::vector<uint8_t> forge_packet(const wire::Headers& h, std::span<const
     pkt.resize(hlen);
     pkt.insert(pkt.end(), payload.begin(), payload.end());
     pkt.insert(pkt.end(), out.bth.pad, 0);
-    const uint32_t crc = wire::icrc_ipv4(flow, unseen, std::span<const uint8_t>(pkt));
+    const uint32_t crc = wire::icrc(flow, unseen, std::span<const uint8_t>(pkt));
     for (int i = 0; i < 4; ++i) pkt.push_back(static_cast<uint8_t>(crc >> (8 * i)));
     return pkt;
 }
@@ -46,7 +46,7 @@ inline std::vector<uint8_t> forge_packet(const wire::Headers& h, std::span<const
 // One packet an engine sent.
 struct SentPacket {
     std::vector<uint8_t> bytes;
-    uint32_t dst_ip = 0;
+    IpAddress dst_ip;
     std::chrono::steady_clock::time_point when{};
     bool lost = false;
 
@@ -68,7 +68,7 @@ class TxRecorder {
 
     explicit TxRecorder(Engine& engine, LosePredicate lose = {}, bool send_for_real = true)
         : engine_(engine), lose_(std::move(lose)), send_(send_for_real) {
-        engine_.set_transmit_filter([this](std::span<const uint8_t> bytes, uint32_t dst) {
+        engine_.set_transmit_filter([this](std::span<const uint8_t> bytes, const IpAddress& dst) {
             SentPacket s{{bytes.begin(), bytes.end()}, dst, std::chrono::steady_clock::now()};
             wire::ParsedPacket p;
             const bool parsed = wire::parse_packet(s.bytes, p) == wire::ParseError::None;
@@ -129,7 +129,7 @@ class TxRecorder {
 // to `local` (a QP of `engine`). inject() forges a packet from it to the local QP.
 struct ForgedPeer {
     Engine& engine;
-    uint32_t ip;
+    IpAddress ip;
     uint16_t port;
     uint32_t qpn;
     uint32_t local_qpn;
@@ -151,7 +151,7 @@ struct ForgedPeer {
     std::vector<uint8_t> forge(const wire::Headers& h,
                                std::span<const uint8_t> payload = {}) const {
         return forge_packet(h, payload,
-                            wire::Ipv4Flow{ip, engine.config().ip, port, engine.config().port});
+                            wire::IpFlow{ip, engine.config().ip, port, engine.config().port});
     }
     void inject(const wire::Headers& h, std::span<const uint8_t> payload = {}) const {
         const auto pkt = forge(h, payload);

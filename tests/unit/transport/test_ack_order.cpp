@@ -5,6 +5,7 @@
 #include "tests/unit/transport/forged_peer.h"
 
 using namespace uroce::transport;
+using uroce::IpAddress;
 using namespace uroce::transport::test;
 namespace wire = uroce::wire;
 
@@ -50,7 +51,7 @@ namespace {
 
 // A QP of `s` connected to a peer that never answers, with no retransmission timer (timeout
 // 0): what it sends is exactly what its window lets out, once.
-std::shared_ptr<RcQp> silent_qp(Side& s, uint32_t peer_ip) {
+std::shared_ptr<RcQp> silent_qp(Side& s, const IpAddress& peer_ip) {
     auto qp = std::make_shared<RcQp>(*s.engine, s.engine->allocate_qpn(), kPd,
                                      QpCaps{64, 64, kMaxSge, kMaxSge, kMaxInlineData}, s.scq, s.rcq,
                                      nullptr);

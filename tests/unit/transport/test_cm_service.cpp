@@ -13,6 +13,7 @@
 #include "transport/cm/ip_cm_header.h"
 
 using namespace uroce::transport;
+using uroce::IpAddress;
 using namespace uroce::transport::cm;
 using namespace uroce::transport::test;
 namespace wire = uroce::wire;
@@ -71,10 +72,10 @@ TEST_CASE("CM over UDP: connect, disconnect, timewait", "[cm]") {
     req.local_qpn = p.a.qp->qpn();
     req.starting_psn = 0x100;
     req.private_data[kIpCmHeaderBytes] = 0x42;
-    const uint32_t ida = a.agent().send_req(p.b.ip, req);
+    const uint32_t ida = a.agent().send_req(p.b.ip.v4(), req);
     REQUIRE(ida != 0);
     const CmEvent got_req = lb.next(CmEventType::ReqReceived);
-    CHECK(got_req.peer_ip == p.a.ip);
+    CHECK(got_req.peer_ip == p.a.ip.v4());
     CHECK(std::get<CmReq>(got_req.message->body).local_qpn == p.a.qp->qpn());
     CHECK(std::get<CmReq>(got_req.message->body).private_data[kIpCmHeaderBytes] == 0x42);
     CHECK(std::get<CmReq>(got_req.message->body).local_ca_guid == 0xaaaa);
@@ -108,7 +109,7 @@ TEST_CASE("CM over UDP: a peer that never answers times out", "[cm]") {
     // unknown QP, and A gives up after its retries, on its engine's timer.
     CmReq req;
     req.service_id = kService;
-    a.agent().send_req(p.b.ip, req);
+    a.agent().send_req(p.b.ip.v4(), req);
     la.next(CmEventType::Unreachable);
     CHECK(a.gsi_counters().tx_mads == 1u + fast_timers().max_retries + 1u);  // REQs + REJ
     CHECK(p.b.counters().rx_unknown_qp.load() >= 1u + fast_timers().max_retries);
@@ -122,7 +123,7 @@ TEST_CASE("CM over UDP: QP1 drops what is not a CM MAD", "[cm]") {
     CmReq req;
     req.service_id = kService;
     const auto mad = encode_cm_mad(CmMad{MadHeader{}, req});
-    const wire::Ipv4Flow flow{p.a.ip, p.b.ip, 50000, p.b.engine->config().port};
+    const wire::IpFlow flow{p.a.ip, p.b.ip, 50000, p.b.engine->config().port};
     wire::Headers h;
     h.bth.opcode = static_cast<uint8_t>(wire::Opcode::UdSendOnly);
     h.bth.dest_qp = kGsiQpn;

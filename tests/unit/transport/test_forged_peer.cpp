@@ -6,6 +6,7 @@
 #include "tests/unit/transport/forged_peer.h"
 
 using namespace uroce::transport;
+using uroce::IpAddress;
 using namespace uroce::transport::test;
 namespace wire = uroce::wire;
 

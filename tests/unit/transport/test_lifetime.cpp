@@ -10,6 +10,7 @@
 #include "tests/unit/transport/forged_peer.h"
 
 using namespace uroce::transport;
+using uroce::IpAddress;
 using namespace uroce::transport::test;
 using namespace std::chrono_literals;
 namespace wire = uroce::wire;
@@ -17,7 +18,8 @@ namespace wire = uroce::wire;
 namespace {
 
 // A QP on `s`'s engine connected to `peer_qpn` at `peer_ip`, in RTS.
-std::shared_ptr<RcQp> connected_qp(Side& s, uint32_t peer_ip, uint32_t peer_qpn, uint8_t timeout) {
+std::shared_ptr<RcQp> connected_qp(Side& s, const IpAddress& peer_ip, uint32_t peer_qpn,
+                                   uint8_t timeout) {
     auto qp = std::make_shared<RcQp>(*s.engine, s.engine->allocate_qpn(), kPd,
                                      QpCaps{64, 64, kMaxSge, kMaxSge, kMaxInlineData}, s.scq, s.rcq,
                                      nullptr);

@@ -15,11 +15,12 @@
 #include "transport/send_sockets.h"
 
 using namespace uroce::transport;
+using uroce::IpAddress;
 using namespace uroce::transport::test;
 
 namespace {
 
-std::unique_ptr<Engine> make_engine(uint32_t ip, uint16_t port) {
+std::unique_ptr<Engine> make_engine(const IpAddress& ip, uint16_t port) {
     EngineConfig config;
     config.ip = ip;
     config.port = port;
@@ -34,12 +35,12 @@ std::unique_ptr<Engine> make_engine(uint32_t ip, uint16_t port) {
 // A plain UDP socket standing in for a peer, to see packets as the network does.
 class PlainSocket {
   public:
-    PlainSocket(uint32_t ip, uint16_t port) {
+    PlainSocket(const IpAddress& ip, uint16_t port) {
         fd_ = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
         REQUIRE(fd_ >= 0);
         sockaddr_in sa{};
         sa.sin_family = AF_INET;
-        sa.sin_addr.s_addr = htonl(ip);
+        sa.sin_addr.s_addr = htonl(ip.v4());
         sa.sin_port = htons(port);
         REQUIRE(::bind(fd_, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0);
     }
@@ -150,7 +151,7 @@ TEST_CASE("QPNs are drawn at random, never 0 or 1", "[limits][random]") {
     std::set<uint32_t> first;
     for (int i = 0; i < 4; ++i) {
         const Addresses addrs = next_addresses();
-        for (uint32_t ip : {addrs.a, addrs.b}) {
+        for (const IpAddress& ip : {addrs.a, addrs.b}) {
             engines.push_back(make_engine(ip, addrs.port));
             const uint32_t qpn = engines.back()->allocate_qpn();
             CHECK(qpn > 1);
@@ -206,7 +207,7 @@ TEST_CASE("Each QP sends from its own UDP source port in the RoCEv2 range",
 
     Pair p;
     // The peer is a plain socket, at the port engines send to.
-    const uint32_t peer_ip = next_addresses().a;
+    const IpAddress peer_ip = next_addresses().a;
     PlainSocket peer(peer_ip, p.a.engine->config().port);
     QpAttributes attrs = default_attributes();
     attrs.dst_ip = peer_ip;

@@ -13,15 +13,17 @@
 
 #include "tests/unit/transport/engine_pair.h"
 #include "tests/unit/transport/forged_peer.h"
+#include "tests/unit/transport/ipv6_namespace.h"
 
 using namespace uroce::transport;
+using uroce::IpAddress;
 using namespace uroce::transport::test;
 namespace wire = uroce::wire;
 
 namespace {
 
 struct Frame {
-    uint32_t src_ip = 0, dst_ip = 0;
+    IpAddress src_ip, dst_ip;
     uint16_t src_port = 0, dst_port = 0;
     uint16_t id = 0;
     std::vector<uint8_t> udp_payload;
@@ -47,29 +49,52 @@ std::vector<Frame> read_capture(const std::string& path) {
     while (pcap_next_ex(p, &h, &d) == 1) {
         INFO("frame " << out.size() + 1);
         REQUIRE(h->caplen == h->len);
-        REQUIRE(h->caplen >= 14 + 20 + 8);
-        CHECK(get16(d + 12) == 0x0800);
-        const uint8_t* ip = d + 14;
-        CHECK(ip[0] == 0x45);
-        CHECK(ip[9] == 17);
-        CHECK(get16(ip + 6) == 0x4000);  // DF, no fragment
-        CHECK(get16(ip + 2) == h->len - 14);
-        uint32_t sum = 0;
-        for (int i = 0; i < 20; i += 2) sum += get16(ip + i);
-        while (sum >> 16) sum = (sum & 0xffff) + (sum >> 16);
-        CHECK(sum == 0xffff);  // the header checksum holds
-        const uint8_t* udp = ip + 20;
-        CHECK(get16(udp + 4) == h->len - 14 - 20);
         Frame f;
-        f.src_ip = get32(ip + 12);
-        f.dst_ip = get32(ip + 16);
-        f.id = get16(ip + 4);
+        const uint8_t* udp = nullptr;
+        if (get16(d + 12) == 0x86dd) {  // IPv6
+            REQUIRE(h->caplen >= 14 + 40 + 8);
+            const uint8_t* ip = d + 14;
+            CHECK(ip[0] >> 4 == 6);
+            CHECK(ip[6] == 17);
+            CHECK(get16(ip + 4) == h->len - 14 - 40);
+            udp = ip + 40;
+            CHECK(get16(udp + 4) == h->len - 14 - 40);
+            f.src_ip = IpAddress::from_bytes(ip + 8);
+            f.dst_ip = IpAddress::from_bytes(ip + 24);
+            // The UDP checksum IPv6 requires holds (pseudo-header + datagram sum to ones).
+            uint32_t sum = 0;
+            for (int i = 8; i < 40; i += 2) sum += get16(ip + i);
+            sum += get16(udp + 4) + 17u;
+            const size_t udp_len = h->len - 14 - 40;
+            for (size_t i = 0; i + 1 < udp_len; i += 2) sum += get16(udp + i);
+            if (udp_len & 1) sum += uint32_t{udp[udp_len - 1]} << 8;
+            while (sum >> 16) sum = (sum & 0xffff) + (sum >> 16);
+            CHECK(get16(udp + 6) != 0);
+            CHECK(sum == 0xffff);
+        } else {
+            REQUIRE(h->caplen >= 14 + 20 + 8);
+            CHECK(get16(d + 12) == 0x0800);
+            const uint8_t* ip = d + 14;
+            CHECK(ip[0] == 0x45);
+            CHECK(ip[9] == 17);
+            CHECK(get16(ip + 6) == 0x4000);  // DF, no fragment
+            CHECK(get16(ip + 2) == h->len - 14);
+            uint32_t sum = 0;
+            for (int i = 0; i < 20; i += 2) sum += get16(ip + i);
+            while (sum >> 16) sum = (sum & 0xffff) + (sum >> 16);
+            CHECK(sum == 0xffff);  // the header checksum holds
+            udp = ip + 20;
+            CHECK(get16(udp + 4) == h->len - 14 - 20);
+            f.src_ip = IpAddress::v4(get32(ip + 12));
+            f.dst_ip = IpAddress::v4(get32(ip + 16));
+            f.id = get16(ip + 4);
+        }
         f.src_port = get16(udp);
         f.dst_port = get16(udp + 2);
         f.udp_payload.assign(udp + 8, d + h->caplen);
         // The ICRC is exactly the one for the identification in the frame.
-        const wire::Ipv4Flow flow{f.src_ip, f.dst_ip, f.src_port, f.dst_port};
-        CHECK(wire::icrc_verify_ipv4(flow, f.udp_payload, f.id) == wire::IcrcCheck::Exact);
+        const wire::IpFlow flow{f.src_ip, f.dst_ip, f.src_port, f.dst_port};
+        CHECK(wire::icrc_verify(flow, f.udp_payload, f.id) == wire::IcrcCheck::Exact);
         wire::ParsedPacket pkt;
         CHECK(wire::parse_packet(f.udp_payload, pkt) == wire::ParseError::None);
         out.push_back(std::move(f));
@@ -115,7 +140,7 @@ void traffic(Pair& p) {
     CHECK(first_mismatch(p.a.at(kWrite + kSend), kRead, 3) == kRead);
 }
 
-std::vector<Frame> from(const std::vector<Frame>& frames, uint32_t src_ip) {
+std::vector<Frame> from(const std::vector<Frame>& frames, const IpAddress& src_ip) {
     std::vector<Frame> out;
     for (const Frame& f : frames)
         if (f.src_ip == src_ip) out.push_back(f);
@@ -147,7 +172,7 @@ TEST_CASE("UROCE_PCAP: one frame per packet sent and received, ICRC right for it
     o.gso_a = o.gso_b = gso;
     o.pcap_a = dir.file("a.pcap");
     o.pcap_b = dir.file("b.pcap");
-    uint32_t ip_a = 0, ip_b = 0;
+    IpAddress ip_a, ip_b;
     uint64_t a_tx = 0, a_rx = 0, b_tx = 0, b_rx = 0, trains = 0;
     {
         Pair p(o);
@@ -186,6 +211,43 @@ TEST_CASE("UROCE_PCAP: one frame per packet sent and received, ICRC right for it
     }
 }
 
+TEST_CASE("UROCE_PCAP over IPv6: IPv6 frames with their UDP checksum, ICRC right",
+          "[capture][ipv6]") {
+    Ipv6Namespace ns;
+    TempDir dir;
+    PairOptions o;
+    o.mem_bytes = 256 * 1024;
+    o.addresses = Ipv6Namespace::addresses();
+    o.pcap_a = dir.file("a.pcap");
+    o.pcap_b = dir.file("b.pcap");
+    uint64_t a_tx = 0, a_rx = 0, b_tx = 0, trains = 0;
+    {
+        Pair p(o);
+        p.connect();
+        traffic(p);  // WRITE, SEND and READ, data checked
+        REQUIRE(p.wait_until([&] {
+            return p.a.counters().rx_packets.load() == p.b.counters().tx_packets.load() &&
+                   p.b.counters().rx_packets.load() == p.a.counters().tx_packets.load();
+        }));
+        a_tx = p.a.counters().tx_packets.load();
+        a_rx = p.a.counters().rx_packets.load();
+        b_tx = p.b.counters().tx_packets.load();
+        trains = p.a.counters().tx_gso_sends.load() + p.b.counters().tx_gso_sends.load();
+        CHECK(p.a.counters().rx_bad_icrc.load() == 0);
+        CHECK(p.b.counters().rx_bad_icrc.load() == 0);
+    }
+    // read_capture checks each frame: IPv6 header, UDP checksum, ICRC exact, BTH parses.
+    const auto a = read_capture(o.pcap_a);
+    const auto b = read_capture(o.pcap_b);
+    CHECK(a.size() == a_tx + a_rx);
+    CHECK(from(a, Ipv6Namespace::a()).size() == a_tx);
+    CHECK(from(b, Ipv6Namespace::b()).size() == b_tx);
+    same_frames(from(a, Ipv6Namespace::a()), from(b, Ipv6Namespace::a()));
+    same_frames(from(b, Ipv6Namespace::b()), from(a, Ipv6Namespace::b()));
+    CHECK(trains > 0);  // GSO trains over IPv6 too, cut into one frame per packet
+    for (const Frame& f : a) CHECK(f.id == 0);
+}
+
 TEST_CASE("UROCE_PCAP: packets the fault injector drops are not in the sender's capture",
           "[capture]") {
     TempDir dir;
@@ -195,7 +257,7 @@ TEST_CASE("UROCE_PCAP: packets the fault injector drops are not in the sender's 
     o.faults_a.seed = 9;
     o.pcap_a = dir.file("a.pcap");
     o.pcap_b = dir.file("b.pcap");
-    uint32_t ip_a = 0;
+    IpAddress ip_a;
     uint64_t a_tx = 0, dropped = 0;
     {
         Pair p(o);
@@ -247,7 +309,7 @@ TEST_CASE("UROCE_PCAP: a received packet gets the identification its sender used
     TempDir dir;
     PairOptions o;
     o.pcap_b = dir.file("b.pcap");
-    uint32_t ip_a = 0;
+    IpAddress ip_a;
     {
         Pair p(o);
         p.connect();
@@ -256,7 +318,7 @@ TEST_CASE("UROCE_PCAP: a received packet gets the identification its sender used
         REQUIRE(fd >= 0);
         sockaddr_in self{};
         self.sin_family = AF_INET;
-        self.sin_addr.s_addr = htonl(p.a.ip);
+        self.sin_addr.s_addr = htonl(p.a.ip.v4());
         REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&self), sizeof self) == 0);
         socklen_t len = sizeof self;
         REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&self), &len) == 0);
@@ -269,12 +331,12 @@ TEST_CASE("UROCE_PCAP: a received packet gets the identification its sender used
         fill(message.data(), message.size(), 77);
         const auto pkt = forge_packet(
             h, message,
-            wire::Ipv4Flow{p.a.ip, p.b.ip, ntohs(self.sin_port), p.b.engine->config().port},
+            wire::IpFlow{p.a.ip, p.b.ip, ntohs(self.sin_port), p.b.engine->config().port},
             wire::Ipv4Unseen{0x1234, true});
         REQUIRE(p.b.qp->post_recv(recv_wqe(1, {p.b.sge(0, 100)})) == 0);
         sockaddr_in to{};
         to.sin_family = AF_INET;
-        to.sin_addr.s_addr = htonl(p.b.ip);
+        to.sin_addr.s_addr = htonl(p.b.ip.v4());
         to.sin_port = htons(p.b.engine->config().port);
         REQUIRE(::sendto(fd, pkt.data(), pkt.size(), 0, reinterpret_cast<sockaddr*>(&to),
                          sizeof to) == static_cast<ssize_t>(pkt.size()));

@@ -5,6 +5,7 @@
 #include "tests/unit/transport/engine_pair.h"
 
 using namespace uroce::transport;
+using uroce::IpAddress;
 using namespace uroce::transport::test;
 using namespace std::chrono_literals;
 

@@ -60,7 +60,7 @@ class TestHost : public CmHost {
     TestHost(Pair& p, bool side_a, std::string ports)
         : p_(p), a_(side_a), ports_(std::move(ports)) {}
     std::vector<CmDeviceInfo> devices() const override {
-        return {{"devA", p_.a.ip, 0xaaaa, 1024}, {"devB", p_.b.ip, 0xbbbb, 4096}};
+        return {{"devA", p_.a.ip.v4(), 0xaaaa, 1024}, {"devB", p_.b.ip.v4(), 0xbbbb, 4096}};
     }
     Engine* cm_engine(const std::string& name, int& err) override {
         if (name == (a_ ? "devA" : "devB")) return (a_ ? p_.a : p_.b).engine.get();
@@ -108,10 +108,10 @@ struct World {
     uint32_t client = 0;
     void listen_and_resolve() {
         listener = b.create_id(PortSpace::Tcp);
-        REQUIRE(b.bind(listener, {p.b.ip, kPort}) == 0);
+        REQUIRE(b.bind(listener, {p.b.ip.v4(), kPort}) == 0);
         REQUIRE(b.listen(listener, 8) == 0);
         client = a.create_id(PortSpace::Tcp);
-        REQUIRE(a.resolve_addr(client, CmAddress{p.a.ip, 0}, {p.b.ip, kPort}) == 0);
+        REQUIRE(a.resolve_addr(client, CmAddress{p.a.ip.v4(), 0}, {p.b.ip.v4(), kPort}) == 0);
         CHECK(ea.next(CmIdEventType::AddrResolved).id == client);
         REQUIRE(a.resolve_route(client) == 0);
         ea.next(CmIdEventType::RouteResolved);
@@ -128,13 +128,13 @@ TEST_CASE("RDMA CM: connect, accept, established, disconnect, timewait", "[cm][r
     REQUIRE(w.a.query(w.client, info) == 0);
     REQUIRE(info.device);
     CHECK(info.device->name == "devA");
-    CHECK(info.src.ip == w.p.a.ip);
+    CHECK(info.src.ip == w.p.a.ip.v4());
     CHECK(info.src.port >= PortTable::kEphemeralFirst);
-    CHECK(info.dst == CmAddress{w.p.b.ip, kPort});
+    CHECK(info.dst == CmAddress{w.p.b.ip.v4(), kPort});
     CHECK(info.has_path);
     CHECK(info.path_mtu == 3);  // the smaller of 1024 (A) and 4096 (B)
     CHECK(info.sgid[10] == 0xff);
-    CHECK(info.sgid[15] == (w.p.a.ip & 0xff));
+    CHECK(info.sgid[15] == (w.p.a.ip.v4() & 0xff));
 
     // Before a connection the QP gets no remote access, and no RTR attributes exist.
     CmQpAttr attr;
@@ -165,8 +165,8 @@ TEST_CASE("RDMA CM: connect, accept, established, disconnect, timewait", "[cm][r
         std::equal(cp.private_data.begin(), cp.private_data.end(), req.param.private_data.begin()));
     CmIdInfo sinfo;
     REQUIRE(w.b.query(server, sinfo) == 0);
-    CHECK(sinfo.src == CmAddress{w.p.b.ip, kPort});
-    CHECK(sinfo.dst == CmAddress{w.p.a.ip, info.src.port});
+    CHECK(sinfo.src == CmAddress{w.p.b.ip.v4(), kPort});
+    CHECK(sinfo.dst == CmAddress{w.p.a.ip.v4(), info.src.port});
 
     // The passive QP: the client's QPN, and the PSN the client starts from.
     CmQpAttr s_rtr, s_rts;
@@ -175,7 +175,7 @@ TEST_CASE("RDMA CM: connect, accept, established, disconnect, timewait", "[cm][r
     CHECK(s_rtr.dest_qp_num == 0x123);
     CHECK(s_rtr.max_dest_rd_atomic == 2);
     CHECK(s_rtr.path_mtu == 3);
-    CHECK(s_rtr.dgid[15] == (w.p.a.ip & 0xff));
+    CHECK(s_rtr.dgid[15] == (w.p.a.ip.v4() & 0xff));
 
     CmConnParam ap;
     ap.qp_num = 0x456;
@@ -220,10 +220,10 @@ TEST_CASE("RDMA CM: connect, accept, established, disconnect, timewait", "[cm][r
     // The listener is marked in the ".listening" table for as long as it listens.
     const PortTable marks(w.host_b.port_table_path(PortSpace::Tcp) + ".listening");
     int err = 0;
-    CHECK_FALSE(marks.claim(w.p.b.ip, kPort, err));
+    CHECK_FALSE(marks.claim(w.p.b.ip.v4(), kPort, err));
     CHECK(err == EADDRINUSE);
     CHECK(w.b.destroy_id(w.listener) == 0);
-    CHECK(marks.claim(w.p.b.ip, kPort, err));
+    CHECK(marks.claim(w.p.b.ip.v4(), kPort, err));
     CHECK(w.ea.pending() == 0);
     CHECK(w.eb.pending() == 0);
 }
@@ -250,10 +250,10 @@ TEST_CASE("RDMA CM: a port nobody listens on is refused at once", "[cm][rdma_cm]
     World w;
     // B runs a CM (a listener on another port), so its agent answers the REQ itself.
     const uint32_t other = w.b.create_id(PortSpace::Tcp);
-    REQUIRE(w.b.bind(other, {w.p.b.ip, kPort + 1}) == 0);
+    REQUIRE(w.b.bind(other, {w.p.b.ip.v4(), kPort + 1}) == 0);
     REQUIRE(w.b.listen(other, 1) == 0);
     const uint32_t c = w.a.create_id(PortSpace::Tcp);
-    REQUIRE(w.a.resolve_addr(c, CmAddress{w.p.a.ip, 0}, {w.p.b.ip, kPort}) == 0);
+    REQUIRE(w.a.resolve_addr(c, CmAddress{w.p.a.ip.v4(), 0}, {w.p.b.ip.v4(), kPort}) == 0);
     w.ea.next(CmIdEventType::AddrResolved);
     REQUIRE(w.a.resolve_route(c) == 0);
     w.ea.next(CmIdEventType::RouteResolved);
@@ -296,15 +296,15 @@ TEST_CASE("RDMA CM: bad calls are refused with the kernel's errors", "[cm][rdma_
         CHECK(w.a.connect(id + 1000, {}) == EINVAL);
     }
     SECTION("an address no device has") {
-        CHECK(w.a.bind(id, {ipv4(10, 9, 8, 7), 0}) == EADDRNOTAVAIL);
+        CHECK(w.a.bind(id, {ipv4(10, 9, 8, 7).v4(), 0}) == EADDRNOTAVAIL);
     }
     SECTION("a port already bound, by this process or another") {
         const uint32_t other = w.b.create_id(PortSpace::Tcp);
-        REQUIRE(w.b.bind(other, {w.p.a.ip, kPort}) == 0);
-        CHECK(w.a.bind(id, {w.p.a.ip, kPort}) == EADDRINUSE);
-        CHECK(w.a.bind(id, {0, kPort}) == EADDRINUSE);         // any address overlaps it
-        CHECK(w.a.bind(id, {w.p.b.ip, kPort}) == 0);           // another address does not
-        CHECK(w.a.bind(id, {w.p.b.ip, kPort + 1}) == EINVAL);  // bound already
+        REQUIRE(w.b.bind(other, {w.p.a.ip.v4(), kPort}) == 0);
+        CHECK(w.a.bind(id, {w.p.a.ip.v4(), kPort}) == EADDRINUSE);
+        CHECK(w.a.bind(id, {0, kPort}) == EADDRINUSE);              // any address overlaps it
+        CHECK(w.a.bind(id, {w.p.b.ip.v4(), kPort}) == 0);           // another address does not
+        CHECK(w.a.bind(id, {w.p.b.ip.v4(), kPort + 1}) == EINVAL);  // bound already
     }
     SECTION("steps out of order") {
         CHECK(w.a.resolve_route(id) == EINVAL);  // no address yet
@@ -315,7 +315,7 @@ TEST_CASE("RDMA CM: bad calls are refused with the kernel's errors", "[cm][rdma_
         CHECK(w.a.accept(id, &p) == EINVAL);
     }
     SECTION("private data longer than the message carries") {
-        REQUIRE(w.a.resolve_addr(id, CmAddress{w.p.a.ip, 0}, {w.p.b.ip, kPort}) == 0);
+        REQUIRE(w.a.resolve_addr(id, CmAddress{w.p.a.ip.v4(), 0}, {w.p.b.ip.v4(), kPort}) == 0);
         w.ea.next(CmIdEventType::AddrResolved);
         REQUIRE(w.a.resolve_route(id) == 0);
         w.ea.next(CmIdEventType::RouteResolved);
@@ -334,10 +334,10 @@ namespace {
 // A UD listener on B:kPort and a UD client on A whose route to it is resolved.
 void ud_resolve(World& w, uint32_t& listener, uint32_t& client, bool listener_ud = true) {
     listener = w.b.create_id(listener_ud ? PortSpace::Udp : PortSpace::Tcp, listener_ud);
-    REQUIRE(w.b.bind(listener, {w.p.b.ip, kPort}) == 0);
+    REQUIRE(w.b.bind(listener, {w.p.b.ip.v4(), kPort}) == 0);
     REQUIRE(w.b.listen(listener, 8) == 0);
     client = w.a.create_id(PortSpace::Udp, true);
-    REQUIRE(w.a.resolve_addr(client, CmAddress{w.p.a.ip, 0}, {w.p.b.ip, kPort}) == 0);
+    REQUIRE(w.a.resolve_addr(client, CmAddress{w.p.a.ip.v4(), 0}, {w.p.b.ip.v4(), kPort}) == 0);
     w.ea.next(CmIdEventType::AddrResolved);
     REQUIRE(w.a.resolve_route(client) == 0);
     w.ea.next(CmIdEventType::RouteResolved);
@@ -368,7 +368,7 @@ TEST_CASE("RDMA CM: UD identifiers resolve the peer's QP through SIDR", "[cm][rd
     REQUIRE(req.param.private_data.size() == RdmaCm::kUdConnectPrivateBytes);
     CHECK(
         std::equal(cp.private_data.begin(), cp.private_data.end(), req.param.private_data.begin()));
-    CHECK(req.dgid[15] == (w.p.a.ip & 0xff));  // the requester's address vector
+    CHECK(req.dgid[15] == (w.p.a.ip.v4() & 0xff));  // the requester's address vector
 
     CmConnParam ap;
     ap.qp_num = 0x777;
@@ -379,7 +379,7 @@ TEST_CASE("RDMA CM: UD identifiers resolve the peer's QP through SIDR", "[cm][rd
     CHECK(est.id == client);
     CHECK(est.param.qp_num == 0x777);
     CHECK(est.param.qkey == RdmaCm::kUdpQkey);
-    CHECK(est.dgid[15] == (w.p.b.ip & 0xff));
+    CHECK(est.dgid[15] == (w.p.b.ip.v4() & 0xff));
     CHECK(est.hop_limit == 64);
     REQUIRE(est.param.private_data.size() == RdmaCm::kUdAcceptPrivateBytes);
     CHECK(

@@ -9,6 +9,7 @@
 #include "tests/unit/transport/forged_peer.h"
 
 using namespace uroce::transport;
+using uroce::IpAddress;
 using namespace uroce::transport::test;
 namespace wire = uroce::wire;
 
@@ -54,8 +55,8 @@ TEST_CASE("Receive filters: refused packets change nothing and are counted", "[f
         CHECK(qc.rx_packets.load() == qp_rx_before);  // its QPN is unverified: no QP's
     }
     SECTION("source address other than the connected peer") {
-        const ForgedPeer stranger{t.peer.engine, t.p.b.ip + 100, t.peer.port, t.peer.qpn,
-                                  t.peer.local_qpn};
+        const ForgedPeer stranger{t.peer.engine, IpAddress::v4(t.p.b.ip.v4() + 100), t.peer.port,
+                                  t.peer.qpn, t.peer.local_qpn};
         stranger.inject(t.write(), t.payload);
         CHECK(c.rx_wrong_peer.load() == 1);
         CHECK(qc.rx_wrong_peer.load() == 1);  // the QP it named
@@ -103,7 +104,7 @@ TEST_CASE(
     TxRecorder a_out(*t.p.a.engine, {}, false);
     const auto pkt =
         forge_packet(t.write(), t.payload,
-                     wire::Ipv4Flow{t.peer.ip, t.p.a.engine->config().ip, t.peer.port, t.peer.port},
+                     wire::IpFlow{t.peer.ip, t.p.a.engine->config().ip, t.peer.port, t.peer.port},
                      wire::Ipv4Unseen{0x5a17, true});
     t.p.a.engine->receive_datagram(pkt, t.peer.ip, t.peer.port);
     CHECK(t.p.a.counters().rx_icrc_unseen_fields.load() == 1);
@@ -117,8 +118,7 @@ TEST_CASE(
                 h.bth.psn = 1;
                 return h;
             }(),
-            t.payload,
-            wire::Ipv4Flow{t.peer.ip, t.p.a.engine->config().ip, t.peer.port, t.peer.port},
+            t.payload, wire::IpFlow{t.peer.ip, t.p.a.engine->config().ip, t.peer.port, t.peer.port},
             wire::Ipv4Unseen{0x5a17, false});
         t.p.a.engine->receive_datagram(no_df, t.peer.ip, t.peer.port);
         CHECK(t.p.a.counters().rx_bad_icrc.load() == 1);

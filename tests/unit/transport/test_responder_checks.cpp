@@ -353,8 +353,8 @@ TEST_CASE("Responder: out-of-sequence opcodes and wrong lengths are refused, mem
     }
     SECTION("SEND Only with a pad count that does not pad to 4 bytes") {
         const auto pkt = forge_packet(t.peer.headers(wire::Opcode::RcSendOnly, 0), bytes(13, 4),
-                                      wire::Ipv4Flow{t.peer.ip, t.p.a.engine->config().ip,
-                                                     t.peer.port, t.p.a.engine->config().port},
+                                      wire::IpFlow{t.peer.ip, t.p.a.engine->config().ip,
+                                                   t.peer.port, t.p.a.engine->config().port},
                                       {}, 0);
         t.p.a.engine->receive_datagram(pkt, t.peer.ip, t.peer.port);
     }

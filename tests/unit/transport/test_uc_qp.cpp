@@ -9,6 +9,7 @@
 #include "transport/uc_qp.h"
 
 using namespace uroce::transport;
+using uroce::IpAddress;
 using namespace uroce::transport::test;
 namespace wire = uroce::wire;
 

@@ -22,6 +22,7 @@
 #include "transport/multicast_groups.h"
 
 using namespace uroce::transport;
+using uroce::IpAddress;
 using namespace uroce::transport::test;
 namespace wire = uroce::wire;
 
@@ -29,25 +30,25 @@ namespace {
 
 // A group of this process's own (239.77.x.y), new for each call: concurrent test runs and
 // test cases do not hear each other (their engines' ports differ too).
-uint32_t next_group() {
+IpAddress next_group() {
     static std::atomic<uint32_t> n{0};
     const auto pid = static_cast<uint32_t>(::getpid());
     return ipv4(239, 77, 1 + pid % 254, 1 + n.fetch_add(1) % 254);
 }
 
-UdDestination to_group(uint32_t group, uint32_t qkey = kQkey, uint8_t hop_limit = 1) {
+UdDestination to_group(const IpAddress& group, uint32_t qkey = kQkey, uint8_t hop_limit = 1) {
     // The QPN is the application's; multicast packets carry 0xFFFFFF whatever it says.
     return UdDestination{group, 0x123, qkey, hop_limit};
 }
 
-uint32_t grh_dst(const uint8_t* grh) {
+IpAddress grh_dst(const uint8_t* grh) {
     uint32_t dst = 0;
     std::memcpy(&dst, grh + 20 + 16, 4);
-    return ntohl(dst);
+    return IpAddress::v4(ntohl(dst));
 }
 
 // A UD SEND Only to the multicast QPN from a forged sender, with the ICRC over `group`.
-std::vector<uint8_t> forged_ud(uint32_t src_ip, uint16_t src_port, uint32_t dst_ip,
+std::vector<uint8_t> forged_ud(const IpAddress& src_ip, uint16_t src_port, const IpAddress& dst_ip,
                                uint16_t dst_port, uint32_t dest_qp, uint32_t qkey = kQkey) {
     wire::Headers h;
     h.bth.opcode = static_cast<uint8_t>(wire::Opcode::UdSendOnly);
@@ -55,25 +56,25 @@ std::vector<uint8_t> forged_ud(uint32_t src_ip, uint16_t src_port, uint32_t dst_
     h.deth.qkey = qkey;
     h.deth.src_qp = 0x4242;
     const std::vector<uint8_t> payload(16, 7);
-    return forge_packet(h, payload, wire::Ipv4Flow{src_ip, dst_ip, src_port, dst_port});
+    return forge_packet(h, payload, wire::IpFlow{src_ip, dst_ip, src_port, dst_port});
 }
 
 // A member socket of the test's own, joined on `if_ip`, that reads the TTL of what arrives.
 class TtlListener {
   public:
-    TtlListener(uint32_t group, uint32_t if_ip, uint16_t port)
+    TtlListener(const IpAddress& group, const IpAddress& if_ip, uint16_t port)
         : fd_(::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0)) {
         REQUIRE(fd_ >= 0);
         const int one = 1;
         REQUIRE(::setsockopt(fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) == 0);
         sockaddr_in sa{};
         sa.sin_family = AF_INET;
-        sa.sin_addr.s_addr = htonl(group);
+        sa.sin_addr.s_addr = htonl(group.v4());
         sa.sin_port = htons(port);
         REQUIRE(::bind(fd_, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0);
         ip_mreq m{};
-        m.imr_multiaddr.s_addr = htonl(group);
-        m.imr_interface.s_addr = htonl(if_ip);
+        m.imr_multiaddr.s_addr = htonl(group.v4());
+        m.imr_interface.s_addr = htonl(if_ip.v4());
         REQUIRE(::setsockopt(fd_, IPPROTO_IP, IP_ADD_MEMBERSHIP, &m, sizeof m) == 0);
         REQUIRE(::setsockopt(fd_, IPPROTO_IP, IP_RECVTTL, &one, sizeof one) == 0);
     }
@@ -112,7 +113,7 @@ class TtlListener {
 // moves it back, and the namespace goes with its last socket. Needs root.
 class VethNamespace {
   public:
-    static constexpr uint32_t kA = 0x0a090001, kB = 0x0a090002;
+    static constexpr IpAddress kA = IpAddress::v4(0x0a090001), kB = IpAddress::v4(0x0a090002);
 
     VethNamespace() : original_(::open("/proc/thread-self/ns/net", O_RDONLY | O_CLOEXEC)) {
         REQUIRE(original_ >= 0);
@@ -143,7 +144,7 @@ class VethNamespace {
 TEST_CASE("UD multicast: each QP attached to the group gets its own copy", "[ud][mcast]") {
     Pair p;
     UdOn a(p.a), a2(p.a), b1(p.b), b2(p.b);
-    const uint32_t group = next_group();
+    const IpAddress group = next_group();
     REQUIRE(p.b.engine->attach_multicast(group, b1.qp) == 0);
     REQUIRE(p.b.engine->attach_multicast(group, b2.qp) == 0);
     REQUIRE(p.b.engine->attach_multicast(group, b2.qp) == 0);  // again: nothing changes
@@ -176,7 +177,7 @@ TEST_CASE("UD multicast: each QP attached to the group gets its own copy", "[ud]
     CHECK(ipv4_checksum(p.b.at(20)) == 0xffff);
     uint32_t src = 0;
     std::memcpy(&src, p.b.at(20 + 12), 4);
-    CHECK(ntohl(src) == p.a.ip);
+    CHECK(IpAddress::v4(ntohl(src)) == p.a.ip);
     // On the wire: to the group, destination QP 0xFFFFFF, the Q_Key of the WR.
     const auto sent = tx.packets();
     REQUIRE(sent.size() == 1);
@@ -190,7 +191,7 @@ TEST_CASE("UD multicast: detached and destroyed QPs get nothing", "[ud][mcast]")
     Pair p;
     UdOn a(p.a), b1(p.b);
     auto b2 = std::make_unique<UdOn>(p.b);
-    const uint32_t group = next_group();
+    const IpAddress group = next_group();
     REQUIRE(p.b.engine->attach_multicast(group, b1.qp) == 0);
     REQUIRE(p.b.engine->attach_multicast(group, b2->qp) == 0);
     REQUIRE(b1.qp->post_recv(recv_wqe(1, {p.b.sge(0, 128)})) == 0);
@@ -229,7 +230,7 @@ TEST_CASE("UD multicast: detached and destroyed QPs get nothing", "[ud][mcast]")
 TEST_CASE("UD multicast: each QP checks its own Q_Key and has its own WQEs", "[ud][mcast]") {
     Pair p;
     UdOn a(p.a), b1(p.b), b2(p.b, 0x5555), b3(p.b);
-    const uint32_t group = next_group();
+    const IpAddress group = next_group();
     for (UdOn* q : {&b1, &b2, &b3}) REQUIRE(p.b.engine->attach_multicast(group, q->qp) == 0);
     REQUIRE(b1.qp->post_recv(recv_wqe(1, {p.b.sge(0, 128)})) == 0);
     REQUIRE(b2.qp->post_recv(recv_wqe(2, {p.b.sge(1000, 128)})) == 0);
@@ -248,7 +249,7 @@ TEST_CASE("UD multicast: each QP checks its own Q_Key and has its own WQEs", "[u
 TEST_CASE("UD multicast: destination QPNs that do not fit the address", "[ud][mcast]") {
     Pair p;
     UdOn b(p.b);
-    const uint32_t group = next_group();
+    const IpAddress group = next_group();
     REQUIRE(p.b.engine->attach_multicast(group, b.qp) == 0);
     REQUIRE(b.qp->post_recv(recv_wqe(1, {p.b.sge(0, 128)})) == 0);
     const uint16_t port = p.b.engine->config().port;
@@ -265,7 +266,7 @@ TEST_CASE("UD multicast: destination QPNs that do not fit the address", "[ud][mc
         CHECK(c.rx_unknown_qp.load() == 0);
     }
     SECTION("to a group no QP here is attached to: counted") {
-        const uint32_t other = next_group();
+        const IpAddress other = next_group();
         p.b.engine->receive_datagram(forged_ud(p.a.ip, 50000, other, port, kMulticastQpn), p.a.ip,
                                      50000, true, other);
         CHECK(c.rx_mcast_no_qp.load() == 1);
@@ -291,9 +292,9 @@ TEST_CASE("UD multicast: what attach refuses", "[ud][mcast]") {
     CHECK(p.b.engine->attach_multicast(p.a.ip, b.qp) == EINVAL);  // not a group
     CHECK(p.b.engine->attach_multicast(ipv4(240, 0, 0, 1), b.qp) == EINVAL);
     CHECK(p.b.engine->detach_multicast(next_group(), b.qp->qpn()) == EINVAL);
-    CHECK(is_ipv4_multicast(ipv4(224, 0, 0, 0)));
-    CHECK(is_ipv4_multicast(ipv4(239, 255, 255, 255)));
-    CHECK_FALSE(is_ipv4_multicast(ipv4(223, 255, 255, 255)));
+    CHECK(ipv4(224, 0, 0, 0).is_multicast());
+    CHECK(ipv4(239, 255, 255, 255).is_multicast());
+    CHECK_FALSE(ipv4(223, 255, 255, 255).is_multicast());
 }
 
 // The listener is another program's member socket, bound first with SO_REUSEADDR only (the
@@ -301,7 +302,7 @@ TEST_CASE("UD multicast: what attach refuses", "[ud][mcast]") {
 TEST_CASE("UD multicast: the AH's hop limit is the packets' TTL", "[ud][mcast]") {
     Pair p;
     UdOn a(p.a), member(p.b);
-    const uint32_t group = next_group();
+    const IpAddress group = next_group();
     TtlListener listener(group, p.a.ip, p.a.engine->config().port);
     REQUIRE(p.b.engine->attach_multicast(group, member.qp) == 0);
     uint64_t wr_id = 0;
@@ -320,7 +321,7 @@ TEST_CASE("UD multicast: groups per engine and QPs per group are bounded", "[ud]
     Pair p;
     UdOn b(p.b);
     SECTION("QPs per group") {
-        const uint32_t group = next_group();
+        const IpAddress group = next_group();
         std::vector<std::unique_ptr<UdOn>> qps;
         for (size_t i = 0; i < MulticastGroups::kMaxQpsPerGroup; ++i) {
             qps.push_back(std::make_unique<UdOn>(p.b));
@@ -355,7 +356,7 @@ TEST_CASE("UD multicast over a veth pair: one copy per member", "[ud][mcast]") {
     opt.addresses = Addresses{VethNamespace::kA, VethNamespace::kB, wire::kRoceV2Port};
     Pair p(opt);
     UdOn a(p.a), a2(p.a), b(p.b);
-    const uint32_t group = next_group();
+    const IpAddress group = next_group();
     REQUIRE(p.a.engine->attach_multicast(group, a2.qp) == 0);
     REQUIRE(p.b.engine->attach_multicast(group, b.qp) == 0);
     REQUIRE(a2.qp->post_recv(recv_wqe(1, {p.a.sge(1000, 128)})) == 0);

@@ -9,9 +9,11 @@
 
 #include "tests/unit/transport/engine_pair.h"
 #include "tests/unit/transport/forged_peer.h"
+#include "tests/unit/transport/ipv6_namespace.h"
 #include "tests/unit/transport/ud_on.h"
 
 using namespace uroce::transport;
+using uroce::IpAddress;
 using namespace uroce::transport::test;
 namespace wire = uroce::wire;
 
@@ -47,10 +49,51 @@ TEST_CASE("UD: a datagram arrives after its GRH area, with its source QP", "[ud]
     uint32_t src = 0, dst = 0;
     std::memcpy(&src, ip + 12, 4);
     std::memcpy(&dst, ip + 16, 4);
-    CHECK(ntohl(src) == p.a.ip);
-    CHECK(ntohl(dst) == p.b.ip);
+    CHECK(IpAddress::v4(ntohl(src)) == p.a.ip);
+    CHECK(IpAddress::v4(ntohl(dst)) == p.b.ip);
     // IP + UDP + BTH + DETH + ImmDt + payload + ICRC.
     CHECK(((ip[2] << 8) | ip[3]) == 20 + 8 + 12 + 8 + 4 + 300 + 4);
+}
+
+TEST_CASE("UD over IPv6: the GRH area holds the packet's IPv6 header", "[ud][ipv6]") {
+    Ipv6Namespace ns;
+    PairOptions o;
+    o.addresses = Ipv6Namespace::addresses();
+    Pair p(o);
+    UdOn a(p.a), b(p.b);
+    REQUIRE(b.qp->post_recv(recv_wqe(7, {p.b.sge(0, 40 + 300)})) == 0);
+    fill(p.a.at(0), 300, 4);
+    REQUIRE(a.qp->post_send(ud_send(1, p.a, 0, 300), a.to(b)) == 0);
+    CHECK(p.wait_one(*p.a.scq).status == WcStatus::Success);
+    const Completion r = p.wait_one(*p.b.rcq);
+    CHECK(r.status == WcStatus::Success);
+    CHECK(r.byte_len == 340);
+    CHECK(r.src_qp == a.qp->qpn());
+    CHECK(r.with_grh);
+    CHECK(first_mismatch(p.b.at(40), 300, 4) == 300);
+    const uint8_t* grh = p.b.at(0);
+    CHECK(grh[0] >> 4 == 6);
+    CHECK(((grh[4] << 8) | grh[5]) == 8 + 12 + 8 + 300 + 4);  // UDP + BTH + DETH + data + ICRC
+    CHECK(grh[6] == 17);
+    CHECK(IpAddress::from_bytes(grh + 8) == Ipv6Namespace::a());
+    CHECK(IpAddress::from_bytes(grh + 24) == Ipv6Namespace::b());
+}
+
+TEST_CASE("UD over IPv6: a destination of the other family is not reached", "[ud][ipv6]") {
+    Ipv6Namespace ns;
+    PairOptions o;
+    o.addresses = Ipv6Namespace::addresses();
+    Pair p(o);
+    UdOn a(p.a), b(p.b);
+    REQUIRE(b.qp->post_recv(recv_wqe(7, {p.b.sge(0, 40 + 64)})) == 0);
+    UdDestination wrong = a.to(b);
+    wrong.ip = IpAddress::v4(0x7f000001);
+    REQUIRE(a.qp->post_send(ud_send(1, p.a, 0, 64), wrong) == 0);
+    // UD is unreliable: the send completes, the packet never leaves (the socket refuses it).
+    CHECK(p.wait_one(*p.a.scq).status == WcStatus::Success);
+    CHECK(p.a.counters().tx_errors.load() > 0);
+    Completion c;
+    CHECK(p.b.rcq->poll(std::span(&c, 1)) == 0);
 }
 
 TEST_CASE("UD: Q_Keys", "[ud]") {

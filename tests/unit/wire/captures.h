@@ -15,7 +15,7 @@ namespace wiretest {
 struct CapturedPacket {
     std::string capture;  // file name without ".pcap", e.g. "rc_read"
     size_t frame = 0;     // 1-based, as tshark numbers frames
-    uroce::wire::Ipv4Flow flow;
+    uroce::wire::IpFlow flow;
     uroce::wire::Ipv4Unseen unseen;  // identification and DF as captured
     uint16_t other_flag_bits = 0;    // reserved, MF and fragment offset as captured
     std::vector<uint8_t> udp;        // the UDP payload, BTH .. ICRC

@@ -24,6 +24,7 @@
 #include "uroce/wire.h"
 
 using namespace uroce::transport::cm;
+using uroce::IpAddress;
 using uroce::wire::parse_packet;
 using uroce::wire::ParsedPacket;
 using uroce::wire::ParseError;
@@ -208,7 +209,7 @@ TEST_CASE("messages built from the kernel's field values are byte-identical to t
         pkt.resize(uroce::wire::build_headers(h, pkt.data()));
         const auto mad = encode_cm_mad({header(0x00000002b1c8fdca), kernel_req_frame1()});
         pkt.insert(pkt.end(), mad.begin(), mad.end());
-        const uint32_t icrc = uroce::wire::icrc_ipv4(cp.flow, cp.unseen, pkt);
+        const uint32_t icrc = uroce::wire::icrc(cp.flow, cp.unseen, pkt);
         for (int i = 0; i < 4; ++i) pkt.push_back(static_cast<uint8_t>(icrc >> (8 * i)));
         CHECK(pkt == cp.udp);
     }
@@ -447,7 +448,7 @@ TEST_CASE("uroce's CM takes the kernel's REQ and answers with the kernel's REP l
     std::mutex mutex;
     std::vector<CmEvent> events;
     std::vector<std::vector<uint8_t>> sent;
-    p.b.engine->set_transmit_filter([&](std::span<const uint8_t> udp, uint32_t) {
+    p.b.engine->set_transmit_filter([&](std::span<const uint8_t> udp, const uroce::IpAddress&) {
         std::lock_guard lock(mutex);
         sent.emplace_back(udp.begin(), udp.end());
         return false;  // kept here, not sent
@@ -465,7 +466,7 @@ TEST_CASE("uroce's CM takes the kernel's REQ and answers with the kernel's REP l
     h.bth.ack_req = true;
     h.deth.qkey = kGsiQkey;
     h.deth.src_qp = kGsiQpn;
-    const uroce::wire::Ipv4Flow flow{p.a.ip, p.b.ip, 55410, p.b.engine->config().port};
+    const uroce::wire::IpFlow flow{p.a.ip, p.b.ip, 55410, p.b.engine->config().port};
     p.b.engine->receive_datagram(forge_packet(h, mad_of(find_packet(kCapture, 1)), flow), p.a.ip,
                                  55410);
     CmEvent req;
@@ -554,20 +555,20 @@ TEST_CASE("an RdmaCm listener takes the kernel's REQ with the kernel's PSN rules
     std::mutex mutex;
     std::vector<CmIdEvent> events;
     std::vector<std::vector<uint8_t>> sent;
-    p.b.engine->set_transmit_filter([&](std::span<const uint8_t> udp, uint32_t) {
+    p.b.engine->set_transmit_filter([&](std::span<const uint8_t> udp, const uroce::IpAddress&) {
         std::lock_guard lock(mutex);
         sent.emplace_back(udp.begin(), udp.end());
         return false;
     });
     char dir_template[] = "/tmp/uroce-cm-kernel-XXXXXX";
     REQUIRE(::mkdtemp(dir_template) != nullptr);
-    OneDeviceHost host(*p.b.engine, p.b.ip, dir_template);
+    OneDeviceHost host(*p.b.engine, p.b.ip.v4(), dir_template);
     RdmaCm cm(host, [&](const CmIdEvent& e) {
         std::lock_guard lock(mutex);
         events.push_back(e);
     });
     const uint32_t listener = cm.create_id(PortSpace::Tcp);
-    REQUIRE(cm.bind(listener, {p.b.ip, kServerPort}) == 0);
+    REQUIRE(cm.bind(listener, {p.b.ip.v4(), kServerPort}) == 0);
     REQUIRE(cm.listen(listener, 1) == 0);
 
     uroce::wire::Headers h;
@@ -576,7 +577,7 @@ TEST_CASE("an RdmaCm listener takes the kernel's REQ with the kernel's PSN rules
     h.bth.ack_req = true;
     h.deth.qkey = kGsiQkey;
     h.deth.src_qp = kGsiQpn;
-    const uroce::wire::Ipv4Flow flow{p.a.ip, p.b.ip, 55410, p.b.engine->config().port};
+    const uroce::wire::IpFlow flow{p.a.ip, p.b.ip, 55410, p.b.engine->config().port};
     p.b.engine->receive_datagram(forge_packet(h, mad_of(find_packet(kCapture, 1)), flow), p.a.ip,
                                  55410);
     CmIdEvent req;

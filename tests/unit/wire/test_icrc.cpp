@@ -1,6 +1,8 @@
 // The ICRC: computation against the kernel captures and an independent bitwise CRC, and
 // verification without the IPv4 identification and flags (DF required, identification
 // solved for).
+#include <netinet/in.h>
+
 #include <catch2/catch.hpp>
 
 #include <array>
@@ -16,10 +18,14 @@
 #include "uroce/wire.h"
 
 using namespace uroce::wire;
+using uroce::IpAddress;
 using wiretest::all_packets;
 using wiretest::CapturedPacket;
 
 namespace {
+
+// 0.0.0.0 to 0.0.0.0, port 0: an IPv4 flow (the default IpFlow is IPv6's ::).
+const IpFlow kZeroFlow{IpAddress::v4(0), IpAddress::v4(0), 0, 0};
 
 uint32_t le32(const uint8_t* p) {
     return uint32_t{p[0]} | uint32_t{p[1]} << 8 | uint32_t{p[2]} << 16 | uint32_t{p[3]} << 24;
@@ -44,7 +50,7 @@ uint32_t crc32_bitwise(const std::vector<uint8_t>& data) {
 }
 
 // The ICRC spelled out from the README's description, with any IPv4 flags word.
-uint32_t icrc_by_hand(const Ipv4Flow& flow, uint16_t id, uint16_t flags_word,
+uint32_t icrc_by_hand(const IpFlow& flow, uint16_t id, uint16_t flags_word,
                       std::span<const uint8_t> roce) {
     const size_t udp_len = 8 + roce.size() + 4;
     const auto b16 = [](uint32_t v) {
@@ -63,10 +69,10 @@ uint32_t icrc_by_hand(const Ipv4Flow& flow, uint16_t id, uint16_t flags_word,
     m.push_back(0xff);  // TTL
     m.push_back(17);
     put16(0xffff);  // header checksum
-    put16(flow.src_ip >> 16);
-    put16(flow.src_ip);
-    put16(flow.dst_ip >> 16);
-    put16(flow.dst_ip);
+    put16(flow.src_ip.v4() >> 16);
+    put16(flow.src_ip.v4());
+    put16(flow.dst_ip.v4() >> 16);
+    put16(flow.dst_ip.v4());
     put16(flow.src_port);
     put16(flow.dst_port);
     put16(static_cast<uint32_t>(udp_len));
@@ -82,17 +88,17 @@ uint32_t icrc_by_hand(const Ipv4Flow& flow, uint16_t id, uint16_t flags_word,
 // arithmetic), and the question is settled by Gaussian elimination over GF(2).
 class ReferenceVerifier {
   public:
-    ReferenceVerifier(const Ipv4Flow& flow, std::span<const uint8_t> roce) : flow_(flow) {
-        const uint32_t base = icrc_ipv4(flow, Ipv4Unseen{}, roce);
+    ReferenceVerifier(const IpFlow& flow, std::span<const uint8_t> roce) : flow_(flow) {
+        const uint32_t base = icrc(flow, Ipv4Unseen{}, roce);
         for (int bit = 0; bit < 16; ++bit) {
-            add(icrc_ipv4(flow, Ipv4Unseen{static_cast<uint16_t>(1u << bit), true}, roce) ^ base);
+            add(icrc(flow, Ipv4Unseen{static_cast<uint16_t>(1u << bit), true}, roce) ^ base);
         }
     }
 
     int rank() const { return rank_; }
 
     IcrcCheck verify(const std::vector<uint8_t>& udp) const {
-        const uint32_t computed = icrc_ipv4(flow_, Ipv4Unseen{}, roce_of(udp));
+        const uint32_t computed = icrc(flow_, Ipv4Unseen{}, roce_of(udp));
         const uint32_t delta = computed ^ le32(udp.data() + udp.size() - 4);
         if (delta == 0) return IcrcCheck::Exact;
         return explains(delta) ? IcrcCheck::MatchesUnseenFields : IcrcCheck::Mismatch;
@@ -119,7 +125,7 @@ class ReferenceVerifier {
         ++rank_;
     }
 
-    Ipv4Flow flow_;
+    IpFlow flow_;
     std::array<uint32_t, 32> pivot_{};
     int rank_ = 0;
 };
@@ -160,28 +166,27 @@ constexpr size_t kMaxIpv4UdpPayload = 65535 - 20 - 8;
 
 // The brute-force answer over all 2^16 identification values with DF set (or, with
 // `dont_fragment` false, with DF clear); returns the values that explain the carried ICRC.
-std::vector<uint16_t> brute_force(const Ipv4Flow& flow, const std::vector<uint8_t>& udp,
+std::vector<uint16_t> brute_force(const IpFlow& flow, const std::vector<uint8_t>& udp,
                                   bool dont_fragment = true) {
     std::vector<uint16_t> found;
     const uint32_t received = le32(udp.data() + udp.size() - 4);
     for (uint32_t id = 0; id < 65536; ++id) {
         const Ipv4Unseen u{static_cast<uint16_t>(id), dont_fragment};
-        if (icrc_ipv4(flow, u, roce_of(udp)) == received) found.push_back(u.identification);
+        if (icrc(flow, u, roce_of(udp)) == received) found.push_back(u.identification);
     }
     return found;
 }
 
 // Flips every bit of `udp` except those of BTH byte 4 (which the ICRC masks) and returns the
-// flips icrc_verify_ipv4 does not call a Mismatch.
-std::set<std::pair<size_t, uint8_t>> accepted_flips(const Ipv4Flow& flow,
-                                                    std::vector<uint8_t>& udp) {
+// flips icrc_verify does not call a Mismatch.
+std::set<std::pair<size_t, uint8_t>> accepted_flips(const IpFlow& flow, std::vector<uint8_t>& udp) {
     std::set<std::pair<size_t, uint8_t>> accepted;
     for (size_t byte = 0; byte < udp.size(); ++byte) {
         if (byte == 4) continue;
         for (int bit = 0; bit < 8; ++bit) {
             const auto mask = static_cast<uint8_t>(1u << bit);
             udp[byte] ^= mask;
-            if (icrc_verify_ipv4(flow, udp) != IcrcCheck::Mismatch) accepted.insert({byte, mask});
+            if (icrc_verify(flow, udp) != IcrcCheck::Mismatch) accepted.insert({byte, mask});
             udp[byte] ^= mask;
         }
     }
@@ -190,12 +195,12 @@ std::set<std::pair<size_t, uint8_t>> accepted_flips(const Ipv4Flow& flow,
 
 }  // namespace
 
-TEST_CASE("icrc_ipv4 with the captured identification and DF gives every captured ICRC",
+TEST_CASE("icrc with the captured identification and DF gives every captured ICRC",
           "[icrc][captures]") {
     for (const CapturedPacket& cp : all_packets()) {
         CAPTURE(cp.capture, cp.frame, cp.unseen.identification);
         const uint32_t carried = le32(cp.udp.data() + cp.udp.size() - 4);
-        CHECK(icrc_ipv4(cp.flow, cp.unseen, cp.roce()) == carried);
+        CHECK(icrc(cp.flow, cp.unseen, cp.roce()) == carried);
         // The kernel's packets: DF, nothing else in the flags, a non-zero identification.
         CHECK(cp.unseen.dont_fragment);
         CHECK(cp.other_flag_bits == 0);
@@ -203,18 +208,19 @@ TEST_CASE("icrc_ipv4 with the captured identification and DF gives every capture
     }
 }
 
-TEST_CASE("icrc_ipv4 agrees with a bitwise CRC-32 of the documented pseudo-header", "[icrc]") {
+TEST_CASE("icrc agrees with a bitwise CRC-32 of the documented pseudo-header", "[icrc]") {
     std::mt19937 rng(99);
     for (const CapturedPacket* cp : samples()) {
         CAPTURE(cp->capture, cp->frame);
         const uint16_t df_word = cp->unseen.dont_fragment ? 0x4000 : 0;
-        CHECK(icrc_ipv4(cp->flow, cp->unseen, cp->roce()) ==
+        CHECK(icrc(cp->flow, cp->unseen, cp->roce()) ==
               icrc_by_hand(cp->flow, cp->unseen.identification, df_word, cp->roce()));
         for (int i = 0; i < 8; ++i) {
-            const Ipv4Flow flow{static_cast<uint32_t>(rng()), static_cast<uint32_t>(rng()),
-                                static_cast<uint16_t>(rng()), static_cast<uint16_t>(rng())};
+            const IpFlow flow{IpAddress::v4(static_cast<uint32_t>(rng())),
+                              IpAddress::v4(static_cast<uint32_t>(rng())),
+                              static_cast<uint16_t>(rng()), static_cast<uint16_t>(rng())};
             const Ipv4Unseen u{static_cast<uint16_t>(rng()), (rng() & 1) != 0};
-            CHECK(icrc_ipv4(flow, u, cp->roce()) ==
+            CHECK(icrc(flow, u, cp->roce()) ==
                   icrc_by_hand(flow, u.identification, u.dont_fragment ? 0x4000 : 0, cp->roce()));
         }
     }
@@ -222,18 +228,18 @@ TEST_CASE("icrc_ipv4 agrees with a bitwise CRC-32 of the documented pseudo-heade
     const std::vector<uint8_t> tiny = {1, 2, 3, 4, 5, 6};
     for (size_t n = 0; n <= tiny.size(); ++n) {
         const auto s = std::span(tiny).first(n);
-        CHECK(icrc_ipv4(Ipv4Flow{}, Ipv4Unseen{}, s) == icrc_by_hand(Ipv4Flow{}, 0, 0x4000, s));
+        CHECK(icrc(kZeroFlow, Ipv4Unseen{}, s) == icrc_by_hand(kZeroFlow, 0, 0x4000, s));
     }
 }
 
-TEST_CASE("icrc_ipv4 does not depend on how the packet is split into pieces", "[icrc]") {
+TEST_CASE("icrc does not depend on how the packet is split into pieces", "[icrc]") {
     for (const CapturedPacket* cp : samples()) {
         CAPTURE(cp->capture, cp->frame);
         const auto roce = cp->roce();
-        const uint32_t want = icrc_ipv4(cp->flow, cp->unseen, roce);
+        const uint32_t want = icrc(cp->flow, cp->unseen, roce);
         for (size_t cut = 0; cut <= roce.size(); ++cut) {
             const std::span<const uint8_t> two[] = {roce.first(cut), roce.subspan(cut)};
-            REQUIRE(icrc_ipv4(cp->flow, cp->unseen, two) == want);
+            REQUIRE(icrc(cp->flow, cp->unseen, two) == want);
         }
         // Three pieces cut inside the BTH (around its masked byte 4), with empty ones too.
         for (size_t a = 0; a <= 13; ++a) {
@@ -241,18 +247,18 @@ TEST_CASE("icrc_ipv4 does not depend on how the packet is split into pieces", "[
                 CAPTURE(a, b);
                 const std::span<const uint8_t> three[] = {
                     roce.first(a), {}, roce.subspan(a, b - a), {}, roce.subspan(b)};
-                REQUIRE(icrc_ipv4(cp->flow, cp->unseen, three) == want);
+                REQUIRE(icrc(cp->flow, cp->unseen, three) == want);
             }
         }
     }
-    CHECK(icrc_ipv4(Ipv4Flow{}, Ipv4Unseen{}, std::span<const std::span<const uint8_t>>{}) ==
-          icrc_by_hand(Ipv4Flow{}, 0, 0x4000, {}));
+    CHECK(icrc(kZeroFlow, Ipv4Unseen{}, std::span<const std::span<const uint8_t>>{}) ==
+          icrc_by_hand(kZeroFlow, 0, 0x4000, {}));
 }
 
 TEST_CASE("the kernel's packets verify as MatchesUnseenFields", "[icrc][verify][captures]") {
     for (const CapturedPacket& cp : all_packets()) {
         CAPTURE(cp.capture, cp.frame);
-        CHECK(icrc_verify_ipv4(cp.flow, cp.udp) == IcrcCheck::MatchesUnseenFields);
+        CHECK(icrc_verify(cp.flow, cp.udp) == IcrcCheck::MatchesUnseenFields);
     }
     // Brute force agrees, and finds exactly the identification the kernel used.
     const CapturedPacket& cp = wiretest::find_packet("rc_read", 2);
@@ -266,13 +272,13 @@ TEST_CASE("packets sent with identification 0 and DF verify Exact", "[icrc][veri
     for (const CapturedPacket& cp : all_packets()) {
         CAPTURE(cp.capture, cp.frame);
         std::vector<uint8_t> udp = cp.udp;
-        store_icrc(udp, icrc_ipv4(cp.flow, Ipv4Unseen{}, roce_of(udp)));
-        CHECK(icrc_verify_ipv4(cp.flow, udp) == IcrcCheck::Exact);
+        store_icrc(udp, icrc(cp.flow, Ipv4Unseen{}, roce_of(udp)));
+        CHECK(icrc_verify(cp.flow, udp) == IcrcCheck::Exact);
 
         // Any other identification, with DF set, is still explained.
         const Ipv4Unseen other{static_cast<uint16_t>(rng() % 65535 + 1), true};
-        store_icrc(udp, icrc_ipv4(cp.flow, other, roce_of(udp)));
-        CHECK(icrc_verify_ipv4(cp.flow, udp) == IcrcCheck::MatchesUnseenFields);
+        store_icrc(udp, icrc(cp.flow, other, roce_of(udp)));
+        CHECK(icrc_verify(cp.flow, udp) == IcrcCheck::MatchesUnseenFields);
     }
     // Each single identification bit, and all of them.
     const CapturedPacket& cp = wiretest::find_packet("rc_send_64", 1);
@@ -280,8 +286,8 @@ TEST_CASE("packets sent with identification 0 and DF verify Exact", "[icrc][veri
     for (uint32_t id = 1; id <= 0x10000; id <<= 1) {
         const Ipv4Unseen u{static_cast<uint16_t>(id == 0x10000 ? 0xffff : id), true};
         CAPTURE(u.identification);
-        store_icrc(udp, icrc_ipv4(cp.flow, u, roce_of(udp)));
-        CHECK(icrc_verify_ipv4(cp.flow, udp) == IcrcCheck::MatchesUnseenFields);
+        store_icrc(udp, icrc(cp.flow, u, roce_of(udp)));
+        CHECK(icrc_verify(cp.flow, udp) == IcrcCheck::MatchesUnseenFields);
     }
 }
 
@@ -289,32 +295,30 @@ TEST_CASE("verification names the identification that explains the ICRC", "[icrc
     for (const CapturedPacket& cp : all_packets()) {
         CAPTURE(cp.capture, cp.frame);
         uint16_t id = 0;
-        REQUIRE(icrc_verify_ipv4(cp.flow, cp.udp, 0, &id) == IcrcCheck::MatchesUnseenFields);
+        REQUIRE(icrc_verify(cp.flow, cp.udp, 0, &id) == IcrcCheck::MatchesUnseenFields);
         CHECK(id == cp.unseen.identification);  // the kernel's, read from the IPv4 header
         // Whatever the guess, the same answer.
         uint16_t again = 0;
         const auto guess = static_cast<uint16_t>(cp.unseen.identification ^ 0x5a5a);
-        REQUIRE(icrc_verify_ipv4(cp.flow, cp.udp, guess, &again) != IcrcCheck::Mismatch);
+        REQUIRE(icrc_verify(cp.flow, cp.udp, guess, &again) != IcrcCheck::Mismatch);
         CHECK(again == cp.unseen.identification);
         uint16_t exact = 0;
-        CHECK(icrc_verify_ipv4(cp.flow, cp.udp, cp.unseen.identification, &exact) ==
-              IcrcCheck::Exact);
+        CHECK(icrc_verify(cp.flow, cp.udp, cp.unseen.identification, &exact) == IcrcCheck::Exact);
         CHECK(exact == cp.unseen.identification);
     }
     const CapturedPacket& cp = wiretest::find_packet("rc_send_64", 1);
     std::vector<uint8_t> udp = cp.udp;
     for (uint32_t id : {1u, 0x80u, 0x100u, 0x8000u, 0x1234u, 0xffffu}) {
         CAPTURE(id);
-        store_icrc(udp,
-                   icrc_ipv4(cp.flow, Ipv4Unseen{static_cast<uint16_t>(id), true}, roce_of(udp)));
+        store_icrc(udp, icrc(cp.flow, Ipv4Unseen{static_cast<uint16_t>(id), true}, roce_of(udp)));
         uint16_t got = 0;
-        REQUIRE(icrc_verify_ipv4(cp.flow, udp, 7, &got) == IcrcCheck::MatchesUnseenFields);
+        REQUIRE(icrc_verify(cp.flow, udp, 7, &got) == IcrcCheck::MatchesUnseenFields);
         CHECK(got == id);
     }
     // A Mismatch leaves it alone.
     udp[20] ^= 1;
     uint16_t untouched = 0xabcd;
-    CHECK(icrc_verify_ipv4(cp.flow, udp, 0, &untouched) == IcrcCheck::Mismatch);
+    CHECK(icrc_verify(cp.flow, udp, 0, &untouched) == IcrcCheck::Mismatch);
     CHECK(untouched == 0xabcd);
 }
 
@@ -327,8 +331,8 @@ TEST_CASE("packets sent with DF clear are a Mismatch, whatever their identificat
         for (uint16_t id : {uint16_t{0}, cp.unseen.identification, uint16_t{0xffff},
                             static_cast<uint16_t>(rng())}) {
             CAPTURE(id);
-            store_icrc(udp, icrc_ipv4(cp.flow, Ipv4Unseen{id, false}, roce_of(udp)));
-            CHECK(icrc_verify_ipv4(cp.flow, udp) == IcrcCheck::Mismatch);
+            store_icrc(udp, icrc(cp.flow, Ipv4Unseen{id, false}, roce_of(udp)));
+            CHECK(icrc_verify(cp.flow, udp) == IcrcCheck::Mismatch);
         }
     }
     // Every identification value with DF clear, on the shortest and the longest packet.
@@ -344,16 +348,16 @@ TEST_CASE("packets sent with DF clear are a Mismatch, whatever their identificat
         size_t accepted = 0;
         for (uint32_t id = 0; id < 65536; ++id) {
             const Ipv4Unseen u{static_cast<uint16_t>(id), false};
-            store_icrc(udp, icrc_ipv4(cp->flow, u, roce_of(udp)));
-            if (icrc_verify_ipv4(cp->flow, udp) != IcrcCheck::Mismatch) ++accepted;
+            store_icrc(udp, icrc(cp->flow, u, roce_of(udp)));
+            if (icrc_verify(cp->flow, udp) != IcrcCheck::Mismatch) ++accepted;
         }
         CHECK(accepted == 0);
     }
     // Though such a packet is a correct one, for an identification brute force finds.
     const CapturedPacket& cp = wiretest::find_packet("rc_read", 2);
     std::vector<uint8_t> udp = cp.udp;
-    store_icrc(udp, icrc_ipv4(cp.flow, Ipv4Unseen{cp.unseen.identification, false}, roce_of(udp)));
-    CHECK(icrc_verify_ipv4(cp.flow, udp) == IcrcCheck::Mismatch);
+    store_icrc(udp, icrc(cp.flow, Ipv4Unseen{cp.unseen.identification, false}, roce_of(udp)));
+    CHECK(icrc_verify(cp.flow, udp) == IcrcCheck::Mismatch);
     CHECK(brute_force(cp.flow, udp, false) == std::vector<uint16_t>{cp.unseen.identification});
     CHECK(brute_force(cp.flow, udp).empty());
 }
@@ -366,7 +370,7 @@ TEST_CASE("the reserved flag bits, MF and the fragment offset are taken to be ze
         CAPTURE(extra);
         store_icrc(udp, icrc_by_hand(cp.flow, 0x1234, static_cast<uint16_t>(0x4000 | extra),
                                      roce_of(udp)));
-        CHECK(icrc_verify_ipv4(cp.flow, udp) == IcrcCheck::Mismatch);
+        CHECK(icrc_verify(cp.flow, udp) == IcrcCheck::Mismatch);
     }
 }
 
@@ -383,7 +387,7 @@ TEST_CASE("single-bit corruption of a packet is a Mismatch", "[icrc][verify]") {
             for (int bit = 0; bit < 8; ++bit) {
                 const auto mask = static_cast<uint8_t>(1u << bit);
                 udp[byte] ^= mask;
-                const IcrcCheck got = icrc_verify_ipv4(cp->flow, udp);
+                const IcrcCheck got = icrc_verify(cp->flow, udp);
                 udp[byte] ^= mask;
                 ++flips;
                 if (got != IcrcCheck::Mismatch) accepted.insert({byte, mask});
@@ -410,7 +414,7 @@ TEST_CASE("verification holds at every packet length", "[icrc][verify]") {
     // Lengths around the verifier's table boundaries (256-byte steps) up to the largest UDP
     // payload, with random contents and random unseen fields.
     std::mt19937 rng(2024);
-    const Ipv4Flow flow{0xc0a84d02, 0xc0a84d03, 0xc001, kRoceV2Port};
+    const IpFlow flow{IpAddress::v4(0xc0a84d02), IpAddress::v4(0xc0a84d03), 0xc001, kRoceV2Port};
     std::vector<size_t> lengths;
     for (size_t n = 0; n < 600; ++n) lengths.push_back(n);
     for (size_t n : {767u, 768u, 769u, 1500u, 4096u, 9000u, 65279u, 65280u, 65535u - 8u}) {
@@ -424,61 +428,60 @@ TEST_CASE("verification holds at every packet length", "[icrc][verify]") {
         const ReferenceVerifier ref(flow, roce_of(udp));
         REQUIRE(ref.rank() == 16);
 
-        store_icrc(udp, icrc_ipv4(flow, Ipv4Unseen{}, roce_of(udp)));
-        CHECK(icrc_verify_ipv4(flow, udp) == IcrcCheck::Exact);
-        store_icrc(udp,
-                   icrc_ipv4(flow, Ipv4Unseen{static_cast<uint16_t>(rng()), false}, roce_of(udp)));
-        CHECK(icrc_verify_ipv4(flow, udp) == IcrcCheck::Mismatch);
+        store_icrc(udp, icrc(flow, Ipv4Unseen{}, roce_of(udp)));
+        CHECK(icrc_verify(flow, udp) == IcrcCheck::Exact);
+        store_icrc(udp, icrc(flow, Ipv4Unseen{static_cast<uint16_t>(rng()), false}, roce_of(udp)));
+        CHECK(icrc_verify(flow, udp) == IcrcCheck::Mismatch);
         CHECK(ref.verify(udp) == IcrcCheck::Mismatch);
         const Ipv4Unseen u{static_cast<uint16_t>(rng() | 1), true};
-        store_icrc(udp, icrc_ipv4(flow, u, roce_of(udp)));
-        CHECK(icrc_verify_ipv4(flow, udp) == IcrcCheck::MatchesUnseenFields);
+        store_icrc(udp, icrc(flow, u, roce_of(udp)));
+        CHECK(icrc_verify(flow, udp) == IcrcCheck::MatchesUnseenFields);
         for (int i = 0; i < 8; ++i) {
             const size_t byte = rng() % udp.size();
             const auto mask = static_cast<uint8_t>(1u << (rng() % 8));
             udp[byte] ^= mask;
-            CHECK(icrc_verify_ipv4(flow, udp) == ref.verify(udp));
+            CHECK(icrc_verify(flow, udp) == ref.verify(udp));
             udp[byte] ^= mask;
         }
         // A random ICRC is almost never explained (2^16 of 2^32 values are).
         store_icrc(udp, static_cast<uint32_t>(rng()));
-        CHECK(icrc_verify_ipv4(flow, udp) == ref.verify(udp));
+        CHECK(icrc_verify(flow, udp) == ref.verify(udp));
     }
 }
 
 TEST_CASE("no single-bit corruption passes in a UDP payload of up to 26744 bytes",
           "[icrc][verify]") {
     // Every bit of a packet just short of the first blind position, flipped one at a time and
-    // checked by icrc_verify_ipv4 itself: all Mismatch but the masked BTH byte 4. This covers
+    // checked by icrc_verify itself: all Mismatch but the masked BTH byte 4. This covers
     // every RoCE packet (the largest MTU is 4096) many times over.
     std::mt19937 rng(26744);
-    const Ipv4Flow flow{0x0a000001, 0x0a000002, 0xc000, kRoceV2Port};
+    const IpFlow flow{IpAddress::v4(0x0a000001), IpAddress::v4(0x0a000002), 0xc000, kRoceV2Port};
     std::vector<uint8_t> udp(kBlindBits[0].first);
     for (auto& b : udp) b = static_cast<uint8_t>(rng());
     const Ipv4Unseen sent{0x4242, true};
-    store_icrc(udp, icrc_ipv4(flow, sent, roce_of(udp)));
-    REQUIRE(icrc_verify_ipv4(flow, udp) == IcrcCheck::MatchesUnseenFields);
+    store_icrc(udp, icrc(flow, sent, roce_of(udp)));
+    REQUIRE(icrc_verify(flow, udp) == IcrcCheck::MatchesUnseenFields);
     CHECK(accepted_flips(flow, udp).empty());
     for (int bit = 0; bit < 8; ++bit) {
         udp[4] ^= static_cast<uint8_t>(1u << bit);
-        CHECK(icrc_verify_ipv4(flow, udp) == IcrcCheck::MatchesUnseenFields);
+        CHECK(icrc_verify(flow, udp) == IcrcCheck::MatchesUnseenFields);
         udp[4] ^= static_cast<uint8_t>(1u << bit);
     }
 
     // One byte longer (with the ICRC behind it), and byte 26744, bit 0x40 goes through: brute
     // force finds the one identification that explains it.
     udp.resize(kBlindBits[0].first + 1 + 4);
-    store_icrc(udp, icrc_ipv4(flow, sent, roce_of(udp)));
+    store_icrc(udp, icrc(flow, sent, roce_of(udp)));
     const auto [offset, mask] = kBlindBits[0];
     udp[offset] ^= mask;
-    CHECK(icrc_verify_ipv4(flow, udp) == IcrcCheck::MatchesUnseenFields);
+    CHECK(icrc_verify(flow, udp) == IcrcCheck::MatchesUnseenFields);
     const std::vector<uint16_t> found = brute_force(flow, udp);
     REQUIRE(found.size() == 1);
     CHECK(found[0] != sent.identification);
     udp[offset] ^= mask;
     for (const size_t neighbour : {offset - 1, offset + 1}) {
         udp[neighbour] ^= mask;
-        CHECK(icrc_verify_ipv4(flow, udp) == IcrcCheck::Mismatch);
+        CHECK(icrc_verify(flow, udp) == IcrcCheck::Mismatch);
         udp[neighbour] ^= mask;
     }
 }
@@ -491,9 +494,9 @@ TEST_CASE("the single-bit blind positions of an IPv4 UDP payload are the listed 
     // (in the reflected CRC-32 register: shift right, reduce by the polynomial). A change is
     // accepted iff it is in the span of the 16 identification deltas, measured as real ICRC
     // differences by the reference verifier.
-    const Ipv4Flow flow{0x0a000001, 0x0a000002, 0xc000, kRoceV2Port};
+    const IpFlow flow{IpAddress::v4(0x0a000001), IpAddress::v4(0x0a000002), 0xc000, kRoceV2Port};
     std::vector<uint8_t> udp(kMaxIpv4UdpPayload, 0xa5);
-    store_icrc(udp, icrc_ipv4(flow, Ipv4Unseen{0x4242, true}, roce_of(udp)));
+    store_icrc(udp, icrc(flow, Ipv4Unseen{0x4242, true}, roce_of(udp)));
     const ReferenceVerifier ref(flow, roce_of(udp));
     REQUIRE(ref.rank() == 16);
 
@@ -516,10 +519,10 @@ TEST_CASE("the single-bit blind positions of an IPv4 UDP payload are the listed 
         for (int bit = 0; bit < 8; ++bit) {
             CAPTURE(byte, bit);
             const uint32_t before =
-                icrc_ipv4(flow, Ipv4Unseen{}, roce_of(udp)) ^ le32(udp.data() + udp.size() - 4);
+                icrc(flow, Ipv4Unseen{}, roce_of(udp)) ^ le32(udp.data() + udp.size() - 4);
             udp[byte] ^= static_cast<uint8_t>(1u << bit);
             const uint32_t after =
-                icrc_ipv4(flow, Ipv4Unseen{}, roce_of(udp)) ^ le32(udp.data() + udp.size() - 4);
+                icrc(flow, Ipv4Unseen{}, roce_of(udp)) ^ le32(udp.data() + udp.size() - 4);
             udp[byte] ^= static_cast<uint8_t>(1u << bit);
             REQUIRE((before ^ after) == change[8 * byte + static_cast<size_t>(bit)]);
         }
@@ -537,15 +540,15 @@ TEST_CASE("the single-bit blind positions of an IPv4 UDP payload are the listed 
     CHECK(blind ==
           std::set<std::pair<size_t, uint8_t>>(std::begin(kBlindBits), std::end(kBlindBits)));
 
-    // And icrc_verify_ipv4 lets each of them through, but not its neighbours.
+    // And icrc_verify lets each of them through, but not its neighbours.
     for (const auto& [offset, mask] : kBlindBits) {
         CAPTURE(offset, mask);
         udp[offset] ^= mask;
-        CHECK(icrc_verify_ipv4(flow, udp) == IcrcCheck::MatchesUnseenFields);
+        CHECK(icrc_verify(flow, udp) == IcrcCheck::MatchesUnseenFields);
         udp[offset] ^= mask;
         for (const size_t neighbour : {offset - 1, offset + 1}) {
             udp[neighbour] ^= mask;
-            CHECK(icrc_verify_ipv4(flow, udp) == IcrcCheck::Mismatch);
+            CHECK(icrc_verify(flow, udp) == IcrcCheck::Mismatch);
             udp[neighbour] ^= mask;
         }
     }
@@ -556,27 +559,27 @@ TEST_CASE("a wrong address or port is a Mismatch", "[icrc][verify]") {
         CAPTURE(cp->capture, cp->frame);
         for (int bit = 0; bit < 32; ++bit) {
             CAPTURE(bit);
-            Ipv4Flow f = cp->flow;
-            f.src_ip ^= 1u << bit;
-            CHECK(icrc_verify_ipv4(f, cp->udp) == IcrcCheck::Mismatch);
+            IpFlow f = cp->flow;
+            f.src_ip = IpAddress::v4(f.src_ip.v4() ^ 1u << bit);
+            CHECK(icrc_verify(f, cp->udp) == IcrcCheck::Mismatch);
             f = cp->flow;
-            f.dst_ip ^= 1u << bit;
-            CHECK(icrc_verify_ipv4(f, cp->udp) == IcrcCheck::Mismatch);
+            f.dst_ip = IpAddress::v4(f.dst_ip.v4() ^ 1u << bit);
+            CHECK(icrc_verify(f, cp->udp) == IcrcCheck::Mismatch);
             if (bit < 16) {
                 f = cp->flow;
                 f.src_port = static_cast<uint16_t>(f.src_port ^ (1u << bit));
-                CHECK(icrc_verify_ipv4(f, cp->udp) == IcrcCheck::Mismatch);
+                CHECK(icrc_verify(f, cp->udp) == IcrcCheck::Mismatch);
                 f = cp->flow;
                 f.dst_port = static_cast<uint16_t>(f.dst_port ^ (1u << bit));
-                CHECK(icrc_verify_ipv4(f, cp->udp) == IcrcCheck::Mismatch);
+                CHECK(icrc_verify(f, cp->udp) == IcrcCheck::Mismatch);
             }
         }
-        Ipv4Flow swapped = cp->flow;
+        IpFlow swapped = cp->flow;
         std::swap(swapped.src_ip, swapped.dst_ip);
-        CHECK(icrc_verify_ipv4(swapped, cp->udp) == IcrcCheck::Mismatch);
+        CHECK(icrc_verify(swapped, cp->udp) == IcrcCheck::Mismatch);
         swapped = cp->flow;
         std::swap(swapped.src_port, swapped.dst_port);
-        CHECK(icrc_verify_ipv4(swapped, cp->udp) == IcrcCheck::Mismatch);
+        CHECK(icrc_verify(swapped, cp->udp) == IcrcCheck::Mismatch);
     }
 }
 
@@ -585,11 +588,11 @@ TEST_CASE("a truncated or extended packet is a Mismatch", "[icrc][verify]") {
     for (size_t len = 0; len < cp.udp.size(); ++len) {
         CAPTURE(len);
         const std::vector<uint8_t> buf(cp.udp.begin(), cp.udp.begin() + static_cast<long>(len));
-        CHECK(icrc_verify_ipv4(cp.flow, buf) == IcrcCheck::Mismatch);
+        CHECK(icrc_verify(cp.flow, buf) == IcrcCheck::Mismatch);
     }
     std::vector<uint8_t> longer = cp.udp;
     longer.insert(longer.end() - 4, 4, 0);
-    CHECK(icrc_verify_ipv4(cp.flow, longer) == IcrcCheck::Mismatch);
+    CHECK(icrc_verify(cp.flow, longer) == IcrcCheck::Mismatch);
 }
 
 TEST_CASE("IcrcCheck values have distinct names", "[icrc]") {
@@ -599,4 +602,119 @@ TEST_CASE("IcrcCheck values have distinct names", "[icrc]") {
         names.insert(to_string(c));
     }
     CHECK(names.size() == 3);
+}
+
+// --- IPv6 ---------------------------------------------------------------------------------
+
+namespace {
+
+IpAddress v6(std::string_view text) {
+    const auto a = IpAddress::parse(text);
+    REQUIRE(a);
+    REQUIRE_FALSE(a->is_v4());
+    return *a;
+}
+
+// The ICRC over IPv6 by its definition, byte by byte: 8 bytes of ones; the IPv6 header with
+// traffic class, flow label and hop limit all ones; the UDP header with its checksum all
+// ones; the RoCE bytes with BTH byte 4 all ones.
+uint32_t icrc_v6_by_hand(const IpFlow& flow, std::span<const uint8_t> roce) {
+    const size_t udp_len = 8 + roce.size() + 4;
+    std::vector<uint8_t> m(8, 0xff);
+    m.insert(m.end(), {0x6f, 0xff, 0xff, 0xff});
+    m.push_back(static_cast<uint8_t>(udp_len >> 8));
+    m.push_back(static_cast<uint8_t>(udp_len));
+    m.push_back(17);
+    m.push_back(0xff);
+    m.insert(m.end(), flow.src_ip.bytes().begin(), flow.src_ip.bytes().end());
+    m.insert(m.end(), flow.dst_ip.bytes().begin(), flow.dst_ip.bytes().end());
+    for (uint16_t v : {flow.src_port, flow.dst_port, static_cast<uint16_t>(udp_len)}) {
+        m.push_back(static_cast<uint8_t>(v >> 8));
+        m.push_back(static_cast<uint8_t>(v));
+    }
+    m.insert(m.end(), {0xff, 0xff});
+    const size_t bth_at = m.size();
+    m.insert(m.end(), roce.begin(), roce.end());
+    if (roce.size() > 4) m[bth_at + 4] = 0xff;
+    return crc32_bitwise(m);
+}
+
+}  // namespace
+
+TEST_CASE("IPv6: icrc follows the masked IPv6 pseudo-header", "[icrc][ipv6]") {
+    const IpFlow flow{v6("fd00:75::1"), v6("fd00:75::2"), 0xc123, kRoceV2Port};
+    for (const CapturedPacket* cp : samples()) {
+        CAPTURE(cp->capture, cp->frame);
+        // The identification means nothing over IPv6: any value gives the same ICRC.
+        const uint32_t want = icrc_v6_by_hand(flow, cp->roce());
+        CHECK(icrc(flow, Ipv4Unseen{}, cp->roce()) == want);
+        CHECK(icrc(flow, Ipv4Unseen{0x1234, false}, cp->roce()) == want);
+        // And it is not the IPv4 one for the same bytes.
+        CHECK(icrc(kZeroFlow, Ipv4Unseen{}, cp->roce()) != want);
+    }
+}
+
+TEST_CASE("IPv6: verification is exact, and any change is a Mismatch", "[icrc][ipv6][verify]") {
+    const IpFlow flow{v6("2001:db8::10"), v6("2001:db8::20"), 0xc001, kRoceV2Port};
+    for (const CapturedPacket* cp : samples()) {
+        CAPTURE(cp->capture, cp->frame);
+        std::vector<uint8_t> udp(cp->udp);
+        store_icrc(udp, icrc(flow, Ipv4Unseen{}, roce_of(udp)));
+        uint16_t id = 7;
+        CHECK(icrc_verify(flow, udp, 0, &id) == IcrcCheck::Exact);
+        // No unseen field to solve for: a packet whose ICRC was made for another
+        // identification over IPv4 is simply wrong here.
+        CHECK(icrc_verify(flow, udp, 5) == IcrcCheck::Exact);
+        for (size_t byte = 0; byte < udp.size(); ++byte) {
+            if (byte == 4) continue;  // the masked BTH byte
+            std::vector<uint8_t> bad(udp);
+            bad[byte] ^= 0x10;
+            CAPTURE(byte);
+            REQUIRE(icrc_verify(flow, bad) == IcrcCheck::Mismatch);
+        }
+        for (int bit = 0; bit < 128; ++bit) {
+            IpAddress::Bytes b = flow.src_ip.bytes();
+            b[bit / 8] ^= static_cast<uint8_t>(1u << (bit % 8));
+            IpFlow f = flow;
+            f.src_ip = IpAddress::from_bytes(b.data());
+            CAPTURE(bit);
+            CHECK(icrc_verify(f, udp) == IcrcCheck::Mismatch);
+        }
+    }
+}
+
+TEST_CASE("IpAddress: IPv4-mapped form, parsing and the GID bytes", "[ipv6]") {
+    const IpAddress a = IpAddress::v4(0x7f000001);
+    CHECK(a.is_v4());
+    CHECK(a.v4() == 0x7f000001);
+    CHECK(a.family() == AF_INET);
+    CHECK(a.to_string() == "127.0.0.1");
+    CHECK(a.bytes()[10] == 0xff);
+    CHECK(a.bytes()[11] == 0xff);
+    CHECK(IpAddress::parse("127.0.0.1") == a);
+    CHECK(IpAddress::parse("::ffff:127.0.0.1") == a);  // the GID's own spelling
+    const IpAddress b = v6("fd00::1:2");
+    CHECK(b.family() == AF_INET6);
+    CHECK(b.v4() == 0);
+    CHECK(b.to_string() == "fd00::1:2");
+    CHECK(b.bytes()[0] == 0xfd);
+    CHECK(b.bytes()[15] == 2);
+    CHECK(IpAddress::from_bytes(b.bytes().data()) == b);
+    CHECK(v6("::1").is_loopback());
+    CHECK(IpAddress::v4(0x7f000203).is_loopback());
+    CHECK(IpAddress{}.is_unspecified());
+    CHECK(IpAddress::v4(0).is_unspecified());
+    CHECK(v6("ff02::1").is_multicast());
+    CHECK(IpAddress::v4(0xe0000001).is_multicast());
+    CHECK_FALSE(b.is_multicast());
+    CHECK_FALSE(IpAddress::parse("1.2.3"));
+    CHECK_FALSE(IpAddress::parse("fd00::1::2"));
+    CHECK_FALSE(IpAddress::parse(""));
+    CHECK_FALSE(IpAddress::parse(std::string(100, '1')));
+    sockaddr_storage ss;
+    CHECK(b.to_sockaddr(4791, ss) == sizeof(sockaddr_in6));
+    CHECK(IpAddress::from_sockaddr(reinterpret_cast<sockaddr*>(&ss), sizeof(sockaddr_in6)) == b);
+    CHECK(a.to_sockaddr(4791, ss) == sizeof(sockaddr_in));
+    CHECK(IpAddress::from_sockaddr(reinterpret_cast<sockaddr*>(&ss), sizeof(sockaddr_in)) == a);
+    CHECK_FALSE(IpAddress::from_sockaddr(reinterpret_cast<sockaddr*>(&ss), 4));
 }

@@ -74,8 +74,8 @@ void load_pcap(const std::filesystem::path& file, std::vector<CapturedPacket>& o
         CapturedPacket p;
         p.capture = capture;
         p.frame = frame;
-        p.flow.src_ip = be32(ip + 12);
-        p.flow.dst_ip = be32(ip + 16);
+        p.flow.src_ip = uroce::IpAddress::v4(be32(ip + 12));
+        p.flow.dst_ip = uroce::IpAddress::v4(be32(ip + 16));
         p.flow.src_port = be16(udp);
         p.flow.dst_port = be16(udp + 2);
         const uint16_t flags = be16(ip + 6);

@@ -16,6 +16,7 @@
 #include "uroce/wire.h"
 
 using namespace uroce::wire;
+using uroce::IpAddress;
 using wiretest::all_packets;
 using wiretest::CapturedPacket;
 
@@ -518,9 +519,10 @@ std::vector<uint8_t> make_packet(const Headers& h, std::span<const uint8_t> payl
     pkt.resize(n);
     pkt.insert(pkt.end(), payload.begin(), payload.end());
     pkt.insert(pkt.end(), h.bth.pad, uint8_t{0});
-    const uint32_t icrc =
-        icrc_ipv4(Ipv4Flow{0x0a000001, 0x0a000002, 0xc000, kRoceV2Port}, Ipv4Unseen{}, pkt);
-    for (int i = 0; i < 4; ++i) pkt.push_back(static_cast<uint8_t>(icrc >> (8 * i)));
+    const uint32_t crc =
+        icrc(IpFlow{IpAddress::v4(0x0a000001), IpAddress::v4(0x0a000002), 0xc000, kRoceV2Port},
+             Ipv4Unseen{}, pkt);
+    for (int i = 0; i < 4; ++i) pkt.push_back(static_cast<uint8_t>(crc >> (8 * i)));
     return pkt;
 }
 
@@ -710,11 +712,11 @@ TEST_CASE("build_headers reproduces every captured packet", "[wire][build][captu
         const std::span<const uint8_t> pieces[] = {
             std::span<const uint8_t>(out.data(), n), p.payload,
             std::span<const uint8_t>(zeros.data(), p.h.bth.pad)};
-        const uint32_t icrc = icrc_ipv4(cp.flow, cp.unseen, pieces);
+        const uint32_t crc = icrc(cp.flow, cp.unseen, pieces);
         std::vector<uint8_t> rebuilt(out.begin(), out.begin() + static_cast<long>(n));
         rebuilt.insert(rebuilt.end(), p.payload.begin(), p.payload.end());
         rebuilt.insert(rebuilt.end(), p.h.bth.pad, uint8_t{0});
-        for (int i = 0; i < 4; ++i) rebuilt.push_back(static_cast<uint8_t>(icrc >> (8 * i)));
+        for (int i = 0; i < 4; ++i) rebuilt.push_back(static_cast<uint8_t>(crc >> (8 * i)));
         CHECK(rebuilt == cp.udp);
     }
 }
@@ -797,8 +799,9 @@ TEST_CASE("every opcode round-trips through build_headers and parse_packet",
             }
 
             // Our own packets verify exactly.
-            CHECK(icrc_verify_ipv4(Ipv4Flow{0x0a000001, 0x0a000002, 0xc000, kRoceV2Port}, pkt) ==
-                  IcrcCheck::Exact);
+            CHECK(icrc_verify(IpFlow{IpAddress::v4(0x0a000001), IpAddress::v4(0x0a000002), 0xc000,
+                                     kRoceV2Port},
+                              pkt) == IcrcCheck::Exact);
         }
     }
 }
