@@ -112,7 +112,9 @@ std::string rebuild_dev() {
                            errno_text(errno));
     }
     if (auto failure = mount_tmpfs(kDev); !failure.empty()) return failure;
-    DIR* dir = ::fdopendir(::dup(old_dev.get()));
+    // A copy of the fd for the listing, close-on-exec as the original: none may reach the
+    // command.
+    DIR* dir = ::fdopendir(::fcntl(old_dev.get(), F_DUPFD_CLOEXEC, 0));
     if (dir == nullptr) {
         return fmt::format("cannot set up /dev in the private namespace (listing /dev: {})",
                            errno_text(errno));
