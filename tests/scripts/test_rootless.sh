@@ -18,7 +18,8 @@
 #      ibv_rc_pingpong -c on both sides; uroce stats counts it; uroce del;
 #   4. (root) a host whose /dev has no infiniband/ (root makes one in a private mount
 #      namespace, as on a host without RDMA): uroce run covers /dev with a copy of it plus
-#      infiniband/, /dev/pts and /dev/null still there, ibv_devices and ibv_rc_pingpong work;
+#      infiniband/ (/dev/pts, /dev/shm, /dev/stdin and /dev/null still there), ibv_devices
+#      and ibv_rc_pingpong work;
 #      there also, root's registry in /run/uroce: an unprivileged user's empty registry
 #      points at it;
 #   5. (root) a host that forbids user namespaces: user.max_user_namespaces=0 in a user
@@ -216,7 +217,8 @@ else
 [[ -e /dev/infiniband ]] && echo "setup: /dev/infiniband exists"
 "$UROCE" run -- sh -c '
     stat -c "%F %t:%T" /dev/infiniband/uverbs_uroce_$0 /dev/infiniband/uverbs_uroce_$1
-    [ -d /dev/pts ] && [ -c /dev/null ] && echo x >/dev/null && echo dev-ok
+    [ -d /dev/pts ] && [ -d /dev/shm ] && [ -L /dev/stdin ] && [ -c /dev/null ] &&
+        echo x >/dev/null && echo dev-ok
     ibv_devices | awk "\$1 == \"$0\" || \$1 == \"$1\" { print \$1 }" | sort
     ibv_rc_pingpong -d "$0" -g 0 -p "$2" -n 100 -s 1000 -c >/dev/null 2>&1 &
     i=0
@@ -232,7 +234,7 @@ EOF
     mkdir -p "$T/xdg/empty"
     [[ $EUID -eq 0 ]] && chown 65534:65534 "$T/xdg/empty"
     out=$(as_root_without_ib_dir "$WORK/no-ib-dir.sh" 2>&1)
-    expect_eq "no /dev/infiniband on the host: the nodes inside are char 1:3, /dev/pts and /dev/null are there, ibv_devices lists both, ibv_rc_pingpong -c runs" \
+    expect_eq "no /dev/infiniband on the host: the nodes inside are char 1:3, /dev/pts, /dev/shm, /dev/stdin and /dev/null are there, ibv_devices lists both, ibv_rc_pingpong -c runs" \
         "character special file 1:3|character special file 1:3|dev-ok|$A|$B|100 iters|server-ok|run-exit 0" \
         "$(grep -v '^env: ' <<<"$out" | sed 's/^\(100 iters\) in.*/\1/' | paste -sd'|')"
     expect_eq "an empty registry of the user's points at root's in /run/uroce" \
