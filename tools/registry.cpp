@@ -170,33 +170,47 @@ std::string needs_root_message(const fs::path& node, const char* what, int err) 
         what, node.string(), errno_text(err), kDevDir, node.string(), kNodeMajor, kNodeMinor);
 }
 
-// Makes sure /dev/infiniband/<uverbs name> is char 1:3 with mode 0666.
-// Returns true if this call created it (so that a rollback removes it).
-bool ensure_dev_node(const std::string& name, std::vector<std::string>& warnings) {
+enum class NodeState { Created, Reused, Absent };
+
+// Makes sure /dev/infiniband/<uverbs name> is char 1:3 with mode 0666. Created means this
+// call made it (so that a rollback removes it). Absent (NodeMode::Optional only): the caller
+// may not make a usable one, and the device goes without.
+NodeState ensure_dev_node(const std::string& name, NodeMode mode,
+                          std::vector<std::string>& warnings) {
+    const bool optional = mode == NodeMode::Optional;
     const fs::path dir(kDevDir);
     const fs::path node = dev_node_path(name);
     if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
         int err = errno;
-        if (is_permission_error(err)) fail(needs_root_message(node, "creating", err));
+        if (is_permission_error(err)) {
+            if (optional) return NodeState::Absent;
+            fail(needs_root_message(node, "creating", err));
+        }
         fail(fmt::format("cannot create {}: {}", dir.string(), errno_text(err)));
     }
     struct stat st {};
     if (::lstat(node.c_str(), &st) == 0) {
         if (!is_our_node(st)) {
+            // Another's file by that name; a private namespace hides it from `uroce run`.
+            if (optional) return NodeState::Absent;
             fail(fmt::format("{} exists but is not char device {}:{}; remove it and retry",
                              node.string(), kNodeMajor, kNodeMinor));
         }
         if ((st.st_mode & 07777) != 0666 && ::chmod(node.c_str(), 0666) != 0) {
+            if (optional) return dev_node_usable(name) ? NodeState::Reused : NodeState::Absent;
             warnings.push_back(fmt::format(
                 "{} has mode {:04o} and could not be made 0666 ({}); non-root clients may "
                 "fail to open the device",
                 node.string(), st.st_mode & 07777, errno_text(errno)));
         }
-        return false;
+        return NodeState::Reused;
     }
     if (::mknod(node.c_str(), S_IFCHR | 0666, makedev(kNodeMajor, kNodeMinor)) != 0) {
         int err = errno;
-        if (is_permission_error(err)) fail(needs_root_message(node, "creating", err));
+        if (is_permission_error(err)) {
+            if (optional) return NodeState::Absent;
+            fail(needs_root_message(node, "creating", err));
+        }
         fail(fmt::format("cannot create {}: {}", node.string(), errno_text(err)));
     }
     // mknod() honours the umask.
@@ -205,7 +219,7 @@ bool ensure_dev_node(const std::string& name, std::vector<std::string>& warnings
         ::unlink(node.c_str());
         fail(fmt::format("cannot chmod {}: {}", node.string(), errno_text(err)));
     }
-    return true;
+    return NodeState::Created;
 }
 
 // Warns when the address is not local: the provider could not bind it.
@@ -351,9 +365,48 @@ fs::path dev_node_path(std::string_view device_name) {
     return fs::path(kDevDir) / uverbs_name(device_name);
 }
 
+bool dev_node_usable(std::string_view device_name) {
+    const fs::path node = dev_node_path(device_name);
+    struct stat st {};
+    return ::lstat(node.c_str(), &st) == 0 && is_our_node(st) &&
+           ::faccessat(AT_FDCWD, node.c_str(), R_OK | W_OK, AT_EACCESS) == 0;
+}
+
+std::string missing_node_warning(std::string_view device_name) {
+    const std::string node = dev_node_path(device_name).string();
+    return fmt::format("device '{}': {} is missing; create it with 'mknod -m 0666 {} c {} {}'",
+                       device_name, node, node, kNodeMajor, kNodeMinor);
+}
+
+namespace {
+
+// An environment variable holding an absolute path, else nullopt.
+std::optional<fs::path> absolute_env_path(const char* name) {
+    const char* value = std::getenv(name);
+    if (value == nullptr || value[0] != '/') return std::nullopt;
+    return fs::path(value);
+}
+
+}  // namespace
+
+fs::path private_default_root() {
+    // The XDG runtime directory is the user's own (mode 0700) and lives as long as the
+    // user's session, as /run/uroce lives as long as the boot.
+    if (auto dir = absolute_env_path("XDG_RUNTIME_DIR")) return *dir / "uroce";
+    if (auto home = absolute_env_path("HOME")) return *home / ".cache" / "uroce";
+    return {};
+}
+
 fs::path root_from_env() {
     const char* env = std::getenv("UROCE_ROOT");
-    fs::path root = (env != nullptr && *env != '\0') ? fs::path(env) : fs::path(kDefaultRoot);
+    fs::path root;
+    if (env != nullptr && *env != '\0') {
+        root = env;
+    } else if (::geteuid() != 0 && !private_default_root().empty()) {
+        root = private_default_root();
+    } else {
+        root = kDefaultRoot;
+    }
     root = fs::absolute(root).lexically_normal();
     // "/a/b/" normalises to "/a/b/" (empty filename); drop it so SYSFS_PATH is clean.
     if (root.has_relative_path() && !root.has_filename()) root = root.parent_path();
@@ -369,7 +422,7 @@ fs::path Registry::ib_class() const {
     return root_ / "sys" / "class" / "infiniband";
 }
 
-std::vector<std::string> Registry::add(const DeviceConfig& cfg) {
+std::vector<std::string> Registry::add(const DeviceConfig& cfg, NodeMode nodes) {
     if (auto msg = check_name(cfg.name); !msg.empty()) throw Error(Error::Kind::Usage, msg);
     if (auto msg = check_mtu(cfg.mtu); !msg.empty()) throw Error(Error::Kind::Usage, msg);
     if (cfg.port == 0) throw Error(Error::Kind::Usage, "UDP port must be in 1..65535");
@@ -446,7 +499,7 @@ std::vector<std::string> Registry::add(const DeviceConfig& cfg) {
         }
         ib_done = true;
 
-        node_created = ensure_dev_node(cfg.name, warnings);
+        node_created = ensure_dev_node(cfg.name, nodes, warnings) == NodeState::Created;
 
         remove_tree_quietly(verbs_stage);
         make_dirs(verbs_stage);
@@ -466,7 +519,7 @@ std::vector<std::string> Registry::add(const DeviceConfig& cfg) {
     return warnings;
 }
 
-void Registry::del(const std::string& name) {
+void Registry::del(const std::string& name, NodeMode nodes) {
     if (auto msg = check_name(name); !msg.empty()) throw Error(Error::Kind::Usage, msg);
     std::error_code ec;
     if (!fs::is_directory(root_, ec)) {
@@ -483,11 +536,13 @@ void Registry::del(const std::string& name) {
         fail(fmt::format("no device '{}' in {}; 'uroce list' shows the registered devices", name,
                          root_.string()));
     }
-    // The node first: if that needs root, the registry is left untouched.
+    // The node first: if that needs root, the registry is left untouched. A node the caller
+    // may not remove is root's (made for a device of the same name in another registry) and
+    // no concern of a registry without nodes.
     const fs::path node = dev_node_path(name);
     struct stat st {};
     if (::lstat(node.c_str(), &st) == 0 && is_our_node(st) && ::unlink(node.c_str()) != 0 &&
-        errno != ENOENT) {
+        errno != ENOENT && !(nodes == NodeMode::Optional && is_permission_error(errno))) {
         int err = errno;
         if (is_permission_error(err)) {
             fail(fmt::format("removing {} needs root: {}; run 'uroce del {}' as root",
@@ -542,19 +597,10 @@ std::vector<DeviceInfo> Registry::list(std::vector<std::string>* warnings) const
             continue;
         }
         info.node_guid = *guid;
-        if (warnings != nullptr) {
-            if (!fs::is_directory(verbs_class() / uverbs_name(name), ec)) {
-                warnings->push_back(
-                    fmt::format("device '{}': {} is missing, libibverbs will not see it; re-add it",
-                                name, (verbs_class() / uverbs_name(name)).string()));
-            }
-            struct stat st {};
-            if (::lstat(dev_node_path(name).c_str(), &st) != 0 || !is_our_node(st)) {
-                warnings->push_back(fmt::format(
-                    "device '{}': {} is missing; create it with 'mknod -m 0666 {} c {} {}'", name,
-                    dev_node_path(name).string(), dev_node_path(name).string(), kNodeMajor,
-                    kNodeMinor));
-            }
+        if (warnings != nullptr && !fs::is_directory(verbs_class() / uverbs_name(name), ec)) {
+            warnings->push_back(
+                fmt::format("device '{}': {} is missing, libibverbs will not see it; re-add it",
+                            name, (verbs_class() / uverbs_name(name)).string()));
         }
         out.push_back(std::move(info));
     }

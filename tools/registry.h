@@ -27,8 +27,9 @@
 // table has exactly one entry (index 0). There is deliberately no
 // gid_attrs/ndevs/ directory: libibverbs would try to resolve a netdev name.
 //
-// ROOT is $UROCE_ROOT, or /run/uroce when that is unset or empty.
-// SYSFS_PATH for the clients is ROOT/sys.
+// ROOT is $UROCE_ROOT, or when that is unset or empty: /run/uroce for root, and for other
+// users a registry of their own, $XDG_RUNTIME_DIR/uroce (else ~/.cache/uroce), since they
+// cannot write /run. SYSFS_PATH for the clients is ROOT/sys.
 //
 // Device names: [A-Za-z0-9_]{1,31}. '-' and '.' are not allowed, which keeps
 // names safe as path components and as fnmatch() subjects, and keeps
@@ -46,7 +47,9 @@
 //
 // The /dev node is shared by every registry root on the host (libibverbs has
 // /dev/infiniband compiled in), so two roots holding a device of the same name
-// share one node; `del` in either removes it.
+// share one node; `del` in either removes it. Only root can make it: a user without
+// that privilege registers devices without nodes (NodeMode::Optional), and `uroce run`
+// gives its command the nodes in a private namespace (private_dev.h).
 #pragma once
 
 #include <array>
@@ -78,6 +81,12 @@ struct DeviceConfig {
     uint16_t port = kDefaultPort;
     int mtu = kDefaultMtu;
 };
+
+// What `add` and `del` do when the caller may not make or remove /dev nodes.
+// Required: fail, saying root is needed (root's registry: nodes are how clients open
+// devices). Optional: register the device without a node, and leave alone a node that
+// cannot be removed (an unprivileged user's registry: `uroce run` supplies the nodes).
+enum class NodeMode { Required, Optional };
 
 struct DeviceInfo {
     DeviceConfig config;
@@ -113,9 +122,18 @@ std::string format_gid_sysfs(const IpAddress& ip);      // "0000:...:ffff:7f00:0
 std::string format_gid_short(const IpAddress& ip);      // "::ffff:127.0.0.1", "::1"
 std::string uverbs_name(std::string_view device_name);  // "uverbs_uroce_NAME"
 std::filesystem::path dev_node_path(std::string_view device_name);
+// The device's node is char 1:3 and the caller may open it for reading and writing, as
+// libibverbs does.
+bool dev_node_usable(std::string_view device_name);
+// The warning for a device whose node is missing, with the command that makes it.
+std::string missing_node_warning(std::string_view device_name);
 
 // The registry root from the environment, made absolute (not required to exist).
 std::filesystem::path root_from_env();
+// The registry root of a user other than root when UROCE_ROOT is unset:
+// $XDG_RUNTIME_DIR/uroce, else $HOME/.cache/uroce; empty if neither variable holds an
+// absolute path.
+std::filesystem::path private_default_root();
 
 class Registry {
   public:
@@ -126,11 +144,12 @@ class Registry {
 
     // Adds a device; on any failure nothing of it is left behind.
     // Returns warnings (e.g. the address is not local) for the caller to print.
-    std::vector<std::string> add(const DeviceConfig& cfg);
+    std::vector<std::string> add(const DeviceConfig& cfg, NodeMode nodes = NodeMode::Required);
     // Removes the device's tree and its /dev node.
-    void del(const std::string& name);
+    void del(const std::string& name, NodeMode nodes = NodeMode::Required);
     // All registered devices, sorted by name. Malformed entries are skipped and
-    // reported through `warnings`.
+    // reported through `warnings`, as are devices without an infiniband_verbs
+    // entry; missing /dev nodes are the caller's to report (missing_node_warning).
     std::vector<DeviceInfo> list(std::vector<std::string>* warnings = nullptr) const;
 
   private:

@@ -10,6 +10,10 @@
 //   uroce run -- CMD ARGS...                        exec CMD with that environment, RDMA
 //                                                   netlink refused (netlink_filter.h)
 //
+// A user other than root has a registry of their own (registry.h) whose devices have no
+// /dev node, since only root may make one: `uroce run` then execs CMD in a private user
+// and mount namespace holding the nodes (rootless_namespace.h, private_dev.h).
+//
 // Exit status: 0 success, 2 usage error, 1 any other error (`run`: the
 // command's own status, or 127/126 if it cannot be executed, like env(1)).
 
@@ -34,7 +38,9 @@
 
 #include "kernel_rdma.h"
 #include "netlink_filter.h"
+#include "private_dev.h"
 #include "registry.h"
+#include "rootless_namespace.h"
 #include "stats_command.h"
 #include "uroce_tools_config.h"
 
@@ -170,7 +176,31 @@ void warn_kernel_rdma(const std::string& who) {
 struct Environment {
     std::string sysfs_path;
     std::string rdmav_drivers;
+    // Every registered device, and those without a node the caller can open (users other
+    // than root only; root is warned instead).
+    std::vector<std::string> devices;
+    std::vector<std::string> nodeless;
 };
+
+bool is_root() {
+    return ::geteuid() == 0;
+}
+
+// What `add` and `del` may leave out: only root makes /dev nodes.
+reg::NodeMode node_mode() {
+    return is_root() ? reg::NodeMode::Required : reg::NodeMode::Optional;
+}
+
+// The note for an empty registry of a user other than root whose UROCE_ROOT is unset, when
+// root's registry has devices: that user's default is a registry of their own.
+std::string shared_registry_hint(const reg::Registry& own) {
+    const char* env = std::getenv("UROCE_ROOT");
+    if (is_root() || (env != nullptr && *env != '\0')) return {};
+    const reg::Registry shared{fs::path(reg::kDefaultRoot)};
+    if (own.root() == shared.root() || shared.list().empty()) return {};
+    return fmt::format(" ({} has devices: set UROCE_ROOT={} to use them)", shared.root().string(),
+                       shared.root().string());
+}
 
 // The variables libibverbs needs, or an error message.
 std::optional<Environment> client_environment(const std::string& who) {
@@ -194,25 +224,57 @@ std::optional<Environment> client_environment(const std::string& who) {
     }
     reg::Registry r(reg::root_from_env());
     std::vector<std::string> warnings;
-    if (r.list(&warnings).empty()) {
-        warnings.push_back(
-            fmt::format("no devices are registered in {}; add one with 'uroce add NAME --ip ADDR'",
-                        r.root().string()));
+    Environment env{r.sysfs_path().string(), drivers, {}, {}};
+    const auto devices = r.list(&warnings);
+    if (devices.empty()) {
+        warnings.push_back(fmt::format(
+            "no devices are registered in {}; add one with 'uroce add NAME --ip ADDR'{}",
+            r.root().string(), shared_registry_hint(r)));
+    }
+    for (const auto& d : devices) {
+        env.devices.push_back(d.config.name);
+        if (reg::dev_node_usable(d.config.name)) continue;
+        if (is_root()) {
+            warnings.push_back(reg::missing_node_warning(d.config.name));
+        } else {
+            env.nodeless.push_back(d.config.name);
+        }
     }
     print_warnings(who, warnings);
-    return Environment{r.sysfs_path().string(), drivers};
+    return env;
+}
+
+// "device a has", "devices a and b have", "devices a, b and c have".
+std::string devices_have(const std::vector<std::string>& names) {
+    std::string out = names.size() == 1 ? "device " : "devices ";
+    for (size_t i = 0; i < names.size(); ++i) {
+        if (i > 0) out += i + 1 == names.size() ? " and " : ", ";
+        out += names[i];
+    }
+    return out + (names.size() == 1 ? " has" : " have");
 }
 
 int cmd_add(const reg::DeviceConfig& cfg) {
     reg::Registry r(reg::root_from_env());
-    print_warnings("uroce add", r.add(cfg));
+    std::vector<std::string> warnings = r.add(cfg, node_mode());
+    // Without a node the device is usable only through `uroce run`'s namespace: say so now
+    // if this host forbids that namespace, rather than at every run.
+    if (!reg::dev_node_usable(cfg.name)) {
+        if (const std::string refusal = tools::user_namespace_refusal(); !refusal.empty()) {
+            warnings.push_back(fmt::format(
+                "device '{}' has no {} node (only root can make one) and 'uroce run' cannot "
+                "give its commands one in a private namespace: {}",
+                cfg.name, reg::kDevDir, refusal));
+        }
+    }
+    print_warnings("uroce add", warnings);
     warn_kernel_rdma("uroce add");
     return 0;
 }
 
 int cmd_del(const std::string& name) {
     reg::Registry r(reg::root_from_env());
-    r.del(name);
+    r.del(name, node_mode());
     return 0;
 }
 
@@ -220,6 +282,14 @@ int cmd_list() {
     reg::Registry r(reg::root_from_env());
     std::vector<std::string> warnings;
     auto devices = r.list(&warnings);
+    // A user other than root has no nodes (uroce run makes them), so only root is warned.
+    if (is_root()) {
+        for (const auto& d : devices) {
+            if (!reg::dev_node_usable(d.config.name)) {
+                warnings.push_back(reg::missing_node_warning(d.config.name));
+            }
+        }
+    }
     size_t name_w = 4;
     for (const auto& d : devices) name_w = std::max(name_w, d.config.name.size());
     for (const auto& d : devices) {
@@ -236,6 +306,17 @@ int cmd_list() {
 int cmd_env() {
     auto env = client_environment("uroce env");
     if (!env) return kExitFailure;
+    // A shell cannot be moved into a namespace by a program it runs: these devices stay
+    // invisible to what it starts (libibverbs lists a device only if its node exists).
+    if (!env->nodeless.empty()) {
+        print_warnings("uroce env",
+                       {fmt::format("{} no {} node (only root can make one), so programs started "
+                                    "with these variables will not see {}; run them with 'uroce "
+                                    "run -- CMD', which gives them the nodes in a private "
+                                    "namespace",
+                                    devices_have(env->nodeless), reg::kDevDir,
+                                    env->nodeless.size() == 1 ? "it" : "them")});
+    }
     fmt::print("export SYSFS_PATH={}\n", shell_quote(env->sysfs_path));
     fmt::print("export RDMAV_DRIVERS={}\n", shell_quote(env->rdmav_drivers));
     // `uroce run` refuses RDMA netlink with a seccomp filter; a shell that evaluates
@@ -273,6 +354,20 @@ int cmd_run(const std::vector<std::string>& command, const std::string& pcap) {
         (!pcap.empty() && ::setenv("UROCE_PCAP", pcap.c_str(), 1) != 0)) {
         print_error("uroce run", "cannot set the environment (out of memory)");
         return kExitFailure;
+    }
+    // Devices without nodes get them in a namespace of the command's own; the mounts need the
+    // capabilities the namespace gives, which the exec then drops.
+    if (!env->nodeless.empty()) {
+        std::string failure = tools::enter_user_mount_namespace();
+        if (failure.empty()) failure = tools::provide_dev_nodes(env->devices);
+        if (!failure.empty()) {
+            print_error("uroce run",
+                        fmt::format("{} no {} node and only root can make one, so 'uroce run' "
+                                    "makes {} in a private user and mount namespace, but {}",
+                                    devices_have(env->nodeless), reg::kDevDir,
+                                    env->nodeless.size() == 1 ? "it" : "them", failure));
+            return kExitFailure;
+        }
     }
     // Kernel RDMA devices are hidden from the command: libibverbs then reads the
     // registry even on a kernel with ib_core. The filter survives the exec.
@@ -353,15 +448,17 @@ CLI::Validator port_validator() {
 int main(int argc, char** argv) {
     CLI::App app{
         "uroce: manage devices of the uroce user-space RoCEv2 provider.\n"
-        "Devices live in a fake sysfs tree under $UROCE_ROOT (default /run/uroce) plus one node\n"
+        "Devices live in a fake sysfs tree under $UROCE_ROOT plus one node\n"
         "/dev/infiniband/uverbs_uroce_NAME each; 'uroce run' or 'uroce env' point libibverbs at\n"
-        "them."};
+        "them. Only root makes nodes: for other users 'uroce run' makes them in a private user\n"
+        "and mount namespace."};
     app.name("uroce");
     app.require_subcommand(1);
     app.set_version_flag("--version", UROCE_VERSION);
     app.footer(
         "Environment:\n"
-        "  UROCE_ROOT          registry directory (default /run/uroce)\n"
+        "  UROCE_ROOT          registry directory (default /run/uroce for root; for other\n"
+        "                      users $XDG_RUNTIME_DIR/uroce, else ~/.cache/uroce)\n"
         "  UROCE_PROVIDER_DIR  directory holding liburoce" UROCE_PROVIDER_SUFFIX
         " (default: found next to\n"
         "                      this program, else the install location)\n"
@@ -370,7 +467,8 @@ int main(int argc, char** argv) {
 
     reg::DeviceConfig cfg;
     std::string ip_text;
-    auto* add = app.add_subcommand("add", "Register a device (needs root for /dev/infiniband)");
+    auto* add =
+        app.add_subcommand("add", "Register a device (as root, also its /dev/infiniband node)");
     add->add_option("NAME", cfg.name, "Device name: letters, digits and '_', 1 to 31 characters")
         ->required()
         ->check(name_validator());
@@ -395,6 +493,9 @@ int main(int argc, char** argv) {
         "env",
         "Print 'export SYSFS_PATH=...', 'export RDMAV_DRIVERS=...' and 'export LD_PRELOAD=...' "
         "for a shell");
+    env->footer(
+        "For a user other than root, devices have no /dev/infiniband node: programs started\n"
+        "with these variables do not see them (a shell cannot enter 'uroce run''s namespace).");
 
     tools::StatsOptions stats_options;
     auto* stats = tools::add_stats_command(app, stats_options);
@@ -414,6 +515,9 @@ int main(int argc, char** argv) {
         "lists uroce devices even on a kernel with RDMA support, and hides the kernel's own\n"
         "RDMA devices. The command runs with no_new_privs: setuid programs gain nothing.\n"
         "SYSFS_PATH and RDMAV_DRIVERS are ignored by libibverbs in setuid programs.\n"
+        "For a user other than root whose devices have no /dev node, the command runs in a\n"
+        "private user and mount namespace where /dev/infiniband holds them (as that user,\n"
+        "without capabilities); where the host forbids that, uroce run says so and exits 1.\n"
         "Exit status: that of the command; 127 (not found) or 126 if it cannot be run.");
 
     // An unknown first word would otherwise be reported as a missing subcommand.

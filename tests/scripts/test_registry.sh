@@ -5,9 +5,9 @@
 #
 # Uses a fresh UROCE_ROOT and a dummy provider file; device names carry the PID
 # so that parallel runs do not collide on /dev/infiniband. As root the whole
-# add/list/del cycle is checked (plus the non-root mknod error path through
-# setpriv when possible); as a normal user the mknod error path and everything
-# that needs no /dev node, and the add/list/del cycle is reported as skipped
+# add/list/del cycle is checked (plus root's error without CAP_MKNOD, and an unprivileged
+# user's registry without nodes through setpriv); as a normal user that registry and
+# everything that needs no /dev node, and the add/list/del cycle is reported as skipped
 # ("skip - ..." lines, which tools/test.sh counts and refuses in CI).
 # Last line: "N passed, M failed"; exit 1 if M > 0.
 set -u
@@ -285,9 +285,9 @@ expect_eq "run without a provider exits 1" 1 "$RC"
 expect_eq "provider found in the build-tree layout" "export RDMAV_DRIVERS='$WORK/fake/provider/liburoce'" \
     "$(cat "$WORK/out")"
 
-# ------------------------------------------------------ non-root mknod path
-# The registry is writable, but /dev/infiniband is not: add must fail with a
-# clear message and leave nothing behind.
+# ------------------------------------------------------ without CAP_MKNOD
+# Root without CAP_MKNOD (in a container, say): add must fail with a clear message and leave
+# nothing behind.
 check_needs_root() {
     local how=$1
     shift
@@ -302,18 +302,55 @@ check_needs_root() {
         "add without CAP_MKNOD rolls back the verbs entry ($how)"
     expect_no_staging "after a failed add ($how)"
 }
+# A user other than root: add registers the device without a node ('uroce run' makes it in a
+# private namespace, test_rootless.sh); list and del do not ask for one.
+check_nodeless() {
+    local how=$1 user_uroce=$2
+    shift 2
+    "$@" "$user_uroce" add "$D" --ip 127.0.0.1 --port 4999 >"$WORK/out" 2>"$WORK/err"
+    RC=$?
+    ERR=$(cat "$WORK/err")
+    expect_eq "add by a user other than root exits 0 ($how)" 0 "$RC"
+    # Where the host forbids user namespaces, add says that uroce run cannot help.
+    if [[ -z $ERR || $ERR == *"'uroce run' cannot give its commands one in a private namespace"* ]]; then
+        ok "add by a user other than root: no warning but the namespace one ($how)"
+    else
+        not_ok "add by a user other than root: no warning but the namespace one ($how)" "$ERR"
+    fi
+    expect_file "$SYS/infiniband/$D/uroce/udp_port" 4999
+    expect_file "$SYS/infiniband_verbs/uverbs_uroce_$D/dev" 1:3
+    expect_absent "$DEVDIR/uverbs_uroce_$D" "add by a user other than root makes no node ($how)"
+    "$@" "$user_uroce" list >"$WORK/out" 2>"$WORK/err"
+    expect_eq "list by a user other than root: the device, no warning about its node ($how)" \
+        "$D|" "$(awk '{ print $1 }' "$WORK/out")|$(cat "$WORK/err")"
+    "$@" "$user_uroce" del "$D" >"$WORK/out" 2>"$WORK/err"
+    expect_eq "del by a user other than root exits 0 and prints nothing ($how)" "0|" "$?|$(cat "$WORK/out" "$WORK/err")"
+    expect_absent "$SYS/infiniband/$D" "del by a user other than root removes the tree ($how)"
+}
 if [[ -e $DEVDIR/uverbs_uroce_$D ]]; then
-    skip "mknod error path: $DEVDIR/uverbs_uroce_$D exists"
+    skip "paths without CAP_MKNOD: $DEVDIR/uverbs_uroce_$D exists"
 elif [[ $EUID -ne 0 ]]; then
-    check_needs_root "as uid $EUID"
-elif command -v setpriv >/dev/null && setpriv --reuid=65534 --regid=65534 --clear-groups test -x "$UROCE"; then
-    mkdir -p "$UROCE_ROOT"
-    chown 65534:65534 "$UROCE_ROOT"
-    chmod 0755 "$WORK"
-    check_needs_root "as uid 65534 via setpriv" setpriv --reuid=65534 --regid=65534 --clear-groups
-    chown -R 0:0 "$UROCE_ROOT"
+    check_nodeless "as uid $EUID" "$UROCE"
 else
-    skip "mknod error path: cannot run $UROCE as an unprivileged user (setpriv, uid 65534)"
+    if command -v setpriv >/dev/null && setpriv --bounding-set=-mknod true; then
+        check_needs_root "as root without CAP_MKNOD" setpriv --bounding-set=-mknod
+    else
+        skip "add without CAP_MKNOD: setpriv cannot drop it (util-linux)"
+    fi
+    # A copy of uroce the unprivileged user can reach: the build tree may be in a directory
+    # of mode 0700 (a CI checkout in a mktemp directory).
+    mkdir -p "$WORK/bin" "$UROCE_ROOT"
+    cp "$UROCE" "$WORK/bin/uroce"
+    chmod 0755 "$WORK" "$WORK/bin"
+    chown -R 65534:65534 "$UROCE_ROOT"
+    if command -v setpriv >/dev/null &&
+        setpriv --reuid=65534 --regid=65534 --clear-groups test -x "$WORK/bin/uroce"; then
+        check_nodeless "as uid 65534 via setpriv" "$WORK/bin/uroce" \
+            setpriv --reuid=65534 --regid=65534 --clear-groups
+    else
+        skip "add by a user other than root: uid 65534 cannot run $WORK/bin/uroce (setpriv missing, or $WORK out of its reach)"
+    fi
+    chown -R 0:0 "$UROCE_ROOT"
 fi
 
 if [[ $EUID -ne 0 ]]; then
