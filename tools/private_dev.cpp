@@ -65,7 +65,7 @@ int make_mount_point_file(const fs::path& path) {
 }
 
 // Bind-mounts `source`, with everything mounted under it, onto `target`.
-std::string bind(const std::string& source, const fs::path& target) {
+std::string bind_mount(const std::string& source, const fs::path& target) {
     if (::mount(source.c_str(), target.c_str(), nullptr, MS_BIND | MS_REC, nullptr) != 0) {
         return namespace_mount_failure(
             fmt::format("bind-mounting {} on {}", source, target.string()), errno);
@@ -101,7 +101,7 @@ std::string mirror_entry(int old_dev, const std::string& name) {
     }
     // The covered directory is still reachable through its fd, and a path through
     // /proc/self/fd crosses the mounts under it (/dev/pts, /dev/shm) as any path does.
-    return bind(fmt::format("/proc/self/fd/{}/{}", old_dev, name), target);
+    return bind_mount(fmt::format("/proc/self/fd/{}/{}", old_dev, name), target);
 }
 
 // Covers /dev with a tmpfs holding what the host's /dev holds, and an empty infiniband/.
@@ -164,7 +164,7 @@ std::string provide_dev_nodes(const std::vector<std::string>& device_names) {
             return fmt::format("cannot create {} in the private namespace: {}", node.string(),
                                errno_text(err));
         }
-        if (auto bound = bind(kNull, node); !bound.empty()) return bound;
+        if (auto bound = bind_mount(kNull, node); !bound.empty()) return bound;
     }
     return {};
 }
