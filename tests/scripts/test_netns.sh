@@ -27,11 +27,14 @@
 #     one fails cleanly (the error completion within seconds, no hang, no fragment on the
 #     wire), and so does a 64 KiB one, whose GSO train the kernel refuses first (EINVAL,
 #     tx_gso_fallbacks) before its packets are refused one by one;
-#   - loss and delay on the links. This kernel has no sch_netem, so the provider's own fault
-#     injector stands in for it: both ends of a link run with
-#     UROCE_FAULTS='drop=0.02,seed=S;delay=300:100,seed=T' (2% of the packets each end sends
-#     lost, every one 200-400 us late, which also reorders them), and the counters must show
-#     that packets were dropped and delayed and that retransmission repaired the loss;
+#   - loss and delay on the links. Kernels need not have sch_netem (the test machines have
+#     none), so the provider's own fault injector stands in for it: both ends of a link run
+#     with UROCE_FAULTS='drop=0.02,seed=S;delay=300:100,seed=T' (2% of the packets each end
+#     sends lost, every one 200-400 us late, which also reorders them), and the counters must
+#     show that packets were dropped and delayed and that retransmission repaired the loss;
+#   - a routed path, A -1500- B -9000- C with B forwarding: verified traffic with path MTU
+#     1024, and path MTU 4096 from C, which B cannot forward onto the 1500 link: C learns the
+#     path MTU from B's ICMP "fragmentation needed" and its resend fails cleanly as above;
 #   - the three links at once, A->B, B->C and C->A, under the same faults, with the injected
 #     faults and the retransmissions read from `uroce stats --json` (the devices' counters
 #     before and after).
