@@ -175,7 +175,11 @@ pair_start() {
 # STOP_SERVER=stop, stops it: a server whose client failed waits for ever). Leaves SRV_RC,
 # CLI_RC, SRV_OUT, SRV_ERR, CLI_OUT, CLI_ERR (for lib.sh's expect_pair_ok) and PAIR_SECS.
 pair_wait() {
-    local label=$1 stop=${2:-} start=$SECONDS spid=${P_SPID[$1]} cpid=${P_CPID[$1]}
+    local label=$1 stop=${2:-} start=$SECONDS spid=${P_SPID[$1]:-} cpid=${P_CPID[$1]:-}
+    if [[ -z $spid || -z $cpid ]]; then
+        not_ok "$label: was not started"
+        return 1
+    fi
     wait "$cpid"
     CLI_RC=$?
     forget_pid "$cpid"
@@ -203,7 +207,7 @@ pingpong() {
     pair_start "$label" 60 "$sns" "$cns" "$port" UROCE_STATS=1 \
         -- ibv_rc_pingpong -d "$sdev" -g 0 -p "$port" -n "$iters" -s "$size" -m "$mtu" -c \
         -- ibv_rc_pingpong -d "$cdev" -g 0 -p "$port" -n "$iters" -s "$size" -m "$mtu" -c "$sip"
-    pair_wait "$label"
+    pair_wait "$label" || return
     expect_pair_ok "$label" || return
     for side in server client; do
         f="$WORK/$label.$side"
@@ -236,7 +240,7 @@ verified_start() {
 # verified_check LABEL SDEV CDEV FAULTS ITERS SIZE: the checks of a verified_start run.
 verified_check() {
     local label=$1 sdev=$2 cdev=$3 faults=$4 iters=$5 size=$6
-    pair_wait "$label"
+    pair_wait "$label" || return
     expect_pair_ok "$label" || return
     expect_file_match "$label: every reply equals its message" \
         "^pingpong_verify: $iters iterations of $size bytes: every reply equals its message" "$CLI_OUT"
@@ -308,7 +312,7 @@ too_big() {
     pair_start "$label" 30 "$NS_B" "$NS_A" "$port" \
         -- ibv_rc_pingpong -d "$D_BA" -g 0 -p "$port" -n 10 -s "$size" -m 4096 \
         -- "$VERIFY" -d "$D_AB" -p "$port" -n 10 -s "$size" -m 4096 "$IP_BA"
-    pair_wait "$label" stop
+    pair_wait "$label" stop || return
     stats_json "$WORK/$label.after.json"
     deltas "$WORK/$label"
     if [[ $CLI_RC -eq 1 && $PAIR_SECS -lt 20 ]] &&
@@ -345,17 +349,17 @@ too_big "A-B -m 4096 -s 65536" 65536
 FAULTS_AB="drop=0.02,seed=7;delay=300:100,seed=3"
 FAULTS_BC="drop=0.02,seed=11;delay=300:100,seed=5"
 FAULTS_CA="drop=0.02,seed=13;delay=300:100,seed=9"
-verified "A-B lossy -m 1024 -s 10000" "$NS_B" "$D_BA" "$IP_BA" "$NS_A" "$D_AB" "$FAULTS_AB" 100 10000 1024
-verified "B-C lossy -m 4096 -s 65536" "$NS_C" "$D_CB" "$IP_CB" "$NS_B" "$D_BC" "$FAULTS_BC" 50 65536 4096
+verified "A-B lossy -m 1024 -s 10000" "$NS_B" "$D_BA" "$IP_BA" "$NS_A" "$D_AB" "$FAULTS_AB" 60 10000 1024
+verified "B-C lossy -m 4096 -s 65536" "$NS_C" "$D_CB" "$IP_CB" "$NS_B" "$D_BC" "$FAULTS_BC" 30 65536 4096
 verified "C-A lossy -m 4096 -s 9000" "$NS_A" "$D_AC" "$IP_AC" "$NS_C" "$D_CA" "$FAULTS_CA" 100 9000 4096
 
 # ---------------------------------------------------- all three links at once
 stats_json "$WORK/all.before.json"
-verified_start "all: A-B" "$NS_B" "$D_BA" "$IP_BA" "$NS_A" "$D_AB" "$FAULTS_AB" 100 10000 1024
-verified_start "all: B-C" "$NS_C" "$D_CB" "$IP_CB" "$NS_B" "$D_BC" "$FAULTS_BC" 50 32768 4096
+verified_start "all: A-B" "$NS_B" "$D_BA" "$IP_BA" "$NS_A" "$D_AB" "$FAULTS_AB" 60 10000 1024
+verified_start "all: B-C" "$NS_C" "$D_CB" "$IP_CB" "$NS_B" "$D_BC" "$FAULTS_BC" 30 32768 4096
 verified_start "all: C-A" "$NS_A" "$D_AC" "$IP_AC" "$NS_C" "$D_CA" "$FAULTS_CA" 100 9000 4096
-verified_check "all: A-B" "$D_BA" "$D_AB" "$FAULTS_AB" 100 10000
-verified_check "all: B-C" "$D_CB" "$D_BC" "$FAULTS_BC" 50 32768
+verified_check "all: A-B" "$D_BA" "$D_AB" "$FAULTS_AB" 60 10000
+verified_check "all: B-C" "$D_CB" "$D_BC" "$FAULTS_BC" 30 32768
 verified_check "all: C-A" "$D_AC" "$D_CA" "$FAULTS_CA" 100 9000
 stats_json "$WORK/all.after.json"
 deltas "$WORK/all"
