@@ -18,7 +18,7 @@
 #   - ibv_rc_pingpong as server against pingpong_verify (tests/apps) as client, which checks
 #     every byte the server echoes, on every link, with and without loss and delay;
 #   - path MTU 4096 over the 1500 link. uroce sends with DF set (IP_PMTUDISC_DO, as rxe does:
-#     RoCE packets are not to be fragmented, a receiving NIC does not reassemble), so the
+#     RoCE packets are not to be fragmented, RoCE NICs do not reassemble IP fragments), so the
 #     kernel never fragments: a packet that does not fit the link is refused with EMSGSIZE,
 #     and the provider fails that request at once with IBV_WC_LOC_QP_OP_ERR (its QP goes to
 #     ERR) and counts it in tx_too_big. Path MTU is a segmentation limit, not a packet size:
@@ -32,12 +32,12 @@
 #     with UROCE_FAULTS='drop=0.02,seed=S;delay=300:100,seed=T' (2% of the packets each end
 #     sends lost, every one 200-400 us late, which also reorders them), and the counters must
 #     show that packets were dropped and delayed and that retransmission repaired the loss;
-#   - a routed path, A -1500- B -9000- C with B forwarding: verified traffic with path MTU
-#     1024, and path MTU 4096 from C, which B cannot forward onto the 1500 link: C learns the
-#     path MTU from B's ICMP "fragmentation needed" and its resend fails cleanly as above;
 #   - the three links at once, A->B, B->C and C->A, under the same faults, with the injected
 #     faults and the retransmissions read from `uroce stats --json` (the devices' counters
-#     before and after).
+#     before and after);
+#   - a routed path, A -1500- B -9000- C with B forwarding: verified traffic with path MTU
+#     1024, and path MTU 4096 from C, which B cannot forward onto the 1500 link: C learns the
+#     path MTU from B's ICMP "fragmentation needed" and its resend fails cleanly as above.
 # Needs root (ip netns, uroce add makes /dev/infiniband nodes) and iproute2; otherwise skips
 # (exit 77). Namespaces and links are removed on exit, also on failure.
 # Last line: "N passed, M failed"; exit 1 if M > 0.
