@@ -85,6 +85,9 @@ bool UdpSocket::open() {
         int pmtu = IPV6_PMTUDISC_DO;
         ::setsockopt(fd_, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one);
         ::setsockopt(fd_, IPPROTO_IPV6, IPV6_MTU_DISCOVER, &pmtu, sizeof pmtu);
+        // The kernel's rxe sends RoCEv2 over IPv6 with UDP checksum 0 (RFC 6935 allows it for
+        // tunnels; the ICRC covers the packet), which Linux drops unless the socket accepts it.
+        ::setsockopt(fd_, IPPROTO_UDP, UDP_NO_CHECK6_RX, &one, sizeof one);
     }
     // Best effort: larger buffers absorb bursts of a full send window.
     int buf = kSocketBuffer;

@@ -1,6 +1,9 @@
 // UD queue pairs between two engines: datagrams with their GRH area, Q_Key checks, the
 // privileged Q_Key bit, and what happens to datagrams nobody can take.
 #include <arpa/inet.h>
+#include <linux/udp.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 
 #include <catch2/catch.hpp>
 #include <cerrno>
@@ -77,6 +80,46 @@ TEST_CASE("UD over IPv6: the GRH area holds the packet's IPv6 header", "[ud][ipv
     CHECK(grh[6] == 17);
     CHECK(IpAddress::from_bytes(grh + 8) == Ipv6Namespace::a());
     CHECK(IpAddress::from_bytes(grh + 24) == Ipv6Namespace::b());
+}
+
+TEST_CASE("IPv6: a datagram with UDP checksum 0 is taken (the kernel's rxe sends them)", "[ipv6]") {
+    // RFC 6935/6936 allow a zero UDP checksum over IPv6 for tunnels; rxe sends every RoCEv2
+    // packet so, and the ICRC protects the packet. Linux drops such datagrams unless the
+    // receiving socket opts in. The sender here is a plain socket at a's address that sends
+    // with checksum 0 (UDP_NO_CHECK6_TX).
+    Ipv6Namespace ns;
+    PairOptions o;
+    o.addresses = Ipv6Namespace::addresses();
+    Pair p(o);
+    p.connect();
+    const int fd = ::socket(AF_INET6, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    REQUIRE(fd >= 0);
+    const int one = 1;
+    REQUIRE(::setsockopt(fd, IPPROTO_UDP, UDP_NO_CHECK6_TX, &one, sizeof one) == 0);
+    sockaddr_storage self;
+    socklen_t len = p.a.ip.to_sockaddr(0, self);
+    REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&self), len) == 0);
+    REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&self), &len) == 0);
+    const uint16_t src_port = ntohs(reinterpret_cast<sockaddr_in6*>(&self)->sin6_port);
+    wire::Headers h;
+    h.bth.opcode = static_cast<uint8_t>(wire::Opcode::RcSendOnly);
+    h.bth.dest_qp = p.b.qp->qpn();
+    h.bth.psn = p.b.qp->attributes().rq_psn;
+    h.bth.ack_req = true;
+    std::vector<uint8_t> message(100);
+    fill(message.data(), message.size(), 78);
+    const auto pkt =
+        forge_packet(h, message, wire::IpFlow{p.a.ip, p.b.ip, src_port, p.b.engine->config().port});
+    REQUIRE(p.b.qp->post_recv(recv_wqe(1, {p.b.sge(0, 100)})) == 0);
+    sockaddr_storage to;
+    const socklen_t to_len = p.b.ip.to_sockaddr(p.b.engine->config().port, to);
+    REQUIRE(::sendto(fd, pkt.data(), pkt.size(), 0, reinterpret_cast<sockaddr*>(&to), to_len) ==
+            static_cast<ssize_t>(pkt.size()));
+    ::close(fd);
+    const Completion c = p.wait_one(*p.b.rcq);
+    CHECK(c.status == WcStatus::Success);
+    CHECK(c.byte_len == 100);
+    CHECK(first_mismatch(p.b.at(0), 100, 78) == 100);
 }
 
 TEST_CASE("UD over IPv6: a destination of the other family is not reached", "[ud][ipv6]") {

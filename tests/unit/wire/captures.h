@@ -1,4 +1,5 @@
 // The kernel rxe reference captures, loaded once for every wire test.
+// find_packet() looks among the IPv4 packets.
 #pragma once
 
 #include <cstddef>
@@ -26,9 +27,13 @@ struct CapturedPacket {
 // The directory holding the captures: $UROCE_CAPTURES_DIR, else the repository's tests/data.
 std::filesystem::path captures_dir();
 
-// Every RoCEv2 packet of every *.pcap in captures_dir(), in file-name then frame order.
-// Throws (failing the calling test) if the directory or a capture is missing or unreadable.
+// Every RoCEv2 packet over IPv4 of every *.pcap in captures_dir(), in file-name then frame
+// order. Throws (failing the calling test) if the directory or a capture is missing or
+// unreadable.
 const std::vector<CapturedPacket>& all_packets();
+
+// The same for RoCEv2 packets over IPv6 (their `unseen` and `other_flag_bits` are unused).
+const std::vector<CapturedPacket>& ipv6_packets();
 
 // The packet with this tshark frame number in this capture; throws if there is none.
 const CapturedPacket& find_packet(const std::string& capture, size_t frame);

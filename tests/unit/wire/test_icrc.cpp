@@ -718,3 +718,18 @@ TEST_CASE("IpAddress: IPv4-mapped form, parsing and the GID bytes", "[ipv6]") {
     CHECK(IpAddress::from_sockaddr(reinterpret_cast<sockaddr*>(&ss), sizeof(sockaddr_in)) == a);
     CHECK_FALSE(IpAddress::from_sockaddr(reinterpret_cast<sockaddr*>(&ss), 4));
 }
+
+TEST_CASE("IPv6: the kernel's packets verify Exact and follow the pseudo-header by hand",
+          "[icrc][ipv6][captures]") {
+    const auto& packets = wiretest::ipv6_packets();
+    REQUIRE(packets.size() == 56);  // rc_send_ipv6: SENDs of 64 and 10000 bytes, their ACKs
+    for (const CapturedPacket& cp : packets) {
+        CAPTURE(cp.capture, cp.frame);
+        REQUIRE_FALSE(cp.flow.dst_ip.is_v4());
+        CHECK(icrc_verify(cp.flow, cp.udp) == IcrcCheck::Exact);
+        CHECK(icrc(cp.flow, Ipv4Unseen{}, cp.roce()) == le32(cp.udp.data() + cp.udp.size() - 4));
+        CHECK(icrc_v6_by_hand(cp.flow, cp.roce()) == le32(cp.udp.data() + cp.udp.size() - 4));
+        ParsedPacket p;
+        CHECK(parse_packet(cp.udp, p) == ParseError::None);
+    }
+}

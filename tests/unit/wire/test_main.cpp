@@ -24,6 +24,7 @@ namespace {
 
 constexpr size_t kEthernetBytes = 14;
 constexpr uint16_t kEtherTypeIpv4 = 0x0800;
+constexpr uint16_t kEtherTypeIpv6 = 0x86dd;
 constexpr uint8_t kIpProtoUdp = 17;
 
 uint16_t be16(const uint8_t* p) {
@@ -37,7 +38,33 @@ uint32_t be32(const uint8_t* p) {
     throw std::runtime_error(file.string() + " frame " + std::to_string(frame) + ": " + why);
 }
 
-void load_pcap(const std::filesystem::path& file, std::vector<CapturedPacket>& out) {
+// An IPv6 frame: the fixed header (no extension headers: RoCEv2 senders add none) and UDP.
+CapturedPacket ipv6_packet(const std::filesystem::path& file, size_t frame, const u_char* data,
+                           size_t caplen) {
+    if (caplen < kEthernetBytes + 40 + 8) fail(file, frame, "too short for IPv6/UDP");
+    const uint8_t* ip = data + kEthernetBytes;
+    if (ip[0] >> 4 != 6) fail(file, frame, "bad IPv6 header");
+    if (ip[6] != kIpProtoUdp) fail(file, frame, "not UDP");
+    const size_t payload = be16(ip + 4);
+    if (kEthernetBytes + 40 + payload > caplen || payload < 8) fail(file, frame, "bad IPv6 length");
+    const uint8_t* udp = ip + 40;
+    const size_t udp_len = be16(udp + 4);
+    if (udp_len < 8 || udp_len > payload) fail(file, frame, "bad UDP length");
+    if (be16(udp + 2) != uroce::wire::kRoceV2Port) fail(file, frame, "not RoCEv2");
+    CapturedPacket p;
+    p.frame = frame;
+    p.flow.src_ip = uroce::IpAddress::from_bytes(ip + 8);
+    p.flow.dst_ip = uroce::IpAddress::from_bytes(ip + 24);
+    p.flow.src_port = be16(udp);
+    p.flow.dst_port = be16(udp + 2);
+    p.udp.assign(udp + 8, udp + udp_len);
+    if (p.udp.size() < uroce::wire::kIcrcBytes) fail(file, frame, "no room for an ICRC");
+    return p;
+}
+
+// IPv4 frames go to `out`, IPv6 ones to `out6`.
+void load_pcap(const std::filesystem::path& file, std::vector<CapturedPacket>& out,
+               std::vector<CapturedPacket>& out6) {
     char errbuf[PCAP_ERRBUF_SIZE] = {};
     std::unique_ptr<pcap_t, decltype(&pcap_close)> pcap(pcap_open_offline(file.c_str(), errbuf),
                                                         &pcap_close);
@@ -55,8 +82,13 @@ void load_pcap(const std::filesystem::path& file, std::vector<CapturedPacket>& o
         ++frame;
         const size_t caplen = hdr->caplen;
         if (caplen != hdr->len) fail(file, frame, "truncated capture");
+        if (caplen >= kEthernetBytes && be16(data + 12) == kEtherTypeIpv6) {
+            out6.push_back(ipv6_packet(file, frame, data, caplen));
+            out6.back().capture = capture;
+            continue;
+        }
         if (caplen < kEthernetBytes + 20 + 8) fail(file, frame, "too short for IPv4/UDP");
-        if (be16(data + 12) != kEtherTypeIpv4) fail(file, frame, "not IPv4");
+        if (be16(data + 12) != kEtherTypeIpv4) fail(file, frame, "neither IPv4 nor IPv6");
 
         const uint8_t* ip = data + kEthernetBytes;
         const size_t ihl = size_t{ip[0] & 0x0fu} * 4;
@@ -89,7 +121,12 @@ void load_pcap(const std::filesystem::path& file, std::vector<CapturedPacket>& o
     if (frame == 0) fail(file, 0, "no packets");
 }
 
-std::vector<CapturedPacket> load_all() {
+struct Loaded {
+    std::vector<CapturedPacket> v4;
+    std::vector<CapturedPacket> v6;
+};
+
+Loaded load_all() {
     const std::filesystem::path dir = captures_dir();
     if (!std::filesystem::is_directory(dir)) {
         throw std::runtime_error(
@@ -103,8 +140,13 @@ std::vector<CapturedPacket> load_all() {
     if (files.empty()) throw std::runtime_error("no .pcap files in " + dir.string());
     std::sort(files.begin(), files.end());
 
-    std::vector<CapturedPacket> packets;
-    for (const auto& f : files) load_pcap(f, packets);
+    Loaded packets;
+    for (const auto& f : files) load_pcap(f, packets.v4, packets.v6);
+    return packets;
+}
+
+const Loaded& loaded() {
+    static const Loaded packets = load_all();
     return packets;
 }
 
@@ -118,8 +160,11 @@ std::filesystem::path captures_dir() {
 }
 
 const std::vector<CapturedPacket>& all_packets() {
-    static const std::vector<CapturedPacket> packets = load_all();
-    return packets;
+    return loaded().v4;
+}
+
+const std::vector<CapturedPacket>& ipv6_packets() {
+    return loaded().v6;
 }
 
 const CapturedPacket& find_packet(const std::string& capture, size_t frame) {
