@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # RoCEv2 over IPv6 through real applications: devices on IPv6 addresses (`uroce add --ip`),
 # their GID, rdma-core's ibv_rc_pingpong and ibv_ud_pingpong over them, every byte checked by
-# pingpong_verify (tests/apps), the provider's capture read by tshark and by an independent
-# ICRC check (check_icrc.py), addresses refused with a clear message, and a connection between
-# an IPv4 and an IPv6 device refused when the QP is connected.
+# pingpong_verify (tests/apps), two processes on one device, the provider's capture read by
+# tshark and by an independent ICRC check (check_icrc.py), addresses refused with a clear
+# message, and a connection between an IPv4 and an IPv6 device refused when the QP is
+# connected.
 #
 #   test_ipv6.sh PATH_TO_UROCE PATH_TO_PINGPONG_VERIFY PATH_TO_CHECK_ICRC
 #
@@ -112,6 +113,16 @@ verified "rc -s 1" - 300 1 1024
 verified "rc -s 65536" - 100 65536 1024
 verified "rc -m 4096 -s 65535" - 100 65535 4096
 verified "rc drop3% -s 10000" drop=0.03,seed=11 60 10000 1024
+
+# Two processes on one IPv6 device (its contexts share the address and port).
+port=$(free_tcp_port)
+run_pair "shared device" "$port" 90 \
+    -- ibv_rc_pingpong -d "$A" -g 0 -p "$port" -n 100 -s 20000 \
+    -- "$VERIFY" -d "$A" -p "$port" -n 100 -s 20000 127.0.0.1
+if expect_pair_ok "shared device"; then
+    expect_file_match "shared device: every reply equals its message" \
+        "^pingpong_verify: 100 iterations of 20000 bytes: every reply equals its message" "$CLI_OUT"
+fi
 
 # ------------------------------------------------------------- capture
 port=$(free_tcp_port)
