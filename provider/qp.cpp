@@ -8,6 +8,7 @@
 
 #include "provider/device_limits.h"
 #include "provider/objects.h"
+#include "provider/qp_ex_layout.h"
 #include "provider/qp_modify.h"
 
 namespace uroce::provider {
@@ -163,7 +164,7 @@ ibv_qp* new_qp(ibv_context* ibctx, ibv_pd* pd, ibv_qp_init_attr* init, UroceXrcd
     if (xrcd) {
         qp->xrcd = xrcd->domain;
         qp->xrcd->users.fetch_add(1);
-        qp->vqp.comp_mask |= VERBS_QP_XRCD;
+        set_qp_comp_mask(qp->vqp, VERBS_QP_XRCD);
         qp->vqp.xrcd = &xrcd->vxrcd;
     }
 

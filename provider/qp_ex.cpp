@@ -13,6 +13,7 @@
 
 #include "provider/device_limits.h"
 #include "provider/objects.h"
+#include "provider/qp_ex_layout.h"
 
 namespace uroce::provider {
 
@@ -280,7 +281,6 @@ ibv_qp* create_qp_ex(ibv_context* ctx, ibv_qp_init_attr_ex* attr) noexcept {
     if (!ibqp || !ops) return ibqp;
     UroceQp* qp = to_uqp(ibqp);
     qp->batch.reset(batch.release());
-    qp->vqp.comp_mask |= VERBS_QP_EX;
     ibv_qp_ex& x = qp->vqp.qp_ex;
     x.comp_mask = 0;
     x.wr_start = wr_start;
@@ -302,6 +302,7 @@ ibv_qp* create_qp_ex(ibv_context* ctx, ibv_qp_init_attr_ex* attr) noexcept {
     x.wr_set_sge_list = wr_set_sge_list;
     x.wr_set_inline_data = wr_set_inline_data;
     x.wr_set_inline_data_list = wr_set_inline_data_list;
+    set_qp_comp_mask(qp->vqp, VERBS_QP_EX);  // last: it may use a slot of ibv_qp_ex
     return ibqp;
 }
 

@@ -8,7 +8,8 @@
 // (v34 and v35 use the name IBVERBS_PRIVATE_34 with a different verbs_context_ops layout;
 // v59 moves to IBVERBS_PRIVATE_59 with a longer one.) For a provider the two ABIs differ in
 // two places only, both selected below: the name of the registration function, and where
-// verbs_qp::comp_mask sits (after libibverbs' own ibv_qp_ex, which v45 lengthened).
+// verbs_qp::comp_mask sits (after libibverbs' own ibv_qp_ex, which v44 and v45 lengthened;
+// provider/qp_ex_layout.h places it at run time for the release that loaded the provider).
 // meson.build refuses to build against a libibverbs outside the supported range, and the
 // static_asserts at the bottom pin every offset this project relies on, per ABI, so a
 // layout change fails the build, not the app.
@@ -140,13 +141,16 @@ struct verbs_xrcd {
 
 enum { VERBS_QP_XRCD = 1 << 0, VERBS_QP_EX = 1 << 1 };
 
-// libibverbs finds comp_mask right after its own ibv_qp_ex (ibv_qp_to_qp_ex reads it), so
-// the slot follows the ibv_qp_ex of the release the provider is loaded by. v45 appended
-// wr_flush to ibv_qp_ex: ABI 57 (v57, v58) has it, the headers of Debian 12 (v44) do not,
-// so the 57 build reserves the slot itself unless the headers already have it
-// (UROCE_IBV_QP_EX_HAS_WR_FLUSH, from meson). uroce never offers IBV_QP_EX_WITH_FLUSH; the
-// slot stays null.
-#if UROCE_VERBS_ABI == 57 && !defined(UROCE_IBV_QP_EX_HAS_WR_FLUSH)
+// libibverbs finds comp_mask right after its own ibv_qp_ex (ibv_qp_to_qp_ex, a function of
+// the library, reads it), so the slot follows the ibv_qp_ex of the release the provider is
+// loaded by. ABI 34 spans three layouts: v36-v43 (comp_mask at 344), v44 (352: it appended
+// wr_atomic_write) and v45-v56 (360: wr_flush). Both builds lay verbs_qp out as v45 does,
+// reserving the wr_flush slot unless the headers already have it
+// (UROCE_IBV_QP_EX_HAS_WR_FLUSH, from meson); for an older libibverbs the provider also writes
+// comp_mask where that release reads it, into a slot its ibv_qp_ex does not have
+// (provider/qp_ex_layout.h). uroce never offers IBV_QP_EX_WITH_FLUSH; the slot stays null
+// unless it holds that copy.
+#if !defined(UROCE_IBV_QP_EX_HAS_WR_FLUSH)
 #define UROCE_QP_EX_FLUSH_SLOT 1
 #else
 #define UROCE_QP_EX_FLUSH_SLOT 0
@@ -314,18 +318,16 @@ UROCE_ABI_CHECK(offsetof(struct verbs_context_ops, query_qp_data_in_order) == 62
 UROCE_ABI_CHECK(offsetof(struct verbs_context_ops, unimport_pd) == 75 * sizeof(void*));
 UROCE_ABI_CHECK(offsetof(struct verbs_mr, mr_type) == sizeof(struct ibv_mr));
 UROCE_ABI_CHECK(sizeof(struct verbs_mr) == sizeof(struct ibv_mr) + 8);
-#if UROCE_VERBS_ABI == 34
-// ABI 34 as built here: after the build headers' ibv_qp_ex (352 bytes with v44's).
-UROCE_ABI_CHECK(offsetof(struct verbs_qp, comp_mask) == sizeof(struct ibv_qp_ex));
-UROCE_ABI_CHECK(offsetof(struct verbs_qp, xrcd) == sizeof(struct ibv_qp_ex) + 8);
-#else
-// ABI 57: ibv_qp_ex is 360 bytes there (v44's 352, wr_atomic_write last, then wr_flush).
+// Both ABIs as built here: v45's layout, ibv_qp_ex 360 bytes (v44's 352, wr_atomic_write
+// last, then wr_flush); v44 reads comp_mask at 352 (the wr_flush slot), v36-v43 at 344 (the
+// wr_atomic_write slot).
 #if UROCE_QP_EX_FLUSH_SLOT
 UROCE_ABI_CHECK(offsetof(struct ibv_qp_ex, wr_atomic_write) + 8 == sizeof(struct ibv_qp_ex));
+UROCE_ABI_CHECK(offsetof(struct uroce_qp_ex_v45, wr_flush) == 352);
 #endif
+UROCE_ABI_CHECK(offsetof(struct ibv_qp_ex, wr_atomic_write) == 344);
 UROCE_ABI_CHECK(offsetof(struct verbs_qp, comp_mask) == 360);
 UROCE_ABI_CHECK(offsetof(struct verbs_qp, xrcd) == 368);
 UROCE_ABI_CHECK(sizeof(struct verbs_qp) == 376);
-#endif
 #undef UROCE_ABI_CHECK
 #endif
