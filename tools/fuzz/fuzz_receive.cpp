@@ -98,7 +98,7 @@ constexpr std::array<Slice, 7> kLocalSlices{kRecvSlices[0], kRecvSlices[1], kRec
                                             kReadDest2};
 
 struct Side {
-    uint32_t ip = 0;
+    uroce::IpAddress ip;
     std::unique_ptr<Engine> engine;
     std::shared_ptr<CompletionQueue> scq;
     std::shared_ptr<CompletionQueue> rcq;
@@ -155,11 +155,11 @@ class Harness {
 
   private:
     void setup(Side& s, uint32_t ip, uint32_t sq_psn, uint32_t rq_psn) {
-        s.ip = ip;
+        s.ip = uroce::IpAddress::v4(ip);
         s.sq_psn = sq_psn;
         s.rq_psn = rq_psn;
         EngineConfig config;
-        config.ip = ip;
+        config.ip = s.ip;
         config.port = port_;
         config.mtu = 4096;
         std::string error;
@@ -171,17 +171,18 @@ class Harness {
             std::exit(1);
         }
         // Nothing reaches the wire; request PSNs are recorded.
-        s.engine->set_transmit_filter([&s](std::span<const uint8_t> bytes, uint32_t) {
-            const wire::OpcodeInfo* info =
-                bytes.size() >= wire::kBthBytes ? wire::opcode_info(bytes[0]) : nullptr;
-            if (info && (info->flags & wire::kRequest)) {
-                const uint32_t psn =
-                    uint32_t{bytes[9]} << 16 | uint32_t{bytes[10]} << 8 | bytes[11];
-                std::lock_guard lock(s.sent_mutex);
-                s.sent_psns.insert(psn);
-            }
-            return false;
-        });
+        s.engine->set_transmit_filter(
+            [&s](std::span<const uint8_t> bytes, const uroce::IpAddress&) {
+                const wire::OpcodeInfo* info =
+                    bytes.size() >= wire::kBthBytes ? wire::opcode_info(bytes[0]) : nullptr;
+                if (info && (info->flags & wire::kRequest)) {
+                    const uint32_t psn =
+                        uint32_t{bytes[9]} << 16 | uint32_t{bytes[10]} << 8 | bytes[11];
+                    std::lock_guard lock(s.sent_mutex);
+                    s.sent_psns.insert(psn);
+                }
+                return false;
+            });
         s.scq = std::make_shared<CompletionQueue>(4096, nullptr, nullptr);
         s.rcq = std::make_shared<CompletionQueue>(4096, nullptr, nullptr);
         s.qp = std::make_shared<RcQp>(*s.engine, s.engine->allocate_qpn(), kPd,
