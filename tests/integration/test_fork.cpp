@@ -16,6 +16,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <functional>
 #include <thread>
 #include <vector>
@@ -29,6 +30,22 @@ using namespace std::chrono_literals;
 namespace {
 
 constexpr int kAll = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+
+// The counters that tell where the packets of a failed exchange went (an intermittent failure
+// of these tests is being chased: see the test cases below), on stderr.
+void print_counters(const char* who, Endpoint& e) {
+    std::fprintf(stderr, "  %s (pid %d):", who, static_cast<int>(::getpid()));
+    for (const char* name : {"tx_packets", "rx_packets", "rx_unknown_qp", "rx_wrong_peer",
+                             "rx_wrong_state", "retransmit_timeouts"}) {
+        try {
+            std::fprintf(stderr, " %s=%llu", name,
+                         static_cast<unsigned long long>(counter(e.ctx, name)));
+        } catch (const std::exception&) {
+            std::fprintf(stderr, " %s=?", name);
+        }
+    }
+    std::fprintf(stderr, "\n");
+}
 
 // A WRITE of fresh bytes from `from` to `to`, then a READ of them back; true if both
 // completed and every byte matches.
@@ -44,6 +61,8 @@ bool verified_write_read(Endpoint& from, Endpoint& to, uint64_t seed) {
     // What went wrong goes to stderr (the scenario runs in a child: no Catch2 messages).
     if (wcs.size() != 2) {
         std::fprintf(stderr, "verified_write_read: %zu of 2 completions\n", wcs.size());
+        print_counters("from", from);
+        print_counters("to", to);
         return false;
     }
     for (const ibv_wc& wc : wcs) {
@@ -51,6 +70,8 @@ bool verified_write_read(Endpoint& from, Endpoint& to, uint64_t seed) {
             std::fprintf(stderr, "verified_write_read: wr_id %llu: %s (vendor_err %u)\n",
                          static_cast<unsigned long long>(wc.wr_id), ibv_wc_status_str(wc.status),
                          wc.vendor_err);
+            print_counters("from", from);
+            print_counters("to", to);
             return false;
         }
     }
