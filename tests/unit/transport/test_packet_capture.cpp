@@ -13,7 +13,7 @@
 
 #include "tests/unit/transport/engine_pair.h"
 #include "tests/unit/transport/forged_peer.h"
-#include "tests/unit/transport/ipv6_namespace.h"
+#include "tests/unit/transport/net_namespace.h"
 
 using namespace uroce::transport;
 using uroce::IpAddress;

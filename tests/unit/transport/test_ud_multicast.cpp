@@ -18,6 +18,7 @@
 
 #include "tests/unit/transport/engine_pair.h"
 #include "tests/unit/transport/forged_peer.h"
+#include "tests/unit/transport/net_namespace.h"
 #include "tests/unit/transport/ud_on.h"
 #include "transport/multicast_groups.h"
 
@@ -106,37 +107,6 @@ class TtlListener {
 
   private:
     int fd_;
-};
-
-// Moves the calling thread (and the threads it starts from now on) into a network namespace
-// of its own holding a veth pair, va (10.9.0.1) and vb (10.9.0.2), and lo; the destructor
-// moves it back, and the namespace goes with its last socket. Needs root.
-class VethNamespace {
-  public:
-    static constexpr IpAddress kA = IpAddress::v4(0x0a090001), kB = IpAddress::v4(0x0a090002);
-
-    VethNamespace() : original_(::open("/proc/thread-self/ns/net", O_RDONLY | O_CLOEXEC)) {
-        REQUIRE(original_ >= 0);
-        INFO("unshare(CLONE_NEWNET): " << std::strerror(errno) << " (needs root)");
-        REQUIRE(::unshare(CLONE_NEWNET) == 0);
-        // system()'s child runs in this thread's namespace. Both ends are local addresses
-        // of one namespace: vb must accept packets from a local source (accept_local).
-        REQUIRE(std::system("ip link set lo up && ip link add va type veth peer name vb && "
-                            "ip addr add 10.9.0.1/24 dev va && ip addr add 10.9.0.2/24 dev vb && "
-                            "ip link set va up && ip link set vb up && "
-                            "sysctl -qw net.ipv4.conf.all.rp_filter=0 "
-                            "net.ipv4.conf.vb.rp_filter=0 net.ipv4.conf.vb.accept_local=1") == 0);
-    }
-    ~VethNamespace() {
-        if (original_ < 0) return;
-        ::setns(original_, CLONE_NEWNET);
-        ::close(original_);
-    }
-    VethNamespace(const VethNamespace&) = delete;
-    VethNamespace& operator=(const VethNamespace&) = delete;
-
-  private:
-    int original_;
 };
 
 }  // namespace

@@ -12,7 +12,7 @@
 
 #include "tests/unit/transport/engine_pair.h"
 #include "tests/unit/transport/forged_peer.h"
-#include "tests/unit/transport/ipv6_namespace.h"
+#include "tests/unit/transport/net_namespace.h"
 #include "tests/unit/transport/ud_on.h"
 
 using namespace uroce::transport;
