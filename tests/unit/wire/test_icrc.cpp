@@ -683,6 +683,25 @@ TEST_CASE("IPv6: verification is exact, and any change is a Mismatch", "[icrc][i
     }
 }
 
+TEST_CASE("IPv6: no identification is solved for: what one would explain is a Mismatch",
+          "[icrc][ipv6][verify]") {
+    // Over IPv4 a receiver accepts an ICRC that some other identification explains. The same
+    // change of the ICRC on an IPv6 packet is corruption: IPv6 has no unseen field.
+    const IpFlow v6flow{v6("fd00::1"), v6("fd00::2"), 0xc001, kRoceV2Port};
+    const IpFlow v4flow{IpAddress::v4(0x0a000001), IpAddress::v4(0x0a000002), 0xc001, kRoceV2Port};
+    for (const CapturedPacket* cp : samples()) {
+        CAPTURE(cp->capture, cp->frame);
+        // What identification 0x1234 instead of 0 changes in an ICRC of this length.
+        const uint32_t id_delta = icrc(v4flow, Ipv4Unseen{0x1234, true}, cp->roce()) ^
+                                  icrc(v4flow, Ipv4Unseen{0, true}, cp->roce());
+        std::vector<uint8_t> udp(cp->udp);
+        store_icrc(udp, icrc(v4flow, Ipv4Unseen{}, roce_of(udp)) ^ id_delta);
+        REQUIRE(icrc_verify(v4flow, udp) == IcrcCheck::MatchesUnseenFields);
+        store_icrc(udp, icrc(v6flow, Ipv4Unseen{}, roce_of(udp)) ^ id_delta);
+        CHECK(icrc_verify(v6flow, udp) == IcrcCheck::Mismatch);
+    }
+}
+
 TEST_CASE("IpAddress: IPv4-mapped form, parsing and the GID bytes", "[ipv6]") {
     const IpAddress a = IpAddress::v4(0x7f000001);
     CHECK(a.is_v4());
