@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <latch>
 #include <mutex>
 #include <new>
 
@@ -105,7 +106,8 @@ std::unique_ptr<Engine> Engine::create(const EngineConfig& config, std::string& 
         error = "cannot register the socket with the event loop";
         return nullptr;
     }
-    e->handoff_ = std::make_unique<PollHandoff>(e->base_, e->rx_event_, config.inline_progress);
+    e->handoff_ = std::make_unique<PollHandoff>(e->base_, e->rx_event_, e->fork_gate_,
+                                                config.inline_progress);
     if (!e->handoff_->ok()) {
         err = ENOMEM;
         error = "cannot create the poll handoff timer";
@@ -121,7 +123,15 @@ std::unique_ptr<Engine> Engine::create(const EngineConfig& config, std::string& 
         error = "cannot create the event loop";
         return nullptr;
     }
-    e->thread_ = std::thread([eng = e.get()] { eng->run(); });
+    // Returns once the thread runs: its start (the C library's and a sanitizer's set-up of a
+    // thread allocate) must not overlap a fork() of the application that follows, or the
+    // child inherits the allocator's lock held (fork_gate.h).
+    std::latch running(1);
+    e->thread_ = std::thread([eng = e.get(), &running] {
+        running.count_down();
+        eng->run();
+    });
+    running.wait();
     return e;
 }
 
@@ -352,12 +362,14 @@ void Engine::receive_datagram(std::span<const uint8_t> udp_payload, const IpAddr
 
 void Engine::on_readable(evutil_socket_t, short, void* arg) {
     auto* e = static_cast<Engine*>(arg);
+    const auto pass = e->fork_gate_.pass();
     std::lock_guard lock(e->rx_mutex_);
     e->receive_batch();
 }
 
 void Engine::on_group_readable(const UdpSocket& socket, const IpAddress& group, void* arg) {
     auto* e = static_cast<Engine*>(arg);
+    const auto pass = e->fork_gate_.pass();
     std::lock_guard lock(e->rx_mutex_);
     e->receive_from(socket, group);
 }

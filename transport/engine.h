@@ -26,6 +26,7 @@
 #include "transport/device_counters.h"
 #include "transport/device_slots.h"
 #include "transport/fault_plan.h"
+#include "transport/fork_gate.h"
 #include "transport/memory_table.h"
 #include "transport/multicast_groups.h"
 #include "transport/packet_capture.h"
@@ -110,6 +111,9 @@ class Engine {
     // The counters of this engine's QP `qpn` (qp_counters.h).
     QpCounters& qp_counters(uint32_t qpn) { return qp_counters_->for_qpn(qpn); }
     event_base* base() { return base_; }
+    // Held by the engine thread around every callback it runs (fork_gate.h): each callback
+    // registered with base() takes it first.
+    ForkGate& fork_gate() { return fork_gate_; }
 
     // Called on the engine thread (or a posting thread) for affiliated asynchronous events.
     void set_async_handler(std::function<void(const AsyncEvent&)> handler);
@@ -292,6 +296,7 @@ class Engine {
     // Writes the packets of a batch that left to the capture.
     void capture_sent(const TransmitBatch& batch, size_t first, size_t count);
     MemoryTable memory_;
+    ForkGate fork_gate_;  // outlives the engine thread (joined in ~Engine)
     event_base* base_ = nullptr;
     event* rx_event_ = nullptr;
     event* stop_event_ = nullptr;           // activated to end the loop, even before it started

@@ -150,7 +150,9 @@ void Engine::arm_delay_timer() {
 }
 
 void Engine::on_delay_due(evutil_socket_t, short, void* arg) {
-    static_cast<Engine*>(arg)->release_delayed();
+    auto* e = static_cast<Engine*>(arg);
+    const auto pass = e->fork_gate_.pass();
+    e->release_delayed();
 }
 
 void Engine::release_delayed() {

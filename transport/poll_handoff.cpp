@@ -4,8 +4,8 @@
 
 namespace uroce::transport {
 
-PollHandoff::PollHandoff(event_base* base, event* rx_event, bool enabled)
-    : base_(base), rx_event_(rx_event), enabled_(enabled) {
+PollHandoff::PollHandoff(event_base* base, event* rx_event, ForkGate& gate, bool enabled)
+    : base_(base), rx_event_(rx_event), gate_(gate), enabled_(enabled) {
     if (enabled_) watch_ = evtimer_new(base_, &PollHandoff::on_watch, this);
 }
 
@@ -41,6 +41,7 @@ void PollHandoff::arm_watch() {
 
 void PollHandoff::on_watch(evutil_socket_t, short, void* arg) {
     auto* h = static_cast<PollHandoff*>(arg);
+    const auto pass = h->gate_.pass();
     const uint64_t polls = h->polls_.load(std::memory_order_relaxed);
     const bool polling = polls != h->polls_at_watch_;
     h->polls_at_watch_ = polls;

@@ -20,6 +20,8 @@
 #include <atomic>
 #include <cstdint>
 
+#include "transport/fork_gate.h"
+
 namespace uroce::transport {
 
 class PollHandoff {
@@ -29,9 +31,10 @@ class PollHandoff {
     static constexpr uint32_t kSpinStreak = 64;
     static constexpr long kWatchMicros = 100;
 
-    // `rx_event` is the engine loop's read event of the device socket (added). With
-    // `enabled` false, on_poll() never parks it.
-    PollHandoff(event_base* base, event* rx_event, bool enabled);
+    // `rx_event` is the engine loop's read event of the device socket (added); `gate` is the
+    // engine's, taken by the watch timer's callback. With `enabled` false, on_poll() never
+    // parks it.
+    PollHandoff(event_base* base, event* rx_event, ForkGate& gate, bool enabled);
     ~PollHandoff();
     PollHandoff(const PollHandoff&) = delete;
     PollHandoff& operator=(const PollHandoff&) = delete;
@@ -53,6 +56,7 @@ class PollHandoff {
 
     event_base* const base_;
     event* const rx_event_;
+    ForkGate& gate_;
     const bool enabled_;
     event* watch_ = nullptr;
     std::atomic<uint64_t> polls_{0};

@@ -342,6 +342,7 @@ void RcQp::on_read_response(const wire::ParsedPacket& pkt) {
 
 void RcQp::timer_trampoline(evutil_socket_t, short, void* arg) {
     auto* qp = static_cast<RcQp*>(arg);
+    const auto pass = qp->engine_.fork_gate().pass();
     qp->engine_.run_timer_hook(qp->qpn_);
     qp->on_timer();
 }

@@ -145,7 +145,9 @@ WcStatus RcQp::scatter_to_recv(std::span<const uint8_t> data) {
 }
 
 void RcQp::responder_trampoline(evutil_socket_t, short, void* arg) {
-    static_cast<RcQp*>(arg)->on_responder_event();
+    auto* qp = static_cast<RcQp*>(arg);
+    const auto pass = qp->engine_.fork_gate().pass();
+    qp->on_responder_event();
 }
 
 void RcQp::schedule_responder() {

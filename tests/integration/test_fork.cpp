@@ -23,6 +23,7 @@
 
 #include "tests/integration/scenario.h"
 #include "tests/integration/verbs_fixture.h"
+#include "transport/counters.h"
 
 using namespace uroce::test;
 using namespace std::chrono_literals;
@@ -31,15 +32,18 @@ namespace {
 
 constexpr int kAll = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
 
-// The counters that tell where the packets of a failed exchange went (an intermittent failure
-// of these tests is being chased: see the test cases below), on stderr.
+// The counters that tell where the packets of a failed exchange went, on stderr: every
+// counter of the context that is not zero.
 void print_counters(const char* who, Endpoint& e) {
     std::fprintf(stderr, "  %s (pid %d):", who, static_cast<int>(::getpid()));
-    for (const char* name : {"tx_packets", "rx_packets", "rx_unknown_qp", "rx_wrong_peer",
-                             "rx_wrong_state", "retransmit_timeouts"}) {
+#define UROCE_NAME(n) #n,
+    static const char* const kNames[] = {UROCE_COUNTERS(UROCE_NAME)};
+#undef UROCE_NAME
+    for (const char* name : kNames) {
         try {
-            std::fprintf(stderr, " %s=%llu", name,
-                         static_cast<unsigned long long>(counter(e.ctx, name)));
+            const auto v = counter(e.ctx, name);
+            if (v == 0) continue;
+            std::fprintf(stderr, " %s=%llu", name, static_cast<unsigned long long>(v));
         } catch (const std::exception&) {
             std::fprintf(stderr, " %s=?", name);
         }

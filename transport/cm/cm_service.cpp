@@ -82,6 +82,7 @@ void CmService::arm() {
 
 void CmService::on_timer(evutil_socket_t, short, void* arg) {
     auto* self = static_cast<CmService*>(arg);
+    const auto pass = self->engine_.fork_gate().pass();
     {
         std::lock_guard lock(self->timer_mutex_);
         if (self->stopped_) return;

@@ -1,8 +1,12 @@
 // Destroying a QP is safe at any moment: with its retransmission timer firing, with packets
 // for it being delivered on the engine thread, with work in flight. After Engine::detach()
 // returns nothing touches the QP again (run under ASan to see it: the suite does).
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <catch2/catch.hpp>
+#include <optional>
 #include <random>
 #include <thread>
 
@@ -168,4 +172,46 @@ TEST_CASE("Lifetime: a closed QP takes no packet", "[lifetime]") {
     CHECK(p.stays_empty(*p.b.rcq));
     CHECK(all_bytes(p.b.at(0), 64, kUntouched));
     CHECK(b_out.packets().empty());
+}
+
+// fork() while an engine callback runs (fork_gate.h): fork waits for the callback to end, so
+// the child inherits no lock the callback held, and afterwards the engine's gate is free in
+// both processes (the parent's engine goes on; the child could take the gate).
+TEST_CASE("Lifetime: fork() waits for the engine callback in flight", "[lifetime][fork]") {
+    Pair p;
+    QpAttributes attrs = default_attributes();
+    attrs.timeout = 8;  // ~1 ms: the retransmission timer fires soon
+    p.connect(attrs, attrs);
+    std::optional<TxRecorder> silent_b;
+    silent_b.emplace(*p.b.engine, TxRecorder::LosePredicate{}, false);
+    std::atomic<int> callback{0};  // 1: held in the hook, 2: hook done
+    const uint32_t qpn = p.a.qp->qpn();
+    p.a.engine->set_timer_hook([&callback, qpn](uint32_t which) {
+        int idle = 0;
+        if (which != qpn || !callback.compare_exchange_strong(idle, 1)) return;
+        std::this_thread::sleep_for(300ms);
+        callback = 2;
+    });
+    REQUIRE(p.a.qp->post_send(rdma_wqe(SendOpcode::RdmaWrite, 1, {p.a.sge(0, 64)}, p.b.iova,
+                                       p.b.keys.rkey)) == 0);
+    REQUIRE(p.wait_until([&] { return callback.load() == 1; }));
+    ForkGate& gate = p.a.engine->fork_gate();
+    const pid_t child = ::fork();
+    if (child == 0) {
+        ::alarm(10);  // a gate left taken would hang here: killed instead, and seen below
+        { const auto pass = gate.pass(); }
+        ::_exit(callback.load() == 2 ? 0 : 3);
+    }
+    REQUIRE(child > 0);
+    const bool waited = callback.load() == 2;
+    int status = -1;
+    REQUIRE(::waitpid(child, &status, 0) == child);
+    CHECK(waited);
+    CHECK(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 0);
+    REQUIRE(p.wait_until([&] { return callback.load() == 2; }));
+    p.a.engine->set_timer_hook({});
+    // The parent's engine is not left stuck: the WRITE completes once b answers again.
+    silent_b.reset();
+    CHECK(p.wait_one(*p.a.scq).status == WcStatus::Success);
 }
