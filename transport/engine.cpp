@@ -379,11 +379,42 @@ void Engine::progress() {
     handoff_->on_poll();  // before the lock: parking may wait for nothing under it
     std::unique_lock lock(rx_mutex_, std::try_to_lock);
     if (!lock.owns_lock()) return;
+    if (handoff_->parked()) run_due_timers();
     // Only holders of rx_mutex_ count rx_packets: the difference is what this thread read.
     const uint64_t before = counters_->rx_packets.load(std::memory_order_relaxed);
     receive_batch();
     bump(counters_->rx_polled_packets,
          counters_->rx_packets.load(std::memory_order_relaxed) - before);
+}
+
+void Engine::note_timer_deadline(std::chrono::steady_clock::time_point deadline) {
+    const int64_t ns =
+        std::chrono::duration_cast<std::chrono::nanoseconds>(deadline.time_since_epoch()).count();
+    int64_t cur = next_timer_ns_.load(std::memory_order_relaxed);
+    while (ns < cur && !next_timer_ns_.compare_exchange_weak(cur, ns, std::memory_order_relaxed)) {
+    }
+}
+
+void Engine::run_due_timers() {
+    const auto now = std::chrono::steady_clock::now();
+    const int64_t now_ns =
+        std::chrono::duration_cast<std::chrono::nanoseconds>(now.time_since_epoch()).count();
+    if (now_ns < next_timer_ns_.load(std::memory_order_relaxed)) return;
+    std::unique_lock scan(timer_scan_mutex_, std::try_to_lock);
+    if (!scan.owns_lock()) return;
+    // Reset before reading the QPs: a QP that arms a timer after this lowers it again, and
+    // one that armed before is read below (its deadline is set under its mutex).
+    next_timer_ns_.store(kNoTimer, std::memory_order_relaxed);
+    {
+        // Copied out: a QP's timer takes its own mutex, never under qps_mutex_.
+        std::shared_lock lock(qps_mutex_);
+        for (const auto& [qpn, qp] : qps_)
+            if (qp) timer_scan_.push_back(qp);
+    }
+    auto next = std::chrono::steady_clock::time_point::max();
+    for (const auto& qp : timer_scan_) next = std::min(next, qp->run_due_timer(now));
+    timer_scan_.clear();
+    if (next != std::chrono::steady_clock::time_point::max()) note_timer_deadline(next);
 }
 
 void Engine::receive_batch() {

@@ -152,6 +152,9 @@ class Engine {
     // socket from the engine thread altogether (poll_handoff.h). Does nothing with
     // inline_progress off.
     void progress();
+    // A QP armed a timer due at `deadline` (its mutex held): polling threads run it once it
+    // is due (Qp::run_due_timer), while the socket is handed to them.
+    void note_timer_deadline(std::chrono::steady_clock::time_point deadline);
     // The engine thread has left the socket to polling threads (PollHandoff).
     bool socket_parked() const { return handoff_ && handoff_->parked(); }
     uint64_t socket_handbacks() const { return handoff_ ? handoff_->handbacks() : 0; }
@@ -303,6 +306,14 @@ class Engine {
     std::unique_ptr<PollHandoff> handoff_;  // uses rx_event_ and base_: freed before them
     std::thread thread_;
 
+    // Runs the timers that are due, on a polling thread (progress()).
+    void run_due_timers();
+    // No deadline earlier than this is armed (it may be earlier than every armed one: a
+    // stale hint costs one scan). Nanoseconds of steady_clock.
+    static constexpr int64_t kNoTimer = INT64_MAX;
+    std::atomic<int64_t> next_timer_ns_{kNoTimer};
+    std::mutex timer_scan_mutex_;                  // one scanning thread at a time
+    std::vector<std::shared_ptr<Qp>> timer_scan_;  // guarded by timer_scan_mutex_
     std::shared_mutex qps_mutex_;
     // QPN -> QP; a null entry is a QPN allocated but not yet attached.
     std::unordered_map<uint32_t, std::shared_ptr<Qp>> qps_;

@@ -3,6 +3,7 @@
 // RcQp (rc_qp.h) and UdQp (ud_qp.h) are the implementations.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 
 #include "uroce/ip_address.h"
@@ -44,6 +45,15 @@ class Qp {
     virtual void on_packet(const wire::ParsedPacket& pkt, const IpAddress& src_ip) = 0;
     // Sends the acknowledgement the last receive batch asked for, if any.
     virtual void flush_ack() {}
+    // Runs the QP's timer now if it is due by `now` (a polling application thread does this
+    // while the engine thread has handed it the socket: the engine thread would be woken
+    // late, by up to a scheduler tick, on CPUs the pollers keep busy). Returns the QP's next
+    // deadline, or time_point::max() when no timer is armed.
+    virtual std::chrono::steady_clock::time_point run_due_timer(
+        std::chrono::steady_clock::time_point now) {
+        static_cast<void>(now);
+        return std::chrono::steady_clock::time_point::max();
+    }
 
     // Stops the QP for good: after this returns no packet, timer or async event reaches it
     // and it sends nothing more. Engine::detach() calls it.

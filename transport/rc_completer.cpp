@@ -349,13 +349,29 @@ void RcQp::timer_trampoline(evutil_socket_t, short, void* arg) {
 
 void RcQp::on_timer() {
     std::lock_guard lock(mutex_);
+    fire_timer(std::chrono::steady_clock::now());
+}
+
+std::chrono::steady_clock::time_point RcQp::run_due_timer(
+    std::chrono::steady_clock::time_point now) {
+    std::lock_guard lock(mutex_);
+    if (closed_ || !timer_armed_) return std::chrono::steady_clock::time_point::max();
+    if (now >= timer_deadline_) {
+        fire_timer(now);
+        // Not re-armed: the engine thread's event has nothing left to do.
+        if (!timer_armed_) event_del_noblock(timer_);
+    }
+    return timer_armed_ ? timer_deadline_ : std::chrono::steady_clock::time_point::max();
+}
+
+void RcQp::fire_timer(std::chrono::steady_clock::time_point now) {
     // The timer may have been cancelled or pushed back while this callback waited for
     // the lock (cancelling never waits for a running callback, to avoid a deadlock), or the
-    // QP closed meanwhile (close() waits for this callback to return).
+    // QP closed meanwhile (close() waits for this callback to return), or a polling thread
+    // ran it already (run_due_timer).
     if (closed_ || !timer_armed_) return;
     // libevent measures from its cached loop time, so a timer may fire a little before our
     // own deadline: wait out the rest.
-    const auto now = std::chrono::steady_clock::now();
     if (now < timer_deadline_) {
         const auto left =
             std::chrono::duration_cast<std::chrono::microseconds>(timer_deadline_ - now).count();
@@ -425,8 +441,14 @@ void RcQp::arm_timer() {
     probe_armed_ = false;
     if (engine_.config().adaptive_retransmit) {
         us = std::min(us, rtt_.timeout_us(rto_backoff_, ack_timeout_us));
-        if (!probe_sent_ && rtt_.measured() && rtt_.probe_us() < us && tail_probe_possible()) {
-            us = rtt_.probe_us();
+        // A second probe waits twice as long as the first, or until the adaptive timeout if
+        // that is sooner: a lost probe (or its lost ACK) then costs another probe, not a
+        // resend of the whole window.
+        const uint64_t probe_us =
+            probes_sent_ == 0 ? rtt_.probe_us() : std::min(rtt_.probe_us() << probes_sent_, us);
+        if (probes_sent_ < kMaxTailProbes && rtt_.measured() && probe_us <= us &&
+            tail_probe_possible()) {
+            us = probe_us;
             probe_armed_ = true;
         }
     }
@@ -437,7 +459,7 @@ void RcQp::note_progress() {
     retries_left_ = attrs_.retry_cnt;
     last_rewind_psn_ = 0xffffffff;
     rto_backoff_ = 0;
-    probe_sent_ = false;
+    probes_sent_ = 0;
 }
 
 bool RcQp::tail_probe_possible() const {
@@ -462,7 +484,7 @@ bool RcQp::tail_probe_possible() const {
 }
 
 void RcQp::send_tail_probe() {
-    probe_sent_ = true;
+    ++probes_sent_;
     probe_psn_ = psn_add(sent_high_, kPsnMask);
     bump(engine_.counters().tail_probes);
     bump(qp_counters_.tail_probes);
@@ -487,6 +509,7 @@ void RcQp::take_rtt_sample(uint32_t psn) {
 
 void RcQp::start_timer(uint64_t us, std::chrono::steady_clock::time_point now) {
     timer_deadline_ = now + std::chrono::microseconds(us);
+    engine_.note_timer_deadline(timer_deadline_);
     timeval tv{static_cast<time_t>(us / 1000000), static_cast<suseconds_t>(us % 1000000)};
     evtimer_add(timer_, &tv);
     timer_armed_ = true;

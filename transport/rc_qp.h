@@ -103,6 +103,8 @@ class RcQp final : public QpCommon {
     void on_packet(const wire::ParsedPacket& pkt, const IpAddress& src_ip) override;
     // Sends the ACK that packets of the last receive batch asked for, if any.
     void flush_ack() override;
+    std::chrono::steady_clock::time_point run_due_timer(
+        std::chrono::steady_clock::time_point now) override;
     const IpAddress& peer_ip() const { return attrs_.dst_ip; }
 
   private:
@@ -147,6 +149,8 @@ class RcQp final : public QpCommon {
     void retire_front(WcStatus status);
     void complete_send(const SqEntry& e, WcStatus status);
     void on_timer();
+    // What the timer does when it is due at `now` (mutex_ held), on whichever thread.
+    void fire_timer(std::chrono::steady_clock::time_point now);
     void arm_timer();
     void restart_timer();
     void cancel_timer();
@@ -267,11 +271,14 @@ class RcQp final : public QpCommon {
     // A third use of the timer, sooner than both: the tail-loss probe. When nothing has been
     // acknowledged for about two round trips, the last packet sent goes again, alone and
     // asking for an ACK: if the tail of a burst (or its ACK) was lost, that repairs it for
-    // one packet; a loss earlier in the burst gets the responder's NAK. Once per stall: it is
-    // armed again only after progress.
-    bool probe_armed_ = false;  // the timer stands for the probe
-    bool probe_sent_ = false;   // since the last progress
-    uint32_t probe_psn_ = 0;    // the packet probed (sent with AckReq)
+    // one packet; a loss earlier in the burst gets the responder's NAK. Twice per stall at
+    // most, the second after twice the wait (a lost probe or a lost ACK of it, 1 in 10 under
+    // 5% loss each way, then costs a probe, not a retransmission timeout of at least a
+    // millisecond); armed again only after progress.
+    bool probe_armed_ = false;                     // the timer stands for the probe
+    static constexpr unsigned kMaxTailProbes = 2;  // then the retransmission timeout
+    unsigned probes_sent_ = 0;                     // since the last progress
+    uint32_t probe_psn_ = 0;                       // the packet probed (sent with AckReq)
     bool tail_probe_possible() const;
     // Something was acknowledged: retries, backoff and the probe start afresh.
     void note_progress();

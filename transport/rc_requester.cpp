@@ -80,7 +80,7 @@ WcStatus RcQp::send_request_packet(SqEntry& e, uint32_t pkt_index) {
     h.xrc_srqn = e.wqe.remote_srqn;
     h.bth.solicited = last && e.wqe.solicited;
     h.bth.ack_req = last || ((pkt_index + 1) % kAckRequestInterval == 0) ||
-                    (probe_sent_ && h.bth.psn == probe_psn_);
+                    (probes_sent_ > 0 && h.bth.psn == probe_psn_);
     if (first && !is_send) h.reth = {e.wqe.remote_addr, e.wqe.rkey, e.wqe.length};
     if (last && with_imm) h.imm = e.wqe.imm;
 

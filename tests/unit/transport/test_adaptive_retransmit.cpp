@@ -244,3 +244,38 @@ TEST_CASE("Early resends use no retry: retry_cnt 1 survives several", "[rc][retr
     CHECK(p.a.counters().retransmit_timeouts.load() == 0);
     CHECK(p.a.qp->state() == QpState::Rts);
 }
+
+// A probe that is lost too (or whose ACK is) gets a second probe: the tail costs two single
+// packets, not an adaptive timeout's resend of the whole window.
+TEST_CASE("A lost tail-loss probe is followed by a second probe", "[rc][retransmit]") {
+    Pair p;
+    p.connect();
+    for (uint64_t i = 1; i <= 3; ++i) send_one(p, 64, i);  // round trips measured
+    const uint64_t probes0 = p.a.counters().tail_probes.load();
+    const uint64_t early0 = p.a.counters().early_retransmits.load();
+
+    // The WRITE's last packet is lost the first two times it is sent.
+    int lose_left = 2;
+    TxRecorder a_out(*p.a.engine, [&lose_left](const wire::ParsedPacket& pkt) {
+        return is_op(pkt, wire::Opcode::RcWriteLast) && lose_left-- > 0;
+    });
+    const uint32_t len = kBurst * kMtu;
+    fill(p.a.at(0), len, 78);
+    REQUIRE(p.a.qp->post_send(rdma_wqe(SendOpcode::RdmaWrite, 9, {p.a.sge(0, len)}, p.b.iova,
+                                       p.b.keys.rkey)) == 0);
+    REQUIRE(p.wait_one(*p.a.scq).status == WcStatus::Success);
+    CHECK(first_mismatch(p.b.at(0), len, 78) == len);
+
+    // The burst (its LAST lost), the first probe (lost), the second probe; nothing else.
+    const auto sent = a_out.packets();
+    REQUIRE(sent.size() == kBurst + 2);
+    const wire::ParsedPacket lost = sent[kBurst - 1].parsed();
+    for (size_t i = kBurst; i < sent.size(); ++i) {
+        CHECK(is_op(sent[i].parsed(), wire::Opcode::RcWriteLast));
+        CHECK(sent[i].parsed().h.bth.psn == lost.h.bth.psn);
+        CHECK(sent[i].parsed().h.bth.ack_req);
+    }
+    CHECK(p.a.counters().tail_probes.load() - probes0 == 2);
+    CHECK(p.a.counters().early_retransmits.load() == early0);
+    CHECK(p.a.counters().retransmit_timeouts.load() == 0);
+}

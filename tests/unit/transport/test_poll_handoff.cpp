@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "tests/unit/transport/engine_pair.h"
+#include "tests/unit/transport/forged_peer.h"
 
 using namespace uroce::transport;
 using namespace uroce::transport::test;
@@ -121,4 +122,57 @@ TEST_CASE("With inline progress off, only the engine thread reads", "[poll_hando
     write_and_check(p, 4, true);
     CHECK(p.b.counters().rx_polled_packets.load() == 0);
     CHECK(p.b.counters().rx_packets.load() > 0);
+}
+
+// While a thread busy-polls, the QPs' timers run on it (Engine::run_due_timers): a lost
+// packet is resent by the poller as soon as its timer is due, not when the engine thread
+// gets a CPU back from the pollers (a scheduler tick, milliseconds, on a loaded machine).
+// The engine thread's own timer callbacks are held in the timer hook here, so only the
+// poller can resend.
+TEST_CASE("A busy poller runs the QPs' due timers itself", "[poll_handoff]") {
+    Pair p;
+    QpAttributes attrs = default_attributes();
+    attrs.timeout = 14;  // 67 ms: the adaptive timeout and the tail probe come far sooner
+    p.connect(attrs, attrs);
+    write_and_check(p, 1, false);  // a round trip measured: the tail probe is possible
+
+    std::atomic<bool> release{false};
+    std::atomic<int> held{0};
+    p.a.engine->set_timer_hook([&](uint32_t) {
+        ++held;
+        const auto until = std::chrono::steady_clock::now() + kWait;
+        while (!release.load() && std::chrono::steady_clock::now() < until)
+            std::this_thread::sleep_for(1ms);
+    });
+    // b's answers to the first copy of the WRITE are lost: only a resend completes it.
+    std::atomic<int> b_sent{0};
+    TxRecorder b_out(*p.b.engine, [&](const uroce::wire::ParsedPacket&) { return b_sent++ == 0; });
+    std::mutex threads_mutex;
+    std::vector<std::thread::id> resenders;
+    std::atomic<uint32_t> first_psn{0};
+    TxRecorder a_out(*p.a.engine, [&](const uroce::wire::ParsedPacket& pkt) {
+        std::lock_guard lock(threads_mutex);
+        if (first_psn.load() == 0)
+            first_psn = pkt.h.bth.psn + 1;  // +1: never 0
+        else if (pkt.h.bth.psn + 1 == first_psn.load())
+            resenders.push_back(std::this_thread::get_id());
+        return false;
+    });
+    REQUIRE(busy_poll(*p.a.engine, [&] { return p.a.engine->socket_parked(); }));
+    fill(p.a.at(0), 64, 2);
+    REQUIRE(p.a.qp->post_send(rdma_wqe(SendOpcode::RdmaWrite, 2, {p.a.sge(0, 64)}, p.b.iova + 8192,
+                                       p.b.keys.rkey)) == 0);
+    Completion c;
+    const bool done = busy_poll(*p.a.engine, [&] {
+        p.b.engine->progress();
+        return p.a.scq->poll(std::span(&c, 1)) == 1;
+    });
+    release = true;
+    p.a.engine->set_timer_hook({});
+    REQUIRE(done);
+    CHECK(c.status == WcStatus::Success);
+    CHECK(first_mismatch(p.b.at(8192), 64, 2) == 64);
+    std::lock_guard lock(threads_mutex);
+    REQUIRE_FALSE(resenders.empty());
+    CHECK(resenders.front() == std::this_thread::get_id());
 }
