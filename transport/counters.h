@@ -56,7 +56,7 @@ namespace uroce::transport {
     X(early_retransmits) /* adaptive timeouts before the local ACK timeout (not retries) */      \
     X(tail_probes)       /* last packets resent alone when no ACK came within ~2 round trips */  \
     X(tx_gso_sends)      /* sendmsg calls that carried several packets (UDP GSO) */              \
-    X(tx_gso_fallbacks)  /* GSO sends the kernel refused: resent one by one, GSO off */          \
+    X(tx_gso_fallbacks)  /* GSO sends refused: resent one by one (GSO off if those went out) */  \
     X(rx_gro_datagrams)  /* reads that returned several packets (UDP GRO) */                     \
     X(rx_polled_packets) /* packets read by application threads polling a CQ */
 

@@ -229,8 +229,8 @@ class Engine {
     // transmit(), whose packet was gathered under the pin and will be sent after.
     TransmitResult send_batch(TransmitBatch& batch);
     // send_batch() when GSO failed: each packet of `batch` alone, its ICRC recomputed for
-    // identification 0.
-    TransmitResult send_one_by_one(TransmitBatch& batch);
+    // identification 0; `sent` counts those that went out.
+    TransmitResult send_one_by_one(TransmitBatch& batch, size_t& sent);
     // Checks one received UDP payload and hands it to its QP; returns that QP.
     // `expected_id`: the IPv4 identification its ICRC most likely covers (the segment's
     // index in a GRO train, icrc_verify).

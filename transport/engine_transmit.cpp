@@ -167,11 +167,14 @@ Engine::TransmitResult Engine::send_batch(TransmitBatch& batch) {
                                           static_cast<uint16_t>(batch.segment_bytes_));
         if (err == EINVAL || err == EMSGSIZE || err == EIO || err == EOPNOTSUPP ||
             err == ENOPROTOOPT) {
-            // This path cannot take GSO (a segment larger than its MTU, a device without
-            // checksum offload, an old kernel): no more batches from this engine.
+            // This path cannot take GSO (a device without checksum offload, an old kernel): no
+            // more batches from this engine, once a packet went out alone. A segment larger
+            // than the path's MTU is refused alone too (tx_too_big): that is the QP's path
+            // MTU setting, not GSO's fault, and the engine's other paths keep GSO.
             bump(counters_->tx_gso_fallbacks);
-            gso_.store(false, std::memory_order_relaxed);
-            result = send_one_by_one(batch);
+            size_t sent_alone = 0;
+            result = send_one_by_one(batch, sent_alone);
+            if (sent_alone > 0) gso_.store(false, std::memory_order_relaxed);
             counted = true;
         } else {
             result = account_send(err, batch.count_);
@@ -193,7 +196,7 @@ Engine::TransmitResult Engine::send_batch(TransmitBatch& batch) {
     return result;
 }
 
-Engine::TransmitResult Engine::send_one_by_one(TransmitBatch& batch) {
+Engine::TransmitResult Engine::send_one_by_one(TransmitBatch& batch, size_t& sent) {
     TransmitResult worst = TransmitResult::Sent;
     for (size_t i = 0; i < batch.count_; ++i) {
         const TransmitBatch::Packet& p = batch.packets_[i];
@@ -211,6 +214,7 @@ Engine::TransmitResult Engine::send_one_by_one(TransmitBatch& batch) {
         }
         const TransmitResult r =
             account_send(batch.from_->send(batch.dst_ip_, config_.port, packet), 1);
+        if (r == TransmitResult::Sent) ++sent;
         if (r == TransmitResult::Sent && batch.qp_counters_) {
             bump(batch.qp_counters_->tx_packets);
             bump(batch.qp_counters_->tx_payload_bytes, p.payload_len);

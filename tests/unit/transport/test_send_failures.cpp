@@ -109,6 +109,9 @@ TEST_CASE("A request larger than the route's IP MTU fails at once with LOC_QP_OP
         CHECK(p.a.qp->state() == QpState::Err);
         CHECK(p.a.counters().tx_gso_fallbacks.load() == 1);
         CHECK(p.a.counters().tx_too_big.load() == 1);
+        // Refused alone too: the QP's path MTU is at fault, not GSO, which the engine's
+        // other QPs keep.
+        CHECK(p.a.engine->gso_enabled());
         CHECK(p.a.counters().retransmit_timeouts.load() == 0);
         CHECK(all_bytes(p.b.at(8192), 4096, kUntouched));
     }
