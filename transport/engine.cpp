@@ -400,8 +400,6 @@ void Engine::run_due_timers() {
     const int64_t now_ns =
         std::chrono::duration_cast<std::chrono::nanoseconds>(now.time_since_epoch()).count();
     if (now_ns < next_timer_ns_.load(std::memory_order_relaxed)) return;
-    std::unique_lock scan(timer_scan_mutex_, std::try_to_lock);
-    if (!scan.owns_lock()) return;
     // Reset before reading the QPs: a QP that arms a timer after this lowers it again, and
     // one that armed before is read below (its deadline is set under its mutex).
     next_timer_ns_.store(kNoTimer, std::memory_order_relaxed);

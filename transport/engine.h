@@ -306,14 +306,14 @@ class Engine {
     std::unique_ptr<PollHandoff> handoff_;  // uses rx_event_ and base_: freed before them
     std::thread thread_;
 
-    // Runs the timers that are due, on a polling thread (progress()).
+    // Runs the timers that are due, on a polling thread (progress(), with rx_mutex_ held:
+    // one scanning thread at a time, and QP mutexes taken under it as the receive path does).
     void run_due_timers();
     // No deadline earlier than this is armed (it may be earlier than every armed one: a
     // stale hint costs one scan). Nanoseconds of steady_clock.
     static constexpr int64_t kNoTimer = INT64_MAX;
     std::atomic<int64_t> next_timer_ns_{kNoTimer};
-    std::mutex timer_scan_mutex_;                  // one scanning thread at a time
-    std::vector<std::shared_ptr<Qp>> timer_scan_;  // guarded by timer_scan_mutex_
+    std::vector<std::shared_ptr<Qp>> timer_scan_;  // guarded by rx_mutex_
     std::shared_mutex qps_mutex_;
     // QPN -> QP; a null entry is a QPN allocated but not yet attached.
     std::unordered_map<uint32_t, std::shared_ptr<Qp>> qps_;
