@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "transport/multicast_groups.h"
+#include "transport/qpn_space.h"
 #include "transport/work_request.h"
 
 namespace uroce::provider {
@@ -17,7 +18,8 @@ inline constexpr uint32_t kVendorId = 0xffffff;
 inline constexpr uint32_t kVendorPartId = 0x5552;
 // Objects of each kind one context (one device: a device has one context at a time) may
 // hold at once; creating one more fails with EINVAL, as rxe's object pools do.
-inline constexpr int kMaxQp = 4096;
+// QPs: the numbers of QpnSpace::kMaxSlots device slots (transport/qpn_space.h).
+inline constexpr int kMaxQp = static_cast<int>(transport::QpnSpace::kMaxNumbers);
 inline constexpr int kMaxQpWr = 16384;
 inline constexpr int kMaxSge = static_cast<int>(transport::kMaxSge);
 inline constexpr uint32_t kMaxInline = transport::kMaxInlineData;

@@ -55,6 +55,7 @@ namespace uroce::transport {
     X(rx_mcast_no_qp)            /* multicast datagrams for a group no QP here is attached to */ \
     X(early_retransmits) /* adaptive timeouts before the local ACK timeout (not retries) */      \
     X(tail_probes)       /* last packets resent alone when no ACK came within ~2 round trips */  \
+    X(resends_held_back) /* early resends and probes skipped: the engine's budget was spent */   \
     X(tx_gso_sends)      /* sendmsg calls that carried several packets (UDP GSO) */              \
     X(tx_gso_fallbacks)  /* GSO sends refused: resent one by one (GSO off if those went out) */  \
     X(rx_gro_datagrams)  /* reads that returned several packets (UDP GRO) */                     \

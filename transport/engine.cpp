@@ -28,13 +28,14 @@ constexpr size_t kRxBudget = 512;
 
 std::once_flag g_libevent_threads;
 
-// The slot's shared QP counters beside the device's counters file, else private ones.
-std::unique_ptr<QpCounterTable> make_qp_counters(const EngineConfig& config, const DeviceSlot* slot,
+// The shared QP counters of slot `number` beside the device's counters file, else private
+// ones.
+std::unique_ptr<QpCounterTable> make_qp_counters(const EngineConfig& config, uint16_t number,
                                                  bool device_counters) {
-    if (slot && device_counters) {
+    if (number != 0 && device_counters) {
         std::string why;  // unusable: counted privately, as for the device's counters
         if (auto t = QpCounterTable::open_shared(
-                QpCounterTable::path_for_slot(config.counters_file, slot->number()), why))
+                QpCounterTable::path_for_slot(config.counters_file, number), why))
             return t;
     }
     return QpCounterTable::make_private();
@@ -138,12 +139,11 @@ std::unique_ptr<Engine> Engine::create(const EngineConfig& config, std::string& 
 Engine::Engine(const EngineConfig& config, std::unique_ptr<DeviceSlot> slot,
                std::unique_ptr<QpnSteering> steering, std::unique_ptr<DeviceCounters> counters)
     : config_(config),
-      slot_(std::move(slot)),
+      qpn_space_(std::move(slot), qpn_space_hooks(counters != nullptr)),
       steering_(std::move(steering)),
       device_counters_(std::move(counters)),
       counters_(device_counters_ ? &device_counters_->block() : &own_counters_),
       counters_at_start_(snapshot(*counters_)),
-      qp_counters_(make_qp_counters(config, slot_.get(), device_counters_ != nullptr)),
       socket_(config.ip, config.port, steering_ != nullptr),
       send_sockets_(config.ip, socket_),
       faults_(config.faults),
@@ -207,49 +207,30 @@ void Engine::post_async(const AsyncEvent& ev) {
     if (async_handler_) async_handler_(ev);
 }
 
-namespace {
-
-// A number for a new QP or XRC SRQ, none of those in `taken`, drawn at random so that a
-// blind attacker cannot guess it. With a device slot the slot is its top 12 bits (never 0,
-// so never QP0 or QP1): numbers are unique across the device's contexts, and steering finds
-// this context's socket by a QPN. Never 0xFFFFFF, the multicast QPN. Throws std::bad_alloc
-// when none is free.
-template <typename Map>
-uint32_t draw_number(const Map& taken, const DeviceSlot* slot) {
-    if (slot) {
-        constexpr uint32_t kPerSlot = 1u << DeviceSlots::kQpnBits;
-        const uint32_t base = uint32_t{slot->number()} << DeviceSlots::kQpnBits;
-        // The last slot's last number is the multicast QPN.
-        const bool has_mcast = (base | (kPerSlot - 1)) == kMulticastQpn;
-        if (taken.size() >= kPerSlot - (has_mcast ? 1 : 0)) throw std::bad_alloc();
-        uint32_t low = static_cast<uint32_t>(random_u64() % kPerSlot);
-        while (taken.contains(base | low) || (base | low) == kMulticastQpn)
-            low = (low + 1) % kPerSlot;
-        return base | low;
-    }
-    // QPs 0 and 1 are the IBA's special QPs, 0xFFFFFF the multicast QPN.
-    constexpr uint32_t kFirst = 2;
-    constexpr uint32_t kLast = kMulticastQpn - 1;
-    constexpr uint32_t kNumbers = kLast + 1 - kFirst;
-    if (taken.size() >= kNumbers) throw std::bad_alloc();
-    uint32_t n = kFirst + static_cast<uint32_t>(random_u64() % kNumbers);
-    // Taken: the next free one after it (the table is far from full in practice).
-    while (taken.contains(n)) n = n >= kLast ? kFirst : n + 1;
-    return n;
+QpnSpace::Hooks Engine::qpn_space_hooks(bool device_counters) {
+    QpnSpace::Hooks h;
+    h.claim_slot = [this](std::string& error, int& err) {
+        return DeviceSlots::claim(config_.slot_table, error, err);
+    };
+    h.route_slot = [this](uint16_t number) { return steering_ ? steering_->route(number) : 0; };
+    h.counter_table = [this, device_counters](uint16_t number) {
+        return make_qp_counters(config_, number, device_counters);
+    };
+    return h;
 }
-
-}  // namespace
 
 uint32_t Engine::allocate_qpn() {
     std::unique_lock lock(qps_mutex_);
-    const uint32_t qpn = draw_number(qps_, slot_.get());
+    const uint32_t qpn =
+        qpn_space_.allocate(QpnSpace::Kind::Qp, [this](uint32_t n) { return qps_.contains(n); });
     qps_.emplace(qpn, nullptr);
     return qpn;
 }
 
 uint32_t Engine::allocate_srqn() {
     std::unique_lock lock(qps_mutex_);
-    const uint32_t srqn = draw_number(xrc_srqs_, slot_.get());
+    const uint32_t srqn = qpn_space_.allocate(QpnSpace::Kind::XrcSrq,
+                                              [this](uint32_t n) { return xrc_srqs_.contains(n); });
     xrc_srqs_.emplace(srqn, nullptr);
     return srqn;
 }
@@ -266,6 +247,7 @@ void Engine::detach_xrc_srq(uint32_t srqn) {
     if (it == xrc_srqs_.end()) return;
     keep = std::move(it->second);
     xrc_srqs_.erase(it);
+    qpn_space_.release(QpnSpace::Kind::XrcSrq, srqn);
 }
 
 std::shared_ptr<SharedReceiveQueue> Engine::xrc_srq(uint32_t srqn) {
@@ -275,7 +257,7 @@ std::shared_ptr<SharedReceiveQueue> Engine::xrc_srq(uint32_t srqn) {
 }
 
 uint16_t Engine::slot_number() const {
-    return slot_ ? slot_->number() : 0;
+    return qpn_space_.primary_number();
 }
 
 int Engine::claim_cm_service(uint64_t service_id) {
@@ -300,6 +282,7 @@ void Engine::detach(uint32_t qpn) {
         if (it == qps_.end()) return;
         keep = std::move(it->second);
         qps_.erase(it);
+        qpn_space_.release(QpnSpace::Kind::Qp, qpn);
         if (keep) qp_count_.fetch_sub(1, std::memory_order_relaxed);
     }
     // Destroying a QP detaches it from its groups, as the kernel does.

@@ -32,8 +32,10 @@
 #include "transport/packet_capture.h"
 #include "transport/poll_handoff.h"
 #include "transport/qp_counters.h"
+#include "transport/qpn_space.h"
 #include "transport/qpn_steering.h"
 #include "transport/rc_qp.h"
+#include "transport/resend_budget.h"
 #include "transport/send_sockets.h"
 #include "transport/transmit_batch.h"
 #include "transport/udp_socket.h"
@@ -60,6 +62,9 @@ struct EngineConfig {
     // RC requesters resend after an adaptive timeout measured from the round trip (at most
     // the QP's local ACK timeout; rtt_estimator.h), not only after the local ACK timeout.
     bool adaptive_retransmit = true;
+    // Early resends and probes all QPs together may send at once (resend_budget.h); tests
+    // set 0 to see what happens when the budget is spent.
+    uint32_t resend_burst = ResendBudget::kBurst;
     // Batches of packets leave in one sendmsg as UDP GSO segments (transmit_batch.h).
     bool gso = true;
     // The socket takes trains of datagrams as one buffer (UDP_GRO), split here.
@@ -109,8 +114,13 @@ class Engine {
     // What this engine counted since it was created (its block may hold earlier holders').
     CounterValues counters_since_start() const;
     // The counters of this engine's QP `qpn` (qp_counters.h).
-    QpCounters& qp_counters(uint32_t qpn) { return qp_counters_->for_qpn(qpn); }
+    QpCounters& qp_counters(uint32_t qpn) { return qpn_space_.counters(qpn); }
+    // How many device slots this engine holds: one, more once it has more QPs than one
+    // slot numbers (qpn_space.h).
+    unsigned slots_held() const { return qpn_space_.slots_held(); }
     event_base* base() { return base_; }
+    // Bounds the early resends and tail-loss probes of all this engine's QPs together.
+    ResendBudget& resend_budget() { return resend_budget_; }
     // Held by the engine thread around every callback it runs (fork_gate.h): each callback
     // registered with base() takes it first.
     ForkGate& fork_gate() { return fork_gate_; }
@@ -120,8 +130,8 @@ class Engine {
     void post_async(const AsyncEvent& ev);
 
     // A QPN drawn at random (24 bits, never 0 or 1, none in use), so that a blind attacker
-    // cannot guess it; it stays reserved until detach(). Throws std::bad_alloc when none
-    // is free.
+    // cannot guess it; it stays reserved until detach(). Past 4096 QPs the engine claims a
+    // further device slot (qpn_space.h). Throws std::bad_alloc when none is free.
     uint32_t allocate_qpn();
     void attach(const std::shared_ptr<Qp>& qp);
     // Removes the QP from the table and from its multicast groups and closes it
@@ -253,18 +263,21 @@ class Engine {
     // Reads and delivers what `socket` holds (`group` 0: the device's socket).
     void receive_from(const UdpSocket& socket, const IpAddress& group);
     void run();
+    // What the QP number space asks of this engine: slots, their routes, counter tables.
+    QpnSpace::Hooks qpn_space_hooks(bool device_counters);
 
     EngineConfig config_;
-    // Declared before the socket, so they outlive it: the slot is not handed to another
-    // context while this socket may still receive its packets.
-    std::unique_ptr<DeviceSlot> slot_;
+    // Declared before the socket, so they outlive it: the slots are not handed to another
+    // context while this socket may still receive their packets. The QP number space (with
+    // the slots and the QP counter tables) comes before steering_, so the further slots it
+    // routed are still held when it unroutes them.
+    QpnSpace qpn_space_;
     std::unique_ptr<QpnSteering> steering_;
     // Before everything that counts, so it outlives it.
     std::unique_ptr<DeviceCounters> device_counters_;
     EngineCounters own_counters_;
     EngineCounters* counters_;
     CounterValues counters_at_start_;
-    std::unique_ptr<QpCounterTable> qp_counters_;
     UdpSocket socket_;
     SendSockets send_sockets_;
     FaultPlan faults_;
@@ -299,6 +312,7 @@ class Engine {
     // Writes the packets of a batch that left to the capture.
     void capture_sent(const TransmitBatch& batch, size_t first, size_t count);
     MemoryTable memory_;
+    ResendBudget resend_budget_{config_.resend_burst};
     ForkGate fork_gate_;  // outlives the engine thread (joined in ~Engine)
     event_base* base_ = nullptr;
     event* rx_event_ = nullptr;

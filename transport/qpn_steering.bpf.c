@@ -6,6 +6,9 @@
  * where the kernel's own reuseport choice sends it: one context gets it, refuses it and
  * counts it (rx_malformed, rx_unknown_qp), as a device of one context would.
  *
+ * A context with more QPs than one slot numbers holds further slots: uroce_routes maps each of
+ * those to the slot whose socket takes their packets (0: the slot's own socket).
+ *
  * QP1 belongs to no context: a CM MAD for it goes to the context its content names. A REQ or
  * SIDR REQ names a service, which the listening context entered in uroce_cm_svc; every
  * other CM message names the receiver's comm ID (SIDR REP: its request ID), whose top 12 bits
@@ -20,6 +23,14 @@ struct {
     __type(key, __u32);
     __type(value, __u64);
 } uroce_slots SEC(".maps");
+
+/* Further slot of a context -> the slot its packets go to (0: none, the slot's own). */
+struct {
+    __uint(type, BPF_MAP_TYPE_ARRAY);
+    __uint(max_entries, 4096);
+    __type(key, __u32);
+    __type(value, __u32);
+} uroce_routes SEC(".maps");
 
 /* Listened CM services: service ID as on the wire (8 bytes, big-endian) -> slot. */
 struct {
@@ -97,6 +108,8 @@ int uroce_steer_by_qpn(struct sk_reuseport_md* md) {
         if (bpf_sk_select_reuseport(md, &uroce_slots, &slot, 0) != 0) return to_any_cm(md);
         return SK_PASS;
     }
+    const __u32* to = bpf_map_lookup_elem(&uroce_routes, &slot);
+    if (to && *to) slot = *to;
     bpf_sk_select_reuseport(md, &uroce_slots, &slot, 0);
     return SK_PASS; /* selected, or left to the kernel's choice if the slot has no socket */
 }

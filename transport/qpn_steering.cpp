@@ -23,9 +23,11 @@ constexpr char kMapName[] = "uroce_slots";
 constexpr uint32_t kMapEntries = DeviceSlots::kSlots;
 constexpr char kServicesName[] = "uroce_cm_svc";
 constexpr uint32_t kServicesEntries = 4096;
+constexpr char kRoutesName[] = "uroce_routes";
 // Where the slot table keeps the maps' ids (DeviceSlot::update_shared_value).
 constexpr unsigned kSocketMapValue = 0;
 constexpr unsigned kServicesMapValue = 1;
+constexpr unsigned kRoutesMapValue = 2;
 
 // libbpf reports to stderr by default; the provider runs inside other people's processes
 // and says nothing unasked. Our errors come back as errno and a message of our own.
@@ -80,6 +82,8 @@ constexpr MapShape kSocketMap{BPF_MAP_TYPE_REUSEPORT_SOCKARRAY, kMapName, sizeof
                               sizeof(uint64_t), kMapEntries};
 constexpr MapShape kServicesMap{BPF_MAP_TYPE_HASH, kServicesName, sizeof(uint64_t),
                                 sizeof(uint32_t), kServicesEntries};
+constexpr MapShape kRoutesMap{BPF_MAP_TYPE_ARRAY, kRoutesName, sizeof(uint32_t), sizeof(uint32_t),
+                              kMapEntries};
 
 // The device's map, if `id` still names one of ours of that shape.
 int open_shared_map(uint32_t id, const MapShape& shape) {
@@ -139,6 +143,11 @@ std::unique_ptr<QpnSteering> QpnSteering::open(const DeviceSlot& slot, std::stri
         error = describe(err, "cannot set up the device's CM service map");
         return nullptr;
     }
+    Fd routes;
+    if ((err = shared_map(kRoutesMapValue, kRoutesMap, routes)) != 0) {
+        error = describe(err, "cannot set up the device's slot route map");
+        return nullptr;
+    }
 
     // (LIBBPF_OPTS is a C macro: a statement expression with a compound literal.)
     bpf_object_open_opts opts{};
@@ -154,10 +163,12 @@ std::unique_ptr<QpnSteering> QpnSteering::open(const DeviceSlot& slot, std::stri
     {
         bpf_map* m = bpf_object__find_map_by_name(obj, kMapName);
         bpf_map* svc = bpf_object__find_map_by_name(obj, kServicesName);
+        bpf_map* rt = bpf_object__find_map_by_name(obj, kRoutesName);
         bpf_program* p = bpf_object__find_program_by_name(obj, "uroce_steer_by_qpn");
-        int e = (m == nullptr || svc == nullptr || p == nullptr) ? ENOENT : 0;
+        int e = (m == nullptr || svc == nullptr || rt == nullptr || p == nullptr) ? ENOENT : 0;
         if (e == 0 && bpf_map__reuse_fd(m, map.get()) != 0) e = errno;
         if (e == 0 && bpf_map__reuse_fd(svc, services.get()) != 0) e = errno;
+        if (e == 0 && bpf_map__reuse_fd(rt, routes.get()) != 0) e = errno;
         if (e == 0 && bpf_object__load(obj) != 0) e = errno;
         if (e == 0) {
             prog.reset(::fcntl(bpf_program__fd(p), F_DUPFD_CLOEXEC, 0));
@@ -171,7 +182,8 @@ std::unique_ptr<QpnSteering> QpnSteering::open(const DeviceSlot& slot, std::stri
         }
     }
     return std::unique_ptr<QpnSteering>(new QpnSteering(map.release(), services.release(),
-                                                        prog.release(), slot.number(), ::getpid()));
+                                                        routes.release(), prog.release(),
+                                                        slot.number(), ::getpid()));
 }
 
 int QpnSteering::add(int socket_fd, std::string& error) {
@@ -183,11 +195,22 @@ int QpnSteering::add(int socket_fd, std::string& error) {
         return err;
     }
     const uint64_t value = static_cast<uint64_t>(socket_fd);
-    if (bpf_map_update_elem(map_fd_, &slot_, &value, BPF_ANY) != 0) {
+    // The slot may have been a further slot of a context gone by: its packets are ours now.
+    const uint32_t own = 0;
+    if (bpf_map_update_elem(routes_fd_, &slot_, &own, BPF_ANY) != 0 ||
+        bpf_map_update_elem(map_fd_, &slot_, &value, BPF_ANY) != 0) {
         const int err = errno;
         error = describe(err, "cannot enter the socket in the device's socket map");
         return err;
     }
+    return 0;
+}
+
+int QpnSteering::route(uint16_t further_slot) {
+    const uint32_t key = further_slot;
+    if (key == 0 || key >= kMapEntries || key == slot_) return EINVAL;
+    if (bpf_map_update_elem(routes_fd_, &key, &slot_, BPF_ANY) != 0) return errno;
+    routed_.push_back(further_slot);
     return 0;
 }
 
@@ -217,7 +240,16 @@ void QpnSteering::release_cm_service(uint64_t service_id) {
 }
 
 QpnSteering::~QpnSteering() {
-    if (::getpid() == owner_pid_) bpf_map_delete_elem(map_fd_, &slot_);
+    if (::getpid() == owner_pid_) {
+        bpf_map_delete_elem(map_fd_, &slot_);
+        // Still held here (qpn_space.h): nobody else can have routed them since.
+        const uint32_t none = 0;
+        for (const uint16_t s : routed_) {
+            const uint32_t key = s;
+            bpf_map_update_elem(routes_fd_, &key, &none, BPF_ANY);
+        }
+    }
+    ::close(routes_fd_);
     ::close(prog_fd_);
     ::close(services_fd_);
     ::close(map_fd_);

@@ -397,7 +397,12 @@ void RcQp::fire_timer(std::chrono::steady_clock::time_point now) {
         return;
     }
     if (probe) {
-        send_tail_probe();
+        if (engine_.resend_budget().take(now)) {
+            send_tail_probe();
+        } else {
+            ++probes_sent_;  // skipped: the next wait is the second probe's, or the resend's
+            bump(engine_.counters().resends_held_back);
+        }
         arm_timer();
         return;
     }
@@ -411,6 +416,13 @@ void RcQp::fire_timer(std::chrono::steady_clock::time_point now) {
             return;
         }
         ack_deadline_set_ = false;  // the resend starts a new one
+    } else if (!engine_.resend_budget().take(now)) {
+        // The adaptive timeout, with the engine's speculative resends used up (many QPs
+        // timing out together): back off as if resent, and leave it to the next timeout.
+        bump(engine_.counters().resends_held_back);
+        ++rto_backoff_;
+        arm_timer();
+        return;
     } else {
         // The adaptive timeout: resend early, keep the local ACK timeout running.
         bump(engine_.counters().early_retransmits);

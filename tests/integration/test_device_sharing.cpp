@@ -246,3 +246,93 @@ TEST_CASE("Each QP counts its own packets and bytes", "[sharing]") {
     REQUIRE(ibv_destroy_qp(idle) == 0);
     CHECK_THROWS(qp_counter(a.qp, "no_such_counter"));
 }
+
+TEST_CASE("A context past 4096 QPs is reached on every QP, beside another context of its device",
+          "[sharing]") {
+    // The device's other context holds a slot of its own: a packet for one of the big
+    // context's further slots that steering did not route would land there (refused,
+    // rx_unknown_qp) or nowhere, and the WRITE on that QP would fail.
+    Endpoint other(devices().b);
+    Endpoint big(devices().b);
+    Endpoint a(devices().a);
+    constexpr size_t kPairs = 32;
+    constexpr size_t kChunk = 8192;  // two packets at MTU 4096
+    const uint32_t first_slot = big.qp->qp_num >> 12;
+
+    const QpOptions opt;
+    const auto create = [](Endpoint& e) {
+        ibv_qp_init_attr init{};
+        init.send_cq = e.cq;
+        init.recv_cq = e.cq;
+        init.qp_type = IBV_QPT_RC;
+        init.cap.max_send_wr = 2;
+        init.cap.max_recv_wr = 2;
+        init.cap.max_send_sge = 1;
+        init.cap.max_recv_sge = 1;
+        return ibv_create_qp(e.pd, &init);
+    };
+    // The first slot's numbers all taken (the endpoint's own QP is one), then kPairs more.
+    std::vector<ibv_qp*> filler;
+    std::vector<ibv_qp*> far;
+    const auto destroy_all = [&] {
+        for (ibv_qp* q : far) ibv_destroy_qp(q);
+        for (ibv_qp* q : filler) ibv_destroy_qp(q);
+    };
+    for (size_t i = 1; i < 4096 + kPairs; ++i) {
+        ibv_qp* q = create(big);
+        if (!q) break;
+        ((q->qp_num >> 12) == first_slot ? filler : far).push_back(q);
+    }
+    INFO("QPs in the first slot " << filler.size() + 1 << ", past it " << far.size());
+    REQUIRE(filler.size() + 1 == 4096);
+    REQUIRE(far.size() == kPairs);
+    std::set<uint32_t> far_slots;
+    for (ibv_qp* q : far) far_slots.insert(q->qp_num >> 12);
+    CHECK(far_slots.size() == 1);
+    CHECK(!far_slots.contains(first_slot));
+    CHECK(!far_slots.contains(other.qp->qp_num >> 12));
+
+    std::vector<ibv_qp*> peers;
+    for (size_t i = 0; i < kPairs; ++i) {
+        ibv_qp* q = create(a);
+        REQUIRE(q);
+        peers.push_back(q);
+    }
+    for (size_t i = 0; i < kPairs; ++i) {
+        to_rts(peers[i], far[i]->qp_num, big.gid, opt);
+        to_rts(far[i], peers[i]->qp_num, a.gid, opt);
+    }
+    Buffer src(a.pd, kPairs * kChunk, kAccess);
+    Buffer dst(big.pd, kPairs * kChunk, kAccess);
+    Buffer back(a.pd, kPairs * kChunk, kAccess);
+    fill_pattern(src.bytes.data(), src.bytes.size(), 41);
+    std::memset(dst.bytes.data(), 0xee, dst.bytes.size());
+    std::memset(back.bytes.data(), 0xee, back.bytes.size());
+    // a -> big: WRITEs into the further slot's QPs; big -> a: SENDs out of them (their ACKs
+    // come back to the further slot).
+    for (size_t i = 0; i < kPairs; ++i) {
+        REQUIRE(post_rdma(peers[i], IBV_WR_RDMA_WRITE, src, i * kChunk, kChunk,
+                          dst.addr() + i * kChunk, dst.mr->rkey, i) == 0);
+        REQUIRE(post_recv_buf(peers[i], back, i * kChunk, kChunk, 100 + i) == 0);
+    }
+    auto wcs = wait_completions(a.cq, kPairs);
+    REQUIRE(wcs.size() == kPairs);
+    for (const ibv_wc& wc : wcs) CHECK(wc.status == IBV_WC_SUCCESS);
+    CHECK(std::memcmp(dst.bytes.data(), src.bytes.data(), dst.bytes.size()) == 0);
+    for (size_t i = 0; i < kPairs; ++i)
+        REQUIRE(post_send_msg(far[i], dst, i * kChunk, kChunk, 200 + i) == 0);
+    const auto sent = wait_completions(big.cq, kPairs);
+    const auto received = wait_completions(a.cq, kPairs);
+    REQUIRE(sent.size() == kPairs);
+    REQUIRE(received.size() == kPairs);
+    for (const ibv_wc& wc : sent) CHECK(wc.status == IBV_WC_SUCCESS);
+    for (const ibv_wc& wc : received) {
+        CHECK(wc.status == IBV_WC_SUCCESS);
+        CHECK(wc.byte_len == kChunk);
+    }
+    CHECK(std::memcmp(back.bytes.data(), src.bytes.data(), back.bytes.size()) == 0);
+    // Nothing went astray to the other context.
+    CHECK(counter(other.ctx, "rx_unknown_qp") == 0);
+    for (ibv_qp* q : peers) ibv_destroy_qp(q);
+    destroy_all();
+}

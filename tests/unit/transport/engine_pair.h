@@ -159,6 +159,8 @@ struct PairOptions {
     bool inline_a = true, inline_b = true;
     // EngineConfig::adaptive_retransmit of both: off leaves only the local ACK timeout.
     bool adaptive = true;
+    // EngineConfig::resend_burst of both.
+    uint32_t resend_burst = ResendBudget::kBurst;
     // EngineConfig::pcap_path of a and b (empty: no capture).
     std::string pcap_a, pcap_b;
 };
@@ -291,6 +293,7 @@ class Pair {
         config.gro = gro;
         config.inline_progress = inline_progress;
         config.adaptive_retransmit = opt.adaptive;
+        config.resend_burst = opt.resend_burst;
         config.pcap_path = pcap;
         std::string error;
         int err = 0;

@@ -171,6 +171,50 @@ TEST_CASE("Without adaptive retransmission nothing is probed", "[rc][retransmit]
     CHECK(p.a.counters().retransmit_timeouts.load() >= 1);
 }
 
+TEST_CASE("With the engine's resend budget spent, a loss waits for the local ACK timeout",
+          "[rc][retransmit]") {
+    // What thousands of QPs timing out together meet (resend_budget.h): early resends and
+    // probes are held back, the local ACK timeout still resends, and nothing is lost.
+    PairOptions o;
+    o.resend_burst = 0;
+    Pair p(o);
+    QpAttributes attrs = default_attributes();
+    attrs.timeout = 10;  // ~4 ms: the resend that is never held back
+    p.connect(attrs, default_attributes());
+    for (uint64_t i = 1; i <= 3; ++i) send_one(p, 64, i);  // a measured round trip
+    int lose_left = 1;
+    TxRecorder a_out(*p.a.engine,
+                     [&lose_left](const wire::ParsedPacket&) { return lose_left-- > 0; });
+    send_one(p, 64, 4);
+    CHECK(a_out.lost() == 1);
+    CHECK(p.a.counters().resends_held_back.load() >= 1);
+    CHECK(p.a.counters().tail_probes.load() == 0);
+    CHECK(p.a.counters().early_retransmits.load() == 0);
+    CHECK(p.a.counters().retransmit_timeouts.load() >= 1);
+}
+
+TEST_CASE("The resend budget allows a burst, then comes back at its rate", "[rc][retransmit]") {
+    using std::chrono::microseconds;
+    ResendBudget budget;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (uint32_t i = 0; i < ResendBudget::kBurst; ++i) REQUIRE(budget.take(t0));
+    CHECK(!budget.take(t0));
+    CHECK(!budget.take(t0 + ResendBudget::kRefillEvery - microseconds(1)));
+    CHECK(budget.take(t0 + ResendBudget::kRefillEvery));
+    CHECK(!budget.take(t0 + ResendBudget::kRefillEvery));
+    // Three periods later: three more, no more.
+    const auto t1 = t0 + 4 * ResendBudget::kRefillEvery;
+    for (int i = 0; i < 3; ++i) CHECK(budget.take(t1));
+    CHECK(!budget.take(t1));
+    // Long idle: the whole burst again, never more.
+    const auto t2 = t1 + 1000 * ResendBudget::kRefillEvery;
+    uint32_t taken = 0;
+    while (taken < 2 * ResendBudget::kBurst && budget.take(t2)) ++taken;
+    CHECK(taken == ResendBudget::kBurst);
+    ResendBudget none(0);
+    CHECK(!none.take(t2));
+}
+
 TEST_CASE("A probe asks for an ACK even when the packet it repeats did not", "[rc][retransmit]") {
     std::atomic<bool> posted{false};  // before the engines: their timer hook reads it
     PairOptions o;

@@ -58,10 +58,11 @@ struct Member {
     int fd = -1;
     std::unique_ptr<QpnSteering> steering;
 
-    Member(const std::string& table, Where w) {
+    // `given`: the slot to hold (else one is claimed).
+    Member(const std::string& table, Where w, std::unique_ptr<DeviceSlot> given = nullptr) {
         std::string error;
         int err = 0;
-        slot = DeviceSlots::claim(table, error, err, 0ms);
+        slot = given ? std::move(given) : DeviceSlots::claim(table, error, err, 0ms);
         INFO(error);
         REQUIRE(slot);
         fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
@@ -168,6 +169,36 @@ TEST_CASE("QPN steering: when a member leaves, its slot's datagrams reach one th
     send_to_slot(w, b.slot->number(), 2);
     settle();
     CHECK(b.received() == std::vector<int>{1, 2});
+}
+
+TEST_CASE(
+    "QPN steering: a further slot routed to a member reaches that member, until the slot "
+    "is another member's own",
+    "[qpn_steering]") {
+    const std::string table = table_path();
+    const Where w = test_address();
+    Member a(table, w), b(table, w);
+    std::string error;
+    int err = 0;
+    auto further = DeviceSlots::claim(table, error, err, 0ms);
+    REQUIRE(further);
+    const int n = further->number();
+    CHECK(a.steering->route(static_cast<uint16_t>(n)) == 0);
+    CHECK(a.steering->route(a.slot->number()) == EINVAL);  // its own slot needs no route
+    for (int tag = 0; tag < 20; ++tag) send_to_slot(w, n, tag);
+    settle();
+    std::vector<int> all(20);
+    for (int tag = 0; tag < 20; ++tag) all[tag] = tag;
+    CHECK(a.received() == all);
+    CHECK(b.received().empty());
+    // The route is stale once the slot is somebody's first slot (as when the context that
+    // routed it died): the new holder gets the packets.
+    Member c(table, w, std::move(further));
+    for (int tag = 0; tag < 20; ++tag) send_to_slot(w, n, tag);
+    settle();
+    CHECK(c.received() == all);
+    CHECK(a.received().empty());
+    CHECK(b.received().empty());
 }
 
 TEST_CASE("QPN steering: members in different processes, one killed", "[qpn_steering]") {

@@ -1,0 +1,147 @@
+// A context's QP number space: 4096 numbers per device slot, one more slot claimed (and
+// routed before use) whenever the held ones are full, up to QpnSpace::kMaxSlots; numbers
+// unique, never 0, 1 or the multicast QPN; each slot's QPs counting in that slot's table.
+#include <unistd.h>
+
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <new>
+#include <set>
+#include <unordered_set>
+#include <vector>
+
+#include "transport/device_slots.h"
+#include "transport/multicast_groups.h"
+#include "transport/qpn_space.h"
+
+using namespace uroce::transport;
+using namespace std::chrono_literals;
+
+namespace {
+
+std::string table_path() {
+    static int n = 0;
+    auto dir = std::filesystem::temp_directory_path() /
+               ("uroce-qpn-space-" + std::to_string(::getpid()) + "-" + std::to_string(++n));
+    std::filesystem::create_directories(dir);
+    return (dir / "slots").string();
+}
+
+// A QpnSpace over a real slot table, recording what it asked for.
+struct Space {
+    std::string path = table_path();
+    std::vector<uint16_t> routed;
+    std::vector<uint16_t> tables;  // slots a counter table was made for
+    int route_error = 0;
+    std::unordered_set<uint32_t> taken;
+    std::unique_ptr<QpnSpace> space;
+
+    Space() {
+        std::string error;
+        int err = 0;
+        auto primary = DeviceSlots::claim(path, error, err, 0ms);
+        REQUIRE(primary);
+        QpnSpace::Hooks h;
+        h.claim_slot = [this](std::string& e, int& r) {
+            return DeviceSlots::claim(path, e, r, 0ms);
+        };
+        h.route_slot = [this](uint16_t n) {
+            if (route_error != 0) return route_error;
+            routed.push_back(n);
+            return 0;
+        };
+        h.counter_table = [this](uint16_t n) {
+            tables.push_back(n);
+            return QpCounterTable::make_private();
+        };
+        space = std::make_unique<QpnSpace>(std::move(primary), std::move(h));
+    }
+    uint32_t allocate() {
+        const uint32_t n =
+            space->allocate(QpnSpace::Kind::Qp, [this](uint32_t q) { return taken.contains(q); });
+        REQUIRE(taken.insert(n).second);
+        return n;
+    }
+};
+
+}  // namespace
+
+TEST_CASE(
+    "QpnSpace: 4096 QPs in the first slot, then a further slot routed before its first "
+    "number",
+    "[qpn_space]") {
+    Space s;
+    const uint16_t first = s.space->primary_number();
+    CHECK(first != 0);
+    CHECK(s.tables == std::vector<uint16_t>{first});
+    for (uint32_t i = 0; i < QpnSpace::kPerSlot; ++i) {
+        const uint32_t qpn = s.allocate();
+        REQUIRE(DeviceSlots::slot_of(qpn) == first);
+    }
+    CHECK(s.space->slots_held() == 1);
+    CHECK(s.routed.empty());
+
+    const uint32_t next = s.allocate();
+    const uint16_t second = static_cast<uint16_t>(DeviceSlots::slot_of(next));
+    CHECK(second != first);
+    CHECK(second != 0);
+    CHECK(s.routed == std::vector<uint16_t>{second});
+    CHECK(s.tables == std::vector<uint16_t>{first, second});
+    CHECK(s.space->slots_held() == 2);
+
+    // Each QP counts in its own slot's table.
+    const uint32_t in_first = *std::find_if(s.taken.begin(), s.taken.end(), [&](uint32_t q) {
+        return DeviceSlots::slot_of(q) == first && (q & 0xfff) == (next & 0xfff);
+    });
+    CHECK(&s.space->counters(in_first) != &s.space->counters(next));
+    CHECK(&s.space->counters(next) == &s.space->counters(next));
+
+    // A number given back in the first slot is handed out there again, before the second
+    // slot's.
+    s.space->release(QpnSpace::Kind::Qp, in_first);
+    s.taken.erase(in_first);
+    CHECK(s.allocate() == in_first);
+    CHECK(s.space->slots_held() == 2);
+}
+
+TEST_CASE("QpnSpace: XRC SRQ numbers are counted apart from QP numbers", "[qpn_space]") {
+    Space s;
+    for (uint32_t i = 0; i < QpnSpace::kPerSlot; ++i) s.allocate();
+    std::unordered_set<uint32_t> srqns;
+    const uint32_t srqn =
+        s.space->allocate(QpnSpace::Kind::XrcSrq, [&](uint32_t n) { return srqns.contains(n); });
+    // The QPs filled the first slot; the SRQ's numbers there are all free.
+    CHECK(DeviceSlots::slot_of(srqn) == s.space->primary_number());
+    CHECK(s.space->slots_held() == 1);
+}
+
+TEST_CASE(
+    "QpnSpace: at kMaxSlots slots, or when a slot cannot be routed, allocation fails and "
+    "holds nothing more",
+    "[qpn_space]") {
+    SECTION("route refused") {
+        Space s;
+        for (uint32_t i = 0; i < QpnSpace::kPerSlot; ++i) s.allocate();
+        s.route_error = EPERM;
+        CHECK_THROWS_AS(s.allocate(), std::bad_alloc);
+        CHECK(s.space->slots_held() == 1);
+        CHECK(s.tables.size() == 1);
+        s.route_error = 0;
+        const uint32_t qpn = s.allocate();
+        CHECK(DeviceSlots::slot_of(qpn) != s.space->primary_number());
+    }
+    SECTION("every slot full") {
+        Space s;
+        std::set<uint32_t> slots;
+        for (uint32_t i = 0; i < QpnSpace::kMaxNumbers; ++i)
+            slots.insert(DeviceSlots::slot_of(s.allocate()));
+        CHECK(slots.size() == QpnSpace::kMaxSlots);
+        CHECK(s.taken.size() == QpnSpace::kMaxNumbers);
+        CHECK(!s.taken.contains(0));
+        CHECK(!s.taken.contains(1));
+        CHECK(!s.taken.contains(kMulticastQpn));
+        CHECK_THROWS_AS(s.allocate(), std::bad_alloc);
+        CHECK(s.space->slots_held() == QpnSpace::kMaxSlots);
+    }
+}
