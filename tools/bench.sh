@@ -33,7 +33,8 @@ done
 build=$(readlink -f "${build:-$top/build}")
 uroce=$build/tools/uroce
 baseline=$build/tools/bench/uroce-udp-baseline
-for f in "$uroce" "$baseline"; do
+many_qps=$build/tools/bench/uroce-many-qps
+for f in "$uroce" "$baseline" "$many_qps"; do
   if [[ ! -x $f ]]; then
     echo "bench: $f is missing: build first (meson setup $build && ninja -C $build)" >&2
     exit 1
@@ -474,9 +475,31 @@ for pct in 1 5; do
   row "ib_write_bw -s 65536 -n $loss_bw_n, $pct% loss (GB/s)" "$lbw" "lossless, same -n" \
     "$bw_lossless" / ">=" "$([[ $pct == 1 ]] && echo 0.5 || echo 0.2)"
 done
-text_row "10,000 RC QPs" "not measured yet" "-" "-"
+# ---- 4. many QPs in one process (tools/bench/many_qps.cpp) ----
+mq_n=10000
+note "bench: uroce-many-qps: $mq_n RC QPs on each of two contexts, a WRITE and a SEND on each"
+mq_log=$out/many-qps.log
+if timeout 300 "$uroce" run -- "$many_qps" --dev-a "$A" --dev-b "$B" --qps "$mq_n" --size 4096 \
+  >"$mq_log" 2>"$out/many-qps.err"; then
+  echo "many-qps: 0" >>"$out/status.txt"
+else
+  echo "many-qps: failed (rc=$?)" >>"$out/status.txt"
+fi
+mq_ok=$(kv "$mq_log" verified)
+for k in verified heap_per_qp rss_per_qp heap_per_qp_after_traffic create_s connect_s write_s \
+  send_s; do
+  put "many_qps_$k" "$(kv "$mq_log" "$k")"
+done
+row "$((2 * mq_n)) RC QPs in one process: QPs whose data arrived intact" "${mq_ok:-failed}" \
+  "QPs per context" "$mq_n" / ">=" 1
+text_row "$((2 * mq_n)) RC QPs: heap / RSS bytes per QP (after traffic: heap)" \
+  "$(kv "$mq_log" heap_per_qp) / $(kv "$mq_log" rss_per_qp) ($(kv "$mq_log" heap_per_qp_after_traffic))" \
+  "-" "-"
+text_row "$((2 * mq_n)) RC QPs: s to create / connect / WRITE all / SEND all" \
+  "$(kv "$mq_log" create_s) / $(kv "$mq_log" connect_s) / $(kv "$mq_log" write_s) / $(kv "$mq_log" send_s)" \
+  "-" "-"
 
-# ---- 4. bandwidth against message size (plots only) ----
+# ---- 5. bandwidth against message size (plots only) ----
 py=
 for p in "${BENCH_PYTHON:-}" python3 /usr/bin/python3; do
   if [[ -n $p ]] && timeout 60 "$p" -c 'import matplotlib' >/dev/null 2>&1; then
