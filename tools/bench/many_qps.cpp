@@ -209,7 +209,7 @@ bool parse(int argc, char** argv, Options& o) {
             o.dev_a = v;
         else if (arg == "--dev-b")
             o.dev_b = v;
-        else if (arg == "--qps" && number && n > 0 && n <= 65536)
+        else if (arg == "--qps" && number && n > 0 && n <= kMaxQps)
             o.qps = n;
         else if (arg == "--size" && number && n > 0 && n <= (1u << 20))
             o.size = n;
@@ -276,7 +276,8 @@ int main(int argc, char** argv) {
 
     // b -> a: every QP of b SENDs its slice back into a receive on its partner.
     std::vector<uint8_t> back(n * o.size, 0);
-    ibv_mr* back_mr = ibv_reg_mr(a.pd, back.data(), back.size(), IBV_ACCESS_LOCAL_WRITE);
+    const int local_write = IBV_ACCESS_LOCAL_WRITE;  // an int: clang refuses an enum here
+    ibv_mr* back_mr = ibv_reg_mr(a.pd, back.data(), back.size(), local_write);
     if (!back_mr) fail("cannot register the receive buffers");
     for (size_t q = 0; q < n; ++q) {
         ibv_sge sge{reinterpret_cast<uint64_t>(&back[q * o.size]), static_cast<uint32_t>(o.size),
