@@ -48,7 +48,9 @@ int start_poll(ibv_cq_ex* c, ibv_poll_cq_attr* attr) {
     // are held back until end_poll: what this pass takes needs none.
     transport::CompletionQueue& q = *of(c)->queue;
     q.hold_events();
-    if (q.depth() == 0) to_uctx(c->context)->state->engine->progress();
+    auto& engine = *to_uctx(c->context)->state->engine;
+    engine.send_held_posts();  // what was posted since the last poll (held_posts.h)
+    if (q.depth() == 0) engine.progress();
     const int ret = take_next(c);
     if (ret != 0) q.release_events();  // no end_poll follows a failed start_poll
     return ret;

@@ -179,9 +179,11 @@ verbs_context* alloc_context(ibv_device* ibdev, int cmd_fd, void*) {
         // UROCE_GSO=off / UROCE_GRO=off: one sendmsg / one read per packet, as before
         // batching (to compare, or for a capture on lo, which shows a GSO train as one frame).
         // UROCE_INLINE_PROGRESS=off: only the engine thread reads the socket, never a thread
-        // that polls a CQ.
+        // that polls a CQ. UROCE_HOLD_POSTS=off: every post sends at once, even while a
+        // thread busy-polls (held_posts.h).
         if (!env_switch("UROCE_GSO", ec.gso) || !env_switch("UROCE_GRO", ec.gro) ||
-            !env_switch("UROCE_INLINE_PROGRESS", ec.inline_progress)) {
+            !env_switch("UROCE_INLINE_PROGRESS", ec.inline_progress) ||
+            !env_switch("UROCE_HOLD_POSTS", ec.hold_posts)) {
             err = EINVAL;
             goto fail;
         }

@@ -336,6 +336,14 @@ int post_send(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexcept {
     }
     auto* qp = to_uqp(ibqp);
     if (qp->ud) return post_send_ud(*qp, wr, bad_wr);
+    // WQEs queued with `more` go out with the last one, or here when a WQE is refused.
+    auto& engine = *to_uctx(ibqp->context)->state->engine;
+    auto refuse = [&](ibv_send_wr* bad, int err) {
+        if (qp->rc) qp->rc->ring();
+        engine.note_post();
+        *bad_wr = bad;
+        return err;
+    };
     for (; wr; wr = wr->next) {
         transport::SendWqe w;
         int err = 0;
@@ -389,10 +397,7 @@ int post_send(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexcept {
         if (!err && transport::is_atomic(w.opcode) &&
             (is_inline || total != 8 || wr->wr.atomic.remote_addr % 8 != 0))
             err = EINVAL;
-        if (err) {
-            *bad_wr = wr;
-            return err;
-        }
+        if (err) return refuse(wr, err);
         w.fence = wr->send_flags & IBV_SEND_FENCE;
         if (transport::is_atomic(w.opcode)) {
             w.remote_addr = wr->wr.atomic.remote_addr;
@@ -407,13 +412,12 @@ int post_send(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexcept {
             w.rkey = wr->wr.rdma.rkey;
         }
         w.remote_srqn = wr->qp_type.xrc.remote_srqn;
-        if (int e = qp->uc ? qp->uc->post_send(w) : qp->rc->post_send(w)) {
-            *bad_wr = wr;
-            return e;
-        }
+        if (int e = qp->uc ? qp->uc->post_send(w) : qp->rc->post_send(w, wr->next != nullptr))
+            return refuse(wr, e);
         // The window answers to its new rkey from now on (the bind runs in queue order).
         if (w.opcode == transport::SendOpcode::BindMw) wr->bind_mw.mw->rkey = w.bind.new_rkey;
     }
+    engine.note_post();
     return 0;
 }
 

@@ -59,7 +59,8 @@ namespace uroce::transport {
     X(tx_gso_sends)      /* sendmsg calls that carried several packets (UDP GSO) */              \
     X(tx_gso_fallbacks)  /* GSO sends refused: resent one by one (GSO off if those went out) */  \
     X(rx_gro_datagrams)  /* reads that returned several packets (UDP GRO) */                     \
-    X(rx_polled_packets) /* packets read by application threads polling a CQ */
+    X(rx_polled_packets) /* packets read by application threads polling a CQ */                  \
+    X(tx_held_posts)     /* RC posts that waited for the next CQ poll (held_posts.h) */
 
 struct EngineCounters {
 #define UROCE_COUNTER_FIELD(name) std::atomic<uint64_t> name{0};

@@ -107,8 +107,9 @@ std::unique_ptr<Engine> Engine::create(const EngineConfig& config, std::string& 
         error = "cannot register the socket with the event loop";
         return nullptr;
     }
-    e->handoff_ = std::make_unique<PollHandoff>(e->base_, e->rx_event_, e->fork_gate_,
-                                                config.inline_progress);
+    e->handoff_ =
+        std::make_unique<PollHandoff>(e->base_, e->rx_event_, e->fork_gate_, config.inline_progress,
+                                      [eng = e.get()] { eng->send_held_posts(); });
     if (!e->handoff_->ok()) {
         err = ENOMEM;
         error = "cannot create the poll handoff timer";
@@ -346,8 +347,11 @@ void Engine::receive_datagram(std::span<const uint8_t> udp_payload, const IpAddr
 void Engine::on_readable(evutil_socket_t, short, void* arg) {
     auto* e = static_cast<Engine*>(arg);
     const auto pass = e->fork_gate_.pass();
-    std::lock_guard lock(e->rx_mutex_);
-    e->receive_batch();
+    std::unique_lock lock(e->rx_mutex_, std::try_to_lock);
+    // A polling thread is reading the socket: leave it to it rather than wait (and be woken
+    // again for the next packet it reads anyway).
+    if (!lock.owns_lock() && !e->handoff_->park_from_loop()) lock.lock();
+    if (lock.owns_lock()) e->receive_batch();
 }
 
 void Engine::on_group_readable(const UdpSocket& socket, const IpAddress& group, void* arg) {
@@ -355,6 +359,25 @@ void Engine::on_group_readable(const UdpSocket& socket, const IpAddress& group, 
     const auto pass = e->fork_gate_.pass();
     std::lock_guard lock(e->rx_mutex_);
     e->receive_from(socket, group);
+}
+
+void Engine::note_held_post(uint32_t qpn) {
+    held_posts_.note(qpn);
+    // Against the hand-back (PollHandoff::on_watch): either it sees this note, or the
+    // caller's second hold_posts() sees the socket handed back.
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+}
+
+void Engine::send_held_posts() {
+    if (held_posts_.empty()) return;
+    held_posts_.flush([this](uint32_t qpn) {
+        std::shared_ptr<Qp> qp;
+        {
+            std::shared_lock lock(qps_mutex_);
+            if (auto it = qps_.find(qpn); it != qps_.end()) qp = it->second;
+        }
+        if (qp) qp->send_held();
+    });
 }
 
 void Engine::progress() {

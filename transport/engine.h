@@ -27,6 +27,7 @@
 #include "transport/device_slots.h"
 #include "transport/fault_plan.h"
 #include "transport/fork_gate.h"
+#include "transport/held_posts.h"
 #include "transport/memory_table.h"
 #include "transport/multicast_groups.h"
 #include "transport/packet_capture.h"
@@ -73,6 +74,10 @@ struct EngineConfig {
     // and while they poll in a loop the engine thread leaves the socket to them
     // (poll_handoff.h). Off: only the engine thread reads.
     bool inline_progress = true;
+    // While an application thread busy-polls (the socket is handed to it), an RC post that
+    // does not fill a GSO train waits for the next poll, which sends all such posts as one
+    // train per QP (held_posts.h). Off: every post sends at once.
+    bool hold_posts = true;
     // Non-empty: every packet sent and received is written to this pcap file (packet_capture.h;
     // "%p" becomes the process id).
     std::string pcap_path;
@@ -167,6 +172,19 @@ class Engine {
     void note_timer_deadline(std::chrono::steady_clock::time_point deadline);
     // The engine thread has left the socket to polling threads (PollHandoff).
     bool socket_parked() const { return handoff_ && handoff_->parked(); }
+
+    // Posts held for the next poll (held_posts.h). hold_posts(): an application thread busy-
+    // polls now, so a post may wait for its next poll. A QP that held a post notes itself
+    // (note_held_post), then asks hold_posts() again: false means the pollers left meanwhile
+    // and it must send at once. send_held_posts() runs at every CQ poll and when the socket
+    // is handed back: each noted QP pumps (Qp::send_held).
+    bool hold_posts() const { return config_.hold_posts && socket_parked(); }
+    // An application thread posted send work (PollHandoff::on_post).
+    void note_post() {
+        if (handoff_) handoff_->on_post();
+    }
+    void note_held_post(uint32_t qpn);
+    void send_held_posts();
     uint64_t socket_handbacks() const { return handoff_ ? handoff_->handbacks() : 0; }
 
     // Seam for tests and fuzzing: handles one UDP payload (BTH .. ICRC) exactly as if the
@@ -318,6 +336,7 @@ class Engine {
     event* rx_event_ = nullptr;
     event* stop_event_ = nullptr;           // activated to end the loop, even before it started
     std::unique_ptr<PollHandoff> handoff_;  // uses rx_event_ and base_: freed before them
+    HeldPosts held_posts_;
     std::thread thread_;
 
     // Runs the timers that are due, on a polling thread (progress(), with rx_mutex_ held:

@@ -12,13 +12,15 @@
 // the peer's WRITE that way between its CQ polls), waits at most about that long for its
 // next packet to be read. The period trades that wait against the engine thread's wake-ups
 // while parked (ib_write_lat's median was 1.6 ms with a 1 ms period, 0.1 ms with 100 us).
-// Timers (retransmission, RNR) stay on the engine thread.
+// Timers (retransmission, RNR) stay on the engine thread; the pollers run those that are
+// due. The hand-back also sends the posts held for the pollers (held_posts.h).
 #pragma once
 
 #include <event2/event.h>
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 
 #include "transport/fork_gate.h"
 
@@ -33,8 +35,10 @@ class PollHandoff {
 
     // `rx_event` is the engine loop's read event of the device socket (added); `gate` is the
     // engine's, taken by the watch timer's callback. With `enabled` false, on_poll() never
-    // parks it.
-    PollHandoff(event_base* base, event* rx_event, ForkGate& gate, bool enabled);
+    // parks it. `handed_back` runs on the engine thread each time the socket comes back to
+    // it (what was left for the pollers goes out then: held_posts.h).
+    PollHandoff(event_base* base, event* rx_event, ForkGate& gate, bool enabled,
+                std::function<void()> handed_back = {});
     ~PollHandoff();
     PollHandoff(const PollHandoff&) = delete;
     PollHandoff& operator=(const PollHandoff&) = delete;
@@ -46,6 +50,14 @@ class PollHandoff {
     // Must be called without the engine's receive lock: parking removes the socket's event,
     // which the engine thread may be handling under that lock.
     void on_poll();
+    // On the engine thread: the socket became readable while an application thread holds
+    // the receive lock, so a poller reads it right now. Parks the socket (as a streak of
+    // polls would) rather than wait for the lock; the watch gives it back once the polls
+    // stop. False if the handoff is off: then wait for the lock.
+    bool park_from_loop();
+    // An application thread posted work: the time it spent posting (a long send, a wait for
+    // a QP's lock) does not count as a gap between its polls.
+    void on_post();
     bool parked() const { return parked_.load(std::memory_order_relaxed); }
     // Times the engine thread took the socket back because the polls had stopped.
     uint64_t handbacks() const { return handbacks_.load(std::memory_order_relaxed); }
@@ -58,6 +70,7 @@ class PollHandoff {
     event* const rx_event_;
     ForkGate& gate_;
     const bool enabled_;
+    const std::function<void()> handed_back_;
     event* watch_ = nullptr;
     std::atomic<uint64_t> polls_{0};
     std::atomic<int64_t> last_poll_ns_{0};

@@ -55,6 +55,9 @@ class Qp {
         return std::chrono::steady_clock::time_point::max();
     }
 
+    // Sends the posts it held for the next poll (held_posts.h).
+    virtual void send_held() {}
+
     // Stops the QP for good: after this returns no packet, timer or async event reaches it
     // and it sends nothing more. Engine::detach() calls it.
     virtual void close() = 0;

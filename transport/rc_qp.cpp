@@ -107,7 +107,7 @@ int RcQp::modify(const QpAttributes& attrs, QpState expected, QpState next) {
     return 0;
 }
 
-int RcQp::post_send(const SendWqe& wqe) {
+int RcQp::post_send(const SendWqe& wqe, bool more) {
     std::lock_guard lock(mutex_);
     if (xrc_role_ == XrcRole::Target) return EINVAL;  // it only receives
     switch (state_) {
@@ -132,8 +132,36 @@ int RcQp::post_send(const SendWqe& wqe) {
     // answer's event instead and later overrun its send CQ.
     send_pending_ack();
     sq_.push_back(SqEntry{wqe});
-    if (state_ == QpState::Rts) pump();
+    if (state_ == QpState::Rts && !may_wait(wqe, more)) pump();
     return 0;
+}
+
+bool RcQp::may_wait(const SendWqe& wqe, bool more) {
+    const uint32_t mtu = std::max<uint32_t>(attrs_.mtu, 1);
+    unpumped_packets_ += std::max<uint32_t>(1, (wqe.length + mtu - 1) / mtu);
+    if (unpumped_packets_ >= TransmitBatch::kMaxPackets) return false;  // a train: go now
+    if (more) return true;
+    if (!engine_.hold_posts()) return false;
+    bump(engine_.counters().tx_held_posts);
+    if (held_noted_) return true;
+    held_noted_ = true;
+    engine_.note_held_post(qpn());
+    // The pollers may have left between the two questions: then nobody would flush.
+    return engine_.hold_posts();
+}
+
+void RcQp::ring() {
+    std::lock_guard lock(mutex_);
+    if (unpumped_packets_ == 0 || state_ != QpState::Rts) return;
+    if (engine_.hold_posts() && held_noted_) return;
+    pump();
+}
+
+void RcQp::send_held() {
+    std::lock_guard lock(mutex_);
+    held_noted_ = false;
+    if (closed_ || state_ != QpState::Rts || unpumped_packets_ == 0) return;
+    pump();
 }
 
 int RcQp::post_recv(const RecvWqe& wqe) {

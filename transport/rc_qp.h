@@ -91,7 +91,12 @@ class RcQp final : public QpCommon {
     // `expected`). EINVAL if the QP left `expected` meanwhile (the transport moved it to ERR).
     int modify(const QpAttributes& attrs, QpState expected, QpState next);
     // 0, or an errno: EINVAL in a state that takes no work, ENOMEM when the queue is full.
-    int post_send(const SendWqe& wqe);
+    // `more`: further WQEs of the same ibv_post_send follow, and the last one (or ring())
+    // sends them all at once. A post may also wait for the next poll of a busy-polling
+    // application thread (held_posts.h), unless it fills a GSO train.
+    int post_send(const SendWqe& wqe, bool more = false);
+    // Sends what posts with `more` left queued: after an ibv_post_send stopped early.
+    void ring();
     int post_recv(const RecvWqe& wqe);
 
     // Stops the QP for good: after this returns no packet, timer or async event reaches it
@@ -103,6 +108,8 @@ class RcQp final : public QpCommon {
     void on_packet(const wire::ParsedPacket& pkt, const IpAddress& src_ip) override;
     // Sends the ACK that packets of the last receive batch asked for, if any.
     void flush_ack() override;
+    // Sends the posts held for the next poll.
+    void send_held() override;
     std::chrono::steady_clock::time_point run_due_timer(
         std::chrono::steady_clock::time_point now) override;
     const IpAddress& peer_ip() const { return attrs_.dst_ip; }
@@ -123,6 +130,9 @@ class RcQp final : public QpCommon {
     // requester (rc_requester.cpp)
     // Sends what the window allows, in one transmit batch; pump_window() does the work.
     void pump();
+    // After a post: true if what is queued may wait (for the rest of the same
+    // ibv_post_send, `more`, or for the next poll), false if it must be sent now.
+    bool may_wait(const SendWqe& wqe, bool more);
     void pump_window();
     // Success, or why the request cannot go out: LocProtErr (a local key check failed),
     // LocQpOpErr (the socket refused the packet for good, e.g. larger than the IP MTU).
@@ -259,6 +269,10 @@ class RcQp final : public QpCommon {
     uint32_t rnr_psn_ = 0;
     bool timer_armed_ = false;
     uint32_t last_rewind_psn_ = 0xffffffff;
+    // Packets of the posts queued since the last pump (may_wait()): a train's worth goes at
+    // once. held_noted_: the engine knows this QP waits for a poll (HeldPosts::note).
+    uint32_t unpumped_packets_ = 0;
+    bool held_noted_ = false;
     event* timer_ = nullptr;
     std::chrono::steady_clock::time_point timer_deadline_{};
     // Two deadlines share the timer: the IBA local ACK timeout, whose expiry counts a retry

@@ -111,6 +111,7 @@ WcStatus RcQp::send_read_request(SqEntry& e) {
 }
 
 void RcQp::pump() {
+    unpumped_packets_ = 0;
     if (tx_batch_) {  // inside a batch already: join it
         pump_window();
         return;

@@ -1,7 +1,8 @@
 // The fast paths through the real provider, on and off: GSO trains (UROCE_GSO), GRO reads
-// (UROCE_GRO) and reads by the polling thread (UROCE_INLINE_PROGRESS). Whichever is on, every
-// byte arrives whole; the counters show which path carried it; a bad value refuses the
-// context.
+// (UROCE_GRO), reads by the polling thread (UROCE_INLINE_PROGRESS) and posts held for the
+// next poll (UROCE_HOLD_POSTS). Whichever is on, every byte arrives whole; the counters show
+// which path carried it; a bad value refuses the context.
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cerrno>
 #include <chrono>
@@ -59,16 +60,42 @@ void traffic(Endpoint& a, Endpoint& b, int rounds) {
     }
 }
 
+constexpr const char* kPathVars[] = {"UROCE_GSO", "UROCE_GRO", "UROCE_INLINE_PROGRESS",
+                                     "UROCE_HOLD_POSTS"};
+
 void set_paths(const char* value) {
-    ::setenv("UROCE_GSO", value, 1);
-    ::setenv("UROCE_GRO", value, 1);
-    ::setenv("UROCE_INLINE_PROGRESS", value, 1);
+    for (const char* var : kPathVars) ::setenv(var, value, 1);
 }
 
 void unset_paths() {
-    ::unsetenv("UROCE_GSO");
-    ::unsetenv("UROCE_GRO");
-    ::unsetenv("UROCE_INLINE_PROGRESS");
+    for (const char* var : kPathVars) ::unsetenv(var);
+}
+
+constexpr size_t kSmall = 64;
+
+// perftest's message-rate loop: a keeps up to 64 small WRITEs in flight into b, posting one
+// WQE per ibv_post_send and spinning on its CQ in between, `count` in all; message i
+// lands at b's offset i * kSmall and is checked there.
+void small_writes(Endpoint& a, Endpoint& b, size_t count, uint64_t seed) {
+    Buffer sa(a.pd, count * kSmall, kAccess), sb(b.pd, count * kSmall, kAccess);
+    fill_pattern(sa.bytes.data(), count * kSmall, seed);
+    size_t posted = 0, done = 0;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    for (long i = 0; done < count && i < 2'000'000'000L; ++i) {
+        while (posted < count && posted - done < 64) {
+            REQUIRE(post_rdma(a.qp, IBV_WR_RDMA_WRITE, sa, posted * kSmall, kSmall,
+                              sb.addr() + posted * kSmall, sb.mr->rkey, posted) == 0);
+            ++posted;
+        }
+        ibv_wc wc[16];
+        const int got = ibv_poll_cq(a.cq, 16, wc);
+        REQUIRE(got >= 0);
+        for (int k = 0; k < got; ++k) REQUIRE(wc[k].status == IBV_WC_SUCCESS);
+        done += static_cast<size_t>(got);
+        if ((i & 1023) == 0 && std::chrono::steady_clock::now() > deadline) break;
+    }
+    REQUIRE(done == count);
+    REQUIRE(std::memcmp(sa.bytes.data(), sb.bytes.data(), count * kSmall) == 0);
 }
 
 }  // namespace
@@ -101,13 +128,86 @@ TEST_CASE("Fast paths off: one datagram per sendmsg and per read, the engine thr
         CHECK(counter(ctx, "tx_gso_sends") == 0);
         CHECK(counter(ctx, "rx_gro_datagrams") == 0);
         CHECK(counter(ctx, "rx_polled_packets") == 0);
+        CHECK(counter(ctx, "tx_held_posts") == 0);
         CHECK(counter(ctx, "rx_packets") > 0);
     }
 }
 
-TEST_CASE("A bad UROCE_GSO, UROCE_GRO or UROCE_INLINE_PROGRESS refuses the context",
+TEST_CASE("Small posts of a busy poller wait for its next poll and leave in trains",
           "[fast_paths]") {
-    const char* var = GENERATE("UROCE_GSO", "UROCE_GRO", "UROCE_INLINE_PROGRESS");
+    Endpoint a(devices().a), b(devices().b);
+    connect(a, b);
+    small_writes(a, b, 4000, 1000);
+    // a spun on its CQ: it took the socket, and what it posted meanwhile waited for its
+    // polls, several posts to a train (how many depends on the scheduler).
+    CHECK(counter(a.ctx, "tx_held_posts") > 0);
+    CHECK(counter(a.ctx, "tx_gso_sends") > 0);
+}
+
+TEST_CASE("UROCE_HOLD_POSTS=off: every post leaves at once", "[fast_paths]") {
+    const char* value = GENERATE("off", "0");
+    ::setenv("UROCE_HOLD_POSTS", value, 1);
+    Endpoint a(devices().a), b(devices().b);
+    ::unsetenv("UROCE_HOLD_POSTS");
+    connect(a, b);
+    small_writes(a, b, 2000, 2000);
+    CHECK(counter(a.ctx, "tx_held_posts") == 0);
+}
+
+TEST_CASE("The WQEs of one ibv_post_send leave together, even when one is refused",
+          "[fast_paths]") {
+    Endpoint a(devices().a), b(devices().b);
+    connect(a, b);
+    constexpr int kChain = 16;
+    Buffer sa(a.pd, (kChain + 1) * kSmall, kAccess), sb(b.pd, (kChain + 1) * kSmall, kAccess);
+    fill_pattern(sa.bytes.data(), (kChain + 1) * kSmall, 3000);
+    auto chain = [&](int n, ibv_send_wr* wrs, ibv_sge* sges) {
+        for (int i = 0; i < n; ++i) {
+            sges[i] = {sa.addr() + i * kSmall, kSmall, sa.mr->lkey};
+            wrs[i] = {};
+            wrs[i].wr_id = static_cast<uint64_t>(i);
+            wrs[i].sg_list = &sges[i];
+            wrs[i].num_sge = 1;
+            wrs[i].opcode = IBV_WR_RDMA_WRITE;
+            wrs[i].send_flags = IBV_SEND_SIGNALED;
+            wrs[i].wr.rdma.remote_addr = sb.addr() + i * kSmall;
+            wrs[i].wr.rdma.rkey = sb.mr->rkey;
+            wrs[i].next = i + 1 < n ? &wrs[i + 1] : nullptr;
+        }
+    };
+    // The first traffic of the connection, nobody polling yet: one train of 16.
+    ibv_send_wr wrs[kChain + 1];
+    ibv_sge sges[kChain + 1];
+    chain(kChain, wrs, sges);
+    ibv_send_wr* bad = nullptr;
+    REQUIRE(ibv_post_send(a.qp, wrs, &bad) == 0);
+    CHECK(counter(a.ctx, "tx_gso_sends") == 1);
+    CHECK(counter(a.ctx, "tx_packets") == kChain);
+    REQUIRE(wait_completions(a.cq, kChain).size() == kChain);
+    REQUIRE(std::memcmp(sa.bytes.data(), sb.bytes.data(), kChain * kSmall) == 0);
+
+    // A chain whose last WQE is refused (more SGEs than the QP takes): the ones before it
+    // are posted, and they go out without any further post.
+    std::memset(sb.bytes.data(), 0, (kChain + 1) * kSmall);
+    fill_pattern(sa.bytes.data(), (kChain + 1) * kSmall, 3001);
+    chain(4, wrs, sges);
+    wrs[3].num_sge = 99;
+    REQUIRE(ibv_post_send(a.qp, wrs, &bad) == EINVAL);
+    CHECK(bad == &wrs[3]);
+    const auto got = wait_completions(a.cq, 3);
+    REQUIRE(got.size() == 3);
+    for (const ibv_wc& wc : got) CHECK(wc.status == IBV_WC_SUCCESS);
+    CHECK(std::memcmp(sa.bytes.data(), sb.bytes.data(), 3 * kSmall) == 0);
+    const uint8_t* refused = sb.bytes.data() + 3 * kSmall;
+    CHECK(std::all_of(refused, refused + kSmall, [](uint8_t v) { return v == 0; }));
+}
+
+TEST_CASE(
+    "A bad UROCE_GSO, UROCE_GRO, UROCE_INLINE_PROGRESS or UROCE_HOLD_POSTS refuses "
+    "the context",
+    "[fast_paths]") {
+    const char* var =
+        GENERATE("UROCE_GSO", "UROCE_GRO", "UROCE_INLINE_PROGRESS", "UROCE_HOLD_POSTS");
     INFO(var);
     CHECK(open_errno_with_env(devices().a, var, "maybe") == EINVAL);
     // The accepted spellings open it.

@@ -295,18 +295,22 @@ perf_pair "ib_read_lat -R" ib_read_lat -n 200
 perf_pair "ib_send_bw -R" ib_send_bw -n 200 -s 65536
 
 # ------------------------------------------------------------------------- qperf -cm1
-# The server runs until the client's quit. qperf 0.4.11 has the same race for each test
-# after the first: its server tells the client to connect before it listens (fixed upstream
-# after that release, "Fix rdmacm race"); the client then sees REJECTED.
-racy_pair "qperf -cm1" "unexpected event from RDMA CM: Event rejected" 0 120 -- qperf -lp @PORT@ \
-    -- qperf -lp @PORT@ "$IP_A" -cm1 -m 16k -t 1 rc_bw rc_lat rc_rdma_write_bw rc_rdma_read_lat quit
-if expect_pair_ok "qperf -cm1"; then
-    for t in rc_bw rc_lat rc_rdma_write_bw rc_rdma_read_lat; do
+# The server runs until the client's quit. qperf 0.4.11 has a race of its own for each test
+# after the first of a run: its server tells the client to connect before it listens (fixed
+# upstream after that release, "Fix rdmacm race"); the client then sees REJECTED. On two busy
+# vCPUs it lost that race in most runs of four tests, so each test runs as the first and only
+# one of its own pair (racy_pair still reruns a pair that meets the race anyway).
+for t in rc_bw rc_lat rc_rdma_write_bw rc_rdma_read_lat; do
+    racy_pair "qperf -cm1 $t" "unexpected event from RDMA CM: Event rejected" 0 120 \
+        -- qperf -lp @PORT@ -- qperf -lp @PORT@ "$IP_A" -cm1 -m 16k -t 1 "$t" quit
+    if expect_pair_ok "qperf -cm1 $t"; then
         expect_file_match "qperf: $t ran" "^$t:" "$CLI_OUT"
-    done
-    expect_eq "qperf: two bandwidths" 2 "$(grep -c "bw  = " "$CLI_OUT")"
-    expect_eq "qperf: two latencies" 2 "$(grep -c "latency  = " "$CLI_OUT")"
-fi
+        case $t in
+            *_bw) expect_eq "qperf: $t gave a bandwidth" 1 "$(grep -c "bw  = " "$CLI_OUT")" ;;
+            *) expect_eq "qperf: $t gave a latency" 1 "$(grep -c "latency  = " "$CLI_OUT")" ;;
+        esac
+    fi
+done
 
 # --------------------------------------------------------------------- nobody listening
 # A REQ for a port nobody listens on is answered with a REJ (invalid service ID): REJECTED

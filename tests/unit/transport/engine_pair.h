@@ -157,6 +157,8 @@ struct PairOptions {
     bool gro_a = true, gro_b = true;
     // EngineConfig::inline_progress of a and b.
     bool inline_a = true, inline_b = true;
+    // EngineConfig::hold_posts of both.
+    bool hold_posts = true;
     // EngineConfig::adaptive_retransmit of both: off leaves only the local ACK timeout.
     bool adaptive = true;
     // EngineConfig::resend_burst of both.
@@ -226,10 +228,13 @@ class Pair {
     }
     void connect() { connect(default_attributes(), default_attributes()); }
 
-    // Receives on this thread whatever has arrived, on both engines.
+    // What a CQ poll of the provider does, on both engines: sends the posts held for it
+    // (held_posts.h) and receives on this thread whatever has arrived.
     void progress() {
-        a.engine->progress();
-        b.engine->progress();
+        for (Side* s : {&a, &b}) {
+            s->engine->send_held_posts();
+            s->engine->progress();
+        }
     }
 
     // Polls `cq` until `n` completions have arrived or `timeout` has passed.
@@ -293,6 +298,7 @@ class Pair {
         config.gro = gro;
         config.inline_progress = inline_progress;
         config.adaptive_retransmit = opt.adaptive;
+        config.hold_posts = opt.hold_posts;
         config.resend_burst = opt.resend_burst;
         config.pcap_path = pcap;
         std::string error;

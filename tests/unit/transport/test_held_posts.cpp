@@ -1,0 +1,198 @@
+// Posts held for the next poll (held_posts.h), and WQEs of one ibv_post_send sent together
+// (RcQp::post_send's `more`): what is held goes out at the next poll or when the poller
+// leaves, never later, and a train's worth never waits.
+//
+// Holding a's fork gate stops a's engine thread before its next callback (fork_gate.h): no
+// hand-back and no read by that thread can then send what a's posts hold, so only this
+// thread's polls can, and what each of them sent is known exactly.
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <thread>
+
+#include "tests/unit/transport/engine_pair.h"
+
+using namespace uroce::transport;
+using namespace uroce::transport::test;
+using namespace std::chrono_literals;
+
+namespace {
+
+// One poll as the provider's ibv_poll_cq makes it on an empty CQ.
+void poll_once(Engine& e) {
+    e.send_held_posts();
+    e.progress();
+}
+
+// Polls `e` back to back until `done` or `limit` has passed.
+template <typename Done>
+bool busy_poll(Engine& e, Done done, std::chrono::milliseconds limit = kWait) {
+    const auto deadline = std::chrono::steady_clock::now() + limit;
+    for (long i = 0; i < 2'000'000'000L; ++i) {
+        if (done()) return true;
+        poll_once(e);
+        if ((i & 255) == 0 && std::chrono::steady_clock::now() > deadline) return false;
+    }
+    return done();
+}
+
+constexpr uint32_t kSmall = 64;  // one packet each
+
+// Posts `n` one-packet WRITEs from a to b, message i to b's offset 8192 + i * kSmall.
+void post_small_writes(Pair& p, uint32_t n, uint64_t seed, bool chain = false) {
+    for (uint32_t i = 0; i < n; ++i) {
+        fill(p.a.at(i * kSmall), kSmall, seed + i);
+        REQUIRE(p.a.qp->post_send(
+                    rdma_wqe(SendOpcode::RdmaWrite, seed + i, {p.a.sge(i * kSmall, kSmall)},
+                             p.b.iova + 8192 + i * kSmall, p.b.keys.rkey),
+                    chain && i + 1 < n) == 0);
+    }
+}
+
+void check_small_writes(Pair& p, uint32_t n, uint64_t seed) {
+    for (uint32_t i = 0; i < n; ++i) {
+        INFO("message " << i);
+        CHECK(first_mismatch(p.b.at(8192 + i * kSmall), kSmall, seed + i) == kSmall);
+    }
+}
+
+// Polls a (the requester's engine) until `n` send completions arrived, all successful.
+void complete_all(Pair& p, uint32_t n) {
+    std::vector<Completion> got;
+    Completion c[64];
+    REQUIRE(busy_poll(*p.a.engine, [&] {
+        const size_t k = p.a.scq->poll(std::span(c, 64));
+        got.insert(got.end(), c, c + k);
+        return got.size() >= n;
+    }));
+    for (const Completion& one : got) CHECK(one.status == WcStatus::Success);
+}
+
+}  // namespace
+
+TEST_CASE("Posts of a busy poller wait for its next poll and leave as one train", "[held_posts]") {
+    Pair p;
+    p.connect();
+    REQUIRE(busy_poll(*p.a.engine, [&] { return p.a.engine->socket_parked(); }));
+    {
+        const auto gate = p.a.engine->fork_gate().pass();  // a's engine thread stands still
+        REQUIRE(p.a.engine->socket_parked());
+        const uint64_t held = p.a.counters().tx_held_posts.load();
+        const uint64_t sent = p.a.counters().tx_packets.load();
+        const uint64_t trains = p.a.counters().tx_gso_sends.load();
+        post_small_writes(p, 32, 500);
+        CHECK(p.a.counters().tx_held_posts.load() - held == 32);
+        CHECK(p.a.counters().tx_packets.load() == sent);  // nothing left yet
+
+        p.a.engine->send_held_posts();  // the poll
+        CHECK(p.a.counters().tx_packets.load() - sent == 32);
+        CHECK(p.a.counters().tx_gso_sends.load() - trains == 1);
+        p.a.engine->send_held_posts();  // nothing more: sent once
+        CHECK(p.a.counters().tx_packets.load() - sent == 32);
+    }
+    complete_all(p, 32);
+    check_small_writes(p, 32, 500);
+}
+
+TEST_CASE("A post that fills a train does not wait for the poll", "[held_posts]") {
+    PairOptions o;
+    o.mem_bytes = 128 * 1024;
+    Pair p(o);
+    p.connect();
+    REQUIRE(busy_poll(*p.a.engine, [&] { return p.a.engine->socket_parked(); }));
+    {
+        const auto gate = p.a.engine->fork_gate().pass();
+        const uint64_t held = p.a.counters().tx_held_posts.load();
+        const uint64_t sent = p.a.counters().tx_packets.load();
+        // 63 small WRITEs wait; the 64th makes a train, and all 64 go at once.
+        post_small_writes(p, 64, 600);
+        CHECK(p.a.counters().tx_held_posts.load() - held == 63);
+        CHECK(p.a.counters().tx_packets.load() - sent == 64);
+        // A message of a train's worth of packets goes at once too.
+        constexpr uint32_t kBig = TransmitBatch::kMaxPackets * kMtu;
+        fill(p.a.at(16384), kBig, 601);
+        REQUIRE(p.a.qp->post_send(rdma_wqe(SendOpcode::RdmaWrite, 601, {p.a.sge(16384, kBig)},
+                                           p.b.iova + 16384, p.b.keys.rkey)) == 0);
+        CHECK(p.a.counters().tx_held_posts.load() - held == 63);
+        CHECK(p.a.counters().tx_packets.load() - sent > 64);
+    }
+    complete_all(p, 65);
+    check_small_writes(p, 64, 600);
+    CHECK(first_mismatch(p.b.at(16384), TransmitBatch::kMaxPackets * kMtu, 601) ==
+          TransmitBatch::kMaxPackets * kMtu);
+}
+
+TEST_CASE("What a poller held goes out when it stops polling", "[held_posts]") {
+    Pair p;
+    p.connect();
+    for (uint64_t round = 0; round < 3; ++round) {
+        INFO("round " << round);
+        REQUIRE(busy_poll(*p.a.engine, [&] { return p.a.engine->socket_parked(); }));
+        const uint64_t held = p.a.counters().tx_held_posts.load();
+        post_small_writes(p, 8, 700 + 10 * round);
+        // Nobody polls a from now on: its engine thread takes the socket back within a watch
+        // period and sends what waited. b's engine thread executes the WRITEs; their data
+        // arrives without any poll of a's.
+        const auto deadline = std::chrono::steady_clock::now() + kWait;
+        bool arrived = false;
+        while (!arrived && std::chrono::steady_clock::now() < deadline) {
+            std::this_thread::sleep_for(1ms);
+            arrived =
+                first_mismatch(p.b.at(8192 + 7 * kSmall), kSmall, 700 + 10 * round + 7) == kSmall;
+        }
+        CHECK(arrived);
+        // Unless a's thread lost the CPU for a whole watch period while posting, they waited.
+        CHECK(p.a.counters().tx_held_posts.load() > held);
+        complete_all(p, 8);
+        check_small_writes(p, 8, 700 + 10 * round);
+    }
+}
+
+TEST_CASE("With hold_posts off a busy poller's posts leave at once", "[held_posts]") {
+    PairOptions o;
+    o.hold_posts = false;
+    Pair p(o);
+    p.connect();
+    REQUIRE(busy_poll(*p.a.engine, [&] { return p.a.engine->socket_parked(); }));
+    {
+        const auto gate = p.a.engine->fork_gate().pass();
+        const uint64_t sent = p.a.counters().tx_packets.load();
+        post_small_writes(p, 8, 800);
+        CHECK(p.a.counters().tx_packets.load() - sent == 8);
+        CHECK(p.a.counters().tx_held_posts.load() == 0);
+    }
+    complete_all(p, 8);
+    check_small_writes(p, 8, 800);
+}
+
+TEST_CASE("The WQEs of one post leave together, a refused one's before it too", "[held_posts]") {
+    Pair p;
+    p.connect();
+    // Nobody busy-polls a: nothing is held for a poll, but a chain waits for its last WQE.
+    REQUIRE_FALSE(p.a.engine->socket_parked());
+    {
+        const auto gate = p.a.engine->fork_gate().pass();
+        const uint64_t sent = p.a.counters().tx_packets.load();
+        const uint64_t trains = p.a.counters().tx_gso_sends.load();
+        post_small_writes(p, 16, 900, true);
+        CHECK(p.a.counters().tx_packets.load() - sent == 16);
+        CHECK(p.a.counters().tx_gso_sends.load() - trains == 1);
+        CHECK(p.a.counters().tx_held_posts.load() == 0);
+
+        // A chain the provider cut short (a WQE it refused): ring() sends what came before.
+        const uint64_t before_ring = p.a.counters().tx_packets.load();
+        for (uint32_t i = 0; i < 4; ++i) {
+            fill(p.a.at(4096 + i * kSmall), kSmall, 950 + i);
+            REQUIRE(p.a.qp->post_send(rdma_wqe(SendOpcode::RdmaWrite, 950 + i,
+                                               {p.a.sge(4096 + i * kSmall, kSmall)},
+                                               p.b.iova + 12288 + i * kSmall, p.b.keys.rkey),
+                                      true) == 0);
+        }
+        CHECK(p.a.counters().tx_packets.load() == before_ring);
+        p.a.qp->ring();
+        CHECK(p.a.counters().tx_packets.load() - before_ring == 4);
+    }
+    complete_all(p, 20);
+    check_small_writes(p, 16, 900);
+    for (uint32_t i = 0; i < 4; ++i)
+        CHECK(first_mismatch(p.b.at(12288 + i * kSmall), kSmall, 950 + i) == kSmall);
+}
