@@ -181,7 +181,10 @@ int poll_cq(ibv_cq* ibcq, int n, ibv_wc* wc) noexcept {
     // reaches it, as hardware does, and ibv_poll_cq users take an empty CQ after an event.)
     auto& engine = *to_uctx(ibcq->context)->state->engine;
     engine.send_held_posts();  // what this thread, or another, posted since its last poll
-    if (cq->queue->depth() == 0) engine.progress();
+    if (cq->queue->depth() == 0)
+        engine.progress();
+    else
+        engine.note_poll();
     constexpr int kChunk = 32;
     transport::Completion c[kChunk];
     int total = 0;

@@ -167,6 +167,11 @@ class Engine {
     // socket from the engine thread altogether (poll_handoff.h). Does nothing with
     // inline_progress off.
     void progress();
+    // A poll that found completions: it counts towards a busy poll (PollHandoff::on_poll),
+    // though it reads nothing.
+    void note_poll() {
+        if (config_.inline_progress) handoff_->on_poll();
+    }
     // A QP armed a timer due at `deadline` (its mutex held): polling threads run it once it
     // is due (Qp::run_due_timer), while the socket is handed to them.
     void note_timer_deadline(std::chrono::steady_clock::time_point deadline);

@@ -41,6 +41,10 @@ bool wait_without_polling(CompletionQueue& cq, Completion& out) {
 void write_and_check(Pair& p, uint64_t seed, bool b_polls) {
     constexpr uint32_t kLen = 16 * kMtu;
     fill(p.a.at(0), kLen, seed);
+    // The fill may have outlasted a watch period without polls (under ASan, with other
+    // tests beside it): b's poller takes the socket again before the WRITE leaves.
+    if (b_polls && p.b.engine->config().inline_progress)
+        REQUIRE(busy_poll(*p.b.engine, [&] { return p.b.engine->socket_parked(); }));
     REQUIRE(p.a.qp->post_send(rdma_wqe(SendOpcode::RdmaWrite, seed, {p.a.sge(0, kLen)},
                                        p.b.iova + 8192, p.b.keys.rkey)) == 0);
     Completion c;
