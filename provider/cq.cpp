@@ -179,12 +179,7 @@ int poll_cq(ibv_cq* ibcq, int n, ibv_wc* wc) noexcept {
     // An empty queue: do the receive work here rather than wait for the engine thread. (Events
     // are not held back here, unlike ibv_start_poll: an armed CQ signals every completion that
     // reaches it, as hardware does, and ibv_poll_cq users take an empty CQ after an event.)
-    auto& engine = *to_uctx(ibcq->context)->state->engine;
-    engine.send_held_posts();  // what this thread, or another, posted since its last poll
-    if (cq->queue->depth() == 0)
-        engine.progress();
-    else
-        engine.note_poll();
+    to_uctx(ibcq->context)->state->engine->on_cq_poll(cq->queue->depth() == 0);
     constexpr int kChunk = 32;
     transport::Completion c[kChunk];
     int total = 0;

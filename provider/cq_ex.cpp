@@ -48,12 +48,7 @@ int start_poll(ibv_cq_ex* c, ibv_poll_cq_attr* attr) {
     // are held back until end_poll: what this pass takes needs none.
     transport::CompletionQueue& q = *of(c)->queue;
     q.hold_events();
-    auto& engine = *to_uctx(c->context)->state->engine;
-    engine.send_held_posts();  // what was posted since the last poll (held_posts.h)
-    if (q.depth() == 0)
-        engine.progress();
-    else
-        engine.note_poll();
+    to_uctx(c->context)->state->engine->on_cq_poll(q.depth() == 0);
     const int ret = take_next(c);
     if (ret != 0) q.release_events();  // no end_poll follows a failed start_poll
     return ret;

@@ -716,6 +716,8 @@ MUTANTS = [
     # --- posts held for the next poll (transport/held_posts.h), chains of WQEs ---
     Mutant("held posts: a poll sends nothing that waits for it", "transport/engine.cpp",
            "    if (held_posts_.empty()) return;\n", "    return;\n", ("held-posts",)),
+    Mutant("held posts: a CQ poll does not send them", "transport/engine.cpp",
+           "    send_held_posts();\n    if (cq_empty)", "    if (cq_empty)", ("held-posts",)),
     Mutant("held posts: the hand-back sends nothing (a poller that stops strands its posts)",
            "transport/poll_handoff.cpp", "    if (h->handed_back_) h->handed_back_();\n", "",
            ("held-posts",)),

@@ -380,6 +380,14 @@ void Engine::send_held_posts() {
     });
 }
 
+void Engine::on_cq_poll(bool cq_empty) {
+    send_held_posts();
+    if (cq_empty)
+        progress();
+    else if (config_.inline_progress)
+        handoff_->on_poll();
+}
+
 void Engine::progress() {
     if (!config_.inline_progress) return;
     handoff_->on_poll();  // before the lock: parking may wait for nothing under it

@@ -167,11 +167,11 @@ class Engine {
     // socket from the engine thread altogether (poll_handoff.h). Does nothing with
     // inline_progress off.
     void progress();
-    // A poll that found completions: it counts towards a busy poll (PollHandoff::on_poll),
-    // though it reads nothing.
-    void note_poll() {
-        if (config_.inline_progress) handoff_->on_poll();
-    }
+    // What every CQ poll of the provider (ibv_poll_cq, ibv_start_poll) does before it takes
+    // completions: sends the posts held for it, then, if the CQ was empty, progress();
+    // a poll that found completions reads nothing but still counts towards a busy poll
+    // (PollHandoff::on_poll).
+    void on_cq_poll(bool cq_empty);
     // A QP armed a timer due at `deadline` (its mutex held): polling threads run it once it
     // is due (Qp::run_due_timer), while the socket is handed to them.
     void note_timer_deadline(std::chrono::steady_clock::time_point deadline);

@@ -5,6 +5,16 @@
 
 namespace uroce::transport {
 
+namespace {
+
+int64_t now_ns() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(
+               std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+}
+
+}  // namespace
+
 PollHandoff::PollHandoff(event_base* base, event* rx_event, ForkGate& gate, bool enabled,
                          std::function<void()> handed_back)
     : base_(base),
@@ -22,9 +32,7 @@ PollHandoff::~PollHandoff() {
 void PollHandoff::on_poll() {
     if (!enabled_ || !watch_) return;
     polls_.fetch_add(1, std::memory_order_relaxed);
-    const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                            std::chrono::steady_clock::now().time_since_epoch())
-                            .count();
+    const int64_t now = now_ns();
     const int64_t before = last_poll_ns_.exchange(now, std::memory_order_relaxed);
     if (now - before > kSpinGapNanos) {
         streak_.store(0, std::memory_order_relaxed);
@@ -58,10 +66,7 @@ bool PollHandoff::park_from_loop() {
 
 void PollHandoff::on_post() {
     if (!enabled_ || !watch_) return;
-    const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                            std::chrono::steady_clock::now().time_since_epoch())
-                            .count();
-    last_poll_ns_.store(now, std::memory_order_relaxed);
+    last_poll_ns_.store(now_ns(), std::memory_order_relaxed);
 }
 
 void PollHandoff::arm_watch() {

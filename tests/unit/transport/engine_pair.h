@@ -228,13 +228,10 @@ class Pair {
     }
     void connect() { connect(default_attributes(), default_attributes()); }
 
-    // What a CQ poll of the provider does, on both engines: sends the posts held for it
+    // What a poll of an empty CQ does, on both engines: sends the posts held for it
     // (held_posts.h) and receives on this thread whatever has arrived.
     void progress() {
-        for (Side* s : {&a, &b}) {
-            s->engine->send_held_posts();
-            s->engine->progress();
-        }
+        for (Side* s : {&a, &b}) s->engine->on_cq_poll(true);
     }
 
     // Polls `cq` until `n` completions have arrived or `timeout` has passed.
@@ -357,6 +354,19 @@ inline RecvWqe recv_wqe(uint64_t wr_id, std::initializer_list<Sge> sges) {
     r.wr_id = wr_id;
     r.sgl = sgl(sges);
     return r;
+}
+
+// Polls `e` as a busy poller polls an empty CQ (Engine::on_cq_poll), back to back, until
+// `done` or `limit` has passed.
+template <typename Done>
+bool busy_poll(Engine& e, Done done, std::chrono::milliseconds limit = kWait) {
+    const auto deadline = std::chrono::steady_clock::now() + limit;
+    for (long i = 0; i < 2'000'000'000L; ++i) {
+        if (done()) return true;
+        e.on_cq_poll(true);
+        if ((i & 255) == 0 && std::chrono::steady_clock::now() > deadline) return false;
+    }
+    return done();
 }
 
 inline bool has_event(Side& s, AsyncEventType type) {

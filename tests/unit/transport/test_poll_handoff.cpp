@@ -14,18 +14,6 @@ using namespace std::chrono_literals;
 
 namespace {
 
-// Calls b's progress() back to back (a busy poll) until `done` or `limit` has passed.
-template <typename Done>
-bool busy_poll(Engine& e, Done done, std::chrono::milliseconds limit = kWait) {
-    const auto deadline = std::chrono::steady_clock::now() + limit;
-    for (long i = 0; i < 2'000'000'000L; ++i) {
-        if (done()) return true;
-        e.progress();
-        if ((i & 255) == 0 && std::chrono::steady_clock::now() > deadline) return false;
-    }
-    return done();
-}
-
 // Waits for one completion on `cq` without calling anyone's progress(): only the engine
 // threads move packets.
 bool wait_without_polling(CompletionQueue& cq, Completion& out) {
