@@ -211,6 +211,7 @@ int poll_cq(ibv_cq* ibcq, int n, ibv_wc* wc) noexcept {
         total += static_cast<int>(got);
         if (got < want) break;
     }
+    if (total > 0) to_uctx(ibcq->context)->state->engine->note_completions_taken();
     return total;
 }
 

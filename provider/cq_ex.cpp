@@ -50,6 +50,7 @@ int start_poll(ibv_cq_ex* c, ibv_poll_cq_attr* attr) {
     q.hold_events();
     to_uctx(c->context)->state->engine->on_cq_poll(q.depth() == 0);
     const int ret = take_next(c);
+    if (ret == 0) to_uctx(c->context)->state->engine->note_completions_taken();
     if (ret != 0) q.release_events();  // no end_poll follows a failed start_poll
     return ret;
 }

@@ -1,6 +1,7 @@
 #include "transport/engine.h"
 
 #include <event2/thread.h>
+#include <pthread.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -130,6 +131,8 @@ std::unique_ptr<Engine> Engine::create(const EngineConfig& config, std::string& 
     // child inherits the allocator's lock held (fork_gate.h).
     std::latch running(1);
     e->thread_ = std::thread([eng = e.get(), &running] {
+        // Named so that top -H, perf and gdb tell it from the application's threads.
+        pthread_setname_np(pthread_self(), "uroce-engine");
         running.count_down();
         eng->run();
     });

@@ -184,6 +184,10 @@ class Engine {
     // and it must send at once. send_held_posts() runs at every CQ poll and when the socket
     // is handed back: each noted QP pumps (Qp::send_held).
     bool hold_posts() const { return config_.hold_posts && socket_parked(); }
+    // A CQ poll returned completions (PollHandoff::on_completions).
+    void note_completions_taken() {
+        if (handoff_) handoff_->on_completions();
+    }
     // An application thread posted send work (PollHandoff::on_post).
     void note_post() {
         if (handoff_) handoff_->on_post();
@@ -191,6 +195,7 @@ class Engine {
     void note_held_post(uint32_t qpn);
     void send_held_posts();
     uint64_t socket_handbacks() const { return handoff_ ? handoff_->handbacks() : 0; }
+    int64_t socket_watch_micros() const { return handoff_ ? handoff_->watch_micros() : 0; }
 
     // Seam for tests and fuzzing: handles one UDP payload (BTH .. ICRC) exactly as if the
     // socket had delivered it from src_ip:src_port, then sends the ACKs it asked for (unless

@@ -1,5 +1,8 @@
 #include "transport/poll_handoff.h"
 
+#include <sys/socket.h>
+
+#include <algorithm>
 #include <chrono>
 #include <utility>
 
@@ -31,8 +34,8 @@ PollHandoff::~PollHandoff() {
 
 void PollHandoff::on_poll() {
     if (!enabled_ || !watch_) return;
-    polls_.fetch_add(1, std::memory_order_relaxed);
     const int64_t now = now_ns();
+    last_poll_found_.store(false, std::memory_order_relaxed);
     const int64_t before = last_poll_ns_.exchange(now, std::memory_order_relaxed);
     if (now - before > kSpinGapNanos) {
         streak_.store(0, std::memory_order_relaxed);
@@ -57,11 +60,16 @@ bool PollHandoff::park_from_loop() {
     // message rate: 0.10-0.17 Mpps in 4 runs of 5, against 0.44-0.57 in every run so).
     bool expected = false;
     if (!parked_.compare_exchange_strong(expected, true, std::memory_order_relaxed)) return true;
-    // The poll that holds the lock counts: the first watch sees a poll since this one.
-    polls_at_watch_ = polls_.load(std::memory_order_relaxed) - 1;
+    // The poll that holds the lock counts: the watch measures the gap from now.
+    last_poll_ns_.store(now_ns(), std::memory_order_relaxed);
     event_del(rx_event_);
     arm_watch();
     return true;
+}
+
+void PollHandoff::on_completions() {
+    if (!enabled_ || !watch_) return;
+    last_poll_found_.store(true, std::memory_order_relaxed);
 }
 
 void PollHandoff::on_post() {
@@ -70,25 +78,46 @@ void PollHandoff::on_post() {
 }
 
 void PollHandoff::arm_watch() {
-    const timeval tv{0, kWatchMicros};
+    arm_watch(watch_ns_.load(std::memory_order_relaxed));
+}
+
+void PollHandoff::arm_watch(int64_t delay_ns) {
+    const timeval tv{0, static_cast<suseconds_t>(delay_ns / 1000)};
     event_add(watch_, &tv);
+}
+
+bool PollHandoff::datagram_waiting() const {
+    uint8_t byte;
+    return ::recv(event_get_fd(rx_event_), &byte, 1, MSG_PEEK | MSG_DONTWAIT) >= 0;
 }
 
 void PollHandoff::on_watch(evutil_socket_t, short, void* arg) {
     auto* h = static_cast<PollHandoff*>(arg);
     const auto pass = h->gate_.pass();
-    const uint64_t polls = h->polls_.load(std::memory_order_relaxed);
-    const bool polling = polls != h->polls_at_watch_;
-    h->polls_at_watch_ = polls;
-    if (polling && h->parked_.load(std::memory_order_relaxed)) {
+    const int64_t period = h->watch_ns_.load(std::memory_order_relaxed);
+    const int64_t gap = now_ns() - h->last_poll_ns_.load(std::memory_order_relaxed);
+    if (gap < period && h->parked_.load(std::memory_order_relaxed)) {
         // Still polled: the socket stays out of the loop (an unpark racing with a new park
-        // may have put it back).
+        // may have put it back). A poller that keeps polling costs this thread a wake-up
+        // per period: the period grows back towards kWatchMicros. A short period is aimed
+        // at its end (a period after the last poll); the full one is not: a check that
+        // comes sooner is one wake-up more beside the pollers.
         event_del(h->rx_event_);
-        h->arm_watch();
+        const int64_t next = std::min(period * 2, kWatchMicros * 1000);
+        h->watch_ns_.store(next, std::memory_order_relaxed);
+        h->arm_watch(period < kWatchMicros * 1000 ? std::max(next - gap, kMinWatchMicros * 1000)
+                                                  : next);
         return;
     }
     // Nobody polled for a whole period: the engine thread reads again. A datagram that came
-    // meanwhile makes the (level-triggered) event fire at once.
+    // meanwhile makes the (level-triggered) event fire at once. If the last poll returned
+    // completions and a datagram waited for this hand-back, the application waits for the
+    // engine thread between bursts of polls (ib_write_lat polls for its ACK, then spins on
+    // memory for the peer's WRITE): the next hand-back comes sooner. Not when the polls just
+    // paused (a poller the scheduler held off, in ib_send_lat): a short period there only
+    // wakes the engine thread beside the pollers, on CPUs they need.
+    if (h->last_poll_found_.load(std::memory_order_relaxed) && h->datagram_waiting())
+        h->watch_ns_.store(std::max(period / 2, kMinWatchMicros * 1000), std::memory_order_relaxed);
     h->streak_.store(0, std::memory_order_relaxed);
     h->parked_.store(false, std::memory_order_relaxed);
     h->handbacks_.fetch_add(1, std::memory_order_relaxed);

@@ -102,6 +102,83 @@ TEST_CASE("A packet that arrives just as the poller stops is read by the engine 
     }
 }
 
+namespace {
+
+// b busy-polls until its socket is parked, then stops with b's engine thread held (its
+// fork gate), and a WRITE reaches b's socket: when the gate opens, the watch finds the
+// polls stopped and the WRITE waiting. `found`: b's last poll returned completions (as
+// the provider reports it). False if the watch gave the socket back before the gate was
+// taken (a scheduler delay): the caller tries again. Sets `period` to the watch period the
+// hand-back starts from.
+bool write_while_b_stands_still(Pair& p, uint64_t seed, bool found, int64_t& period) {
+    REQUIRE(busy_poll(*p.b.engine, [&] { return p.b.engine->socket_parked(); }));
+    const auto gate = p.b.engine->fork_gate().pass();
+    if (!p.b.engine->socket_parked()) return false;
+    if (found) p.b.engine->note_completions_taken();
+    period = p.b.engine->socket_watch_micros();  // b's engine thread cannot change it now
+    fill(p.a.at(0), 64, seed);
+    // a does not poll: its post leaves at once, into b's socket.
+    const uint64_t sent = p.a.counters().tx_packets.load();
+    REQUIRE(p.a.qp->post_send(rdma_wqe(SendOpcode::RdmaWrite, seed, {p.a.sge(0, 64)},
+                                       p.b.iova + 8192, p.b.keys.rkey)) == 0);
+    CHECK(p.a.counters().tx_packets.load() > sent);
+    return true;
+}
+
+void write_and_wait(Pair& p, uint64_t seed, bool found, int64_t& period) {
+    bool written = false;
+    for (int attempt = 0; attempt < 20 && !written; ++attempt)
+        written = write_while_b_stands_still(p, seed, found, period);
+    REQUIRE(written);
+    // Nobody polls b: the hand-back reads the WRITE.
+    Completion c;
+    REQUIRE(wait_without_polling(*p.a.scq, c));
+    CHECK(c.status == WcStatus::Success);
+    CHECK(first_mismatch(p.b.at(8192), 64, seed) == 64);
+}
+
+}  // namespace
+
+// ib_write_lat polls for its ACK, then spins on memory for the peer's WRITE: each WRITE
+// waits for the hand-back. So a hand-back that finds a datagram waiting after a poll that
+// returned completions shortens the next watch period, down to a floor; polls that go on
+// lengthen it again.
+TEST_CASE("The watch period shortens when packets wait for the hand-back", "[poll_handoff]") {
+    Pair p;
+    p.connect();
+    CHECK(p.b.engine->socket_watch_micros() == PollHandoff::kWatchMicros);
+    int64_t period = 0;
+    // A poller that merely paused (its last poll found nothing): the period stays.
+    for (uint64_t round = 0; round < 3; ++round) {
+        write_and_wait(p, 10 + round, false, period);
+        CHECK(p.b.engine->socket_watch_micros() == period);
+    }
+    // The polls before each WRITE may lengthen the period again (a check that came while
+    // they went on, when the scheduler held this thread back): a few rounds more than the
+    // 3 halvings from 100 to 20 us.
+    for (uint64_t round = 0; round < 12 && period > PollHandoff::kMinWatchMicros; ++round) {
+        INFO("round " << round);
+        write_and_wait(p, 20 + round, true, period);
+        const int64_t now = p.b.engine->socket_watch_micros();
+        CHECK(now == std::max(period / 2, PollHandoff::kMinWatchMicros));
+        period = now;
+    }
+    REQUIRE(period == PollHandoff::kMinWatchMicros);
+
+    // A poller that keeps polling: each check doubles the period, back to the full one.
+    REQUIRE(busy_poll(*p.b.engine, [&] {
+        return p.b.engine->socket_watch_micros() == PollHandoff::kWatchMicros;
+    }));
+    // And a hand-back that finds nothing waiting leaves it there.
+    const uint64_t handbacks = p.b.engine->socket_handbacks();
+    const auto deadline = std::chrono::steady_clock::now() + kWait;
+    while (p.b.engine->socket_handbacks() == handbacks &&
+           std::chrono::steady_clock::now() < deadline)
+        std::this_thread::sleep_for(1ms);
+    REQUIRE(p.b.engine->socket_handbacks() > handbacks);
+    CHECK(p.b.engine->socket_watch_micros() == PollHandoff::kWatchMicros);
+}
+
 TEST_CASE("With inline progress off, only the engine thread reads", "[poll_handoff]") {
     PairOptions o;
     o.inline_b = false;
