@@ -19,11 +19,12 @@ namespace uroce::transport {
 namespace {
 
 constexpr size_t kRxBatch = 32;
-constexpr size_t kRxBufferBytes = 4096 + 256;
+constexpr size_t kRxBufferBytes = 4096 + 256;  // a multiple of 64: every buffer on a cache line
 // With GRO a read may return a train of up to 64 KiB; fewer buffers, each that large (they
 // are touched only as far as reads fill them).
 constexpr size_t kRxBatchGro = 16;
 constexpr size_t kRxBufferBytesGro = 65536;
+static_assert(kRxBufferBytes % 64 == 0 && kRxBufferBytesGro % 64 == 0);
 // Datagrams handled per readable event before the loop gets to run timers.
 constexpr size_t kRxBudget = 512;
 
@@ -156,7 +157,7 @@ Engine::Engine(const EngineConfig& config, std::unique_ptr<DeviceSlot> slot,
     const bool gro = config.gro && socket_.enable_gro();
     rx_buffer_bytes_ = gro ? kRxBufferBytesGro : kRxBufferBytes;
     rx_batch_ = gro ? kRxBatchGro : kRxBatch;
-    rx_buffers_.reset(new uint8_t[rx_batch_ * rx_buffer_bytes_]);
+    rx_buffers_ = std::make_unique<PageAlignedBuffer>(rx_batch_ * rx_buffer_bytes_);
 }
 
 Engine::~Engine() {
@@ -441,7 +442,7 @@ void Engine::receive_from(const UdpSocket& socket, const IpAddress& group) {
     size_t handled = 0;
     while (handled < kRxBudget) {
         for (size_t i = 0; i < rx_batch_; ++i)
-            batch[i] = {rx_buffers_.get() + i * rx_buffer_bytes_, rx_buffer_bytes_, 0, {}, 0, 0};
+            batch[i] = {rx_buffers_->data() + i * rx_buffer_bytes_, rx_buffer_bytes_, 0, {}, 0, 0};
         const size_t got = socket.receive(std::span(batch, rx_batch_));
         if (got == 0) break;
         for (size_t i = 0; i < got; ++i) {

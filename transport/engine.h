@@ -31,6 +31,7 @@
 #include "transport/memory_table.h"
 #include "transport/multicast_groups.h"
 #include "transport/packet_capture.h"
+#include "transport/page_aligned_buffer.h"
 #include "transport/poll_handoff.h"
 #include "transport/qp_counters.h"
 #include "transport/qpn_space.h"
@@ -379,11 +380,11 @@ class Engine {
 
     std::atomic<bool> gso_;
     std::mutex rx_mutex_;  // one receiver at a time; guards rx_buffers_, touched_, members_
-    // kRxBatch buffers of rx_buffer_bytes_ (64 KiB with GRO, a datagram's worth without),
-    // left uninitialised: only what receives use is ever touched.
+    // rx_batch_ buffers of rx_buffer_bytes_ (64 KiB with GRO, a datagram's worth without),
+    // each starting on a cache line, the first on a page (page_aligned_buffer.h says why).
     size_t rx_buffer_bytes_;
     size_t rx_batch_;
-    std::unique_ptr<uint8_t[]> rx_buffers_;
+    std::unique_ptr<PageAlignedBuffer> rx_buffers_;
     std::vector<std::shared_ptr<Qp>> touched_;
     std::vector<std::shared_ptr<UdQp>> members_;  // of the group being delivered to
 };
