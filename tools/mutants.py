@@ -725,6 +725,10 @@ MUTANTS = [
     Mutant("handoff: UROCE_INLINE_PROGRESS=off ignored", "provider/device.cpp",
            "!env_switch(\"UROCE_INLINE_PROGRESS\", ec.inline_progress)", "false",
            ("fast-paths-integration",)),
+    Mutant("receive buffers where malloc puts them (the kernel's copy into them slows on AMD)",
+           "transport/page_aligned_buffer.h",
+           "    static constexpr size_t kAlignment = 4096;",
+           "    static constexpr size_t kAlignment = 16;", ("batch",)),
     # --- posts held for the next poll (transport/held_posts.h), chains of WQEs ---
     Mutant("held posts: a poll sends nothing that waits for it", "transport/engine.cpp",
            "    if (held_posts_.empty()) return;\n", "    return;\n", ("held-posts",)),

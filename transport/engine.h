@@ -232,6 +232,12 @@ class Engine {
         Queued,
     };
 
+    // Seam for tests: the receive buffers, `receive_buffer(i)` for i < receive_buffers().
+    size_t receive_buffers() const { return rx_batch_; }
+    const uint8_t* receive_buffer(size_t i) const {
+        return rx_buffers_->data() + i * rx_buffer_bytes_;
+    }
+
     // Seam for tests: `hook` runs on the engine thread at the start of every QP timer
     // callback, before the callback takes the QP's lock (empty: none). Lets a test hold a
     // callback in flight while it destroys the QP.

@@ -6,7 +6,7 @@
 // large blocks start 16 bytes into one. Measured with loopback's GSO trains: a recvmmsg of a
 // 61,680-byte train took 23 us into a buffer 12, 16 or 20 bytes into a page and 3.3 us at 0,
 // 32 or 48 bytes (ibv_rc_pingpong -s 65536: 242-252 -> 135-177 us per iteration; see
-// docs/performance.md).
+// docs/performance.md). tools/bench/recv_alignment.cpp measures it on any machine.
 #pragma once
 
 #include <cstddef>
