@@ -33,13 +33,6 @@
 #include <thread>
 #include <vector>
 
-#ifndef UDP_SEGMENT
-#define UDP_SEGMENT 103
-#endif
-#ifndef UDP_GRO
-#define UDP_GRO 104
-#endif
-
 namespace {
 
 using Clock = std::chrono::steady_clock;
