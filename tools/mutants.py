@@ -729,6 +729,14 @@ MUTANTS = [
            "transport/page_aligned_buffer.h",
            "    static constexpr size_t kAlignment = 4096;",
            "    static constexpr size_t kAlignment = 16;", ("batch",)),
+    Mutant("socket_parks misses the parks of a busy poll (counted only from the loop)",
+           "transport/poll_handoff.cpp",
+           "    if (!parked_.compare_exchange_strong(expected, true, std::memory_order_relaxed)) return;\n"
+           "    bump(counters_.socket_parks);\n",
+           "    if (!parked_.compare_exchange_strong(expected, true, std::memory_order_relaxed)) return;\n",
+           ("fast-paths-integration",)),
+    Mutant("socket_handbacks not counted", "transport/poll_handoff.cpp",
+           "    bump(h->counters_.socket_handbacks);\n", "", ("fast-paths-integration",)),
     # --- posts held for the next poll (transport/held_posts.h), chains of WQEs ---
     Mutant("held posts: a poll sends nothing that waits for it", "transport/engine.cpp",
            "    if (held_posts_.empty()) return;\n", "    return;\n", ("held-posts",)),

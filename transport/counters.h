@@ -60,6 +60,9 @@ namespace uroce::transport {
     X(tx_gso_fallbacks)  /* GSO sends refused: resent one by one (GSO off if those went out) */  \
     X(rx_gro_datagrams)  /* reads that returned several packets (UDP GRO) */                     \
     X(rx_polled_packets) /* packets read by application threads polling a CQ */                  \
+    X(socket_parks)      /* times polling threads took the socket from the engine thread */      \
+    X(socket_handbacks)  /* times the engine thread took it back: the polls had stopped */       \
+    X(watch_wakeups)     /* engine-thread wake-ups to check that the polls go on */              \
     X(tx_held_posts)     /* RC posts that waited for the next CQ poll (held_posts.h) */
 
 struct EngineCounters {

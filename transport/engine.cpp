@@ -109,9 +109,9 @@ std::unique_ptr<Engine> Engine::create(const EngineConfig& config, std::string& 
         error = "cannot register the socket with the event loop";
         return nullptr;
     }
-    e->handoff_ =
-        std::make_unique<PollHandoff>(e->base_, e->rx_event_, e->fork_gate_, config.inline_progress,
-                                      [eng = e.get()] { eng->send_held_posts(); });
+    e->handoff_ = std::make_unique<PollHandoff>(e->base_, e->rx_event_, e->fork_gate_,
+                                                *e->counters_, config.inline_progress,
+                                                [eng = e.get()] { eng->send_held_posts(); });
     if (!e->handoff_->ok()) {
         err = ENOMEM;
         error = "cannot create the poll handoff timer";

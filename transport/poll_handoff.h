@@ -30,6 +30,7 @@
 #include <cstdint>
 #include <functional>
 
+#include "transport/counters.h"
 #include "transport/fork_gate.h"
 
 namespace uroce::transport {
@@ -47,9 +48,10 @@ class PollHandoff {
     // `rx_event` is the engine loop's read event of the device socket (added); `gate` is the
     // engine's, taken by the watch timer's callback. With `enabled` false, on_poll() never
     // parks it. `handed_back` runs on the engine thread each time the socket comes back to
-    // it (what was left for the pollers goes out then: held_posts.h).
-    PollHandoff(event_base* base, event* rx_event, ForkGate& gate, bool enabled,
-                std::function<void()> handed_back = {});
+    // it (what was left for the pollers goes out then: held_posts.h). `counters` (the
+    // engine's) count parks, hand-backs and the watch's wake-ups.
+    PollHandoff(event_base* base, event* rx_event, ForkGate& gate, EngineCounters& counters,
+                bool enabled, std::function<void()> handed_back = {});
     ~PollHandoff();
     PollHandoff(const PollHandoff&) = delete;
     PollHandoff& operator=(const PollHandoff&) = delete;
@@ -88,6 +90,7 @@ class PollHandoff {
     event_base* const base_;
     event* const rx_event_;
     ForkGate& gate_;
+    EngineCounters& counters_;
     const bool enabled_;
     const std::function<void()> handed_back_;
     event* watch_ = nullptr;
@@ -95,7 +98,7 @@ class PollHandoff {
     std::atomic<uint32_t> streak_{0};
     std::atomic<bool> parked_{false};
     std::atomic<bool> last_poll_found_{false};
-    std::atomic<uint64_t> handbacks_{0};
+    std::atomic<uint64_t> handbacks_{0};  // this handoff's own (the counters may be shared)
     std::atomic<int64_t> watch_ns_{kWatchMicros * 1000};  // changed by the engine thread
 };
 

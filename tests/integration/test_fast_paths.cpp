@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <thread>
 
 #include "tests/integration/verbs_fixture.h"
 
@@ -111,6 +112,20 @@ TEST_CASE("Fast paths on (the default): trains, GRO reads, reads by the polling 
     // Both threads spun on their CQs: at least some of what they received they read
     // themselves (how much depends on the scheduler).
     CHECK(counter(a.ctx, "rx_polled_packets") + counter(b.ctx, "rx_polled_packets") > 0);
+    // Those reads were the pollers' because the socket was theirs: parked at least once.
+    CHECK(counter(a.ctx, "socket_parks") + counter(b.ctx, "socket_parks") > 0);
+    // Nobody polls now: within a watch period each socket goes back to its engine thread,
+    // once per park, found by a watch wake-up.
+    for (ibv_context* ctx : {a.ctx, b.ctx}) {
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+        for (int i = 0;
+             i < 10'000 && counter(ctx, "socket_handbacks") < counter(ctx, "socket_parks") &&
+             std::chrono::steady_clock::now() < deadline;
+             ++i)
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        CHECK(counter(ctx, "socket_handbacks") == counter(ctx, "socket_parks"));
+        CHECK(counter(ctx, "watch_wakeups") >= counter(ctx, "socket_handbacks"));
+    }
     CHECK(counter(a.ctx, "rx_bad_icrc") + counter(b.ctx, "rx_bad_icrc") == 0);
     CHECK(counter(a.ctx, "rx_icrc_unseen_fields") + counter(b.ctx, "rx_icrc_unseen_fields") == 0);
 }
@@ -129,6 +144,9 @@ TEST_CASE("Fast paths off: one datagram per sendmsg and per read, the engine thr
         CHECK(counter(ctx, "rx_gro_datagrams") == 0);
         CHECK(counter(ctx, "rx_polled_packets") == 0);
         CHECK(counter(ctx, "tx_held_posts") == 0);
+        CHECK(counter(ctx, "socket_parks") == 0);
+        CHECK(counter(ctx, "socket_handbacks") == 0);
+        CHECK(counter(ctx, "watch_wakeups") == 0);
         CHECK(counter(ctx, "rx_packets") > 0);
     }
 }
