@@ -227,6 +227,7 @@ int resize_cq(ibv_cq* ibcq, int cqe) noexcept {
 int req_notify_cq(ibv_cq* ibcq, int solicited_only) noexcept {
     if (inherited(ibcq->context)) return EIO;
     to_ucq(ibcq)->queue->arm(solicited_only != 0);
+    to_uctx(ibcq->context)->state->engine->note_cq_armed();
     return 0;
 }
 

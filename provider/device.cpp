@@ -180,10 +180,12 @@ verbs_context* alloc_context(ibv_device* ibdev, int cmd_fd, void*) {
         // batching (to compare, or for a capture on lo, which shows a GSO train as one frame).
         // UROCE_INLINE_PROGRESS=off: only the engine thread reads the socket, never a thread
         // that polls a CQ. UROCE_HOLD_POSTS=off: every post sends at once, even while a
-        // thread busy-polls (held_posts.h).
+        // thread busy-polls (held_posts.h). UROCE_ENGINE_SPIN=off: the engine thread sleeps
+        // as soon as the socket is empty (Engine::spin_after_batch).
         if (!env_switch("UROCE_GSO", ec.gso) || !env_switch("UROCE_GRO", ec.gro) ||
             !env_switch("UROCE_INLINE_PROGRESS", ec.inline_progress) ||
-            !env_switch("UROCE_HOLD_POSTS", ec.hold_posts)) {
+            !env_switch("UROCE_HOLD_POSTS", ec.hold_posts) ||
+            !env_switch("UROCE_ENGINE_SPIN", ec.engine_spin)) {
             err = EINVAL;
             goto fail;
         }

@@ -63,6 +63,7 @@ namespace uroce::transport {
     X(socket_parks)      /* times polling threads took the socket from the engine thread */      \
     X(socket_handbacks)  /* times the engine thread took it back: the polls had stopped */       \
     X(watch_wakeups)     /* engine-thread wake-ups to check that the polls go on */              \
+    X(rx_spin_packets)   /* packets the engine thread read spinning after a batch, not woken */  \
     X(tx_held_posts)     /* RC posts that waited for the next CQ poll (held_posts.h) */
 
 struct EngineCounters {

@@ -79,6 +79,9 @@ struct EngineConfig {
     // does not fill a GSO train waits for the next poll, which sends all such posts as one
     // train per QP (held_posts.h). Off: every post sends at once.
     bool hold_posts = true;
+    // After a batch, the engine thread reads on for a moment (Engine::spin_after_batch)
+    // instead of sleeping at once, if no application thread polls or waits for a CQ event.
+    bool engine_spin = true;
     // Non-empty: every packet sent and received is written to this pcap file (packet_capture.h;
     // "%p" becomes the process id).
     std::string pcap_path;
@@ -185,6 +188,10 @@ class Engine {
     // and it must send at once. send_held_posts() runs at every CQ poll and when the socket
     // is handed back: each noted QP pumps (Qp::send_held).
     bool hold_posts() const { return config_.hold_posts && socket_parked(); }
+    // An application thread armed a CQ for a completion event (PollHandoff::on_arm).
+    void note_cq_armed() {
+        if (handoff_) handoff_->on_arm();
+    }
     // A CQ poll returned completions (PollHandoff::on_completions).
     void note_completions_taken() {
         if (handoff_) handoff_->on_completions();
@@ -295,6 +302,18 @@ class Engine {
     static void on_readable(evutil_socket_t fd, short what, void* arg);
     static void on_group_readable(const UdpSocket& socket, const IpAddress& group, void* arg);
     void receive_batch();
+    // Spin-then-block, on the engine thread after a batch (rx_mutex_ held): reads on while
+    // packets keep coming, until none came for kSpinMicros, at most kSpinMaxMicros, and only
+    // while no application thread of this context polled, posted or armed a CQ within
+    // kSpinQuietMicros. A peer that answers within a round trip (the READ requests of
+    // ib_read_lat, a stream's next train) is then read without a wake-up, which costs tens
+    // of microseconds on a VM. Not beside a thread that polls (it reads the socket itself, and
+    // a spinning engine thread would take its CPU) nor one that waits for a completion event
+    // (it needs a CPU the moment the engine thread wakes it).
+    void spin_after_batch();
+    static constexpr int64_t kSpinMicros = 30;
+    static constexpr int64_t kSpinMaxMicros = 200;
+    static constexpr int64_t kSpinQuietMicros = 1000;
     // Reads and delivers what `socket` holds (`group` 0: the device's socket).
     void receive_from(const UdpSocket& socket, const IpAddress& group);
     void run();

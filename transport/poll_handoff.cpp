@@ -80,6 +80,16 @@ void PollHandoff::on_post() {
     last_poll_ns_.store(now_ns(), std::memory_order_relaxed);
 }
 
+void PollHandoff::on_arm() {
+    if (!enabled_) return;
+    last_arm_ns_.store(now_ns(), std::memory_order_relaxed);
+}
+
+bool PollHandoff::quiet(int64_t now, int64_t quiet_ns) const {
+    return now - last_poll_ns_.load(std::memory_order_relaxed) >= quiet_ns &&
+           now - last_arm_ns_.load(std::memory_order_relaxed) >= quiet_ns;
+}
+
 void PollHandoff::arm_watch() {
     arm_watch(watch_ns_.load(std::memory_order_relaxed));
 }

@@ -74,6 +74,13 @@ class PollHandoff {
     // An application thread posted work: the time it spent posting (a long send, a wait for
     // a QP's lock) does not count as a gap between its polls.
     void on_post();
+    // An application thread asked for a completion event (ibv_req_notify_cq): it is about
+    // to sleep until the engine thread wakes it, and needs a CPU then.
+    void on_arm();
+    // Whether no application thread polled, posted or armed a CQ for `quiet_ns` before
+    // `now_ns` (steady clock): nobody of this process waits on a CPU for the engine's work
+    // (see Engine::spin_after_batch).
+    bool quiet(int64_t now_ns, int64_t quiet_ns) const;
     bool parked() const { return parked_.load(std::memory_order_relaxed); }
     // Times the engine thread took the socket back because the polls had stopped.
     uint64_t handbacks() const { return handbacks_.load(std::memory_order_relaxed); }
@@ -95,6 +102,7 @@ class PollHandoff {
     const std::function<void()> handed_back_;
     event* watch_ = nullptr;
     std::atomic<int64_t> last_poll_ns_{0};
+    std::atomic<int64_t> last_arm_ns_{0};
     std::atomic<uint32_t> streak_{0};
     std::atomic<bool> parked_{false};
     std::atomic<bool> last_poll_found_{false};

@@ -159,6 +159,8 @@ struct PairOptions {
     bool inline_a = true, inline_b = true;
     // EngineConfig::hold_posts of both.
     bool hold_posts = true;
+    // EngineConfig::engine_spin of both.
+    bool engine_spin = true;
     // EngineConfig::adaptive_retransmit of both: off leaves only the local ACK timeout.
     bool adaptive = true;
     // EngineConfig::resend_burst of both.
@@ -296,6 +298,7 @@ class Pair {
         config.inline_progress = inline_progress;
         config.adaptive_retransmit = opt.adaptive;
         config.hold_posts = opt.hold_posts;
+        config.engine_spin = opt.engine_spin;
         config.resend_burst = opt.resend_burst;
         config.pcap_path = pcap;
         std::string error;
