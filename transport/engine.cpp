@@ -362,12 +362,7 @@ void Engine::on_readable(evutil_socket_t, short, void* arg) {
 }
 
 void Engine::spin_after_batch() {
-    const auto now_ns = [] {
-        return std::chrono::duration_cast<std::chrono::nanoseconds>(
-                   std::chrono::steady_clock::now().time_since_epoch())
-            .count();
-    };
-    int64_t now = now_ns();
+    int64_t now = PollHandoff::now_ns();
     // The loop's timers (retransmissions, the fault injector's delays) wait at most
     // kSpinMaxMicros; a stream that goes on comes back here at once from the loop.
     const int64_t end = now + kSpinMaxMicros * 1000;
@@ -376,7 +371,7 @@ void Engine::spin_after_batch() {
         if (!handoff_->quiet(now, kSpinQuietMicros * 1000)) return;
         const uint64_t before = counters_->rx_packets.load(std::memory_order_relaxed);
         receive_batch();
-        now = now_ns();
+        now = PollHandoff::now_ns();
         const uint64_t read = counters_->rx_packets.load(std::memory_order_relaxed) - before;
         if (read != 0) {
             bump(counters_->rx_spin_packets, read);

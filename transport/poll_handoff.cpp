@@ -8,15 +8,11 @@
 
 namespace uroce::transport {
 
-namespace {
-
-int64_t now_ns() {
+int64_t PollHandoff::now_ns() {
     return std::chrono::duration_cast<std::chrono::nanoseconds>(
                std::chrono::steady_clock::now().time_since_epoch())
         .count();
 }
-
-}  // namespace
 
 PollHandoff::PollHandoff(event_base* base, event* rx_event, ForkGate& gate,
                          EngineCounters& counters, bool enabled, std::function<void()> handed_back)

@@ -77,10 +77,12 @@ class PollHandoff {
     // An application thread asked for a completion event (ibv_req_notify_cq): it is about
     // to sleep until the engine thread wakes it, and needs a CPU then.
     void on_arm();
+    // The clock of these times: the steady clock, in nanoseconds.
+    static int64_t now_ns();
     // Whether no application thread polled, posted or armed a CQ for `quiet_ns` before
-    // `now_ns` (steady clock): nobody of this process waits on a CPU for the engine's work
+    // `now` (now_ns()): nobody of this process waits on a CPU for the engine's work
     // (see Engine::spin_after_batch).
-    bool quiet(int64_t now_ns, int64_t quiet_ns) const;
+    bool quiet(int64_t now, int64_t quiet_ns) const;
     bool parked() const { return parked_.load(std::memory_order_relaxed); }
     // Times the engine thread took the socket back because the polls had stopped.
     uint64_t handbacks() const { return handbacks_.load(std::memory_order_relaxed); }
