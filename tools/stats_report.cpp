@@ -68,7 +68,8 @@ bool read_qp_report(const std::string& name, const fs::path& counters_file, uint
     out = QpReport{qpn, {}};
     // The QP's block is in its context's slot file (QPN = slot << 12 | index).
     const std::string file = tr::QpCounterTable::path_for_slot(counters_file.string(), qpn >> 12);
-    const std::string never = fmt::format("no QP {:#x} was ever created on '{}'", qpn, name);
+    // Written as the listings write QPNs (0x and six digits), so one can be searched for the other.
+    const std::string never = fmt::format("no QP {} was ever created on '{}'", qpn_hex(qpn), name);
     std::error_code ec;
     if (qpn >> 12 == 0 || !fs::exists(file, ec)) {
         error = never;

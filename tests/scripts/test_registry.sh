@@ -448,7 +448,7 @@ expect_rc 1 "stats of a damaged counters file" stats "$A"
 expect_err "uroce stats: error: *is not a counters file*" "stats says the file is not a counters file"
 rm -f "$SYS/infiniband/$A/uroce/counters"
 expect_rc 1 "stats --qp of a QP never created" stats "$A" --qp 0x1234
-expect_err "uroce stats: error: *no QP 0x1234 was ever created*" "stats --qp says no such QP was created"
+expect_err "uroce stats: error: *no QP 0x001234 was ever created*" "stats --qp says no such QP was created"
 
 for n in "$A" "$B" "$D"; do expect_rc 0 "del $n" del "$n"; done
 expect_rc 0 "list after deleting everything" list
