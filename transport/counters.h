@@ -6,65 +6,64 @@
 
 namespace uroce::transport {
 
-#define UROCE_COUNTERS(X)                                                                          \
-    X(tx_packets)                /* RoCEv2 packets handed to the socket */                         \
-    X(tx_dropped_fault)          /* dropped on purpose by UROCE_FAULTS */                          \
-    X(tx_corrupted_fault)        /* sent with one bit flipped by UROCE_FAULTS */                   \
-    X(tx_duplicated_fault)       /* sent twice by UROCE_FAULTS */                                  \
-    X(tx_delayed_fault)          /* held back by UROCE_FAULTS' delay (and jitter) */               \
-    X(tx_reordered_fault)        /* held back by UROCE_FAULTS' reorder: later ones overtake */     \
-    X(rx_dropped_fault)          /* received, then lost on purpose by UROCE_FAULTS (dir=rx) */     \
-    X(rx_corrupted_fault)        /* received, one bit flipped by UROCE_FAULTS (dir=rx) */          \
-    X(rx_duplicated_fault)       /* received, handled twice by UROCE_FAULTS (dir=rx) */            \
-    X(rx_delayed_fault)          /* received, held back by UROCE_FAULTS' delay (dir=rx) */         \
-    X(rx_reordered_fault)        /* received, held back by UROCE_FAULTS' reorder (dir=rx) */       \
-    X(tx_dropped_filter)         /* dropped by a test's transmit filter */                         \
-    X(tx_errors)                 /* sendmsg failures */                                            \
-    X(rx_packets)                /* datagrams read from the socket */                              \
-    X(rx_malformed)              /* failed to parse as RoCEv2 */                                   \
-    X(rx_bad_icrc)               /* ICRC explained by no header value: corrupted */                \
-    X(rx_icrc_unseen_fields)     /* ICRC valid with a non-zero IP id (e.g. kernel rxe) */          \
-    X(rx_unknown_qp)             /* destination QP does not exist */                               \
-    X(rx_wrong_peer)             /* source is not the QP's connected peer */                       \
-    X(rx_bad_pkey)               /* P_Key other than the default partition */                      \
-    X(rx_wrong_state)            /* QP in a state that takes no packets */                         \
-    X(rx_unsupported)            /* opcode of a transport the QP does not run */                   \
-    X(rx_duplicate)              /* duplicate requests answered again */                           \
-    X(rx_out_of_sequence)        /* requests ahead of the expected PSN */                          \
-    X(tx_seq_naks)               /* PSN sequence error NAKs sent */                                \
-    X(tx_rnr_naks)               /* receiver-not-ready NAKs sent */                                \
-    X(tx_access_naks)            /* remote access error NAKs sent */                               \
-    X(tx_invalid_naks)           /* invalid request NAKs sent */                                   \
-    X(tx_acks)                   /* ACKs sent */                                                   \
-    X(retransmit_timeouts)       /* retransmission timer expiries */                               \
-    X(retransmitted_packets)     /* request packets sent again */                                  \
-    X(rx_naks)                   /* NAKs received */                                               \
-    X(rx_response_out_of_window) /* responses for PSNs not sent or already acknowledged */         \
-    X(rx_cnp)                    /* RoCEv2 congestion notification packets */                      \
-    X(rx_duplicate_dropped)      /* duplicate READs matching no READ executed */                   \
-    X(rx_held_overflow)          /* requests refused: too many waiting behind a READ */            \
-    X(tx_dropped_full)           /* socket buffer full: dropped, recovered as a loss */            \
-    X(tx_too_big)                /* EMSGSIZE: packet larger than the path's IP MTU */              \
-    X(tx_sport_fallback)         /* QPs sending from the main port: source port not bound */       \
-    X(cq_overruns)               /* completions that found their CQ full */                        \
-    X(rx_bad_qkey)               /* UD packets whose Q_Key is not the QP's */                      \
-    X(rx_no_recv_wqe)            /* UD/UC messages dropped: no receive WQE posted */               \
-    X(rx_uc_dropped)             /* UC messages given up: a lost packet, a bad key or length */    \
-    X(rx_bad_xrc_srq)            /* XRC requests for no XRC SRQ of the target's domain */          \
-    X(rx_bad_mcast_qpn)          /* multicast not for QP 0xFFFFFF, or unicast for it */            \
-    X(rx_mcast_no_qp)            /* multicast datagrams for a group no QP here is attached to */   \
-    X(early_retransmits) /* adaptive timeouts before the local ACK timeout (not retries) */        \
-    X(tail_probes)       /* last packets resent alone when no ACK came within ~2 round trips */    \
-    X(resends_held_back) /* early resends and probes skipped: the engine's budget was spent */     \
-    X(deferred_timers)   /* RC timers a polling thread armed, left off the loop until hand-back */ \
-    X(tx_gso_sends)      /* sendmsg calls that carried several packets (UDP GSO) */                \
-    X(tx_gso_fallbacks)  /* GSO sends refused: resent one by one (GSO off if those went out) */    \
-    X(rx_gro_datagrams)  /* reads that returned several packets (UDP GRO) */                       \
-    X(rx_polled_packets) /* packets read by application threads polling a CQ */                    \
-    X(socket_parks)      /* times polling threads took the socket from the engine thread */        \
-    X(socket_handbacks)  /* times the engine thread took it back: the polls had stopped */         \
-    X(watch_wakeups)     /* engine-thread wake-ups to check that the polls go on */                \
-    X(rx_spin_packets)   /* packets the engine thread read spinning after a batch, not woken */    \
+#define UROCE_COUNTERS(X)                                                                        \
+    X(tx_packets)                /* RoCEv2 packets handed to the socket */                       \
+    X(tx_dropped_fault)          /* dropped on purpose by UROCE_FAULTS */                        \
+    X(tx_corrupted_fault)        /* sent with one bit flipped by UROCE_FAULTS */                 \
+    X(tx_duplicated_fault)       /* sent twice by UROCE_FAULTS */                                \
+    X(tx_delayed_fault)          /* held back by UROCE_FAULTS' delay (and jitter) */             \
+    X(tx_reordered_fault)        /* held back by UROCE_FAULTS' reorder: later ones overtake */   \
+    X(rx_dropped_fault)          /* received, then lost on purpose by UROCE_FAULTS (dir=rx) */   \
+    X(rx_corrupted_fault)        /* received, one bit flipped by UROCE_FAULTS (dir=rx) */        \
+    X(rx_duplicated_fault)       /* received, handled twice by UROCE_FAULTS (dir=rx) */          \
+    X(rx_delayed_fault)          /* received, held back by UROCE_FAULTS' delay (dir=rx) */       \
+    X(rx_reordered_fault)        /* received, held back by UROCE_FAULTS' reorder (dir=rx) */     \
+    X(tx_dropped_filter)         /* dropped by a test's transmit filter */                       \
+    X(tx_errors)                 /* sendmsg failures */                                          \
+    X(rx_packets)                /* datagrams read from the socket */                            \
+    X(rx_malformed)              /* failed to parse as RoCEv2 */                                 \
+    X(rx_bad_icrc)               /* ICRC explained by no header value: corrupted */              \
+    X(rx_icrc_unseen_fields)     /* ICRC valid with a non-zero IP id (e.g. kernel rxe) */        \
+    X(rx_unknown_qp)             /* destination QP does not exist */                             \
+    X(rx_wrong_peer)             /* source is not the QP's connected peer */                     \
+    X(rx_bad_pkey)               /* P_Key other than the default partition */                    \
+    X(rx_wrong_state)            /* QP in a state that takes no packets */                       \
+    X(rx_unsupported)            /* opcode of a transport the QP does not run */                 \
+    X(rx_duplicate)              /* duplicate requests answered again */                         \
+    X(rx_out_of_sequence)        /* requests ahead of the expected PSN */                        \
+    X(tx_seq_naks)               /* PSN sequence error NAKs sent */                              \
+    X(tx_rnr_naks)               /* receiver-not-ready NAKs sent */                              \
+    X(tx_access_naks)            /* remote access error NAKs sent */                             \
+    X(tx_invalid_naks)           /* invalid request NAKs sent */                                 \
+    X(tx_acks)                   /* ACKs sent */                                                 \
+    X(retransmit_timeouts)       /* retransmission timer expiries */                             \
+    X(retransmitted_packets)     /* request packets sent again */                                \
+    X(rx_naks)                   /* NAKs received */                                             \
+    X(rx_response_out_of_window) /* responses for PSNs not sent or already acknowledged */       \
+    X(rx_cnp)                    /* RoCEv2 congestion notification packets */                    \
+    X(rx_duplicate_dropped)      /* duplicate READs matching no READ executed */                 \
+    X(rx_held_overflow)          /* requests refused: too many waiting behind a READ */          \
+    X(tx_dropped_full)           /* socket buffer full: dropped, recovered as a loss */          \
+    X(tx_too_big)                /* EMSGSIZE: packet larger than the path's IP MTU */            \
+    X(tx_sport_fallback)         /* QPs sending from the main port: source port not bound */     \
+    X(cq_overruns)               /* completions that found their CQ full */                      \
+    X(rx_bad_qkey)               /* UD packets whose Q_Key is not the QP's */                    \
+    X(rx_no_recv_wqe)            /* UD/UC messages dropped: no receive WQE posted */             \
+    X(rx_uc_dropped)             /* UC messages given up: a lost packet, a bad key or length */  \
+    X(rx_bad_xrc_srq)            /* XRC requests for no XRC SRQ of the target's domain */        \
+    X(rx_bad_mcast_qpn)          /* multicast not for QP 0xFFFFFF, or unicast for it */          \
+    X(rx_mcast_no_qp)            /* multicast datagrams for a group no QP here is attached to */ \
+    X(early_retransmits) /* adaptive timeouts before the local ACK timeout (not retries) */      \
+    X(tail_probes)       /* last packets resent alone when no ACK came within ~2 round trips */  \
+    X(resends_held_back) /* early resends and probes skipped: the engine's budget was spent */   \
+    X(tx_gso_sends)      /* sendmsg calls that carried several packets (UDP GSO) */              \
+    X(tx_gso_fallbacks)  /* GSO sends refused: resent one by one (GSO off if those went out) */  \
+    X(rx_gro_datagrams)  /* reads that returned several packets (UDP GRO) */                     \
+    X(rx_polled_packets) /* packets read by application threads polling a CQ */                  \
+    X(socket_parks)      /* times polling threads took the socket from the engine thread */      \
+    X(socket_handbacks)  /* times the engine thread took it back: the polls had stopped */       \
+    X(watch_wakeups)     /* engine-thread wake-ups to check that the polls go on */              \
+    X(rx_spin_packets)   /* packets the engine thread read spinning after a batch, not woken */  \
     X(tx_held_posts)     /* RC posts that waited for the next CQ poll (held_posts.h) */
 
 struct EngineCounters {
