@@ -64,7 +64,8 @@ namespace uroce::transport {
     X(socket_handbacks)  /* times the engine thread took it back: the polls had stopped */       \
     X(watch_wakeups)     /* engine-thread wake-ups to check that the polls go on */              \
     X(rx_spin_packets)   /* packets the engine thread read spinning after a batch, not woken */  \
-    X(tx_held_posts)     /* RC posts that waited for the next CQ poll (held_posts.h) */
+    X(tx_held_posts)     /* RC posts that waited for the next CQ poll (held_posts.h) */          \
+    X(app_memory_faults) /* accesses to registered memory whose pages were gone */
 
 struct EngineCounters {
 #define UROCE_COUNTER_FIELD(name) std::atomic<uint64_t> name{0};

@@ -10,6 +10,7 @@
 #include <mutex>
 #include <new>
 
+#include "transport/app_memory_guard.h"
 #include "transport/random_source.h"
 #include "transport/ud_qp.h"
 #include "uroce/icrc.h"
@@ -154,6 +155,10 @@ Engine::Engine(const EngineConfig& config, std::unique_ptr<DeviceSlot> slot,
       faults_(config.faults),
       multicast_(config.ip, config.port, &Engine::on_group_readable, this),
       gso_(config.gso) {
+    // Application memory may vanish under a registered region: the engine's accesses to it
+    // survive that (app_memory_guard.h), and count it.
+    install_app_memory_guard();
+    memory_.count_faults_in(&counters_->app_memory_faults);
     const bool gro = config.gro && socket_.enable_gro();
     rx_buffer_bytes_ = gro ? kRxBufferBytesGro : kRxBufferBytes;
     rx_batch_ = gro ? kRxBatchGro : kRxBatch;

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <vector>
 
+#include "transport/app_memory_guard.h"
 #include "transport/engine.h"
 
 namespace uroce::transport {
@@ -32,12 +33,18 @@ Engine::TransmitResult Engine::send_faulted(const FaultDecision& fault, QpCounte
     if (qp) bump(qp->tx_faults);
     // A copy: the payload is the application's registered memory, never written here, and
     // may be reused before a held-back packet leaves.
-    std::vector<uint8_t> copy;
-    copy.reserve(bytes);
+    std::vector<uint8_t> copy(bytes);
+    size_t at = 0;
     for (const iovec& v : packet) {
-        const auto* p = static_cast<const uint8_t*>(v.iov_base);
-        copy.insert(copy.end(), p, p + v.iov_len);
+        if (v.iov_len > copy.size() - at ||
+            !guarded_copy(copy.data() + at, v.iov_base, v.iov_len)) {
+            // Its pages went away after the ICRC was computed (app_memory_guard.h).
+            bump(counters_->app_memory_faults);
+            return TransmitResult::Failed;
+        }
+        at += v.iov_len;
     }
+    copy.resize(at);
     int copies = 1;
     if (fault.fault == Fault::Corrupt) {
         FaultInjector::corrupt(copy, fault.draw);  // after the ICRC: a bit flipped on the way

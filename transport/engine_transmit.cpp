@@ -4,6 +4,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "transport/app_memory_guard.h"
 #include "transport/engine.h"
 #include "uroce/icrc.h"
 
@@ -86,7 +87,15 @@ Engine::TransmitResult Engine::transmit(const wire::Headers& h, std::span<const 
     }
     // The ICRC covers the UDP source port: it is the port of the socket that sends.
     const wire::IpFlow flow{config_.ip, dst_ip, sock.port(), config_.port};
-    const uint32_t crc = wire::icrc(flow, wire::Ipv4Unseen{index, true}, std::span(pieces, n));
+    // The payload is application memory: its pages may be gone (app_memory_guard.h).
+    uint32_t crc = 0;
+    auto compute = [&crc, &flow, index, &pieces, n] {
+        crc = wire::icrc(flow, wire::Ipv4Unseen{index, true}, std::span(pieces, n));
+    };
+    if (!guarded(compute)) {
+        bump(counters_->app_memory_faults);
+        return TransmitResult::Failed;
+    }
     store_icrc(icrc, crc);
     iov[n++] = {icrc, 4};
     if (fault.fault == Fault::Drop) {
@@ -137,6 +146,10 @@ Engine::TransmitResult Engine::account_send(int err, uint64_t packets) {
             return TransmitResult::Lost;
         case EMSGSIZE:
             bump(counters_->tx_too_big, packets);
+            return TransmitResult::Failed;
+        case EFAULT:
+            // The payload's pages went away after its ICRC was computed (app_memory_guard.h).
+            bump(counters_->app_memory_faults, packets);
             return TransmitResult::Failed;
         default:
             // A route that is down for a moment (ENETUNREACH, EHOSTUNREACH, a firewall's
@@ -208,8 +221,16 @@ Engine::TransmitResult Engine::send_one_by_one(TransmitBatch& batch, size_t& sen
             for (size_t k = 0; k + 1 < p.niov; ++k)
                 pieces[k] = {static_cast<const uint8_t*>(iov[k].iov_base), iov[k].iov_len};
             const wire::IpFlow flow{config_.ip, batch.dst_ip_, batch.from_->port(), config_.port};
-            const uint32_t crc =
-                wire::icrc(flow, wire::Ipv4Unseen{}, std::span(pieces, p.niov - 1));
+            uint32_t crc = 0;
+            auto compute = [&crc, &flow, &pieces, &p] {
+                crc = wire::icrc(flow, wire::Ipv4Unseen{}, std::span(pieces, p.niov - 1));
+            };
+            if (!guarded(compute)) {
+                // The payload's pages are gone (app_memory_guard.h): its request fails.
+                bump(counters_->app_memory_faults);
+                if (batch.failed_tag_ == TransmitBatch::kNoTag) batch.failed_tag_ = p.tag;
+                return TransmitResult::Failed;
+            }
             store_icrc(batch.icrcs_[i].data(), crc);
         }
         const TransmitResult r =

@@ -20,6 +20,8 @@ const char* to_string(KeyCheck c) {
             return "range outside the region";
         case KeyCheck::NoAccess:
             return "access not granted";
+        case KeyCheck::Unmapped:
+            return "pages of the region no longer mapped";
     }
     return "?";
 }

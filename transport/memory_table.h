@@ -7,6 +7,7 @@
 // fails, and deregister() waits for accesses that already passed a check to finish.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <mutex>
 #include <optional>
@@ -29,7 +30,8 @@ struct MemoryKeys {
     uint32_t rkey = 0;
 };
 
-enum class KeyCheck { Ok, BadKey, WrongPd, OutOfBounds, NoAccess };
+// Unmapped: the key allowed the access, but the pages under it were gone (app_memory_guard.h).
+enum class KeyCheck { Ok, BadKey, WrongPd, OutOfBounds, NoAccess, Unmapped };
 const char* to_string(KeyCheck c);
 
 class MemoryTable {
@@ -93,6 +95,13 @@ class MemoryTable {
 
     size_t size() const;
 
+    // Accesses the key checks allowed found the pages gone (app_memory_guard.h): each is
+    // counted in `counter` (the engine's app_memory_faults), if set.
+    void count_faults_in(std::atomic<uint64_t>* counter) { fault_counter_ = counter; }
+    void note_fault() const {
+        if (fault_counter_) fault_counter_->fetch_add(1, std::memory_order_relaxed);
+    }
+
   private:
     struct Region {
         uint32_t pd;
@@ -116,6 +125,7 @@ class MemoryTable {
     mutable std::shared_mutex mutex_;
     std::unordered_map<uint32_t, Region> by_index_;  // key >> 8 -> region
     uint32_t next_index_ = 1;
+    std::atomic<uint64_t>* fault_counter_ = nullptr;
 };
 
 }  // namespace uroce::transport

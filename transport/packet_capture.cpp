@@ -1,5 +1,6 @@
 // See packet_capture.h.
 #include "transport/packet_capture.h"
+#include "transport/app_memory_guard.h"
 
 #include <pcap/pcap.h>
 #include <sys/time.h>
@@ -156,7 +157,10 @@ void PacketCapture::write(const wire::IpFlow& flow, uint16_t identification, uin
     size_t at = head;
     for (const iovec& v : udp_payload) {
         const size_t n = std::min(v.iov_len, frame.size() - at);
-        if (n) std::memcpy(frame.data() + at, v.iov_base, n);
+        // The payload is application memory, whose pages may be gone (app_memory_guard.h):
+        // the frame then keeps zeros there.
+        if (n && !guarded_copy(frame.data() + at, v.iov_base, n))
+            std::memset(frame.data() + at, 0, n);
         at += n;
     }
     uint8_t* eth = frame.data();

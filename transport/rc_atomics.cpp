@@ -13,6 +13,7 @@
 #include <atomic>
 #include <cstring>
 
+#include "transport/app_memory_guard.h"
 #include "transport/engine.h"
 #include "transport/psn.h"
 #include "transport/rc_qp.h"
@@ -91,7 +92,12 @@ void RcQp::on_atomic_ack(const wire::ParsedPacket& pkt) {
                 enter_error();
                 return;
             }
-            std::memcpy(reinterpret_cast<void*>(s.addr), original + done, take);
+            if (!guarded_copy(reinterpret_cast<void*>(s.addr), original + done, take)) {
+                engine_.memory().note_fault();
+                e.failed = WcStatus::LocProtErr;
+                enter_error();
+                return;
+            }
             done += take;
         }
     }
@@ -164,13 +170,22 @@ void RcQp::execute_atomic(const wire::ParsedPacket& pkt) {
             responder_error(wire::NakCode::RemoteAccessError, psn, AsyncEventType::QpAccessError);
             return;
         }
-        std::atomic_ref<uint64_t> target(*reinterpret_cast<uint64_t*>(local));
-        if (res->cmp_swap) {
-            uint64_t expected = a.compare;
-            target.compare_exchange_strong(expected, a.swap_add, std::memory_order_acq_rel);
-            res->original = expected;  // the value found, whether or not it was swapped
-        } else {
-            res->original = target.fetch_add(a.swap_add, std::memory_order_acq_rel);
+        auto execute = [res, local, &a] {
+            std::atomic_ref<uint64_t> target(*reinterpret_cast<uint64_t*>(local));
+            if (res->cmp_swap) {
+                uint64_t expected = a.compare;
+                target.compare_exchange_strong(expected, a.swap_add, std::memory_order_acq_rel);
+                res->original = expected;  // the value found, whether or not it was swapped
+            } else {
+                res->original = target.fetch_add(a.swap_add, std::memory_order_acq_rel);
+            }
+        };
+        if (!guarded(execute)) {
+            // The region's pages are gone (app_memory_guard.h): refused as a bad key is.
+            engine_.memory().note_fault();
+            guard.unlock();
+            responder_error(wire::NakCode::RemoteAccessError, psn, AsyncEventType::QpAccessError);
+            return;
         }
     }
     ++msn_;

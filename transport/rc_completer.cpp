@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "transport/app_memory_guard.h"
 #include "transport/engine.h"
 #include "transport/psn.h"
 #include "transport/rc_qp.h"
@@ -323,7 +324,13 @@ void RcQp::on_read_response(const wire::ParsedPacket& pkt) {
                 enter_error();
                 return;
             }
-            std::memcpy(reinterpret_cast<void*>(s.addr + skip), pkt.payload.data() + done, take);
+            if (!guarded_copy(reinterpret_cast<void*>(s.addr + skip), pkt.payload.data() + done,
+                              take)) {
+                engine_.memory().note_fault();
+                e.failed = WcStatus::LocProtErr;
+                enter_error();
+                return;
+            }
             done += take;
             skip = 0;
         }

@@ -12,6 +12,7 @@
 #include <atomic>
 #include <cstring>
 
+#include "transport/app_memory_guard.h"
 #include "transport/engine.h"
 #include "transport/psn.h"
 #include "transport/rc_qp.h"
@@ -210,6 +211,15 @@ void RcQp::send_responses(uint32_t budget) {
                                                kRemoteRead, local, qpn_) != KeyCheck::Ok)) {
                 if (guard.owns_lock()) guard.unlock();
                 flush_tx_batch();  // the responses before this one, and the pin with them
+                responder_error(wire::NakCode::RemoteAccessError, r->psn,
+                                AsyncEventType::QpAccessError);
+                return;
+            }
+            if (len > 0 && !guarded_probe(reinterpret_cast<const void*>(local), len)) {
+                // The region's pages are gone (app_memory_guard.h): refused as a bad key is.
+                engine_.memory().note_fault();
+                if (guard.owns_lock()) guard.unlock();
+                flush_tx_batch();
                 responder_error(wire::NakCode::RemoteAccessError, r->psn,
                                 AsyncEventType::QpAccessError);
                 return;
@@ -498,7 +508,14 @@ void RcQp::execute_one(const wire::ParsedPacket& pkt) {
                                 AsyncEventType::QpAccessError);
                 return;
             }
-            copy_last_byte_last(reinterpret_cast<uint8_t*>(local), pkt.payload.data(), len);
+            if (!copy_last_byte_last(reinterpret_cast<uint8_t*>(local), pkt.payload.data(), len)) {
+                // The region's pages are gone (app_memory_guard.h): refused as a bad key is.
+                engine_.memory().note_fault();
+                guard.unlock();
+                responder_error(wire::NakCode::RemoteAccessError, psn,
+                                AsyncEventType::QpAccessError);
+                return;
+            }
         }
         write_va_ += len;
         write_left_ -= len;

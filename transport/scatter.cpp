@@ -4,12 +4,17 @@
 #include <atomic>
 #include <cstring>
 
+#include "transport/app_memory_guard.h"
+
 namespace uroce::transport {
 
-void copy_last_byte_last(uint8_t* dst, const uint8_t* src, size_t len) {
-    if (len == 0) return;
-    std::memcpy(dst, src, len - 1);
-    std::atomic_ref<uint8_t>(dst[len - 1]).store(src[len - 1], std::memory_order_release);
+bool copy_last_byte_last(uint8_t* dst, const uint8_t* src, size_t len) {
+    if (len == 0) return true;
+    auto copy = [dst, src, len] {
+        std::memcpy(dst, src, len - 1);
+        std::atomic_ref<uint8_t>(dst[len - 1]).store(src[len - 1], std::memory_order_release);
+    };
+    return guarded(copy);
 }
 
 bool gather_checked(const MemoryTable& memory, const SendWqe& wqe, uint32_t pd, uint32_t offset,
@@ -57,8 +62,10 @@ KeyCheck scatter_checked(const MemoryTable& memory, const SgeList& sgl, uint32_t
                     const KeyCheck k =
                         memory.check_local(s.lkey, pd, s.addr + skip, take, kLocalWrite);
                     if (k != KeyCheck::Ok) return k;
-                } else {
-                    std::memcpy(reinterpret_cast<void*>(s.addr + skip), data.data() + done, take);
+                } else if (!guarded_copy(reinterpret_cast<void*>(s.addr + skip), data.data() + done,
+                                         take)) {
+                    memory.note_fault();
+                    return KeyCheck::Unmapped;
                 }
                 done += take;
                 skip += take;

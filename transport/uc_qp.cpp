@@ -330,7 +330,12 @@ void UcQp::on_request(const wire::ParsedPacket& pkt) {
             drop_message();
             return;
         }
-        copy_last_byte_last(reinterpret_cast<uint8_t*>(local), pkt.payload.data(), len);
+        if (!copy_last_byte_last(reinterpret_cast<uint8_t*>(local), pkt.payload.data(), len)) {
+            engine_.memory().note_fault();
+            guard.unlock();
+            drop_message();
+            return;
+        }
     }
     write_va_ += len;
     write_left_ -= len;

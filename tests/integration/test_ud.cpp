@@ -399,3 +399,30 @@ TEST_CASE("UD multicast: what ibv_attach_mcast and ibv_detach_mcast refuse", "[u
         CHECK(ibv_detach_mcast(a.qp, &group, 0) == EINVAL);
     }
 }
+
+// A NIC goes on writing into the pages a region pinned; UCX counts on that, freeing its
+// receive buffers before their UD QP (test_vanished_memory.cpp has the RC cases).
+TEST_CASE("UD: a datagram for a receive buffer whose pages are gone completes it in error",
+          "[ud][vanished]") {
+    UdEnd a(devices().a), b(devices().b);
+    VanishingRegion in(b.pd, 2 * 4096, kAccess);
+    ibv_sge sge{in.addr(), static_cast<uint32_t>(in.size), in.mr->lkey};
+    ibv_recv_wr rwr{};
+    rwr.wr_id = 31;
+    rwr.sg_list = &sge;
+    rwr.num_sge = 1;
+    ibv_recv_wr* bad = nullptr;
+    REQUIRE(ibv_post_recv(b.qp, &rwr, &bad) == 0);
+    in.vanish();
+    Buffer out(a.pd, 4096, kAccess);
+    fill_pattern(out.bytes.data(), 1000, 4);
+    ibv_ah* ah = a.ah_to(b.gid);
+    REQUIRE(ah);
+    REQUIRE(post_ud_send(a.qp, ah, b.qp->qp_num, kQkey, out, 0, 1000, 32) == 0);
+    CHECK(one(a.cq).status == IBV_WC_SUCCESS);
+    const ibv_wc r = one(b.cq);
+    CHECK(r.wr_id == 31);
+    CHECK(r.status == IBV_WC_LOC_PROT_ERR);
+    CHECK(counter(b.ctx, "app_memory_faults") == 1);
+    CHECK(ibv_destroy_ah(ah) == 0);  // and the region still deregisters, at the end
+}

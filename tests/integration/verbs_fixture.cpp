@@ -3,6 +3,7 @@
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -248,6 +249,29 @@ Buffer::Buffer(ibv_pd* pd, size_t size, int access) : bytes(size) {
 
 Buffer::~Buffer() {
     if (mr) ibv_dereg_mr(mr);
+}
+
+VanishingRegion::VanishingRegion(ibv_pd* pd, size_t bytes, int access) : size(bytes) {
+    void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) throw std::runtime_error("mmap failed");
+    base = static_cast<uint8_t*>(p);
+    std::memset(base, 0x11, size);
+    mr = ibv_reg_mr(pd, base, size, access);
+    if (!mr) {
+        munmap(base, size);
+        throw std::runtime_error("ibv_reg_mr failed");
+    }
+}
+
+VanishingRegion::~VanishingRegion() {
+    // The region outlived its pages: deregistering it must still work.
+    if (ibv_dereg_mr(mr) != 0) std::fprintf(stderr, "VanishingRegion: ibv_dereg_mr failed\n");
+    munmap(base, size);
+}
+
+void VanishingRegion::vanish() {
+    if (mmap(base, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) != base)
+        throw std::runtime_error("mmap MAP_FIXED failed");
 }
 
 int post_rdma(ibv_qp* qp, ibv_wr_opcode op, const Buffer& local, size_t offset, size_t len,

@@ -96,6 +96,22 @@ struct Buffer {
     uint64_t addr() const { return reinterpret_cast<uint64_t>(bytes.data()); }
 };
 
+// A registered region of whole pages that can lose them while registered. vanish() replaces
+// them with an inaccessible reservation: to uroce that is what munmap() is (a fault on
+// access, app_memory_guard.h), and nothing else of the process can be mapped there while the
+// test runs. The destructor deregisters the region, then unmaps the range.
+struct VanishingRegion {
+    uint8_t* base = nullptr;
+    size_t size = 0;
+    ibv_mr* mr = nullptr;
+    VanishingRegion(ibv_pd* pd, size_t bytes, int access);  // bytes: a multiple of the page
+    ~VanishingRegion();
+    VanishingRegion(const VanishingRegion&) = delete;
+    VanishingRegion& operator=(const VanishingRegion&) = delete;
+    void vanish();
+    uint64_t addr() const { return reinterpret_cast<uint64_t>(base); }
+};
+
 int post_rdma(ibv_qp* qp, ibv_wr_opcode op, const Buffer& local, size_t offset, size_t len,
               uint64_t remote_addr, uint32_t rkey, uint64_t wr_id, bool signaled = true);
 int post_send_msg(ibv_qp* qp, const Buffer& local, size_t offset, size_t len, uint64_t wr_id,
