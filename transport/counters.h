@@ -65,6 +65,7 @@ namespace uroce::transport {
     X(watch_wakeups)     /* engine-thread wake-ups to check that the polls go on */              \
     X(rx_spin_packets)   /* packets the engine thread read spinning after a batch, not woken */  \
     X(tx_held_posts)     /* RC posts that waited for the next CQ poll (held_posts.h) */          \
+    X(deferred_timers)   /* RC timers a poller armed, kept off the loop until the hand-back */   \
     X(app_memory_faults) /* accesses to registered memory whose pages were gone */
 
 struct EngineCounters {

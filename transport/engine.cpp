@@ -112,7 +112,7 @@ std::unique_ptr<Engine> Engine::create(const EngineConfig& config, std::string& 
     }
     e->handoff_ = std::make_unique<PollHandoff>(e->base_, e->rx_event_, e->fork_gate_,
                                                 *e->counters_, config.inline_progress,
-                                                [eng = e.get()] { eng->send_held_posts(); });
+                                                [eng = e.get()] { eng->on_handed_back(); });
     if (!e->handoff_->ok()) {
         err = ENOMEM;
         error = "cannot create the poll handoff timer";
@@ -399,15 +399,30 @@ void Engine::note_held_post(uint32_t qpn) {
     std::atomic_thread_fence(std::memory_order_seq_cst);
 }
 
+void Engine::note_deferred_timer(uint32_t qpn) {
+    deferred_timers_.note(qpn);
+    // Against the hand-back, as note_held_post.
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+}
+
+std::shared_ptr<Qp> Engine::qp_numbered(uint32_t qpn) const {
+    std::shared_lock lock(qps_mutex_);
+    auto it = qps_.find(qpn);
+    return it != qps_.end() ? it->second : nullptr;
+}
+
+void Engine::on_handed_back() {
+    send_held_posts();
+    if (deferred_timers_.empty()) return;
+    deferred_timers_.flush([this](uint32_t qpn) {
+        if (auto qp = qp_numbered(qpn)) qp->arm_deferred_timer();
+    });
+}
+
 void Engine::send_held_posts() {
     if (held_posts_.empty()) return;
     held_posts_.flush([this](uint32_t qpn) {
-        std::shared_ptr<Qp> qp;
-        {
-            std::shared_lock lock(qps_mutex_);
-            if (auto it = qps_.find(qpn); it != qps_.end()) qp = it->second;
-        }
-        if (qp) qp->send_held();
+        if (auto qp = qp_numbered(qpn)) qp->send_held();
     });
 }
 

@@ -188,6 +188,20 @@ class Engine {
     // and it must send at once. send_held_posts() runs at every CQ poll and when the socket
     // is handed back: each noted QP pumps (Qp::send_held).
     bool hold_posts() const { return config_.hold_posts && socket_parked(); }
+    // QP timers armed by a polling thread while the socket is parked. Adding a libevent timer
+    // from a thread other than the loop's wakes the engine thread whenever that timer is the
+    // earliest (libevent recomputes its wait): once per post of a ping-pong, on a CPU the
+    // pollers need. The pollers run due timers themselves (run_due_timer), so the QP only
+    // notes itself (note_deferred_timer), then asks defer_timers() again: false means the
+    // socket came back meanwhile and it adds the event itself. The hand-back hands every
+    // noted QP's timer to the loop (Qp::arm_deferred_timer).
+    bool defer_timers() const {
+        return socket_parked() && std::this_thread::get_id() != thread_.get_id();
+    }
+    void note_deferred_timer(uint32_t qpn);
+    void note_loss() {
+        if (handoff_) handoff_->on_loss();
+    }
     // An application thread armed a CQ for a completion event (PollHandoff::on_arm).
     void note_cq_armed() {
         if (handoff_) handoff_->on_arm();
@@ -373,6 +387,11 @@ class Engine {
     event* stop_event_ = nullptr;           // activated to end the loop, even before it started
     std::unique_ptr<PollHandoff> handoff_;  // uses rx_event_ and base_: freed before them
     HeldPosts held_posts_;
+    HeldPosts deferred_timers_;  // QPs whose timer waits for the hand-back (defer_timers)
+    // At the hand-back: the held posts go out, the deferred timers go to the loop.
+    void on_handed_back();
+    // The QP of that number, or null (destroyed meanwhile).
+    std::shared_ptr<Qp> qp_numbered(uint32_t qpn) const;
     std::thread thread_;
 
     // Runs the timers that are due, on a polling thread (progress(), with rx_mutex_ held:
@@ -383,7 +402,7 @@ class Engine {
     static constexpr int64_t kNoTimer = INT64_MAX;
     std::atomic<int64_t> next_timer_ns_{kNoTimer};
     std::vector<std::shared_ptr<Qp>> timer_scan_;  // guarded by rx_mutex_
-    std::shared_mutex qps_mutex_;
+    mutable std::shared_mutex qps_mutex_;
     // QPN -> QP; a null entry is a QPN allocated but not yet attached.
     std::unordered_map<uint32_t, std::shared_ptr<Qp>> qps_;
     std::atomic<uint32_t> qp_count_{0};

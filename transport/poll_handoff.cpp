@@ -43,6 +43,7 @@ void PollHandoff::on_poll() {
     bool expected = false;
     if (!parked_.compare_exchange_strong(expected, true, std::memory_order_relaxed)) return;
     bump(counters_.socket_parks);
+    parked_at_ns_.store(now, std::memory_order_relaxed);
     // Not waiting for a read callback that is running: it finishes its batch, and the next
     // read is this thread's.
     event_del_noblock(rx_event_);
@@ -60,7 +61,9 @@ bool PollHandoff::park_from_loop() {
     if (!parked_.compare_exchange_strong(expected, true, std::memory_order_relaxed)) return true;
     bump(counters_.socket_parks);
     // The poll that holds the lock counts: the watch measures the gap from now.
-    last_poll_ns_.store(now_ns(), std::memory_order_relaxed);
+    const int64_t now = now_ns();
+    last_poll_ns_.store(now, std::memory_order_relaxed);
+    parked_at_ns_.store(now, std::memory_order_relaxed);
     event_del(rx_event_);
     arm_watch();
     return true;
@@ -79,6 +82,14 @@ void PollHandoff::on_post() {
 void PollHandoff::on_arm() {
     if (!enabled_) return;
     last_arm_ns_.store(now_ns(), std::memory_order_relaxed);
+    // A thread that turns from a long busy poll to waiting for an event must not wait a long
+    // period for the hand-back: the watch comes back within kWatchMicros (adding it from
+    // this thread wakes the engine thread once, as it is about to sleep anyway).
+    if (watch_ && parked_.load(std::memory_order_relaxed) &&
+        watch_ns_.load(std::memory_order_relaxed) > kWatchMicros * 1000) {
+        watch_ns_.store(kWatchMicros * 1000, std::memory_order_relaxed);
+        arm_watch();
+    }
 }
 
 bool PollHandoff::quiet(int64_t now, int64_t quiet_ns) const {
@@ -105,15 +116,20 @@ void PollHandoff::on_watch(evutil_socket_t, short, void* arg) {
     const auto pass = h->gate_.pass();
     bump(h->counters_.watch_wakeups);
     const int64_t period = h->watch_ns_.load(std::memory_order_relaxed);
-    const int64_t gap = now_ns() - h->last_poll_ns_.load(std::memory_order_relaxed);
+    const int64_t now = now_ns();
+    const int64_t gap = now - h->last_poll_ns_.load(std::memory_order_relaxed);
     if (gap < period && h->parked_.load(std::memory_order_relaxed)) {
         // Still polled: the socket stays out of the loop (an unpark racing with a new park
         // may have put it back). A poller that keeps polling costs this thread a wake-up
-        // per period: the period grows back towards kWatchMicros. A short period is aimed
+        // per period: the period grows back towards kWatchMicros, and on to kLongWatchMicros
+        // once the park has lasted kLongParkMicros. A short period is aimed
         // at its end (a period after the last poll); the full one is not: a check that
         // comes sooner is one wake-up more beside the pollers.
         event_del(h->rx_event_);
-        const int64_t next = std::min(period * 2, kWatchMicros * 1000);
+        const bool long_park =
+            now - h->parked_at_ns_.load(std::memory_order_relaxed) >= kLongParkMicros * 1000;
+        const int64_t next =
+            std::min(period * 2, (long_park ? kLongWatchMicros : kWatchMicros) * 1000);
         h->watch_ns_.store(next, std::memory_order_relaxed);
         h->arm_watch(period < kWatchMicros * 1000 ? std::max(next - gap, kMinWatchMicros * 1000)
                                                   : next);
@@ -127,7 +143,11 @@ void PollHandoff::on_watch(evutil_socket_t, short, void* arg) {
     // paused (a poller the scheduler held off, in ib_send_lat): a short period there only
     // wakes the engine thread beside the pollers, on CPUs they need.
     if (h->last_poll_found_.load(std::memory_order_relaxed) && h->datagram_waiting())
-        h->watch_ns_.store(std::max(period / 2, kMinWatchMicros * 1000), std::memory_order_relaxed);
+        h->watch_ns_.store(
+            std::max(std::min(period, kWatchMicros * 1000) / 2, kMinWatchMicros * 1000),
+            std::memory_order_relaxed);
+    else if (period > kWatchMicros * 1000)
+        h->watch_ns_.store(kWatchMicros * 1000, std::memory_order_relaxed);
     h->streak_.store(0, std::memory_order_relaxed);
     h->parked_.store(false, std::memory_order_relaxed);
     h->handbacks_.fetch_add(1, std::memory_order_relaxed);

@@ -15,13 +15,16 @@
 // adapts. A hand-back that finds a datagram already waiting, after a last poll that returned
 // completions (the application took what it polled for, then waited for the next packet
 // some other way), halves it, down to kMinWatchMicros; each check that finds the polls still
-// going doubles it, up to kWatchMicros. ib_write_lat's median: 1.6 ms with a fixed 1 ms
-// period, 172 us with 100 us, 47 us adaptive. A 5 us floor was worse (the engine thread's
-// wake-ups took the CPUs from the spinning application), and so were checks aimed at a full
-// period after the last poll (ib_send_lat, whose pollers pause only when the scheduler
-// holds them off, lost 1-2 us on average to the extra wake-ups).
-// Timers (retransmission, RNR) stay on the engine thread; the pollers run those that are
-// due. The hand-back also sends the posts held for the pollers (held_posts.h).
+// going doubles it, up to kWatchMicros (kLongWatchMicros in a long park, below).
+// ib_write_lat's median: 1.6 ms with a fixed 1 ms period, 172 us with 100 us, 47 us
+// adaptive. A 5 us floor was worse (the engine thread's wake-ups took the CPUs from the
+// spinning application), and so were checks aimed at a full period after the last poll
+// (ib_send_lat, whose pollers pause only when the scheduler holds them off, lost 1-2 us on
+// average to the extra wake-ups).
+// Timers (retransmission, RNR) belong to the engine thread's loop; while parked the pollers
+// run those that are due, and the ones they arm reach the loop at the hand-back
+// (Engine::defer_timers). The hand-back also sends the posts held for the pollers
+// (held_posts.h).
 #pragma once
 
 #include <event2/event.h>
@@ -44,6 +47,12 @@ class PollHandoff {
     // waiting and doubles at each check that finds the polls going on.
     static constexpr int64_t kWatchMicros = 100;
     static constexpr int64_t kMinWatchMicros = 20;
+    // A park that has lasted kLongParkMicros is a poller that does nothing else (perftest's
+    // bandwidth tests, ibv_rc_pingpong): its period may grow on to kLongWatchMicros. The
+    // hand-back that ends such a park comes up to that late, once (not after on_arm: a
+    // poller turning to a completion event), and the next park starts from kWatchMicros.
+    static constexpr int64_t kLongParkMicros = 2000;
+    static constexpr int64_t kLongWatchMicros = 1000;
 
     // `rx_event` is the engine loop's read event of the device socket (added); `gate` is the
     // engine's, taken by the watch timer's callback. With `enabled` false, on_poll() never
@@ -77,6 +86,12 @@ class PollHandoff {
     // An application thread asked for a completion event (ibv_req_notify_cq): it is about
     // to sleep until the engine thread wakes it, and needs a CPU then.
     void on_arm();
+    // A QP of this context resends lost packets: the park counts as young again.
+    void on_loss() {
+        parked_at_ns_.store(now_ns(), std::memory_order_relaxed);
+        if (watch_ns_.load(std::memory_order_relaxed) > kWatchMicros * 1000)
+            watch_ns_.store(kWatchMicros * 1000, std::memory_order_relaxed);
+    }
     // The clock of these times: the steady clock, in nanoseconds.
     static int64_t now_ns();
     // Whether no application thread polled, posted or armed a CQ for `quiet_ns` before
@@ -107,6 +122,7 @@ class PollHandoff {
     std::atomic<int64_t> last_arm_ns_{0};
     std::atomic<uint32_t> streak_{0};
     std::atomic<bool> parked_{false};
+    std::atomic<int64_t> parked_at_ns_{0};  // when the current park began
     std::atomic<bool> last_poll_found_{false};
     std::atomic<uint64_t> handbacks_{0};  // this handoff's own (the counters may be shared)
     std::atomic<int64_t> watch_ns_{kWatchMicros * 1000};  // changed by the engine thread

@@ -57,6 +57,9 @@ class Qp {
 
     // Sends the posts it held for the next poll (held_posts.h).
     virtual void send_held() {}
+    // On the engine thread, when the socket comes back to it: hands the engine's event loop
+    // the timer a polling thread armed meanwhile (Engine::defer_timers).
+    virtual void arm_deferred_timer() {}
 
     // Stops the QP for good: after this returns no packet, timer or async event reaches it
     // and it sends nothing more. Engine::detach() calls it.

@@ -529,9 +529,38 @@ void RcQp::take_rtt_sample(uint32_t psn) {
 void RcQp::start_timer(uint64_t us, std::chrono::steady_clock::time_point now) {
     timer_deadline_ = now + std::chrono::microseconds(us);
     engine_.note_timer_deadline(timer_deadline_);
+    timer_armed_ = true;
+    // A polling thread's timer stays off the engine thread's loop until the hand-back (the
+    // pollers run it when due): adding it here would wake that thread (Engine::defer_timers).
+    if (engine_.defer_timers()) {
+        if (!timer_deferred_) {
+            timer_deferred_ = true;
+            engine_.note_deferred_timer(qpn());
+        }
+        // The socket may have come back between the two questions: nobody would add it then.
+        if (engine_.defer_timers()) {
+            bump(engine_.counters().deferred_timers);
+            return;
+        }
+    }
+    add_timer_event(us);
+}
+
+void RcQp::add_timer_event(uint64_t us) {
     timeval tv{static_cast<time_t>(us / 1000000), static_cast<suseconds_t>(us % 1000000)};
     evtimer_add(timer_, &tv);
-    timer_armed_ = true;
+}
+
+void RcQp::arm_deferred_timer() {
+    std::lock_guard lock(mutex_);
+    timer_deferred_ = false;
+    if (closed_ || !timer_armed_) return;
+    const auto now = std::chrono::steady_clock::now();
+    const auto left =
+        timer_deadline_ > now
+            ? std::chrono::ceil<std::chrono::microseconds>(timer_deadline_ - now).count()
+            : 0;
+    add_timer_event(static_cast<uint64_t>(left));
 }
 
 void RcQp::restart_timer() {

@@ -110,6 +110,7 @@ class RcQp final : public QpCommon {
     void flush_ack() override;
     // Sends the posts held for the next poll.
     void send_held() override;
+    void arm_deferred_timer() override;
     std::chrono::steady_clock::time_point run_due_timer(
         std::chrono::steady_clock::time_point now) override;
     const IpAddress& peer_ip() const { return attrs_.dst_ip; }
@@ -269,6 +270,10 @@ class RcQp final : public QpCommon {
     uint32_t rnr_psn_ = 0;
     bool timer_armed_ = false;
     uint32_t last_rewind_psn_ = 0xffffffff;
+    // The timer's event waits for the hand-back (start_timer, Engine::defer_timers); the QP
+    // is noted with the engine until then.
+    bool timer_deferred_ = false;
+    void add_timer_event(uint64_t us);
     // Packets of the posts queued since the last pump (may_wait()): a train's worth goes at
     // once. held_noted_: the engine knows this QP waits for a poll (HeldPosts::note).
     uint32_t unpumped_packets_ = 0;
