@@ -848,6 +848,11 @@ MUTANTS = [
            "    static_cast<void>(qp);", ("faults",)),
     Mutant("faults: a full delay line keeps growing", "transport/delay_line.cpp",
            "    if (packets_.size() >= kMaxPackets) return false;\n", "", ("faults",)),
+    Mutant("handoff: ibv_req_notify_cq leaves a long watch period (the waiter waits 1 ms)",
+           "transport/poll_handoff.cpp",
+           "    if (watch_ && parked_.load(std::memory_order_relaxed) &&\n"
+           "        watch_ns_.load(std::memory_order_relaxed) > kWatchMicros * 1000) {",
+           "    if (false) {", ("handoff",)),
     # --- application memory whose pages are gone (transport/app_memory_guard.cpp) ---
     Mutant("app memory: a fault in a guarded access is not caught (the process dies)",
            "transport/app_memory_guard.cpp",

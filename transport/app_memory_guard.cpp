@@ -125,7 +125,7 @@ bool guarded_probe(const void* addr, size_t n) noexcept {
     return guarded_access(
         [](void* p) {
             const auto* what = static_cast<const Probe*>(p);
-            const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+            static const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
             const uintptr_t begin = reinterpret_cast<uintptr_t>(what->first);
             const uintptr_t last = begin + what->n - 1;
             // One byte of each page the range touches.

@@ -147,10 +147,6 @@ Engine::TransmitResult Engine::account_send(int err, uint64_t packets) {
         case EMSGSIZE:
             bump(counters_->tx_too_big, packets);
             return TransmitResult::Failed;
-        case EFAULT:
-            // The payload's pages went away after its ICRC was computed (app_memory_guard.h).
-            bump(counters_->app_memory_faults, packets);
-            return TransmitResult::Failed;
         default:
             // A route that is down for a moment (ENETUNREACH, EHOSTUNREACH, a firewall's
             // EPERM) may come back: treated as a loss, the retry counter decides.

@@ -23,24 +23,6 @@ QpOptions atomic_options() {
     return o;
 }
 
-int post_atomic(ibv_qp* qp, ibv_wr_opcode op, const Buffer& local, size_t offset,
-                uint64_t remote_addr, uint32_t rkey, uint64_t compare_add, uint64_t swap,
-                uint64_t wr_id, uint32_t length = 8) {
-    ibv_sge sge{local.addr() + offset, length, local.mr->lkey};
-    ibv_send_wr wr{};
-    wr.wr_id = wr_id;
-    wr.opcode = op;
-    wr.sg_list = &sge;
-    wr.num_sge = 1;
-    wr.send_flags = IBV_SEND_SIGNALED;
-    wr.wr.atomic.remote_addr = remote_addr;
-    wr.wr.atomic.rkey = rkey;
-    wr.wr.atomic.compare_add = compare_add;
-    wr.wr.atomic.swap = swap;
-    ibv_send_wr* bad = nullptr;
-    return ibv_post_send(qp, &wr, &bad);
-}
-
 uint64_t u64_at(const Buffer& b, size_t offset) {
     uint64_t v = 0;
     std::memcpy(&v, b.bytes.data() + offset, 8);

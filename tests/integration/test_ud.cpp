@@ -406,13 +406,7 @@ TEST_CASE("UD: a datagram for a receive buffer whose pages are gone completes it
           "[ud][vanished]") {
     UdEnd a(devices().a), b(devices().b);
     VanishingRegion in(b.pd, 2 * 4096, kAccess);
-    ibv_sge sge{in.addr(), static_cast<uint32_t>(in.size), in.mr->lkey};
-    ibv_recv_wr rwr{};
-    rwr.wr_id = 31;
-    rwr.sg_list = &sge;
-    rwr.num_sge = 1;
-    ibv_recv_wr* bad = nullptr;
-    REQUIRE(ibv_post_recv(b.qp, &rwr, &bad) == 0);
+    REQUIRE(post_recv_at(b.qp, in.addr(), static_cast<uint32_t>(in.size), in.mr->lkey, 31) == 0);
     in.vanish();
     Buffer out(a.pd, 4096, kAccess);
     fill_pattern(out.bytes.data(), 1000, 4);

@@ -17,27 +17,6 @@ constexpr int kAllAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
                            IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
 constexpr size_t kBytes = 2 * 4096;
 
-int post_with(ibv_qp* qp, ibv_wr_opcode op, uint64_t addr, uint32_t len, uint32_t lkey,
-              uint64_t remote_addr, uint32_t rkey, uint64_t wr_id) {
-    ibv_sge sge{addr, len, lkey};
-    ibv_send_wr wr{};
-    wr.wr_id = wr_id;
-    wr.opcode = op;
-    wr.sg_list = &sge;
-    wr.num_sge = 1;
-    wr.send_flags = IBV_SEND_SIGNALED;
-    if (op == IBV_WR_ATOMIC_FETCH_AND_ADD) {
-        wr.wr.atomic.remote_addr = remote_addr;
-        wr.wr.atomic.rkey = rkey;
-        wr.wr.atomic.compare_add = 1;
-    } else {
-        wr.wr.rdma.remote_addr = remote_addr;
-        wr.wr.rdma.rkey = rkey;
-    }
-    ibv_send_wr* bad = nullptr;
-    return ibv_post_send(qp, &wr, &bad);
-}
-
 ibv_wc one(ibv_cq* cq) {
     const auto wcs = wait_completions(cq, 1);
     REQUIRE(wcs.size() == 1);
@@ -105,8 +84,8 @@ TEST_CASE("An RDMA READ into local pages that are gone ends in a local protectio
     fill_pattern(source.bytes.data(), kBytes, 8);
     VanishingRegion dst(a.pd, kBytes, kAllAccess);
     dst.vanish();
-    REQUIRE(post_with(a.qp, IBV_WR_RDMA_READ, dst.addr(), kBytes, dst.mr->lkey, source.addr(),
-                      source.mr->rkey, 3) == 0);
+    REQUIRE(post_rdma_at(a.qp, IBV_WR_RDMA_READ, dst.addr(), kBytes, dst.mr->lkey, source.addr(),
+                         source.mr->rkey, 3) == 0);
     const ibv_wc wc = one(a.cq);
     CHECK(wc.wr_id == 3);
     CHECK(wc.status == IBV_WC_LOC_PROT_ERR);
@@ -121,7 +100,7 @@ TEST_CASE("A SEND from local pages that are gone fails and delivers nothing", "[
     REQUIRE(post_recv_buf(b.qp, in, 0, kBytes, 9) == 0);
     VanishingRegion src(a.pd, kBytes, kAllAccess);
     src.vanish();
-    REQUIRE(post_with(a.qp, IBV_WR_SEND, src.addr(), kBytes, src.mr->lkey, 0, 0, 4) == 0);
+    REQUIRE(post_rdma_at(a.qp, IBV_WR_SEND, src.addr(), kBytes, src.mr->lkey, 0, 0, 4) == 0);
     const ibv_wc wc = one(a.cq);
     CHECK(wc.wr_id == 4);
     CHECK(wc.status == IBV_WC_LOC_QP_OP_ERR);
@@ -138,13 +117,7 @@ TEST_CASE("A SEND into a receive buffer whose pages are gone completes it in err
     Buffer src(a.pd, kBytes, kAllAccess);
     fill_pattern(src.bytes.data(), kBytes, 9);
     VanishingRegion in(b.pd, kBytes, kAllAccess);
-    ibv_sge sge{in.addr(), static_cast<uint32_t>(kBytes), in.mr->lkey};
-    ibv_recv_wr rwr{};
-    rwr.wr_id = 21;
-    rwr.sg_list = &sge;
-    rwr.num_sge = 1;
-    ibv_recv_wr* bad = nullptr;
-    REQUIRE(ibv_post_recv(b.qp, &rwr, &bad) == 0);
+    REQUIRE(post_recv_at(b.qp, in.addr(), kBytes, in.mr->lkey, 21) == 0);
     in.vanish();
     REQUIRE(post_send_msg(a.qp, src, 0, kBytes, 5) == 0);
     const ibv_wc r = one(b.cq);
@@ -159,15 +132,15 @@ TEST_CASE("An atomic on pages that are gone ends in a remote access error", "[va
     connect(a, b, all_access());
     Buffer result(a.pd, 4096, kAllAccess);
     VanishingRegion target(b.pd, kBytes, kAllAccess);
-    REQUIRE(post_with(a.qp, IBV_WR_ATOMIC_FETCH_AND_ADD, result.addr(), 8, result.mr->lkey,
-                      target.addr(), target.mr->rkey, 6) == 0);
+    REQUIRE(post_atomic(a.qp, IBV_WR_ATOMIC_FETCH_AND_ADD, result, 0, target.addr(),
+                        target.mr->rkey, 1, 0, 6) == 0);
     REQUIRE(one(a.cq).status == IBV_WC_SUCCESS);
     uint64_t v = 0;
     std::memcpy(&v, target.base, 8);
     CHECK(v == 0x1111111111111112ull);
     target.vanish();
-    REQUIRE(post_with(a.qp, IBV_WR_ATOMIC_FETCH_AND_ADD, result.addr(), 8, result.mr->lkey,
-                      target.addr(), target.mr->rkey, 7) == 0);
+    REQUIRE(post_atomic(a.qp, IBV_WR_ATOMIC_FETCH_AND_ADD, result, 0, target.addr(),
+                        target.mr->rkey, 1, 0, 7) == 0);
     const ibv_wc wc = one(a.cq);
     CHECK(wc.wr_id == 7);
     CHECK(wc.status == IBV_WC_REM_ACCESS_ERR);

@@ -274,9 +274,9 @@ void VanishingRegion::vanish() {
         throw std::runtime_error("mmap MAP_FIXED failed");
 }
 
-int post_rdma(ibv_qp* qp, ibv_wr_opcode op, const Buffer& local, size_t offset, size_t len,
-              uint64_t remote_addr, uint32_t rkey, uint64_t wr_id, bool signaled) {
-    ibv_sge sge{local.addr() + offset, static_cast<uint32_t>(len), local.mr->lkey};
+int post_rdma_at(ibv_qp* qp, ibv_wr_opcode op, uint64_t addr, uint32_t len, uint32_t lkey,
+                 uint64_t remote_addr, uint32_t rkey, uint64_t wr_id, bool signaled) {
+    ibv_sge sge{addr, len, lkey};
     ibv_send_wr wr{};
     wr.wr_id = wr_id;
     wr.sg_list = &sge;
@@ -289,19 +289,48 @@ int post_rdma(ibv_qp* qp, ibv_wr_opcode op, const Buffer& local, size_t offset, 
     return ibv_post_send(qp, &wr, &bad);
 }
 
+int post_rdma(ibv_qp* qp, ibv_wr_opcode op, const Buffer& local, size_t offset, size_t len,
+              uint64_t remote_addr, uint32_t rkey, uint64_t wr_id, bool signaled) {
+    return post_rdma_at(qp, op, local.addr() + offset, static_cast<uint32_t>(len), local.mr->lkey,
+                        remote_addr, rkey, wr_id, signaled);
+}
+
 int post_send_msg(ibv_qp* qp, const Buffer& local, size_t offset, size_t len, uint64_t wr_id,
                   bool signaled) {
     return post_rdma(qp, IBV_WR_SEND, local, offset, len, 0, 0, wr_id, signaled);
 }
 
-int post_recv_buf(ibv_qp* qp, const Buffer& local, size_t offset, size_t len, uint64_t wr_id) {
-    ibv_sge sge{local.addr() + offset, static_cast<uint32_t>(len), local.mr->lkey};
+int post_atomic(ibv_qp* qp, ibv_wr_opcode op, const Buffer& local, size_t offset,
+                uint64_t remote_addr, uint32_t rkey, uint64_t compare_add, uint64_t swap,
+                uint64_t wr_id, uint32_t length) {
+    ibv_sge sge{local.addr() + offset, length, local.mr->lkey};
+    ibv_send_wr wr{};
+    wr.wr_id = wr_id;
+    wr.opcode = op;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.send_flags = IBV_SEND_SIGNALED;
+    wr.wr.atomic.remote_addr = remote_addr;
+    wr.wr.atomic.rkey = rkey;
+    wr.wr.atomic.compare_add = compare_add;
+    wr.wr.atomic.swap = swap;
+    ibv_send_wr* bad = nullptr;
+    return ibv_post_send(qp, &wr, &bad);
+}
+
+int post_recv_at(ibv_qp* qp, uint64_t addr, uint32_t len, uint32_t lkey, uint64_t wr_id) {
+    ibv_sge sge{addr, len, lkey};
     ibv_recv_wr wr{};
     wr.wr_id = wr_id;
     wr.sg_list = &sge;
     wr.num_sge = 1;
     ibv_recv_wr* bad = nullptr;
     return ibv_post_recv(qp, &wr, &bad);
+}
+
+int post_recv_buf(ibv_qp* qp, const Buffer& local, size_t offset, size_t len, uint64_t wr_id) {
+    return post_recv_at(qp, local.addr() + offset, static_cast<uint32_t>(len), local.mr->lkey,
+                        wr_id);
 }
 
 void fill_pattern(uint8_t* p, size_t n, uint64_t seed) {

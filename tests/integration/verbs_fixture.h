@@ -117,6 +117,14 @@ int post_rdma(ibv_qp* qp, ibv_wr_opcode op, const Buffer& local, size_t offset, 
 int post_send_msg(ibv_qp* qp, const Buffer& local, size_t offset, size_t len, uint64_t wr_id,
                   bool signaled = true);
 int post_recv_buf(ibv_qp* qp, const Buffer& local, size_t offset, size_t len, uint64_t wr_id);
+// The same at any address and key (memory that is not a Buffer, as a VanishingRegion).
+int post_rdma_at(ibv_qp* qp, ibv_wr_opcode op, uint64_t addr, uint32_t len, uint32_t lkey,
+                 uint64_t remote_addr, uint32_t rkey, uint64_t wr_id, bool signaled = true);
+int post_recv_at(ibv_qp* qp, uint64_t addr, uint32_t len, uint32_t lkey, uint64_t wr_id);
+// A signaled Compare & Swap or Fetch & Add whose result lands at `offset` in `local`.
+int post_atomic(ibv_qp* qp, ibv_wr_opcode op, const Buffer& local, size_t offset,
+                uint64_t remote_addr, uint32_t rkey, uint64_t compare_add, uint64_t swap,
+                uint64_t wr_id, uint32_t length = 8);
 
 void fill_pattern(uint8_t* p, size_t n, uint64_t seed);
 
