@@ -160,9 +160,8 @@ Engine::Engine(const EngineConfig& config, std::unique_ptr<DeviceSlot> slot,
     install_app_memory_guard();
     memory_.count_faults_in(&counters_->app_memory_faults);
     const bool gro = config.gro && socket_.enable_gro();
-    rx_buffer_bytes_ = gro ? kRxBufferBytesGro : kRxBufferBytes;
-    rx_batch_ = gro ? kRxBatchGro : kRxBatch;
-    rx_buffers_ = std::make_unique<PageAlignedBuffer>(rx_batch_ * rx_buffer_bytes_);
+    rx_ = gro ? std::make_unique<ReceiveBatch>(kRxBatchGro, kRxBufferBytesGro)
+              : std::make_unique<ReceiveBatch>(kRxBatch, kRxBufferBytes);
 }
 
 Engine::~Engine() {
@@ -480,15 +479,13 @@ void Engine::receive_batch() {
 }
 
 void Engine::receive_from(const UdpSocket& socket, const IpAddress& group) {
-    UdpSocket::Datagram batch[kRxBatch];
+    ReceiveBatch& batch = *rx_;
     size_t handled = 0;
     while (handled < kRxBudget) {
-        for (size_t i = 0; i < rx_batch_; ++i)
-            batch[i] = {rx_buffers_->data() + i * rx_buffer_bytes_, rx_buffer_bytes_, 0, {}, 0, 0};
-        const size_t got = socket.receive(std::span(batch, rx_batch_));
+        const size_t got = socket.receive(batch);
         if (got == 0) break;
         for (size_t i = 0; i < got; ++i) {
-            const UdpSocket::Datagram& d = batch[i];
+            const ReceiveBatch::Datagram& d = batch[i];
             // A GRO train: datagrams of segment_size bytes, the last one possibly shorter.
             const size_t step = d.segment_size ? d.segment_size : std::max<size_t>(d.length, 1);
             if (d.segment_size && d.length > d.segment_size) bump(counters_->rx_gro_datagrams);
@@ -498,7 +495,7 @@ void Engine::receive_from(const UdpSocket& socket, const IpAddress& group) {
                 receive_read(std::span(d.data + off, std::min(step, d.length - off)), d.src_ip,
                              d.src_port, group, index);
         }
-        if (got < rx_batch_) break;
+        if (got < batch.capacity()) break;
     }
     // ACK coalescing: one ACK per QP for everything this batch delivered.
     for (auto& qp : touched_) qp->flush_ack();

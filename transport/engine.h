@@ -31,7 +31,7 @@
 #include "transport/memory_table.h"
 #include "transport/multicast_groups.h"
 #include "transport/packet_capture.h"
-#include "transport/page_aligned_buffer.h"
+#include "transport/receive_batch.h"
 #include "transport/poll_handoff.h"
 #include "transport/qp_counters.h"
 #include "transport/qpn_space.h"
@@ -254,10 +254,8 @@ class Engine {
     };
 
     // Seam for tests: the receive buffers, `receive_buffer(i)` for i < receive_buffers().
-    size_t receive_buffers() const { return rx_batch_; }
-    const uint8_t* receive_buffer(size_t i) const {
-        return rx_buffers_->data() + i * rx_buffer_bytes_;
-    }
+    size_t receive_buffers() const { return rx_->capacity(); }
+    const uint8_t* receive_buffer(size_t i) const { return rx_->buffer(i); }
 
     // Seam for tests: `hook` runs on the engine thread at the start of every QP timer
     // callback, before the callback takes the QP's lock (empty: none). Lets a test hold a
@@ -423,12 +421,9 @@ class Engine {
     MulticastGroups multicast_;
 
     std::atomic<bool> gso_;
-    std::mutex rx_mutex_;  // one receiver at a time; guards rx_buffers_, touched_, members_
-    // rx_batch_ buffers of rx_buffer_bytes_ (64 KiB with GRO, a datagram's worth without),
-    // each starting on a cache line, the first on a page (page_aligned_buffer.h says why).
-    size_t rx_buffer_bytes_;
-    size_t rx_batch_;
-    std::unique_ptr<PageAlignedBuffer> rx_buffers_;
+    std::mutex rx_mutex_;  // one receiver at a time; guards rx_, touched_, members_
+    // Buffers of 64 KiB with GRO, of a datagram's worth without.
+    std::unique_ptr<ReceiveBatch> rx_;
     std::vector<std::shared_ptr<Qp>> touched_;
     std::vector<std::shared_ptr<UdQp>> members_;  // of the group being delivered to
 };

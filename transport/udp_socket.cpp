@@ -17,15 +17,6 @@ namespace uroce::transport {
 namespace {
 constexpr int kSocketBuffer = 4 << 20;
 
-IpAddress source_address(const sockaddr_storage& sa, socklen_t len) {
-    return IpAddress::from_sockaddr(reinterpret_cast<const sockaddr*>(&sa), len)
-        .value_or(IpAddress{});
-}
-uint16_t source_port(const sockaddr_storage& sa) {
-    // sin_port and sin6_port sit at the same offset.
-    return ntohs(reinterpret_cast<const sockaddr_in&>(sa).sin_port);
-}
-static_assert(offsetof(sockaddr_in, sin_port) == offsetof(sockaddr_in6, sin6_port));
 }  // namespace
 
 UdpSocket::UdpSocket(const IpAddress& ip, uint16_t port, bool reuseport) : ip_(ip), port_(port) {
@@ -164,51 +155,6 @@ int UdpSocket::send(const IpAddress& dst_ip, uint16_t dst_port, std::span<const 
 bool UdpSocket::enable_gro() {
     const int one = 1;
     return fd_ >= 0 && ::setsockopt(fd_, IPPROTO_UDP, UDP_GRO, &one, sizeof one) == 0;
-}
-
-size_t UdpSocket::receive(std::span<Datagram> batch) const {
-    constexpr size_t kMax = 64;
-    const size_t n = batch.size() < kMax ? batch.size() : kMax;
-    mmsghdr msgs[kMax];
-    iovec iovs[kMax];
-    sockaddr_storage addrs[kMax];
-    // The UDP_GRO segment size, when the kernel sends one.
-    struct alignas(cmsghdr) Control {
-        uint8_t bytes[CMSG_SPACE(sizeof(int))];
-    };
-    Control controls[kMax];
-    for (size_t i = 0; i < n; ++i) {
-        iovs[i] = {batch[i].data, batch[i].capacity};
-        msgs[i] = {};
-        msgs[i].msg_hdr.msg_name = &addrs[i];
-        msgs[i].msg_hdr.msg_namelen = sizeof addrs[i];
-        msgs[i].msg_hdr.msg_iov = &iovs[i];
-        msgs[i].msg_hdr.msg_iovlen = 1;
-        msgs[i].msg_hdr.msg_control = controls[i].bytes;
-        msgs[i].msg_hdr.msg_controllen = sizeof controls[i].bytes;
-    }
-    int got;
-    do {
-        got = ::recvmmsg(fd_, msgs, static_cast<unsigned>(n), MSG_DONTWAIT, nullptr);
-    } while (got < 0 && errno == EINTR);
-    if (got <= 0) return 0;
-    for (int i = 0; i < got; ++i) {
-        batch[i].length = msgs[i].msg_len;
-        if (msgs[i].msg_hdr.msg_flags & MSG_TRUNC) batch[i].length = 0;  // too big: drop
-        batch[i].src_ip = source_address(addrs[i], msgs[i].msg_hdr.msg_namelen);
-        batch[i].src_port = source_port(addrs[i]);
-        batch[i].segment_size = 0;
-        for (cmsghdr* c = CMSG_FIRSTHDR(&msgs[i].msg_hdr); c;
-             c = CMSG_NXTHDR(&msgs[i].msg_hdr, c)) {
-            if (c->cmsg_level == IPPROTO_UDP && c->cmsg_type == UDP_GRO &&
-                c->cmsg_len >= CMSG_LEN(sizeof(int))) {
-                int size = 0;
-                std::memcpy(&size, CMSG_DATA(c), sizeof size);
-                if (size > 0 && size <= 0xffff) batch[i].segment_size = static_cast<uint16_t>(size);
-            }
-        }
-    }
-    return static_cast<size_t>(got);
 }
 
 }  // namespace uroce::transport

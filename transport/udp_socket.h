@@ -18,6 +18,7 @@
 #include <span>
 #include <string>
 
+#include "transport/receive_batch.h"
 #include "uroce/ip_address.h"
 
 namespace uroce::transport {
@@ -69,19 +70,9 @@ class UdpSocket {
     // size. False if the kernel cannot (the socket then receives them one by one).
     bool enable_gro();
 
-    struct Datagram {
-        uint8_t* data;
-        size_t capacity;
-        size_t length;
-        IpAddress src_ip;
-        uint16_t src_port;
-        // With GRO: `length` holds datagrams of this many bytes each, the last one possibly
-        // shorter. 0: one datagram.
-        uint16_t segment_size;
-    };
-    // Reads up to batch.size() datagrams without blocking; returns how many (0 if none). A
-    // datagram larger than its buffer is reported with length 0 (dropped).
-    size_t receive(std::span<Datagram> batch) const;
+    // Reads up to batch.capacity() datagrams without blocking; returns how many (0 if none).
+    // A datagram larger than its buffer is reported with length 0 (dropped).
+    size_t receive(ReceiveBatch& batch) const { return batch.read(fd_); }
 
   private:
     // Opens the socket with the options every uroce socket has; false (error_ set) on failure.

@@ -1,0 +1,88 @@
+#include "transport/receive_batch.h"
+
+#include <arpa/inet.h>
+#include <linux/udp.h>
+#include <netinet/in.h>
+#include <sys/uio.h>
+
+#include <cerrno>
+#include <cstring>
+
+namespace uroce::transport {
+
+namespace {
+
+IpAddress source_address(const sockaddr_storage& sa, socklen_t len) {
+    return IpAddress::from_sockaddr(reinterpret_cast<const sockaddr*>(&sa), len)
+        .value_or(IpAddress{});
+}
+
+uint16_t source_port(const sockaddr_storage& sa) {
+    // sin_port and sin6_port sit at the same offset.
+    return ntohs(reinterpret_cast<const sockaddr_in&>(sa).sin_port);
+}
+static_assert(offsetof(sockaddr_in, sin_port) == offsetof(sockaddr_in6, sin6_port));
+
+uint16_t gro_segment_size(msghdr& h) {
+    for (cmsghdr* c = CMSG_FIRSTHDR(&h); c; c = CMSG_NXTHDR(&h, c)) {
+        if (c->cmsg_level == IPPROTO_UDP && c->cmsg_type == UDP_GRO &&
+            c->cmsg_len >= CMSG_LEN(sizeof(int))) {
+            int size = 0;
+            std::memcpy(&size, CMSG_DATA(c), sizeof size);
+            if (size > 0 && size <= 0xffff) return static_cast<uint16_t>(size);
+        }
+    }
+    return 0;
+}
+
+}  // namespace
+
+ReceiveBatch::ReceiveBatch(size_t count, size_t buffer_bytes)
+    : count_(count),
+      buffer_bytes_(buffer_bytes),
+      buffers_(count * buffer_bytes),
+      msgs_(new mmsghdr[count]()),
+      iovs_(new iovec[count]()),
+      addrs_(new sockaddr_storage[count]()),
+      controls_(new Control[count]()),
+      got_(new Datagram[count]()) {
+    for (size_t i = 0; i < count_; ++i) {
+        iovs_[i] = {buffers_.data() + i * buffer_bytes_, buffer_bytes_};
+        msghdr& h = msgs_[i].msg_hdr;
+        h.msg_name = &addrs_[i];
+        h.msg_namelen = sizeof addrs_[i];
+        h.msg_iov = &iovs_[i];
+        h.msg_iovlen = 1;
+        h.msg_control = controls_[i].bytes;
+        h.msg_controllen = sizeof controls_[i].bytes;
+    }
+}
+
+ReceiveBatch::~ReceiveBatch() = default;
+
+size_t ReceiveBatch::read(int fd) {
+    // The kernel wrote the lengths of the name and control data of what it returned.
+    for (size_t i = 0; i < last_got_; ++i) {
+        msgs_[i].msg_hdr.msg_namelen = sizeof addrs_[i];
+        msgs_[i].msg_hdr.msg_controllen = sizeof controls_[i].bytes;
+    }
+    last_got_ = 0;
+    int got;
+    do {
+        got = ::recvmmsg(fd, msgs_.get(), static_cast<unsigned>(count_), MSG_DONTWAIT, nullptr);
+    } while (got < 0 && errno == EINTR);
+    if (got <= 0) return 0;
+    last_got_ = static_cast<size_t>(got);
+    for (size_t i = 0; i < last_got_; ++i) {
+        msghdr& h = msgs_[i].msg_hdr;
+        Datagram& d = got_[i];
+        d.data = buffers_.data() + i * buffer_bytes_;
+        d.length = (h.msg_flags & MSG_TRUNC) ? 0 : msgs_[i].msg_len;  // too big: drop
+        d.src_ip = source_address(addrs_[i], h.msg_namelen);
+        d.src_port = source_port(addrs_[i]);
+        d.segment_size = gro_segment_size(h);
+    }
+    return last_got_;
+}
+
+}  // namespace uroce::transport
