@@ -767,8 +767,9 @@ MUTANTS = [
            "", ("handoff",)),
     Mutant("spin-then-block: spins beside a poller or a thread waiting for an event",
            "transport/engine.cpp",
-           "        if (!handoff_->quiet(now, kSpinQuietMicros * 1000)) return;\n", "",
-           ("handoff",)),
+           "    int64_t now = PollHandoff::now_ns();\n"
+           "    if (!handoff_->quiet(now, kSpinQuietMicros * 1000)) return;\n",
+           "    int64_t now = PollHandoff::now_ns();\n", ("handoff",)),
     Mutant("socket_parks misses the parks of a busy poll (counted only from the loop)",
            "transport/poll_handoff.cpp",
            "    if (!parked_.compare_exchange_strong(expected, true, std::memory_order_relaxed)) return;\n"

@@ -316,6 +316,12 @@ void Engine::set_timer_hook(std::function<void(uint32_t)> hook) {
     has_timer_hook_.store(static_cast<bool>(timer_hook_), std::memory_order_release);
 }
 
+void Engine::set_spin_hook(std::function<void(int64_t)> hook) {
+    std::lock_guard lock(timer_hook_mutex_);
+    spin_hook_ = std::move(hook);
+    has_spin_hook_.store(static_cast<bool>(spin_hook_), std::memory_order_release);
+}
+
 void Engine::run_timer_hook(uint32_t qpn) {
     if (!has_timer_hook_.load(std::memory_order_acquire)) return;
     std::function<void(uint32_t)> hook;
@@ -367,6 +373,15 @@ void Engine::on_readable(evutil_socket_t, short, void* arg) {
 
 void Engine::spin_after_batch() {
     int64_t now = PollHandoff::now_ns();
+    if (!handoff_->quiet(now, kSpinQuietMicros * 1000)) return;
+    if (has_spin_hook_.load(std::memory_order_acquire)) {
+        std::function<void(int64_t)> hook;
+        {
+            std::lock_guard lock(timer_hook_mutex_);
+            hook = spin_hook_;
+        }
+        if (hook) hook(now);
+    }
     // The loop's timers (retransmissions, the fault injector's delays) wait at most
     // kSpinMaxMicros; a stream that goes on comes back here at once from the loop.
     const int64_t end = now + kSpinMaxMicros * 1000;

@@ -31,12 +31,12 @@
 #include "transport/memory_table.h"
 #include "transport/multicast_groups.h"
 #include "transport/packet_capture.h"
-#include "transport/receive_batch.h"
 #include "transport/poll_handoff.h"
 #include "transport/qp_counters.h"
 #include "transport/qpn_space.h"
 #include "transport/qpn_steering.h"
 #include "transport/rc_qp.h"
+#include "transport/receive_batch.h"
 #include "transport/resend_budget.h"
 #include "transport/send_sockets.h"
 #include "transport/transmit_batch.h"
@@ -262,6 +262,14 @@ class Engine {
     // callback in flight while it destroys the QP.
     void set_timer_hook(std::function<void(uint32_t qpn)> hook);
     void run_timer_hook(uint32_t qpn);
+    // Seam for tests: `hook` runs on the engine thread each time it starts to read on after
+    // a batch (spin_after_batch), with the time (PollHandoff::now_ns) at which it found the
+    // application quiet, before its first read (empty: none). A datagram the hook sends
+    // there is read by the spin, whatever the scheduler does meanwhile.
+    void set_spin_hook(std::function<void(int64_t now_ns)> hook);
+    // The engine thread reads on after a batch only if no application thread of this
+    // context polled, posted or armed a CQ for this long (spin_after_batch).
+    static constexpr int64_t kSpinQuietMicros = 1000;
 
     // Builds the headers, pad and ICRC around `payload` and sends the packet from `from`
     // (unless the fault injector or the transmit filter drops it), with IPv4 TTL `ttl` (0:
@@ -325,7 +333,6 @@ class Engine {
     void spin_after_batch();
     static constexpr int64_t kSpinMicros = 30;
     static constexpr int64_t kSpinMaxMicros = 200;
-    static constexpr int64_t kSpinQuietMicros = 1000;
     // Reads and delivers what `socket` holds (`group` 0: the device's socket).
     void receive_from(const UdpSocket& socket, const IpAddress& group);
     void run();
@@ -409,9 +416,11 @@ class Engine {
 
     std::mutex filter_mutex_;
     TransmitFilter transmit_filter_;
-    std::mutex timer_hook_mutex_;
+    std::mutex timer_hook_mutex_;  // guards timer_hook_ and spin_hook_
     std::function<void(uint32_t)> timer_hook_;
     std::atomic<bool> has_timer_hook_{false};
+    std::function<void(int64_t)> spin_hook_;
+    std::atomic<bool> has_spin_hook_{false};
     std::atomic<bool> has_transmit_filter_{false};
 
     std::mutex async_mutex_;
