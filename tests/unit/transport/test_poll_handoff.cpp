@@ -444,14 +444,26 @@ TEST_CASE("A long busy poll lets the watch period grow, until the polls stop", "
     REQUIRE(wait_for_handback(*p.b.engine));
     CHECK(p.b.engine->socket_watch_micros() <= PollHandoff::kWatchMicros);
     // A young park stays at kWatchMicros at most (a poller that stops soon is not made to
-    // wait for a long period).
-    REQUIRE(busy_poll(*p.b.engine, [&] { return p.b.engine->socket_parked(); }));
-    const auto start = std::chrono::steady_clock::now();
-    busy_poll(*p.b.engine, [&] {
-        return std::chrono::steady_clock::now() - start >
-               std::chrono::microseconds(PollHandoff::kLongParkMicros / 2);
-    });
-    CHECK(p.b.engine->socket_watch_micros() <= PollHandoff::kWatchMicros);
+    // wait for a long period). Young is up to the scheduler too: a look at the period that
+    // may have come over kLongParkMicros after the park began (this thread held off the
+    // CPU) proves nothing, and the park is tried again (at most 10 times; one must count).
+    int young_looks = 0;
+    for (int attempt = 0; attempt < 10 && young_looks == 0; ++attempt) {
+        if (attempt > 0) REQUIRE(wait_for_handback(*p.b.engine));
+        const auto before_park = std::chrono::steady_clock::now();
+        REQUIRE(busy_poll(*p.b.engine, [&] { return p.b.engine->socket_parked(); }));
+        busy_poll(*p.b.engine, [&] {
+            return std::chrono::steady_clock::now() - before_park >
+                   std::chrono::microseconds(PollHandoff::kLongParkMicros / 2);
+        });
+        const int64_t period = p.b.engine->socket_watch_micros();
+        if (std::chrono::steady_clock::now() - before_park <
+            std::chrono::microseconds(PollHandoff::kLongParkMicros)) {
+            ++young_looks;
+            CHECK(period <= PollHandoff::kWatchMicros);
+        }
+    }
+    REQUIRE(young_looks == 1);
     // And a write to b in a long park still lands (b's poller reads it).
     REQUIRE(busy_poll(*p.b.engine, [&] {
         return p.b.engine->socket_watch_micros() == PollHandoff::kLongWatchMicros;
@@ -484,10 +496,18 @@ TEST_CASE("A resend during a long park brings the watch period back", "[poll_han
     REQUIRE(p.a.qp->post_send(rdma_wqe(SendOpcode::RdmaWrite, 70, {p.a.sge(0, 64)}, p.b.iova + 8192,
                                        p.b.keys.rkey)) == 0);
     // a's poller sends it, loses it, resends it when its timer is due, and reads the ACK.
+    // The period is looked at from the poll that resent on: after that the park may grow
+    // old again before the ACK comes (a loaded machine), and the period long with it.
     Completion c;
-    REQUIRE(busy_poll(*p.a.engine, [&] { return p.a.scq->poll(std::span(&c, 1)) == 1; }));
+    int64_t lowest_since_resend = INT64_MAX;
+    REQUIRE(busy_poll(*p.a.engine, [&] {
+        if (p.a.counters().retransmitted_packets.load() > resent)
+            lowest_since_resend =
+                std::min<int64_t>(lowest_since_resend, p.a.engine->socket_watch_micros());
+        return p.a.scq->poll(std::span(&c, 1)) == 1;
+    }));
     CHECK(c.status == WcStatus::Success);
     CHECK(first_mismatch(p.b.at(8192), 64, 70) == 64);
     CHECK(p.a.counters().retransmitted_packets.load() > resent);
-    CHECK(p.a.engine->socket_watch_micros() <= PollHandoff::kWatchMicros);
+    CHECK(lowest_since_resend <= PollHandoff::kWatchMicros);
 }
