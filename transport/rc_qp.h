@@ -196,6 +196,8 @@ class RcQp final : public QpCommon {
     bool length_ok(const wire::ParsedPacket& pkt, bool starts, bool ends) const;
     // Sends up to `budget` READ response packets, oldest READ first.
     void send_responses(uint32_t budget);
+    // A replayed READ response (i < r.sent_once) whose region is gone: NAKed, the QP kept.
+    void refuse_replay(ReadResource& r, uint32_t i);
     // Executes held requests while no READ response is waiting to go out.
     void run_held(uint32_t budget);
     void schedule_responder();

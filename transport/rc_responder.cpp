@@ -201,25 +201,27 @@ void RcQp::send_responses(uint32_t budget) {
             auto guard = lock_memory();
             uint64_t local = 0;
             // Checked again for each packet: a region deregistered (or a right withdrawn)
-            // in the middle of a READ stops it at once. Like rxe, whose failing copy ends
-            // the READ with a remote access error NAK for the READ request's PSN and the
-            // QP in ERR, however many responses already went out; the requester completes
-            // the READ with IBV_WC_REM_ACCESS_ERR.
-            if (!(attrs_.access & kRemoteRead) ||
-                (len > 0 &&
-                 engine_.memory().check_remote(r->rkey, r->pd, r->va + r->offset_of(i), len,
-                                               kRemoteRead, local, qpn_) != KeyCheck::Ok)) {
-                if (guard.owns_lock()) guard.unlock();
-                flush_tx_batch();  // the responses before this one, and the pin with them
-                responder_error(wire::NakCode::RemoteAccessError, r->psn,
-                                AsyncEventType::QpAccessError);
-                return;
-            }
-            if (len > 0 && !guarded_probe(reinterpret_cast<const void*>(local), len)) {
+            // in the middle of a READ stops it at once.
+            bool refused = !(attrs_.access & kRemoteRead) ||
+                           (len > 0 && engine_.memory().check_remote(
+                                           r->rkey, r->pd, r->va + r->offset_of(i), len,
+                                           kRemoteRead, local, qpn_) != KeyCheck::Ok);
+            if (!refused && len > 0 && !guarded_probe(reinterpret_cast<const void*>(local), len)) {
                 // The region's pages are gone (app_memory_guard.h): refused as a bad key is.
                 engine_.memory().note_fault();
+                refused = true;
+            }
+            if (refused) {
                 if (guard.owns_lock()) guard.unlock();
-                flush_tx_batch();
+                flush_tx_batch();  // the responses before this one, and the pin with them
+                if (i < r->sent_once) {
+                    refuse_replay(*r, i);
+                    continue;
+                }
+                // Like rxe, whose failing copy ends the READ with a remote access error NAK
+                // for the READ request's PSN and the QP in ERR, however many responses
+                // already went out; the requester completes the READ with
+                // IBV_WC_REM_ACCESS_ERR.
                 responder_error(wire::NakCode::RemoteAccessError, r->psn,
                                 AsyncEventType::QpAccessError);
                 return;
@@ -230,6 +232,23 @@ void RcQp::send_responses(uint32_t budget) {
         r->next = i + 1;
         r->sent_once = std::max(r->sent_once, r->next);
     }
+}
+
+void RcQp::refuse_replay(ReadResource& r, uint32_t i) {
+    // Response i went out once, from a region that was valid then: this is a replay for a
+    // duplicate READ, and the region has been deregistered since. Most often the requester
+    // has the READ complete already (its resent request crossed the responses; the
+    // application then deregistered the region, as it may), and nothing here is its fault:
+    // the QP stays as it is. A remote access error NAK for the PSN the replay is at still
+    // fails the READ if the requester is waiting for it; a requester that completed the READ
+    // finds that PSN outside its window and drops the NAK.
+    bump(engine_.counters().tx_access_naks);
+    bump(qp_counters_.tx_naks);
+    bump(qp_counters_.tx_other_naks);
+    send_ack(psn_add(r.psn, i),
+             wire::Aeth::make(wire::AckType::Nak,
+                              static_cast<uint8_t>(wire::NakCode::RemoteAccessError)));
+    r.next = r.sent_once;  // the rest of the replay; first sends, if any are left, go on
 }
 
 void RcQp::run_held(uint32_t budget) {

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cstring>
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -77,16 +78,6 @@ struct Injector {
         return out;
     }
 };
-
-// Waits (bounded) until `name` on ctx reaches at least `want`.
-bool wait_counter(ibv_context* ctx, const char* name, uint64_t want) {
-    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-    while (std::chrono::steady_clock::now() < end) {
-        if (counter(ctx, name) >= want) return true;
-        std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    }
-    return false;
-}
 
 }  // namespace
 
@@ -171,6 +162,57 @@ TEST_CASE("hostile packets are dropped and counted; the connection keeps working
     REQUIRE(wcs.size() == 1);
     CHECK(wcs[0].status == IBV_WC_SUCCESS);
     CHECK(std::memcmp(src.bytes.data(), dst.bytes.data(), 4096) == 0);
+    CHECK(a.state() == IBV_QPS_RTS);
+    CHECK(b.state() == IBV_QPS_RTS);
+}
+
+TEST_CASE("a READ's late duplicate, for a region deregistered since, leaves the connection up",
+          "[packets][duplicate]") {
+    // The requester resent a READ request while the responses were on their way; the READ
+    // completed, and the region was deregistered before the resent request arrived. The
+    // responder may not answer it from the region any more, but the connection did nothing
+    // wrong: it must go on (a NAK for a READ the requester completed is dropped there).
+    Endpoint a(devices().a), b(devices().b);
+    connect(a, b);
+    constexpr uint32_t kLen = 3 * 4096 + 100;  // 4 responses
+    Buffer back(a.pd, kLen, kAll);
+    auto dst = std::make_unique<Buffer>(b.pd, kLen, kAll);
+    fill_pattern(dst->bytes.data(), kLen, 31);
+    REQUIRE(post_rdma(a.qp, IBV_WR_RDMA_READ, back, 0, kLen, dst->addr(), dst->mr->rkey, 1) == 0);
+    auto wcs = wait_completions(a.cq, 1);
+    REQUIRE(wcs.size() == 1);
+    REQUIRE(wcs[0].status == IBV_WC_SUCCESS);
+    REQUIRE(back.bytes == dst->bytes);
+    const uint64_t va = dst->addr();
+    const uint32_t rkey = dst->mr->rkey;
+    dst.reset();  // deregistered and freed
+
+    wire::Headers r;
+    r.bth.opcode = static_cast<uint8_t>(wire::Opcode::RcReadRequest);
+    r.bth.dest_qp = b.qp->qp_num;
+    r.bth.psn = 0x123;  // the READ's own PSN (the fixture starts there)
+    r.bth.ack_req = true;
+    r.reth = {va, rkey, kLen};
+    const uint64_t duplicates = counter(b.ctx, "rx_duplicate");
+    const uint64_t stale = counter(a.ctx, "rx_response_out_of_window");
+    Injector peer(devices().ip_a);
+    peer.send(devices().ip_b, peer.packet(r, devices().ip_b, 0));
+    REQUIRE(wait_counter(b.ctx, "rx_duplicate", duplicates + 1));
+    // Answered with a NAK, not with the freed bytes; a drops it as stale.
+    CHECK(wait_counter(a.ctx, "rx_response_out_of_window", stale + 1));
+    CHECK(b.state() == IBV_QPS_RTS);
+
+    // Traffic both ways with new regions: every byte arrives.
+    Buffer src(a.pd, kLen, kAll), dst2(b.pd, kLen, kAll), back2(a.pd, kLen, kAll);
+    fill_pattern(src.bytes.data(), kLen, 32);
+    REQUIRE(post_rdma(a.qp, IBV_WR_RDMA_WRITE, src, 0, kLen, dst2.addr(), dst2.mr->rkey, 2) == 0);
+    REQUIRE(post_rdma(a.qp, IBV_WR_RDMA_READ, back2, 0, kLen, dst2.addr(), dst2.mr->rkey, 3) == 0);
+    wcs = wait_completions(a.cq, 2);
+    REQUIRE(wcs.size() == 2);
+    CHECK(wcs[0].status == IBV_WC_SUCCESS);
+    CHECK(wcs[1].status == IBV_WC_SUCCESS);
+    CHECK(dst2.bytes == src.bytes);
+    CHECK(back2.bytes == src.bytes);
     CHECK(a.state() == IBV_QPS_RTS);
     CHECK(b.state() == IBV_QPS_RTS);
 }

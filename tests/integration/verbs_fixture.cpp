@@ -89,6 +89,15 @@ uint64_t counter(ibv_context* ctx, const char* name) {
     return v;
 }
 
+bool wait_counter(ibv_context* ctx, const char* name, uint64_t want) {
+    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while (counter(ctx, name) < want) {
+        if (std::chrono::steady_clock::now() >= end) return false;
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    return true;
+}
+
 uint64_t qp_counter(ibv_qp* qp, const char* name) {
     static auto fn =
         reinterpret_cast<uroce_read_qp_counter_fn>(provider_symbol("uroce_read_qp_counter"));

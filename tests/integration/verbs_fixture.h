@@ -29,6 +29,9 @@ int open_errno_with_env(const std::string& name, const char* var, const char* va
 
 // Reads one of the provider's counters (uroce_read_counter through dlsym).
 uint64_t counter(ibv_context* ctx, const char* name);
+// Waits (at most 5 s) until counter `name` of ctx reaches `want`; false if it did not. For
+// packets another engine thread counts: it may run later than the test thread reads.
+bool wait_counter(ibv_context* ctx, const char* name, uint64_t want);
 // Reads a counter of the whole device of `ctx`: every context, every process
 // (uroce_read_device_counter).
 uint64_t device_counter(ibv_context* ctx, const char* name);

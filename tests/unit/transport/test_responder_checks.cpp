@@ -293,6 +293,66 @@ TEST_CASE("Responder: deregistration in the middle of a READ stops it at once",
     t.check_refused(wire::NakCode::RemoteAccessError, 0, AsyncEventType::QpAccessError);
 }
 
+TEST_CASE(
+    "Responder: a duplicate READ for a region deregistered since gets an access NAK at the "
+    "PSN it asked for; the QP stays up",
+    "[responder][duplicate][keys]") {
+    Hostile t;
+    t.peer.inject(t.read(0, 0, 4 * kMtu));  // PSNs 0..3, every response out once
+    REQUIRE(t.p.wait_until([&] { return read_responses(t.a_out) == 4; }));
+    // The requester had the READ complete; its application deregisters the region (here the
+    // responder's, as a peer told it to), and the READ's resent request comes in late.
+    REQUIRE(t.p.a.engine->memory().remove(t.p.a.keys.lkey));
+    t.a_out.clear();
+    t.peer.inject(t.read(1, kMtu, 3 * kMtu));
+    REQUIRE(
+        t.p.wait_until([&] { return naks(t.a_out, wire::NakCode::RemoteAccessError, 1) == 1; }));
+    t.p.wait_until([] { return false; }, 50ms);
+    CHECK(read_responses(t.a_out) == 0);
+    CHECK(sent(t.a_out).size() == 1);  // the NAK only, once
+    CHECK(t.p.a.qp->state() == QpState::Rts);
+    CHECK(!has_event(t.p.a, AsyncEventType::QpAccessError));
+    // The connection goes on: a WRITE into the same bytes, registered again, executes.
+    const MemoryKeys again = t.p.a.engine->memory().add(kPd, t.p.a.addr(0), t.p.a.mem.size(),
+                                                        t.p.a.iova, kRemoteWrite | kRemoteRead);
+    wire::Headers w = t.write(wire::Opcode::RcWriteOnly, 4, 0, kMtu);
+    w.reth.rkey = again.rkey;
+    const auto fresh = bytes(kMtu, 78);
+    t.peer.inject(w, fresh);
+    REQUIRE(t.p.wait_until([&] {
+        for (const Sent& s : sent(t.a_out))
+            if (s.is_plain_ack() && s.psn == 4) return true;
+        return false;
+    }));
+    CHECK(std::memcmp(t.p.a.at(0), fresh.data(), kMtu) == 0);
+}
+
+TEST_CASE(
+    "Responder: a replay cut short by a deregistration NAKs the PSN it reached; the QP stays up",
+    "[responder][paced][duplicate][keys]") {
+    Hostile t;
+    t.peer.inject(t.read(0, 0, 64 * kMtu));
+    REQUIRE(t.p.wait_until([&] { return read_responses(t.a_out) == 64; }));
+    t.a_out.clear();
+    {
+        // The requester lost responses from PSN 10 on and asks for them again; the region
+        // goes while the replay is under way.
+        EngineThreadBlocker hold(*t.p.a.engine);
+        t.peer.inject(t.read(10, 10 * kMtu, 54 * kMtu));
+        const size_t before = read_responses(t.a_out);
+        REQUIRE(before > 0);
+        REQUIRE(before < 54);
+        REQUIRE(t.p.a.engine->memory().remove(t.p.a.keys.lkey));
+        hold.release();
+        const uint32_t at = 10 + static_cast<uint32_t>(before);
+        REQUIRE(t.p.wait_until(
+            [&] { return naks(t.a_out, wire::NakCode::RemoteAccessError, at) == 1; }));
+        t.p.wait_until([] { return false; }, 50ms);
+        CHECK(read_responses(t.a_out) == before);
+    }
+    CHECK(t.p.a.qp->state() == QpState::Rts);
+}
+
 // --- point 12 / test-quality 5: opcode sequence and lengths, forged ---
 
 TEST_CASE("Responder: out-of-sequence opcodes and wrong lengths are refused, memory untouched",
