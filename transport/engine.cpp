@@ -311,13 +311,13 @@ int Engine::detach_multicast(const IpAddress& group, uint32_t qpn) {
 }
 
 void Engine::set_timer_hook(std::function<void(uint32_t)> hook) {
-    std::lock_guard lock(timer_hook_mutex_);
+    std::lock_guard lock(hooks_mutex_);
     timer_hook_ = std::move(hook);
     has_timer_hook_.store(static_cast<bool>(timer_hook_), std::memory_order_release);
 }
 
 void Engine::set_spin_hook(std::function<void(int64_t)> hook) {
-    std::lock_guard lock(timer_hook_mutex_);
+    std::lock_guard lock(hooks_mutex_);
     spin_hook_ = std::move(hook);
     has_spin_hook_.store(static_cast<bool>(spin_hook_), std::memory_order_release);
 }
@@ -326,7 +326,7 @@ void Engine::run_timer_hook(uint32_t qpn) {
     if (!has_timer_hook_.load(std::memory_order_acquire)) return;
     std::function<void(uint32_t)> hook;
     {
-        std::lock_guard lock(timer_hook_mutex_);
+        std::lock_guard lock(hooks_mutex_);
         hook = timer_hook_;
     }
     if (hook) hook(qpn);
@@ -377,7 +377,7 @@ void Engine::spin_after_batch() {
     if (has_spin_hook_.load(std::memory_order_acquire)) {
         std::function<void(int64_t)> hook;
         {
-            std::lock_guard lock(timer_hook_mutex_);
+            std::lock_guard lock(hooks_mutex_);
             hook = spin_hook_;
         }
         if (hook) hook(now);
@@ -387,7 +387,6 @@ void Engine::spin_after_batch() {
     const int64_t end = now + kSpinMaxMicros * 1000;
     int64_t idle_until = now + kSpinMicros * 1000;
     for (int i = 0; i < 1'000'000 && now < idle_until && now < end; ++i) {
-        if (!handoff_->quiet(now, kSpinQuietMicros * 1000)) return;
         const uint64_t before = counters_->rx_packets.load(std::memory_order_relaxed);
         receive_batch();
         now = PollHandoff::now_ns();
@@ -396,6 +395,8 @@ void Engine::spin_after_batch() {
             bump(counters_->rx_spin_packets, read);
             idle_until = now + kSpinMicros * 1000;
         }
+        // A poll that began meanwhile has the socket from here.
+        if (!handoff_->quiet(now, kSpinQuietMicros * 1000)) return;
     }
 }
 

@@ -416,7 +416,7 @@ class Engine {
 
     std::mutex filter_mutex_;
     TransmitFilter transmit_filter_;
-    std::mutex timer_hook_mutex_;  // guards timer_hook_ and spin_hook_
+    std::mutex hooks_mutex_;  // guards timer_hook_ and spin_hook_
     std::function<void(uint32_t)> timer_hook_;
     std::atomic<bool> has_timer_hook_{false};
     std::function<void(int64_t)> spin_hook_;

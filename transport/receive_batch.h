@@ -43,7 +43,6 @@ class ReceiveBatch {
     ReceiveBatch& operator=(const ReceiveBatch&) = delete;
 
     size_t capacity() const { return count_; }
-    size_t buffer_bytes() const { return buffer_bytes_; }
     const uint8_t* buffer(size_t i) const { return buffers_.data() + i * buffer_bytes_; }
 
     // Reads up to capacity() datagrams from `fd` without blocking: returns how many

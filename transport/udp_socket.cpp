@@ -10,13 +10,11 @@
 #include <cerrno>
 #include <cstddef>
 #include <cstring>
-#include <vector>
 
 namespace uroce::transport {
 
 namespace {
 constexpr int kSocketBuffer = 4 << 20;
-
 }  // namespace
 
 UdpSocket::UdpSocket(const IpAddress& ip, uint16_t port, bool reuseport) : ip_(ip), port_(port) {
