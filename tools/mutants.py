@@ -342,12 +342,12 @@ MUTANTS = [
            ("transport",)),
     Mutant("responder: a replay refused by a deregistration sends no NAK",
            "transport/rc_responder.cpp",
-           "    send_ack(psn_add(r.psn, i),\n             wire::Aeth::make(wire::AckType::Nak,\n"
-           "                              static_cast<uint8_t>(wire::NakCode::RemoteAccessError)));",
-           "    (void)i;", ("transport",)),
+           "                    send_error_nak(wire::NakCode::RemoteAccessError, psn_add(r->psn, i));\n",
+           "", ("transport",)),
     Mutant("responder: a replay refused by a deregistration NAKs the READ's first PSN",
            "transport/rc_responder.cpp",
-           "    send_ack(psn_add(r.psn, i),", "    send_ack(psn_add(r.psn, 0 * i),", ("transport",)),
+           "send_error_nak(wire::NakCode::RemoteAccessError, psn_add(r->psn, i));",
+           "send_error_nak(wire::NakCode::RemoteAccessError, r->psn);", ("transport",)),
     # --- data-safety fixes of the requester (transport/rc_completer.cpp) ---
     Mutant("completer: responses outside the PSN window accepted", "transport/rc_completer.cpp",
            "if (!response_in_window(pkt.h.bth.psn)) {", "if (false) {", ("transport",)),

@@ -196,8 +196,6 @@ class RcQp final : public QpCommon {
     bool length_ok(const wire::ParsedPacket& pkt, bool starts, bool ends) const;
     // Sends up to `budget` READ response packets, oldest READ first.
     void send_responses(uint32_t budget);
-    // A replayed READ response (i < r.sent_once) whose region is gone: NAKed, the QP kept.
-    void refuse_replay(ReadResource& r, uint32_t i);
     // Executes held requests while no READ response is waiting to go out.
     void run_held(uint32_t budget);
     void schedule_responder();
@@ -221,6 +219,9 @@ class RcQp final : public QpCommon {
     WcStatus scatter_to_recv(std::span<const uint8_t> data);
     void send_ack(uint32_t psn, uint8_t syndrome);
     void send_pending_ack();
+    // A NAK of `code` for `psn`, counted; the QP's state is the caller's business.
+    void send_error_nak(wire::NakCode code, uint32_t psn);
+    // A NAK, the affiliated `event`, and the QP to ERR: a request the responder refuses.
     void responder_error(wire::NakCode code, uint32_t psn, AsyncEventType event);
     void complete_recv(WcStatus status, uint32_t byte_len, bool with_imm, uint32_t imm,
                        bool solicited, WcOpcode opcode, bool with_inv = false);

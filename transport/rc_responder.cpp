@@ -87,7 +87,7 @@ void RcQp::complete_recv(WcStatus status, uint32_t byte_len, bool with_imm, uint
     if (CompletionQueue* cq = recv_cq()) push_completion(*cq, c);
 }
 
-void RcQp::responder_error(wire::NakCode code, uint32_t psn, AsyncEventType event) {
+void RcQp::send_error_nak(wire::NakCode code, uint32_t psn) {
     switch (code) {
         case wire::NakCode::RemoteAccessError:
             bump(engine_.counters().tx_access_naks);
@@ -99,6 +99,10 @@ void RcQp::responder_error(wire::NakCode code, uint32_t psn, AsyncEventType even
     bump(qp_counters_.tx_naks);
     bump(qp_counters_.tx_other_naks);
     send_ack(psn, wire::Aeth::make(wire::AckType::Nak, static_cast<uint8_t>(code)));
+}
+
+void RcQp::responder_error(wire::NakCode code, uint32_t psn, AsyncEventType event) {
+    send_error_nak(code, psn);
     post_async(event);
     enter_error();
 }
@@ -215,7 +219,14 @@ void RcQp::send_responses(uint32_t budget) {
                 if (guard.owns_lock()) guard.unlock();
                 flush_tx_batch();  // the responses before this one, and the pin with them
                 if (i < r->sent_once) {
-                    refuse_replay(*r, i);
+                    // A replay for a duplicate READ: response i went out once, from a region
+                    // that was valid then. Most often the requester has the READ complete
+                    // already (its resent request crossed the responses) and its application
+                    // deregistered the region, as it may: the QP stays as it is. The NAK for
+                    // the PSN the replay has reached still fails the READ of a requester
+                    // waiting for it; one that completed it drops the NAK (outside its window).
+                    send_error_nak(wire::NakCode::RemoteAccessError, psn_add(r->psn, i));
+                    r->next = r->sent_once;  // the rest of the replay; first sends go on
                     continue;
                 }
                 // Like rxe, whose failing copy ends the READ with a remote access error NAK
@@ -232,23 +243,6 @@ void RcQp::send_responses(uint32_t budget) {
         r->next = i + 1;
         r->sent_once = std::max(r->sent_once, r->next);
     }
-}
-
-void RcQp::refuse_replay(ReadResource& r, uint32_t i) {
-    // Response i went out once, from a region that was valid then: this is a replay for a
-    // duplicate READ, and the region has been deregistered since. Most often the requester
-    // has the READ complete already (its resent request crossed the responses; the
-    // application then deregistered the region, as it may), and nothing here is its fault:
-    // the QP stays as it is. A remote access error NAK for the PSN the replay is at still
-    // fails the READ if the requester is waiting for it; a requester that completed the READ
-    // finds that PSN outside its window and drops the NAK.
-    bump(engine_.counters().tx_access_naks);
-    bump(qp_counters_.tx_naks);
-    bump(qp_counters_.tx_other_naks);
-    send_ack(psn_add(r.psn, i),
-             wire::Aeth::make(wire::AckType::Nak,
-                              static_cast<uint8_t>(wire::NakCode::RemoteAccessError)));
-    r.next = r.sent_once;  // the rest of the replay; first sends, if any are left, go on
 }
 
 void RcQp::run_held(uint32_t budget) {
