@@ -2,13 +2,13 @@
 // across all its QPs.
 //
 // Each QP's adaptive timer assumes its path is idle. When thousands of QPs send at once, the
-// peer's socket overflows, every QP times out together, and their early resends (4 ms after
-// a first send, then 8, 16, ...) arrive as another burst that overflows it again: the fabric
-// carries mostly duplicates and QPs run out of retries (20,000 QPs in one process did). A
-// token bucket bounds the speculative traffic: a QP whose timer fires when the bucket is
-// empty skips its early resend (it backs off as if it had sent one) and is left to the next
-// timeout, ultimately to the IBA's local ACK timeout, which is never held back. One QP, or a
-// few, recovering from loss never meets the limit.
+// peer's socket overflows, every QP times out together, and their early resends (1 ms after
+// a first send, then 2, 4, ...; 4, 8, 16 when this was written) arrive as another burst that
+// overflows it again: the fabric carries mostly duplicates and QPs run out of retries (20,000 QPs
+// in one process did). A token bucket bounds the speculative traffic: a QP whose timer fires when
+// the bucket is empty skips its early resend (it backs off as if it had sent one) and is left to
+// the next timeout, ultimately to the IBA's local ACK timeout, which is never held back. One QP, or
+// a few, recovering from loss never meets the limit.
 #pragma once
 
 #include <chrono>
