@@ -4,8 +4,9 @@
 //
 //   uroce-udp-baseline MODE [options]
 //
-// MODE: gso, sendto, pps, rtt, gso-pingpong, tcp (see kUsage). Every loop is bounded in count
-// and in time: receivers use socket timeouts or deadlines, so a lost datagram never hangs a mode.
+// MODE: gso, gso-write, sendto, pps, rtt, gso-pingpong, tcp (see kUsage). Every loop is bounded in
+// count and in time: receivers use socket timeouts or deadlines, so a lost datagram never hangs a
+// mode.
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -60,6 +61,9 @@ constexpr const char* kUsage =
     "modes (each prints one line of key=value pairs on stdout):\n"
     "  gso           UDP with GSO (UDP_SEGMENT) on the sender, UDP_GRO on the receiver:\n"
     "                goodput, datagrams/s, loss, CPU seconds\n"
+    "  gso-write     the same, in the trains a stream of --msg byte RDMA WRITEs takes: per\n"
+    "                message a FIRST of --seg + 16 bytes (its RETH) with one --seg segment,\n"
+    "                then the other --seg segments (a larger FIRST cannot join a train)\n"
     "  sendto        plain sendto/recv of --size byte datagrams: goodput, datagrams/s, CPU\n"
     "  pps           plain sendto/recv of 64-byte datagrams: packets/s received\n"
     "  rtt           busy-polled ping-pong of --size bytes: RTT p50/p99, half RTT p50\n"
@@ -70,7 +74,7 @@ constexpr const char* kUsage =
     "  --seconds S       throughput modes: how long the sender sends (default 2)\n"
     "  --size N          datagram size: sendto 4096, pps 64, rtt 8 (rtt needs N >= 8)\n"
     "  --seg N           GSO segment size (default 4112 = 4096 + BTH 12 + ICRC 4)\n"
-    "  --msg N           gso-pingpong message size (default 65536)\n"
+    "  --msg N           gso-pingpong and gso-write message size (default 65536)\n"
     "  --write N         tcp write size (default 65536)\n"
     "  --iters N         ping-pong modes: measured iterations (default 20000)\n"
     "  --warmup N        ping-pong modes: iterations before measuring (default 1000)\n"
@@ -152,7 +156,7 @@ Options parse_args(int argc, char** argv) {
     }
     if (args.empty()) usage_error("no mode given");
     o.mode = args[0];
-    static constexpr std::string_view kModes[] = {"gso", "sendto",       "pps",
+    static constexpr std::string_view kModes[] = {"gso", "gso-write",    "sendto", "pps",
                                                   "rtt", "gso-pingpong", "tcp"};
     if (std::find(std::begin(kModes), std::end(kModes), o.mode) == std::end(kModes)) {
         usage_error("unknown mode '" + o.mode + "'");
@@ -386,11 +390,62 @@ struct Tput {
     double cpu_s = 0;
 };
 
-Tput run_udp_tput(const Options& o, bool gso) {
+// How the sender of a throughput mode hands its datagrams to the kernel.
+enum class Stream {
+    Plain,     // one datagram per sendto
+    Gso,       // trains of equal --seg segments, as many as fit one send
+    GsoWrite,  // per --msg message: [FIRST of --seg + 16, one --seg], then the rest in trains
+};
+
+// gso-write: sends one message's datagrams as uroce sends an RDMA WRITE of --msg bytes with a
+// path MTU of --seg - 16 (BTH and ICRC): a first train of two segments whose first one is 16
+// bytes larger (the RETH; GSO lets only the last segment differ, and only by being shorter),
+// then trains of --seg segments for the rest. Returns the bytes sent, or -1 (errno set) at the
+// first send that failed.
+ssize_t send_write_pattern(int fd, const Buffer& buf, const Options& o) {
+    const std::size_t payload = o.seg - 16;
+    const std::size_t packets = std::max<std::size_t>(2, (o.msg + payload - 1) / payload);
+    const std::size_t per_train =
+        std::max<std::size_t>(1, std::min<std::size_t>(64, 65507 / o.seg));
+    // The first train, its segment size given per call (the socket's UDP_SEGMENT is --seg).
+    iovec iov{const_cast<char*>(buf.data()), 2 * o.seg + 16};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(std::uint16_t))] = {};
+    msghdr m{};
+    m.msg_iov = &iov;
+    m.msg_iovlen = 1;
+    m.msg_control = control;
+    m.msg_controllen = sizeof control;
+    cmsghdr* c = CMSG_FIRSTHDR(&m);
+    c->cmsg_level = SOL_UDP;
+    c->cmsg_type = UDP_SEGMENT;
+    c->cmsg_len = CMSG_LEN(sizeof(std::uint16_t));
+    const std::uint16_t first_seg = static_cast<std::uint16_t>(o.seg + 16);
+    std::memcpy(CMSG_DATA(c), &first_seg, sizeof first_seg);
+    ssize_t total = ::sendmsg(fd, &m, 0);
+    if (total < 0) return -1;
+    for (std::size_t left = packets - 2; left > 0;) {
+        const std::size_t n = std::min(left, per_train);
+        const ssize_t sent = ::send(fd, buf.data(), n * o.seg, 0);
+        if (sent < 0) return -1;
+        total += sent;
+        left -= n;
+    }
+    return total;
+}
+
+Tput run_udp_tput(const Options& o, Stream stream) {
     UdpPair p = make_udp_pair(o);
+    const bool gso = stream != Stream::Plain;
     std::size_t send_len = o.size;
     std::uint64_t dgrams_per_send = 1;
-    if (gso) {
+    if (stream == Stream::GsoWrite) {
+        if (o.seg + 16 > 65507 / 2 || o.seg <= 16) usage_error("gso-write: --seg out of range");
+        dgrams_per_send = std::max<std::size_t>(2, (o.msg + o.seg - 17) / (o.seg - 16));
+        send_len = 65536 + 4096;  // the buffer every train is cut from
+        set_int(p.a.get(), IPPROTO_UDP, UDP_SEGMENT, static_cast<int>(o.seg),
+                "setsockopt UDP_SEGMENT");
+        set_int(p.b.get(), IPPROTO_UDP, UDP_GRO, 1, "setsockopt UDP_GRO");
+    } else if (gso) {
         // Up to 64 segments (the kernel's UDP_MAX_SEGMENTS) in one IPv4 datagram's 65507 bytes.
         dgrams_per_send = std::min<std::uint64_t>(64, 65507 / o.seg);
         if (dgrams_per_send == 0) usage_error("--seg too large");
@@ -439,9 +494,10 @@ Tput run_udp_tput(const Options& o, bool gso) {
 
     Buffer buf(send_len, 'x');
     while (Clock::now() < send_end) {
-        const ssize_t n = gso ? ::send(p.a.get(), buf.data(), buf.size(), 0)
-                              : ::sendto(p.a.get(), buf.data(), buf.size(), 0,
-                                         reinterpret_cast<const sockaddr*>(&dest), sizeof dest);
+        const ssize_t n = stream == Stream::GsoWrite ? send_write_pattern(p.a.get(), buf, o)
+                          : gso                      ? ::send(p.a.get(), buf.data(), buf.size(), 0)
+                                : ::sendto(p.a.get(), buf.data(), buf.size(), 0,
+                                           reinterpret_cast<const sockaddr*>(&dest), sizeof dest);
         if (n < 0) {
             if (errno == EAGAIN || errno == EWOULDBLOCK || errno == ENOBUFS || errno == EINTR ||
                 errno == ECONNREFUSED) {
@@ -459,7 +515,7 @@ Tput run_udp_tput(const Options& o, bool gso) {
     return t;
 }
 
-void print_tput(const Options& o, const Tput& t, bool gso) {
+void print_tput(const Options& o, const Tput& t, Stream stream) {
     const double window = t.rx_window_s > 0 ? t.rx_window_s : o.seconds;
     const double goodput = static_cast<double>(t.rx_bytes) / window;
     const double dps = static_cast<double>(t.rx_dgrams) / window;
@@ -471,7 +527,9 @@ void print_tput(const Options& o, const Tput& t, bool gso) {
                                   static_cast<double>(t.sent_dgrams);
     const double gb = static_cast<double>(t.rx_bytes) / 1e9;
     std::printf("mode=%s", o.mode.c_str());
-    if (gso) {
+    if (stream == Stream::GsoWrite) {
+        std::printf(" seg=%zu msg=%zu", o.seg, o.msg);
+    } else if (stream == Stream::Gso) {
         std::printf(" seg=%zu segs_per_send=%zu", o.seg, std::min<std::size_t>(64, 65507 / o.seg));
     } else {
         std::printf(" size=%zu", o.size);
@@ -749,9 +807,11 @@ void run_tcp(const Options& o) {
 int main(int argc, char** argv) {
     const Options o = parse_args(argc, argv);
     if (o.mode == "gso") {
-        print_tput(o, run_udp_tput(o, true), true);
+        print_tput(o, run_udp_tput(o, Stream::Gso), Stream::Gso);
+    } else if (o.mode == "gso-write") {
+        print_tput(o, run_udp_tput(o, Stream::GsoWrite), Stream::GsoWrite);
     } else if (o.mode == "sendto" || o.mode == "pps") {
-        print_tput(o, run_udp_tput(o, false), false);
+        print_tput(o, run_udp_tput(o, Stream::Plain), Stream::Plain);
     } else if (o.mode == "rtt") {
         print_pingpong(o, run_pingpong(o, o.size, o.size), o.size, o.size);
     } else if (o.mode == "gso-pingpong") {
