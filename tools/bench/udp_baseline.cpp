@@ -4,9 +4,9 @@
 //
 //   uroce-udp-baseline MODE [options]
 //
-// MODE: gso, gso-write, sendto, pps, rtt, gso-pingpong, tcp (see kUsage). Every loop is bounded in
-// count and in time: receivers use socket timeouts or deadlines, so a lost datagram never hangs a
-// mode.
+// MODE: gso, gso-write, sendto, pps, rtt, rtt-ack, gso-pingpong, tcp (see kUsage). Every loop is
+// bounded in count and in time: receivers use socket timeouts or deadlines, so a lost datagram
+// never hangs a mode.
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -67,6 +67,8 @@ constexpr const char* kUsage =
     "  sendto        plain sendto/recv of --size byte datagrams: goodput, datagrams/s, CPU\n"
     "  pps           plain sendto/recv of 64-byte datagrams: packets/s received\n"
     "  rtt           busy-polled ping-pong of --size bytes: RTT p50/p99, half RTT p50\n"
+    "  rtt-ack       the same, each message preceded by a 20-byte datagram, as an RC\n"
+    "                responder's ACK precedes its answer\n"
     "  gso-pingpong  busy-polled ping-pong of a --msg byte message carried both ways as GSO\n"
     "                segments of --seg bytes, received with GRO: microseconds per iteration\n"
     "  tcp           one TCP stream of --write byte writes: goodput, CPU seconds\n"
@@ -156,8 +158,8 @@ Options parse_args(int argc, char** argv) {
     }
     if (args.empty()) usage_error("no mode given");
     o.mode = args[0];
-    static constexpr std::string_view kModes[] = {"gso", "gso-write",    "sendto", "pps",
-                                                  "rtt", "gso-pingpong", "tcp"};
+    static constexpr std::string_view kModes[] = {"gso", "gso-write", "sendto",       "pps",
+                                                  "rtt", "rtt-ack",   "gso-pingpong", "tcp"};
     if (std::find(std::begin(kModes), std::end(kModes), o.mode) == std::end(kModes)) {
         usage_error("unknown mode '" + o.mode + "'");
     }
@@ -203,8 +205,9 @@ Options parse_args(int argc, char** argv) {
             usage_error("unknown option '" + opt + "'");
         }
     }
-    if (o.size == 0) o.size = o.mode == "pps" ? 64 : o.mode == "rtt" ? 8 : 4096;
-    if (o.mode == "rtt" && o.size < 8) usage_error("rtt: --size must be at least 8");
+    const bool rtt = o.mode == "rtt" || o.mode == "rtt-ack";
+    if (o.size == 0) o.size = o.mode == "pps" ? 64 : rtt ? 8 : 4096;
+    if (rtt && o.size < 8) usage_error(o.mode + ": --size must be at least 8");
     return o;
 }
 
@@ -552,24 +555,40 @@ void print_tput(const Options& o, const Tput& t, Stream stream) {
 // starts with the 8-byte sequence number of its message, so that a late segment of an earlier
 // message is never counted for the current one.
 
+// The datagram rtt-ack sends before each message: the size of an RC ACK (BTH 12, AETH 4,
+// ICRC 4), sequence number 0, which no message has.
+constexpr std::size_t kAckBytes = 20;
+
 struct Messenger {
     int fd;
     std::size_t msg;
     std::size_t seg;
     std::size_t per_send;
+    bool ack_first;
     Buffer out;
     Buffer in;
+    Buffer ack;
 
-    Messenger(int f, std::size_t m, std::size_t s)
+    Messenger(int f, std::size_t m, std::size_t s, bool a)
         : fd(f),
           msg(m),
           seg(std::min(s, m)),
           per_send(std::max<std::size_t>(1, std::min<std::size_t>(64, 65507 / seg))),
+          ack_first(a),
           out(m, 'p'),
-          in(65536 + 4096) {}
+          in(65536 + 4096),
+          ack(kAckBytes, 0) {}
 
-    // Sends message `seq`; false if the kernel refused a part (counts as a loss).
+    // Sends message `seq` (after the ACK datagram, with ack_first); false if the kernel
+    // refused a part (counts as a loss).
     bool send(std::uint64_t seq) {
+        if (ack_first && ::send(fd, ack.data(), ack.size(), MSG_DONTWAIT) < 0) {
+            if (errno != EAGAIN && errno != EWOULDBLOCK && errno != ENOBUFS &&
+                errno != ECONNREFUSED && errno != EINTR) {
+                die("send");
+            }
+            return false;
+        }
         for (std::size_t off = 0; off < msg; off += seg) {
             std::memcpy(out.data() + off, &seq, std::min(sizeof seq, msg - off));
         }
@@ -607,6 +626,7 @@ struct Messenger {
             if (len < sizeof(std::uint64_t)) continue;  // too short to carry a sequence number
             std::uint64_t seq = 0;
             std::memcpy(&seq, in.data() + off, sizeof seq);
+            if (seq == 0) continue;  // rtt-ack's ACK datagram: no message has number 0
             on_segment(seq, len);
         }
         return true;
@@ -619,7 +639,7 @@ struct PingResult {
     bool complete = true;
 };
 
-PingResult run_pingpong(const Options& o, std::size_t msg, std::size_t seg) {
+PingResult run_pingpong(const Options& o, std::size_t msg, std::size_t seg, bool ack_first) {
     UdpPair p = make_udp_pair(o);
     const bool use_gso = msg > seg;
     if (use_gso) {
@@ -637,7 +657,7 @@ PingResult run_pingpong(const Options& o, std::size_t msg, std::size_t seg) {
     pin_to(o.cpu_a);
     std::thread pong([&] {
         pin_to(o.cpu_b);
-        Messenger m(p.b.get(), msg, seg);
+        Messenger m(p.b.get(), msg, seg, ack_first);
         std::uint64_t cur = 0;
         std::size_t got = 0;
         while (!stop.load(std::memory_order_relaxed) && Clock::now() < hard_end) {
@@ -664,7 +684,7 @@ PingResult run_pingpong(const Options& o, std::size_t msg, std::size_t seg) {
 
     PingResult r;
     r.us.reserve(o.iters);
-    Messenger m(p.a.get(), msg, seg);
+    Messenger m(p.a.get(), msg, seg, ack_first);
     const std::uint64_t total = o.warmup + o.iters;
     for (std::uint64_t i = 0; i < total; ++i) {
         const std::uint64_t seq = i + 1;  // the pong side starts at 0, waiting for 1
@@ -713,17 +733,18 @@ void print_pingpong(const Options& o, PingResult r, std::size_t msg, std::size_t
     std::sort(r.us.begin(), r.us.end());
     const double p50 = percentile(r.us, 0.50);
     std::printf("mode=%s", o.mode.c_str());
-    if (o.mode == "rtt") {
+    const bool rtt = o.mode == "rtt" || o.mode == "rtt-ack";
+    if (rtt) {
         std::printf(" size=%zu", msg);
     } else {
         std::printf(" msg=%zu seg=%zu", msg, seg);
     }
-    const char* what = o.mode == "rtt" ? "rtt" : "iter";
+    const char* what = rtt ? "rtt" : "iter";
     std::printf(" iters=%zu lost=%llu complete=%d %s_min_us=%.2f %s_p50_us=%.2f %s_p99_us=%.2f",
                 r.us.size(), static_cast<unsigned long long>(r.lost), r.complete ? 1 : 0, what,
                 r.us.empty() ? 0.0 : r.us.front(), what, p50, what, percentile(r.us, 0.99));
     std::printf(" %s_p999_us=%.2f", what, percentile(r.us, 0.999));
-    if (o.mode == "rtt") std::printf(" half_rtt_p50_us=%.3f", p50 / 2);
+    if (rtt) std::printf(" half_rtt_p50_us=%.3f", p50 / 2);
     std::printf("\n");
 }
 
@@ -812,10 +833,10 @@ int main(int argc, char** argv) {
         print_tput(o, run_udp_tput(o, Stream::GsoWrite), Stream::GsoWrite);
     } else if (o.mode == "sendto" || o.mode == "pps") {
         print_tput(o, run_udp_tput(o, Stream::Plain), Stream::Plain);
-    } else if (o.mode == "rtt") {
-        print_pingpong(o, run_pingpong(o, o.size, o.size), o.size, o.size);
+    } else if (o.mode == "rtt" || o.mode == "rtt-ack") {
+        print_pingpong(o, run_pingpong(o, o.size, o.size, o.mode == "rtt-ack"), o.size, o.size);
     } else if (o.mode == "gso-pingpong") {
-        print_pingpong(o, run_pingpong(o, o.msg, o.seg), o.msg, o.seg);
+        print_pingpong(o, run_pingpong(o, o.msg, o.seg, false), o.msg, o.seg);
     } else {
         run_tcp(o);
     }
