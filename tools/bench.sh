@@ -74,8 +74,8 @@ else
   rc4k_n=5000
   sweep_n=200
 fi
-loss_rc_n=200  # ibv_rc_pingpong 4 KiB under loss
-loss_bw_n=100  # ib_write_bw 64 KiB under loss (and its lossless reference)
+loss_rc_n=1000 # ibv_rc_pingpong 4 KiB under loss
+loss_bw_n=300  # ib_write_bw 64 KiB under loss (and its lossless reference)
 tmo=120        # seconds: any single perftest / pingpong process
 loss_tmo=60    # seconds: the same under loss
 
