@@ -29,8 +29,8 @@ class RttEstimator {
     // spurious resend, never a retry (it backs off, and the first sample replaces it); one
     // that is too long is paid by every connection that loses its first packet or first ACK
     // (a 4 KiB ibv_rc_pingpong -n 200 under 5% loss whose first SEND and first ACK were
-    // both lost: 4 + 8 ms of waiting, 104 us per iteration; with 1 + 2 ms, 59).
-    static constexpr uint64_t kInitialRtoUs = 1000;
+    // both lost: 4 + 8 ms of waiting, 111-236 us per iteration; with 1 + 2 ms, 66-72).
+    static constexpr uint64_t kInitialRtoUs = kMinRtoUs;
 
     // The shortest wait before a tail-loss probe (probe_us()). A spurious probe costs one
     // packet, not a window, so it may come much sooner than the retransmission timeout.

@@ -147,6 +147,11 @@ double parse_seconds(const std::string& opt, const std::string& text) {
     return v;
 }
 
+// rtt and rtt-ack: ping-pongs of --size byte messages.
+bool is_rtt(const Options& o) {
+    return o.mode == "rtt" || o.mode == "rtt-ack";
+}
+
 Options parse_args(int argc, char** argv) {
     Options o;
     std::vector<std::string> args(argv + 1, argv + argc);
@@ -205,9 +210,14 @@ Options parse_args(int argc, char** argv) {
             usage_error("unknown option '" + opt + "'");
         }
     }
-    const bool rtt = o.mode == "rtt" || o.mode == "rtt-ack";
+    const bool rtt = is_rtt(o);
     if (o.size == 0) o.size = o.mode == "pps" ? 64 : rtt ? 8 : 4096;
     if (rtt && o.size < 8) usage_error(o.mode + ": --size must be at least 8");
+    if (o.mode == "gso-write" && (o.seg <= 16 || 2 * o.seg + 16 > 65507)) {
+        usage_error(
+            "gso-write: --seg must leave room for a payload, and two segments "
+            "(the first 16 bytes larger) must fit 65507 bytes");
+    }
     return o;
 }
 
@@ -405,9 +415,14 @@ enum class Stream {
 // bytes larger (the RETH; GSO lets only the last segment differ, and only by being shorter),
 // then trains of --seg segments for the rest. Returns the bytes sent, or -1 (errno set) at the
 // first send that failed.
-ssize_t send_write_pattern(int fd, const Buffer& buf, const Options& o) {
+// The packets of one gso-write message: --msg bytes in payloads of --seg - 16, at least two.
+std::size_t write_packets(const Options& o) {
     const std::size_t payload = o.seg - 16;
-    const std::size_t packets = std::max<std::size_t>(2, (o.msg + payload - 1) / payload);
+    return std::max<std::size_t>(2, (o.msg + payload - 1) / payload);
+}
+
+ssize_t send_write_pattern(int fd, const Buffer& buf, const Options& o) {
+    const std::size_t packets = write_packets(o);
     const std::size_t per_train =
         std::max<std::size_t>(1, std::min<std::size_t>(64, 65507 / o.seg));
     // The first train, its segment size given per call (the socket's UDP_SEGMENT is --seg).
@@ -442,8 +457,7 @@ Tput run_udp_tput(const Options& o, Stream stream) {
     std::size_t send_len = o.size;
     std::uint64_t dgrams_per_send = 1;
     if (stream == Stream::GsoWrite) {
-        if (o.seg + 16 > 65507 / 2 || o.seg <= 16) usage_error("gso-write: --seg out of range");
-        dgrams_per_send = std::max<std::size_t>(2, (o.msg + o.seg - 17) / (o.seg - 16));
+        dgrams_per_send = write_packets(o);
         send_len = 65536 + 4096;  // the buffer every train is cut from
         set_int(p.a.get(), IPPROTO_UDP, UDP_SEGMENT, static_cast<int>(o.seg),
                 "setsockopt UDP_SEGMENT");
@@ -579,29 +593,27 @@ struct Messenger {
           in(65536 + 4096),
           ack(kAckBytes, 0) {}
 
+    // One non-blocking send; false if the kernel refused it for now (counts as a loss).
+    bool send_now(const char* data, std::size_t len) const {
+        if (::send(fd, data, len, MSG_DONTWAIT) >= 0) return true;
+        if (errno != EAGAIN && errno != EWOULDBLOCK && errno != ENOBUFS && errno != ECONNREFUSED &&
+            errno != EINTR) {
+            die("send");
+        }
+        return false;
+    }
+
     // Sends message `seq` (after the ACK datagram, with ack_first); false if the kernel
     // refused a part (counts as a loss).
     bool send(std::uint64_t seq) {
-        if (ack_first && ::send(fd, ack.data(), ack.size(), MSG_DONTWAIT) < 0) {
-            if (errno != EAGAIN && errno != EWOULDBLOCK && errno != ENOBUFS &&
-                errno != ECONNREFUSED && errno != EINTR) {
-                die("send");
-            }
-            return false;
-        }
+        if (ack_first && !send_now(ack.data(), ack.size())) return false;
         for (std::size_t off = 0; off < msg; off += seg) {
             std::memcpy(out.data() + off, &seq, std::min(sizeof seq, msg - off));
         }
         bool ok = true;
         for (std::size_t off = 0; off < msg; off += seg * per_send) {
             const std::size_t len = std::min(seg * per_send, msg - off);
-            if (::send(fd, out.data() + off, len, MSG_DONTWAIT) < 0) {
-                if (errno != EAGAIN && errno != EWOULDBLOCK && errno != ENOBUFS &&
-                    errno != ECONNREFUSED && errno != EINTR) {
-                    die("send");
-                }
-                ok = false;
-            }
+            if (!send_now(out.data() + off, len)) ok = false;
         }
         return ok;
     }
@@ -733,7 +745,7 @@ void print_pingpong(const Options& o, PingResult r, std::size_t msg, std::size_t
     std::sort(r.us.begin(), r.us.end());
     const double p50 = percentile(r.us, 0.50);
     std::printf("mode=%s", o.mode.c_str());
-    const bool rtt = o.mode == "rtt" || o.mode == "rtt-ack";
+    const bool rtt = is_rtt(o);
     if (rtt) {
         std::printf(" size=%zu", msg);
     } else {
@@ -833,7 +845,7 @@ int main(int argc, char** argv) {
         print_tput(o, run_udp_tput(o, Stream::GsoWrite), Stream::GsoWrite);
     } else if (o.mode == "sendto" || o.mode == "pps") {
         print_tput(o, run_udp_tput(o, Stream::Plain), Stream::Plain);
-    } else if (o.mode == "rtt" || o.mode == "rtt-ack") {
+    } else if (is_rtt(o)) {
         print_pingpong(o, run_pingpong(o, o.size, o.size, o.mode == "rtt-ack"), o.size, o.size);
     } else if (o.mode == "gso-pingpong") {
         print_pingpong(o, run_pingpong(o, o.msg, o.seg, false), o.msg, o.seg);
