@@ -459,11 +459,7 @@ void RcQp::arm_timer() {
             std::chrono::ceil<std::chrono::microseconds>(ack_deadline_ - now).count());
     probe_armed_ = false;
     if (engine_.config().adaptive_retransmit) {
-        // An early resend due in the second half of the wait would come just before the
-        // local ACK timeout's own resend (a `timeout` of 8, 1 ms, against a 1 ms floor): it
-        // would only double that one.
-        const uint64_t rto = rtt_.timeout_us(rto_backoff_, ack_timeout_us);
-        if (2 * rto <= us) us = rto;
+        us = RttEstimator::wait_us(rtt_.timeout_us(rto_backoff_, ack_timeout_us), us);
         // A second probe waits twice as long as the first, or until the adaptive timeout if
         // that is sooner: a lost probe (or its lost ACK) then costs another probe, not a
         // resend of the whole window.

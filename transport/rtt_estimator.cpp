@@ -27,4 +27,8 @@ uint64_t RttEstimator::probe_us() const {
     return std::max(kMinProbeUs, 2 * srtt_us_);
 }
 
+uint64_t RttEstimator::wait_us(uint64_t rto_us, uint64_t deadline_us) {
+    return rto_us <= deadline_us / 2 ? rto_us : deadline_us;
+}
+
 }  // namespace uroce::transport

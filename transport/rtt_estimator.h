@@ -52,6 +52,13 @@ class RttEstimator {
     // meaningful once measured().
     uint64_t probe_us() const;
 
+    // How long a requester's timer waits when the local ACK timeout is `deadline_us` away
+    // and the adaptive timeout is `rto_us`: the adaptive one only if it falls in the first
+    // half of that wait. Later, it would come just before the local ACK timeout's own resend
+    // of the same packets (a `timeout` of 8, 1.05 ms, against the 1 ms floor) and only
+    // double it.
+    static uint64_t wait_us(uint64_t rto_us, uint64_t deadline_us);
+
   private:
     bool measured_ = false;
     uint64_t srtt_us_ = 0;

@@ -62,3 +62,13 @@ TEST_CASE("RttEstimator: a tail-loss probe waits two round trips, at least its f
     CHECK(RttEstimator::kMinProbeUs < RttEstimator::kMinRtoUs);
     CHECK(slow.probe_us() < slow.timeout_us(0, 67000));
 }
+
+TEST_CASE("RttEstimator: an early resend waits only in the first half of the ACK timeout's wait",
+          "[rtt]") {
+    CHECK(RttEstimator::wait_us(1000, 67000) == 1000);
+    CHECK(RttEstimator::wait_us(2000, 4000) == 2000);  // exactly half: still early
+    CHECK(RttEstimator::wait_us(2000, 3999) == 3999);
+    CHECK(RttEstimator::wait_us(1000, 1048) == 1048);  // `timeout` 8: the timeout's own resend
+    CHECK(RttEstimator::wait_us(5000, 1000) == 1000);
+    CHECK(RttEstimator::wait_us(1000, 0) == 0);  // the local ACK timeout is due now
+}
