@@ -54,7 +54,7 @@ namespace uroce::transport {
     X(rx_bad_mcast_qpn)          /* multicast not for QP 0xFFFFFF, or unicast for it */          \
     X(rx_mcast_no_qp)            /* multicast datagrams for a group no QP here is attached to */ \
     X(early_retransmits) /* adaptive timeouts before the local ACK timeout (not retries) */      \
-    X(tail_probes)       /* last packets resent alone when no ACK came within ~2 round trips */  \
+    X(tail_probes)       /* probes when no ACK came within ~2 round trips (rc_qp.h) */           \
     X(resends_held_back) /* early resends and probes skipped: the engine's budget was spent */   \
     X(tx_gso_sends)      /* sendmsg calls that carried several packets (UDP GSO) */              \
     X(tx_gso_fallbacks)  /* GSO sends refused: resent one by one (GSO off if those went out) */  \

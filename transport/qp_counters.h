@@ -31,7 +31,7 @@ namespace uroce::transport {
     X(rx_naks)               /* NAKs and RNR NAKs received */                                 \
     X(tx_naks)               /* NAKs of every kind sent */                                    \
     X(early_retransmits)     /* adaptive timeouts before the local ACK timeout */             \
-    X(tail_probes)           /* last packets resent alone (tail-loss probes) */               \
+    X(tail_probes)           /* tail-loss probes, and the second probe's go-back-N */         \
     X(tx_seq_naks)           /* PSN sequence error NAKs sent */                               \
     X(tx_rnr_naks)           /* RNR NAKs sent */                                              \
     X(tx_other_naks)         /* access, invalid request and remote operational NAKs sent */   \

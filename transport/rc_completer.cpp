@@ -238,7 +238,8 @@ void RcQp::on_response(const wire::ParsedPacket& pkt) {
                     last_rewind_psn_ = psn;
                     rewind_to(psn);
                     // The peer is alive and waiting for the resent packets: give them a
-                    // whole timeout from now.
+                    // whole timeout from now, and a probe if they do not come (rc_qp.h).
+                    nak_resent_ = true;
                     restart_timer();
                 }
                 break;
@@ -404,11 +405,13 @@ void RcQp::fire_timer(std::chrono::steady_clock::time_point now) {
         return;
     }
     if (probe) {
-        if (engine_.resend_budget().take(now)) {
-            send_tail_probe();
-        } else {
+        if (!engine_.resend_budget().take(now)) {
             ++probes_sent_;  // skipped: the next wait is the second probe's, or the resend's
             bump(engine_.counters().resends_held_back);
+        } else if (probes_sent_ == 0 && !nak_resent_) {
+            send_tail_probe();
+        } else {
+            resend_unacknowledged();
         }
         arm_timer();
         return;
@@ -466,7 +469,7 @@ void RcQp::arm_timer() {
         const uint64_t probe_us =
             probes_sent_ == 0 ? rtt_.probe_us() : std::min(rtt_.probe_us() << probes_sent_, us);
         if (probes_sent_ < kMaxTailProbes && rtt_.measured() && probe_us <= us &&
-            tail_probe_possible()) {
+            (nak_resent_ || tail_probe_possible())) {
             us = probe_us;
             probe_armed_ = true;
         }
@@ -479,6 +482,7 @@ void RcQp::note_progress() {
     last_rewind_psn_ = 0xffffffff;
     rto_backoff_ = 0;
     probes_sent_ = 0;
+    nak_resent_ = false;
 }
 
 bool RcQp::tail_probe_possible() const {
@@ -508,6 +512,14 @@ void RcQp::send_tail_probe() {
     bump(engine_.counters().tail_probes);
     bump(qp_counters_.tail_probes);
     rewind_to(probe_psn_);
+    pump();
+}
+
+void RcQp::resend_unacknowledged() {
+    ++probes_sent_;
+    bump(engine_.counters().tail_probes);
+    bump(qp_counters_.tail_probes);
+    rewind_to(oldest_unacked());
     pump();
 }
 

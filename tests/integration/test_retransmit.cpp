@@ -50,7 +50,7 @@ TEST_CASE("A tail loss is resent by a probe or the adaptive timeout, without cou
     ping(a, b, 300);
     CHECK(counter(a.ctx, "tx_dropped_fault") + counter(b.ctx, "tx_dropped_fault") > 0);
     // The resends came from tail-loss probes (about two round trips after a silence) and
-    // the adaptive timer (when a probe was lost too): early, not counted against retry_cnt.
+    // the adaptive timer (when both probes were lost): early, not counted against retry_cnt.
     CHECK(counter(a.ctx, "tail_probes") > 0);
     CHECK(qp_counter(a.qp, "tail_probes") == counter(a.ctx, "tail_probes"));
     CHECK(qp_counter(a.qp, "early_retransmits") == counter(a.ctx, "early_retransmits"));

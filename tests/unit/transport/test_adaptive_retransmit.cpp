@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <optional>
 #include <thread>
 
 #include "tests/unit/transport/engine_pair.h"
@@ -289,9 +290,11 @@ TEST_CASE("Early resends use no retry: retry_cnt 1 survives several", "[rc][retr
     CHECK(p.a.qp->state() == QpState::Rts);
 }
 
-// A probe that is lost too (or whose ACK is) gets a second probe: the tail costs two single
-// packets, not an adaptive timeout's resend of the whole window.
-TEST_CASE("A lost tail-loss probe is followed by a second probe", "[rc][retransmit]") {
+// A probe that is lost too (or whose ACK is) is followed, after twice the wait, by a
+// go-back-N resend from the oldest unacknowledged packet (rc_qp.h): that costs the window,
+// where a responder that NAKed once and waits silently is the cause it must cover too.
+TEST_CASE("A lost tail-loss probe is followed by a resend of everything unacknowledged",
+          "[rc][retransmit]") {
     Pair p;
     p.connect();
     for (uint64_t i = 1; i <= 3; ++i) send_one(p, 64, i);  // round trips measured
@@ -310,15 +313,92 @@ TEST_CASE("A lost tail-loss probe is followed by a second probe", "[rc][retransm
     REQUIRE(p.wait_one(*p.a.scq).status == WcStatus::Success);
     CHECK(first_mismatch(p.b.at(0), len, 78) == len);
 
-    // The burst (its LAST lost), the first probe (lost), the second probe; nothing else.
+    // The burst (its LAST lost), the first probe (lost), then the burst again from its FIRST
+    // (nothing of it was acknowledged: b ACKs only what asks for an ACK); nothing else.
     const auto sent = a_out.packets();
-    REQUIRE(sent.size() == kBurst + 2);
-    const wire::ParsedPacket lost = sent[kBurst - 1].parsed();
-    for (size_t i = kBurst; i < sent.size(); ++i) {
-        CHECK(is_op(sent[i].parsed(), wire::Opcode::RcWriteLast));
-        CHECK(sent[i].parsed().h.bth.psn == lost.h.bth.psn);
-        CHECK(sent[i].parsed().h.bth.ack_req);
-    }
+    REQUIRE(sent.size() == 2 * kBurst + 1);
+    const wire::ParsedPacket probe = sent[kBurst].parsed();
+    CHECK(is_op(probe, wire::Opcode::RcWriteLast));
+    CHECK(probe.h.bth.psn == sent[kBurst - 1].parsed().h.bth.psn);
+    CHECK(probe.h.bth.ack_req);
+    for (uint32_t i = 0; i < kBurst; ++i)
+        CHECK(sent[kBurst + 1 + i].parsed().h.bth.psn == sent[i].parsed().h.bth.psn);
+    CHECK(p.a.counters().tail_probes.load() - probes0 == 2);
+    CHECK(p.a.counters().early_retransmits.load() == early0);
+    CHECK(p.a.counters().retransmit_timeouts.load() == 0);
+}
+
+// A responder NAKs a sequence error once, then drops every later packet silently until the
+// PSN it asked for comes: when the resend the NAK asked for is lost too, nothing answers a
+// probe of the last packet. The requester goes back N again after a probe's wait, not an
+// adaptive timeout's (at least 1 ms).
+TEST_CASE("A NAK's resend that is lost too goes again after a probe's wait", "[rc][retransmit]") {
+    Pair p;
+    p.connect();
+    for (uint64_t i = 1; i <= 3; ++i) send_one(p, 64, i);  // round trips measured
+    const uint64_t probes0 = p.a.counters().tail_probes.load();
+    const uint64_t early0 = p.a.counters().early_retransmits.load();
+
+    // The WRITE's second packet is lost twice: first sent, and resent after b's NAK.
+    std::optional<uint32_t> victim;
+    int lose_left = 2;
+    TxRecorder a_out(*p.a.engine, [&](const wire::ParsedPacket& pkt) {
+        if (!is_op(pkt, wire::Opcode::RcWriteMiddle)) return false;
+        if (!victim) victim = pkt.h.bth.psn;
+        return pkt.h.bth.psn == *victim && lose_left-- > 0;
+    });
+    const uint32_t len = kBurst * kMtu;
+    fill(p.a.at(0), len, 79);
+    REQUIRE(p.a.qp->post_send(rdma_wqe(SendOpcode::RdmaWrite, 10, {p.a.sge(0, len)}, p.b.iova,
+                                       p.b.keys.rkey)) == 0);
+    REQUIRE(p.wait_one(*p.a.scq).status == WcStatus::Success);
+    CHECK(first_mismatch(p.b.at(0), len, 79) == len);
+    CHECK(a_out.lost() == 2);
+
+    CHECK(p.a.counters().rx_naks.load() >= 1);
+    CHECK(p.b.counters().tx_seq_naks.load() >= 1);
+    CHECK(p.a.counters().tail_probes.load() - probes0 >= 1);
+    CHECK(p.a.counters().early_retransmits.load() == early0);
+    CHECK(p.a.counters().retransmit_timeouts.load() == 0);
+}
+
+// The same silence when the NAK itself is lost: the first probe (the last packet) draws
+// nothing, the second goes back N from the oldest unacknowledged packet.
+TEST_CASE("A lost sequence NAK is repaired by the second probe", "[rc][retransmit]") {
+    Pair p;
+    p.connect();
+    for (uint64_t i = 1; i <= 3; ++i) send_one(p, 64, i);  // round trips measured
+    const uint64_t probes0 = p.a.counters().tail_probes.load();
+    const uint64_t early0 = p.a.counters().early_retransmits.load();
+
+    std::optional<uint32_t> victim;
+    int lose_left = 1;
+    TxRecorder a_out(*p.a.engine, [&](const wire::ParsedPacket& pkt) {
+        if (!is_op(pkt, wire::Opcode::RcWriteMiddle)) return false;
+        if (!victim) victim = pkt.h.bth.psn;
+        return pkt.h.bth.psn == *victim && lose_left-- > 0;
+    });
+    int naks_left = 1;
+    TxRecorder b_out(*p.b.engine, [&naks_left](const wire::ParsedPacket& pkt) {
+        return is_op(pkt, wire::Opcode::RcAcknowledge) && pkt.h.aeth.type() == wire::AckType::Nak &&
+               naks_left-- > 0;
+    });
+    const uint32_t len = kBurst * kMtu;
+    fill(p.a.at(0), len, 80);
+    REQUIRE(p.a.qp->post_send(rdma_wqe(SendOpcode::RdmaWrite, 11, {p.a.sge(0, len)}, p.b.iova,
+                                       p.b.keys.rkey)) == 0);
+    REQUIRE(p.wait_one(*p.a.scq).status == WcStatus::Success);
+    CHECK(first_mismatch(p.b.at(0), len, 80) == len);
+    CHECK(a_out.lost() == 1);
+    CHECK(b_out.lost() == 1);
+
+    // The burst, the probe of its LAST (b silent: it NAKed already), the burst from its FIRST.
+    const auto sent = a_out.packets();
+    REQUIRE(sent.size() >= 2 * kBurst + 1);
+    CHECK(sent[kBurst].parsed().h.bth.psn == sent[kBurst - 1].parsed().h.bth.psn);
+    for (uint32_t i = 0; i < kBurst; ++i)
+        CHECK(sent[kBurst + 1 + i].parsed().h.bth.psn == sent[i].parsed().h.bth.psn);
+    CHECK(p.a.counters().rx_naks.load() == 0);
     CHECK(p.a.counters().tail_probes.load() - probes0 == 2);
     CHECK(p.a.counters().early_retransmits.load() == early0);
     CHECK(p.a.counters().retransmit_timeouts.load() == 0);
