@@ -36,6 +36,57 @@ void send_one(Pair& p, uint32_t len, uint64_t seed) {
     CHECK(first_mismatch(p.b.at(0), len, seed) == len);
 }
 
+// A connected pair whose round trip a has measured, with a's probes and early resends
+// counted from there.
+struct MeasuredPair {
+    Pair p;
+    uint64_t probes0 = 0, early0 = 0;
+    MeasuredPair() {
+        p.connect();
+        for (uint64_t i = 1; i <= 3; ++i) send_one(p, 64, i);
+        probes0 = p.a.counters().tail_probes.load();
+        early0 = p.a.counters().early_retransmits.load();
+    }
+    uint64_t probes() { return p.a.counters().tail_probes.load() - probes0; }
+    uint64_t early_resends() { return p.a.counters().early_retransmits.load() - early0; }
+    // Repaired by probes alone: no adaptive timeout, no local ACK timeout.
+    void check_probes_only() {
+        CHECK(early_resends() == 0);
+        CHECK(p.a.counters().retransmit_timeouts.load() == 0);
+    }
+};
+
+// What a sent after a kBurst WRITE whose repair took two probes: the burst, a probe of its
+// last packet, then (the second probe) the burst again from its first.
+void check_probe_then_burst_again(const std::vector<SentPacket>& sent) {
+    REQUIRE(sent.size() >= 2 * kBurst + 1);
+    const wire::ParsedPacket probe = sent[kBurst].parsed();
+    CHECK(probe.h.bth.psn == sent[kBurst - 1].parsed().h.bth.psn);
+    CHECK(probe.h.bth.ack_req);
+    for (uint32_t i = 0; i < kBurst; ++i)
+        CHECK(sent[kBurst + 1 + i].parsed().h.bth.psn == sent[i].parsed().h.bth.psn);
+}
+
+// A WRITE of kBurst packets from a to b, byte-checked.
+void write_burst(Pair& p, uint64_t seed) {
+    const uint32_t len = kBurst * kMtu;
+    fill(p.a.at(0), len, seed);
+    REQUIRE(p.a.qp->post_send(rdma_wqe(SendOpcode::RdmaWrite, seed, {p.a.sge(0, len)}, p.b.iova,
+                                       p.b.keys.rkey)) == 0);
+    REQUIRE(p.wait_one(*p.a.scq).status == WcStatus::Success);
+    CHECK(first_mismatch(p.b.at(0), len, seed) == len);
+}
+
+// Loses the first MIDDLE packet a sends, `times` times: as first sent, then as resent.
+TxRecorder::LosePredicate lose_first_middle(int times) {
+    return
+        [left = times, victim = std::optional<uint32_t>()](const wire::ParsedPacket& pkt) mutable {
+            if (!is_op(pkt, wire::Opcode::RcWriteMiddle)) return false;
+            if (!victim) victim = pkt.h.bth.psn;
+            return pkt.h.bth.psn == *victim && left-- > 0;
+        };
+}
+
 }  // namespace
 
 TEST_CASE("A lost last packet is sent again alone, asking for an ACK (tail-loss probe)",
@@ -50,12 +101,7 @@ TEST_CASE("A lost last packet is sent again alone, asking for an ACK (tail-loss 
     TxRecorder a_out(*p.a.engine, [&lose_left](const wire::ParsedPacket& pkt) {
         return is_op(pkt, wire::Opcode::RcWriteLast) && lose_left-- > 0;
     });
-    const uint32_t len = kBurst * kMtu;
-    fill(p.a.at(0), len, 77);
-    REQUIRE(p.a.qp->post_send(rdma_wqe(SendOpcode::RdmaWrite, 9, {p.a.sge(0, len)}, p.b.iova,
-                                       p.b.keys.rkey)) == 0);
-    REQUIRE(p.wait_one(*p.a.scq).status == WcStatus::Success);
-    CHECK(first_mismatch(p.b.at(0), len, 77) == len);
+    write_burst(p, 77);
 
     // FIRST, MIDDLE x 6, LAST (lost), then the probe: that LAST again, and nothing before it
     // (a whole-window resend would start with the FIRST).
@@ -295,37 +341,22 @@ TEST_CASE("Early resends use no retry: retry_cnt 1 survives several", "[rc][retr
 // where a responder that NAKed once and waits silently is the cause it must cover too.
 TEST_CASE("A lost tail-loss probe is followed by a resend of everything unacknowledged",
           "[rc][retransmit]") {
-    Pair p;
-    p.connect();
-    for (uint64_t i = 1; i <= 3; ++i) send_one(p, 64, i);  // round trips measured
-    const uint64_t probes0 = p.a.counters().tail_probes.load();
-    const uint64_t early0 = p.a.counters().early_retransmits.load();
+    MeasuredPair m;
+    Pair& p = m.p;
 
     // The WRITE's last packet is lost the first two times it is sent.
     int lose_left = 2;
     TxRecorder a_out(*p.a.engine, [&lose_left](const wire::ParsedPacket& pkt) {
         return is_op(pkt, wire::Opcode::RcWriteLast) && lose_left-- > 0;
     });
-    const uint32_t len = kBurst * kMtu;
-    fill(p.a.at(0), len, 78);
-    REQUIRE(p.a.qp->post_send(rdma_wqe(SendOpcode::RdmaWrite, 9, {p.a.sge(0, len)}, p.b.iova,
-                                       p.b.keys.rkey)) == 0);
-    REQUIRE(p.wait_one(*p.a.scq).status == WcStatus::Success);
-    CHECK(first_mismatch(p.b.at(0), len, 78) == len);
+    write_burst(p, 78);
 
     // The burst (its LAST lost), the first probe (lost), then the burst again from its FIRST
     // (nothing of it was acknowledged: b ACKs only what asks for an ACK); nothing else.
-    const auto sent = a_out.packets();
-    REQUIRE(sent.size() == 2 * kBurst + 1);
-    const wire::ParsedPacket probe = sent[kBurst].parsed();
-    CHECK(is_op(probe, wire::Opcode::RcWriteLast));
-    CHECK(probe.h.bth.psn == sent[kBurst - 1].parsed().h.bth.psn);
-    CHECK(probe.h.bth.ack_req);
-    for (uint32_t i = 0; i < kBurst; ++i)
-        CHECK(sent[kBurst + 1 + i].parsed().h.bth.psn == sent[i].parsed().h.bth.psn);
-    CHECK(p.a.counters().tail_probes.load() - probes0 == 2);
-    CHECK(p.a.counters().early_retransmits.load() == early0);
-    CHECK(p.a.counters().retransmit_timeouts.load() == 0);
+    CHECK(a_out.packets().size() == 2 * kBurst + 1);
+    check_probe_then_burst_again(a_out.packets());
+    CHECK(m.probes() == 2);
+    m.check_probes_only();
 }
 
 // A responder NAKs a sequence error once, then drops every later packet silently until the
@@ -333,73 +364,39 @@ TEST_CASE("A lost tail-loss probe is followed by a resend of everything unacknow
 // probe of the last packet. The requester goes back N again after a probe's wait, not an
 // adaptive timeout's (at least 1 ms).
 TEST_CASE("A NAK's resend that is lost too goes again after a probe's wait", "[rc][retransmit]") {
-    Pair p;
-    p.connect();
-    for (uint64_t i = 1; i <= 3; ++i) send_one(p, 64, i);  // round trips measured
-    const uint64_t probes0 = p.a.counters().tail_probes.load();
-    const uint64_t early0 = p.a.counters().early_retransmits.load();
+    MeasuredPair m;
+    Pair& p = m.p;
 
     // The WRITE's second packet is lost twice: first sent, and resent after b's NAK.
-    std::optional<uint32_t> victim;
-    int lose_left = 2;
-    TxRecorder a_out(*p.a.engine, [&](const wire::ParsedPacket& pkt) {
-        if (!is_op(pkt, wire::Opcode::RcWriteMiddle)) return false;
-        if (!victim) victim = pkt.h.bth.psn;
-        return pkt.h.bth.psn == *victim && lose_left-- > 0;
-    });
-    const uint32_t len = kBurst * kMtu;
-    fill(p.a.at(0), len, 79);
-    REQUIRE(p.a.qp->post_send(rdma_wqe(SendOpcode::RdmaWrite, 10, {p.a.sge(0, len)}, p.b.iova,
-                                       p.b.keys.rkey)) == 0);
-    REQUIRE(p.wait_one(*p.a.scq).status == WcStatus::Success);
-    CHECK(first_mismatch(p.b.at(0), len, 79) == len);
+    TxRecorder a_out(*p.a.engine, lose_first_middle(2));
+    write_burst(p, 79);
     CHECK(a_out.lost() == 2);
 
     CHECK(p.a.counters().rx_naks.load() >= 1);
     CHECK(p.b.counters().tx_seq_naks.load() >= 1);
-    CHECK(p.a.counters().tail_probes.load() - probes0 >= 1);
-    CHECK(p.a.counters().early_retransmits.load() == early0);
-    CHECK(p.a.counters().retransmit_timeouts.load() == 0);
+    CHECK(m.probes() >= 1);
+    m.check_probes_only();
 }
 
 // The same silence when the NAK itself is lost: the first probe (the last packet) draws
 // nothing, the second goes back N from the oldest unacknowledged packet.
 TEST_CASE("A lost sequence NAK is repaired by the second probe", "[rc][retransmit]") {
-    Pair p;
-    p.connect();
-    for (uint64_t i = 1; i <= 3; ++i) send_one(p, 64, i);  // round trips measured
-    const uint64_t probes0 = p.a.counters().tail_probes.load();
-    const uint64_t early0 = p.a.counters().early_retransmits.load();
+    MeasuredPair m;
+    Pair& p = m.p;
 
-    std::optional<uint32_t> victim;
-    int lose_left = 1;
-    TxRecorder a_out(*p.a.engine, [&](const wire::ParsedPacket& pkt) {
-        if (!is_op(pkt, wire::Opcode::RcWriteMiddle)) return false;
-        if (!victim) victim = pkt.h.bth.psn;
-        return pkt.h.bth.psn == *victim && lose_left-- > 0;
-    });
+    TxRecorder a_out(*p.a.engine, lose_first_middle(1));
     int naks_left = 1;
     TxRecorder b_out(*p.b.engine, [&naks_left](const wire::ParsedPacket& pkt) {
         return is_op(pkt, wire::Opcode::RcAcknowledge) && pkt.h.aeth.type() == wire::AckType::Nak &&
                naks_left-- > 0;
     });
-    const uint32_t len = kBurst * kMtu;
-    fill(p.a.at(0), len, 80);
-    REQUIRE(p.a.qp->post_send(rdma_wqe(SendOpcode::RdmaWrite, 11, {p.a.sge(0, len)}, p.b.iova,
-                                       p.b.keys.rkey)) == 0);
-    REQUIRE(p.wait_one(*p.a.scq).status == WcStatus::Success);
-    CHECK(first_mismatch(p.b.at(0), len, 80) == len);
+    write_burst(p, 80);
     CHECK(a_out.lost() == 1);
     CHECK(b_out.lost() == 1);
 
     // The burst, the probe of its LAST (b silent: it NAKed already), the burst from its FIRST.
-    const auto sent = a_out.packets();
-    REQUIRE(sent.size() >= 2 * kBurst + 1);
-    CHECK(sent[kBurst].parsed().h.bth.psn == sent[kBurst - 1].parsed().h.bth.psn);
-    for (uint32_t i = 0; i < kBurst; ++i)
-        CHECK(sent[kBurst + 1 + i].parsed().h.bth.psn == sent[i].parsed().h.bth.psn);
+    check_probe_then_burst_again(a_out.packets());
     CHECK(p.a.counters().rx_naks.load() == 0);
-    CHECK(p.a.counters().tail_probes.load() - probes0 == 2);
-    CHECK(p.a.counters().early_retransmits.load() == early0);
-    CHECK(p.a.counters().retransmit_timeouts.load() == 0);
+    CHECK(m.probes() == 2);
+    m.check_probes_only();
 }
