@@ -66,6 +66,8 @@ namespace uroce::transport {
     X(rx_spin_packets)   /* packets the engine thread read spinning after a batch, not woken */  \
     X(tx_held_posts)     /* RC posts that waited for the next CQ poll (held_posts.h) */          \
     X(deferred_timers)   /* RC timers a poller armed, kept off the loop until the hand-back */   \
+    X(tx_held_acks)      /* RC ACKs that waited for their application's answer */                \
+    X(held_ack_timeouts) /* times ACKs held for an answer went out after ack_hold_micros */      \
     X(app_memory_faults) /* accesses to registered memory whose pages were gone */
 
 struct EngineCounters {

@@ -123,7 +123,8 @@ std::unique_ptr<Engine> Engine::create(const EngineConfig& config, std::string& 
         [](evutil_socket_t, short, void* b) { event_base_loopbreak(static_cast<event_base*>(b)); },
         e->base_);
     e->delay_event_ = evtimer_new(e->base_, &Engine::on_delay_due, e.get());
-    if (!e->stop_event_ || !e->delay_event_) {
+    e->held_acks_timer_ = evtimer_new(e->base_, &Engine::on_held_acks_due, e.get());
+    if (!e->stop_event_ || !e->delay_event_ || !e->held_acks_timer_) {
         err = ENOMEM;
         error = "cannot create the event loop";
         return nullptr;
@@ -184,6 +185,7 @@ Engine::~Engine() {
     if (rx_event_) event_free(rx_event_);
     if (stop_event_) event_free(stop_event_);
     if (delay_event_) event_free(delay_event_);  // held packets are lost with the engine
+    if (held_acks_timer_) event_free(held_acks_timer_);
     if (base_) event_base_free(base_);
 }
 
@@ -366,9 +368,11 @@ void Engine::on_readable(evutil_socket_t, short, void* arg) {
     // again for the next packet it reads anyway).
     if (!lock.owns_lock() && !e->handoff_->park_from_loop()) lock.lock();
     if (!lock.owns_lock()) return;
+    e->batch_may_hold_acks_ = e->config_.hold_acks;
     e->receive_batch();
     // Only with inline progress: without it, the polls that show a busy poller are not seen.
     if (e->config_.engine_spin && e->config_.inline_progress) e->spin_after_batch();
+    e->batch_may_hold_acks_ = false;
 }
 
 void Engine::spin_after_batch() {
@@ -443,6 +447,7 @@ void Engine::send_held_posts() {
 
 void Engine::on_cq_poll(bool cq_empty) {
     send_held_posts();
+    flush_held_acks();
     if (cq_empty)
         progress();
     else if (config_.inline_progress)
@@ -513,8 +518,9 @@ void Engine::receive_from(const UdpSocket& socket, const IpAddress& group) {
         }
         if (got < batch.capacity()) break;
     }
-    // ACK coalescing: one ACK per QP for everything this batch delivered.
-    for (auto& qp : touched_) qp->flush_ack();
+    // ACK coalescing: one ACK per QP for everything this batch delivered (or held for the
+    // answer: engine_held_acks.cpp).
+    for (auto& qp : touched_) qp->finish_batch(batch_may_hold_acks_);
     touched_.clear();
     if (capture_ && handled > 0) capture_->flush();
 }

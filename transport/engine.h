@@ -79,6 +79,13 @@ struct EngineConfig {
     // does not fill a GSO train waits for the next poll, which sends all such posts as one
     // train per QP (held_posts.h). Off: every post sends at once.
     bool hold_posts = true;
+    // An RC responder whose application answers (it posted send work within the last
+    // answer_window_micros) keeps the ACK of a batch the engine thread read until that
+    // application posts again, polls or arms a CQ, ack_hold_micros at most
+    // (engine_held_acks.cpp). Off: every ACK leaves at the end of its batch.
+    bool hold_acks = true;
+    uint32_t ack_hold_micros = 1000;
+    uint32_t answer_window_micros = 1000;
     // After a batch, the engine thread reads on for a moment (Engine::spin_after_batch)
     // instead of sleeping at once, if no application thread polls or waits for a CQ event.
     bool engine_spin = true;
@@ -204,8 +211,13 @@ class Engine {
     }
     // An application thread armed a CQ for a completion event (PollHandoff::on_arm).
     void note_cq_armed() {
+        flush_held_acks();
         if (handoff_) handoff_->on_arm();
     }
+    // ACKs held for the answer (engine_held_acks.cpp). A QP whose ACK waits notes itself
+    // once (engine thread only); flush_held_acks() sends what every noted QP holds.
+    void note_held_ack(uint32_t qpn);
+    void flush_held_acks();
     // A CQ poll returned completions (PollHandoff::on_completions).
     void note_completions_taken() {
         if (handoff_) handoff_->on_completions();
@@ -392,7 +404,12 @@ class Engine {
     event* stop_event_ = nullptr;           // activated to end the loop, even before it started
     std::unique_ptr<PollHandoff> handoff_;  // uses rx_event_ and base_: freed before them
     HeldPosts held_posts_;
-    HeldPosts deferred_timers_;  // QPs whose timer waits for the hand-back (defer_timers)
+    HeldPosts deferred_timers_;         // QPs whose timer waits for the hand-back (defer_timers)
+    HeldPosts held_acks_;               // QPs whose ACK waits for their application's answer
+    event* held_acks_timer_ = nullptr;  // ack_hold_micros after the first ACK held
+    static void on_held_acks_due(evutil_socket_t, short, void* arg);
+    // The batch being read is the engine thread's: its ACKs may wait (guarded by rx_mutex_).
+    bool batch_may_hold_acks_ = false;
     // At the hand-back: the held posts go out, the deferred timers go to the loop.
     void on_handed_back();
     // The QP of that number, or null (destroyed meanwhile).

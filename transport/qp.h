@@ -45,6 +45,13 @@ class Qp {
     virtual void on_packet(const wire::ParsedPacket& pkt, const IpAddress& src_ip) = 0;
     // Sends the acknowledgement the last receive batch asked for, if any.
     virtual void flush_ack() {}
+    // At the end of a receive batch that delivered to this QP: flush_ack(), unless
+    // `may_hold_ack` and the QP keeps its ACK for its application's answer
+    // (engine_held_acks.cpp).
+    virtual void finish_batch(bool may_hold_ack) {
+        static_cast<void>(may_hold_ack);
+        flush_ack();
+    }
     // Runs the QP's timer now if it is due by `now` (a polling application thread does this
     // while the engine thread has handed it the socket: the engine thread would be woken
     // late, by up to a scheduler tick, on CPUs the pollers keep busy). Returns the QP's next

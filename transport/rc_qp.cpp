@@ -125,14 +125,20 @@ int RcQp::post_send(const SendWqe& wqe, bool more) {
         complete_send(e, WcStatus::WrFlushErr);
         return 0;
     }
-    // This may answer a message whose completion was just seen while its ACK still waits
-    // for the end of the receive batch: the ACK goes first. Answer before ACK is an order
-    // hardware never shows, and a peer that waits for its send completion before the
-    // answer (ib_send_lat -e: one event per wait, a send CQ of one entry) would take the
-    // answer's event instead and later overrun its send CQ.
-    send_pending_ack();
+    // This may answer a message whose ACK still waits (for the end of the receive batch, or
+    // held for this answer: engine_held_acks.cpp). An answer that completes something at
+    // the peer (a SEND, a WRITE with immediate) goes after the ACK: a peer that waits for
+    // its send completion before the answer (ib_send_lat -e: one event per wait, a send CQ
+    // of one entry) would take the answer's event instead and later overrun its send CQ.
+    // A WRITE or READ completes nothing there: it goes first (unless held for the next
+    // poll), and the peer, still polling for the ACK, reads it on the way.
+    const bool silent_answer =
+        wqe.opcode == SendOpcode::RdmaWrite || wqe.opcode == SendOpcode::RdmaRead;
+    if (!silent_answer) send_pending_ack();
+    last_post_ = std::chrono::steady_clock::now();
     sq_.push_back(SqEntry{wqe});
     if (state_ == QpState::Rts && !may_wait(wqe, more)) pump();
+    send_pending_ack();
     return 0;
 }
 

@@ -108,6 +108,9 @@ class RcQp final : public QpCommon {
     void on_packet(const wire::ParsedPacket& pkt, const IpAddress& src_ip) override;
     // Sends the ACK that packets of the last receive batch asked for, if any.
     void flush_ack() override;
+    // Keeps that ACK for the application's answer (engine_held_acks.cpp) when `may_hold_ack`
+    // and answering().
+    void finish_batch(bool may_hold_ack) override;
     // Sends the posts held for the next poll.
     void send_held() override;
     void arm_deferred_timer() override;
@@ -327,6 +330,13 @@ class RcQp final : public QpCommon {
     uint32_t msn_ = 0;        // message sequence number
     bool nak_sent_ = false;   // a sequence NAK for epsn_ is out
     bool ack_pending_ = false;
+    bool ack_held_noted_ = false;  // the engine knows this QP holds its ACK (note_held_ack)
+    bool ack_now_ = false;         // the pending ACK answers a duplicate: never held
+    // The application is in a request-response exchange: it posted send work within
+    // EngineConfig::answer_window_micros and has at most one request in flight; and the
+    // QP's local ACK timeout (0: none) is at least 4 x EngineConfig::ack_hold_micros.
+    bool answering() const;
+    std::chrono::steady_clock::time_point last_post_{};  // of send work (the answer window)
     enum class InMessage { None, Send, Write } in_message_ = InMessage::None;
     // The receive WQE of the message in progress, taken off rq_ or the SRQ when the message
     // needed it; completed, or flushed if the QP fails first, never dropped.

@@ -51,6 +51,7 @@ void RcQp::send_ack(uint32_t psn, uint8_t syndrome) {
 void RcQp::send_pending_ack() {
     if (closed_ || !ack_pending_ || state_ == QpState::Err || state_ == QpState::Reset) return;
     ack_pending_ = false;
+    ack_now_ = false;
     bump(engine_.counters().tx_acks);
     // The ACK names the newest executed SEND/WRITE packet, never a PSN of a READ's
     // responses (IBA ch. 9.7): to the requester that would say the response with that
@@ -66,6 +67,33 @@ void RcQp::send_pending_ack() {
 
 void RcQp::flush_ack() {
     std::lock_guard lock(mutex_);
+    ack_held_noted_ = false;
+    send_pending_ack();
+}
+
+bool RcQp::answering() const {
+    // A deeper queue is a stream, whose peer's ACKs must not wait (both ways, ib_write_bw -b
+    // lost a quarter of its bandwidth).
+    if (sq_.size() > 1) return false;
+    // The peer may give up on an ACK after its local ACK timeout, which is most likely this
+    // QP's own (applications set both sides alike): hold only well within it.
+    const uint64_t ack_timeout_us = (4096ull << attrs_.timeout) / 1000;
+    if (attrs_.timeout != 0 && ack_timeout_us < 4ull * engine_.config().ack_hold_micros)
+        return false;
+    const auto since_post = std::chrono::steady_clock::now() - last_post_;
+    return since_post < std::chrono::microseconds(engine_.config().answer_window_micros);
+}
+
+void RcQp::finish_batch(bool may_hold_ack) {
+    std::lock_guard lock(mutex_);
+    if (may_hold_ack && ack_pending_ && !ack_now_ && !closed_ && state_ == QpState::Rts &&
+        answering()) {
+        if (!ack_held_noted_) {
+            ack_held_noted_ = true;
+            engine_.note_held_ack(qpn());
+        }
+        return;
+    }
     send_pending_ack();
 }
 
@@ -309,8 +337,10 @@ void RcQp::on_duplicate(const wire::ParsedPacket& pkt) {
         return;
     }
     if (!(pkt.info->flags & wire::kRead)) {
-        // Executed already: only the acknowledgement may have been lost.
+        // Executed already: only the acknowledgement may have been lost. The peer is waiting
+        // for it: it goes at the end of the batch, never held for an answer.
         ack_pending_ = true;
+        ack_now_ = true;
         return;
     }
     // A READ is answered again only from the resource of the READ that was executed, for

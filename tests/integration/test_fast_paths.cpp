@@ -1,7 +1,8 @@
 // The fast paths through the real provider, on and off: GSO trains (UROCE_GSO), GRO reads
-// (UROCE_GRO), reads by the polling thread (UROCE_INLINE_PROGRESS) and posts held for the
-// next poll (UROCE_HOLD_POSTS). Whichever is on, every byte arrives whole; the counters show
-// which path carried it; a bad value refuses the context.
+// (UROCE_GRO), reads by the polling thread (UROCE_INLINE_PROGRESS), posts held for the
+// next poll (UROCE_HOLD_POSTS) and ACKs held for the answer (UROCE_HOLD_ACKS). Whichever is
+// on, every byte arrives whole; the counters show which path carried it; a bad value
+// refuses the context.
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cerrno>
@@ -9,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <thread>
+#include <vector>
 
 #include "tests/integration/verbs_fixture.h"
 
@@ -62,7 +64,7 @@ void traffic(Endpoint& a, Endpoint& b, int rounds) {
 }
 
 constexpr const char* kPathVars[] = {"UROCE_GSO", "UROCE_GRO", "UROCE_INLINE_PROGRESS",
-                                     "UROCE_HOLD_POSTS"};
+                                     "UROCE_HOLD_POSTS", "UROCE_HOLD_ACKS"};
 
 void set_paths(const char* value) {
     for (const char* var : kPathVars) ::setenv(var, value, 1);
@@ -97,6 +99,63 @@ void small_writes(Endpoint& a, Endpoint& b, size_t count, uint64_t seed) {
     }
     REQUIRE(done == count);
     REQUIRE(std::memcmp(sa.bytes.data(), sb.bytes.data(), count * kSmall) == 0);
+}
+
+// Waits (20 s at most) until `at` holds the kSmall bytes of pattern `seed`, as written by the
+// provider's threads: read through volatile, byte by byte, and compared whole.
+bool arrives(const uint8_t* at, uint64_t seed) {
+    uint8_t want[kSmall], seen[kSmall];
+    fill_pattern(want, kSmall, seed);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    for (long i = 0; i < 2'000'000'000L; ++i) {
+        const volatile uint8_t* v = at;
+        for (size_t k = 0; k < kSmall; ++k) seen[k] = v[k];
+        if (std::memcmp(seen, want, kSmall) == 0) return true;
+        if ((i & 1023) == 0 && std::chrono::steady_clock::now() > deadline) return false;
+    }
+    return false;
+}
+
+// Spins on `cq` (20 s at most) for one completion: whether it came, successful, for
+// `wr_id`. No Catch2 assertion: it runs on a second thread too.
+bool completes(ibv_cq* cq, uint64_t wr_id) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    for (long i = 0; i < 2'000'000'000L; ++i) {
+        ibv_wc wc;
+        const int got = ibv_poll_cq(cq, 1, &wc);
+        if (got < 0) return false;
+        if (got == 1) return wc.status == IBV_WC_SUCCESS && wc.wr_id == wr_id;
+        if ((i & 1023) == 0 && std::chrono::steady_clock::now() > deadline) return false;
+    }
+    return false;
+}
+
+// ib_write_lat's loop: a WRITEs kSmall bytes into b, spins on its CQ until that completes,
+// then spins on its memory for b's WRITE, which b sends once a's has arrived; `iters`
+// rounds, each message's bytes checked on arrival. b runs on a thread of its own.
+void write_ping_pong(Endpoint& a, Endpoint& b, int iters) {
+    Buffer ma(a.pd, 2 * kSmall, kAccess), mb(b.pd, 2 * kSmall, kAccess);
+    // [0, kSmall): where the peer's WRITE lands; [kSmall, 2 kSmall): what this side sends.
+    auto round = [](Endpoint& me, Buffer& mine, const Buffer& peer, uint64_t seed) {
+        fill_pattern(mine.bytes.data() + kSmall, kSmall, seed);
+        return post_rdma(me.qp, IBV_WR_RDMA_WRITE, mine, kSmall, kSmall, peer.addr(), peer.mr->rkey,
+                         seed) == 0 &&
+               completes(me.cq, seed);
+    };
+    int b_rounds = 0;
+    std::thread tb([&] {
+        for (; b_rounds < iters; ++b_rounds)
+            if (!arrives(mb.bytes.data(), 10'000 + b_rounds) ||
+                !round(b, mb, ma, 20'000 + b_rounds))
+                return;
+    });
+    int a_rounds = 0;
+    for (; a_rounds < iters; ++a_rounds)
+        if (!round(a, ma, mb, 10'000 + a_rounds) || !arrives(ma.bytes.data(), 20'000 + a_rounds))
+            break;
+    tb.join();
+    CHECK(a_rounds == iters);
+    CHECK(b_rounds == iters);
 }
 
 }  // namespace
@@ -144,6 +203,7 @@ TEST_CASE("Fast paths off: one datagram per sendmsg and per read, the engine thr
         CHECK(counter(ctx, "rx_gro_datagrams") == 0);
         CHECK(counter(ctx, "rx_polled_packets") == 0);
         CHECK(counter(ctx, "tx_held_posts") == 0);
+        CHECK(counter(ctx, "tx_held_acks") == 0);
         CHECK(counter(ctx, "socket_parks") == 0);
         CHECK(counter(ctx, "socket_handbacks") == 0);
         CHECK(counter(ctx, "watch_wakeups") == 0);
@@ -170,6 +230,27 @@ TEST_CASE("UROCE_HOLD_POSTS=off: every post leaves at once", "[fast_paths]") {
     connect(a, b);
     small_writes(a, b, 2000, 2000);
     CHECK(counter(a.ctx, "tx_held_posts") == 0);
+}
+
+TEST_CASE("In a WRITE ping-pong the ACKs wait for the answer, and every byte arrives",
+          "[fast_paths]") {
+    Endpoint a(devices().a), b(devices().b);
+    connect(a, b);
+    write_ping_pong(a, b, 2000);
+    INFO("held ACKs " << counter(a.ctx, "tx_held_acks") << " + " << counter(b.ctx, "tx_held_acks"));
+    CHECK(counter(a.ctx, "tx_held_acks") + counter(b.ctx, "tx_held_acks") > 0);
+    CHECK(counter(a.ctx, "held_ack_timeouts") + counter(b.ctx, "held_ack_timeouts") <
+          counter(a.ctx, "tx_held_acks") + counter(b.ctx, "tx_held_acks"));
+}
+
+TEST_CASE("UROCE_HOLD_ACKS=off: every ACK leaves at the end of its batch", "[fast_paths]") {
+    const char* value = GENERATE("off", "0");
+    ::setenv("UROCE_HOLD_ACKS", value, 1);
+    Endpoint a(devices().a), b(devices().b);
+    ::unsetenv("UROCE_HOLD_ACKS");
+    connect(a, b);
+    write_ping_pong(a, b, 500);
+    CHECK(counter(a.ctx, "tx_held_acks") + counter(b.ctx, "tx_held_acks") == 0);
 }
 
 TEST_CASE("The WQEs of one ibv_post_send leave together, even when one is refused",
@@ -221,11 +302,11 @@ TEST_CASE("The WQEs of one ibv_post_send leave together, even when one is refuse
 }
 
 TEST_CASE(
-    "A bad UROCE_GSO, UROCE_GRO, UROCE_INLINE_PROGRESS or UROCE_HOLD_POSTS refuses "
-    "the context",
+    "A bad UROCE_GSO, UROCE_GRO, UROCE_INLINE_PROGRESS, UROCE_HOLD_POSTS or UROCE_HOLD_ACKS "
+    "refuses the context",
     "[fast_paths]") {
-    const char* var =
-        GENERATE("UROCE_GSO", "UROCE_GRO", "UROCE_INLINE_PROGRESS", "UROCE_HOLD_POSTS");
+    const char* var = GENERATE("UROCE_GSO", "UROCE_GRO", "UROCE_INLINE_PROGRESS",
+                               "UROCE_HOLD_POSTS", "UROCE_HOLD_ACKS");
     INFO(var);
     CHECK(open_errno_with_env(devices().a, var, "maybe") == EINVAL);
     // The accepted spellings open it.

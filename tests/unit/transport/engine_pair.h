@@ -161,6 +161,10 @@ struct PairOptions {
     bool hold_posts = true;
     // EngineConfig::engine_spin of both.
     bool engine_spin = true;
+    // EngineConfig::hold_acks, ack_hold_micros and answer_window_micros of both.
+    bool hold_acks = true;
+    uint32_t ack_hold_micros = 1000;
+    uint32_t answer_window_micros = 1000;
     // EngineConfig::adaptive_retransmit of both: off leaves only the local ACK timeout.
     bool adaptive = true;
     // EngineConfig::resend_burst of both.
@@ -299,6 +303,9 @@ class Pair {
         config.adaptive_retransmit = opt.adaptive;
         config.hold_posts = opt.hold_posts;
         config.engine_spin = opt.engine_spin;
+        config.hold_acks = opt.hold_acks;
+        config.ack_hold_micros = opt.ack_hold_micros;
+        config.answer_window_micros = opt.answer_window_micros;
         config.resend_burst = opt.resend_burst;
         config.pcap_path = pcap;
         std::string error;

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include "tests/unit/transport/engine_pair.h"
 #include "transport/qp_counters.h"
@@ -18,11 +19,23 @@ using namespace uroce::transport::test;
 
 namespace {
 
+// Each test's table in a directory of its own, made afresh (one left by an earlier run whose
+// process had the same pid would hold its QPs) and removed when the tests end.
 std::string table_path() {
-    static int n = 0;
-    auto dir = std::filesystem::temp_directory_path() /
-               ("uroce-qpcounters-" + std::to_string(::getpid()) + "-" + std::to_string(++n));
+    struct Dirs {
+        std::vector<std::filesystem::path> made;
+        ~Dirs() {
+            std::error_code ec;
+            for (const auto& d : made) std::filesystem::remove_all(d, ec);
+        }
+    };
+    static Dirs dirs;
+    auto dir =
+        std::filesystem::temp_directory_path() / ("uroce-qpcounters-" + std::to_string(::getpid()) +
+                                                  "-" + std::to_string(dirs.made.size() + 1));
+    std::filesystem::remove_all(dir);
     std::filesystem::create_directories(dir);
+    dirs.made.push_back(dir);
     return (dir / "counters.qp.5").string();
 }
 

@@ -1,0 +1,258 @@
+// ACKs held for the answer (transport/engine_held_acks.cpp): a responder whose application
+// posted send work lately keeps the ACK of a batch its engine thread read until that
+// application posts (a WRITE or READ answer leaves first, a SEND after the ACK), polls or
+// arms a CQ, or ack_hold_micros pass. Here only a's CQ is polled (by a's engine alone) unless
+// a test says otherwise: a poll of b's would send what b holds.
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <functional>
+#include <optional>
+#include <thread>
+
+#include "tests/unit/transport/engine_pair.h"
+#include "tests/unit/transport/forged_peer.h"
+
+using namespace uroce::transport;
+using namespace uroce::transport::test;
+using namespace std::chrono_literals;
+namespace wire = uroce::wire;
+
+namespace {
+
+constexpr uint32_t kLen = 64;
+constexpr uint32_t kForever = 60'000'000;  // ack_hold_micros no test waits out
+
+// Polls `cq` through `s`'s engine only, until a completion or `timeout`.
+std::optional<Completion> poll_side(Side& s, CompletionQueue& cq,
+                                    std::chrono::milliseconds timeout = kWait) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    for (long i = 0; i < 10'000'000; ++i) {
+        Completion c;
+        if (cq.poll(std::span(&c, 1)) == 1) return c;
+        if (std::chrono::steady_clock::now() > deadline) break;
+        s.engine->on_cq_poll(true);
+        std::this_thread::sleep_for(50us);
+    }
+    return std::nullopt;
+}
+
+// True once `pred` holds, within `timeout`; polls nothing (the engine threads read).
+bool eventually(const std::function<bool()>& pred, std::chrono::milliseconds timeout = kWait) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (!pred()) {
+        if (std::chrono::steady_clock::now() > deadline) return false;
+        std::this_thread::sleep_for(50us);
+    }
+    return true;
+}
+
+// QP attributes whose local ACK timeout (`timeout` 31: 2.4 hours) allows any hold here.
+QpAttributes patient(uint8_t timeout = 31) {
+    QpAttributes a = default_attributes();
+    a.timeout = timeout;
+    return a;
+}
+
+// A pair where b's application has just answered once (a WRITE to a): b's QP is within
+// the answer window. `timeout`: the QPs' local ACK timeout (a's may differ).
+struct AnsweringPair {
+    Pair p;
+    explicit AnsweringPair(PairOptions o, uint8_t timeout = 31, uint8_t a_timeout = 0) : p(o) {
+        p.connect(patient(a_timeout ? a_timeout : timeout), patient(timeout));
+        fill(p.b.at(0), kLen, 1);
+        REQUIRE(p.b.qp->post_send(rdma_wqe(SendOpcode::RdmaWrite, 1, {p.b.sge(0, kLen)},
+                                           p.a.iova + 4096, p.a.keys.rkey)) == 0);
+        REQUIRE(p.wait_one(*p.b.scq).status == WcStatus::Success);
+    }
+    // a WRITEs to b, and b's engine thread reads it.
+    void request(uint64_t seed) {
+        fill(p.a.at(0), kLen, seed);
+        REQUIRE(p.a.qp->post_send(rdma_wqe(SendOpcode::RdmaWrite, seed, {p.a.sge(0, kLen)},
+                                           p.b.iova, p.b.keys.rkey)) == 0);
+        REQUIRE(eventually([&] { return first_mismatch(p.b.at(0), kLen, seed) == kLen; }));
+    }
+};
+
+// ACKs held up to `micros`; b's one answer keeps it in the answer window for the whole test
+// (however slow the machine), and a resends nothing (no adaptive retransmission, a local ACK
+// timeout of hours): only what the test does releases b's ACK.
+PairOptions holding(uint32_t micros) {
+    PairOptions o;
+    o.ack_hold_micros = micros;
+    o.answer_window_micros = kForever;
+    o.adaptive = false;
+    return o;
+}
+
+// a's WRITE `seed` completes with no answer from b, and b held no ACK.
+void check_acked_at_once(Pair& p, uint64_t seed) {
+    const auto done = poll_side(p.a, *p.a.scq);
+    REQUIRE(done);
+    CHECK(done->status == WcStatus::Success);
+    CHECK(done->wr_id == seed);
+    CHECK(p.b.counters().tx_held_acks.load() == 0);
+}
+
+// b holds the ACK of a's WRITE `seed` until `release` (not an answer) sends it.
+void check_released_by(uint64_t seed, const std::function<void(Engine&)>& release) {
+    AnsweringPair ap(holding(kForever));
+    Pair& p = ap.p;
+    ap.request(seed);
+    REQUIRE(eventually([&] { return p.b.counters().tx_held_acks.load() >= 1; }));
+    CHECK(p.a.scq->depth() == 0);
+    release(*p.b.engine);
+    const auto done = poll_side(p.a, *p.a.scq);
+    REQUIRE(done);
+    CHECK(done->status == WcStatus::Success);  // not a retry count spent
+    CHECK(done->wr_id == seed);
+    CHECK(p.a.counters().retransmit_timeouts.load() == 0);
+    CHECK(p.b.counters().held_ack_timeouts.load() == 0);
+}
+
+size_t index_of(const std::vector<SentPacket>& sent, wire::Opcode op) {
+    for (size_t i = 0; i < sent.size(); ++i)
+        if (sent[i].parsed().h.bth.opcode == static_cast<uint8_t>(op)) return i;
+    return sent.size();
+}
+
+}  // namespace
+
+TEST_CASE("A WRITE's ACK waits for the application's WRITE answer and leaves behind it",
+          "[held_acks]") {
+    AnsweringPair ap(holding(kForever));
+    Pair& p = ap.p;
+    TxRecorder b_out(*p.b.engine);
+    ap.request(21);
+    REQUIRE(eventually([&] { return p.b.counters().tx_held_acks.load() >= 1; }));
+    CHECK(p.a.scq->depth() == 0);
+    CHECK(b_out.packets().empty());
+
+    fill(p.b.at(0), kLen, 22);
+    REQUIRE(p.b.qp->post_send(rdma_wqe(SendOpcode::RdmaWrite, 22, {p.b.sge(0, kLen)}, p.a.iova,
+                                       p.a.keys.rkey)) == 0);
+    const auto done = poll_side(p.a, *p.a.scq);
+    REQUIRE(done);
+    CHECK(done->status == WcStatus::Success);
+    CHECK(done->wr_id == 21);
+    CHECK(first_mismatch(p.a.at(0), kLen, 22) == kLen);
+    // The answer first, then the ACK.
+    const auto sent = b_out.packets();
+    const size_t answer = index_of(sent, wire::Opcode::RcWriteOnly);
+    const size_t ack = index_of(sent, wire::Opcode::RcAcknowledge);
+    REQUIRE(answer < sent.size());
+    REQUIRE(ack < sent.size());
+    CHECK(answer < ack);
+    CHECK(p.b.counters().held_ack_timeouts.load() == 0);
+}
+
+TEST_CASE("A SEND answer leaves behind the ACK it answers", "[held_acks]") {
+    AnsweringPair ap(holding(kForever));
+    Pair& p = ap.p;
+    TxRecorder b_out(*p.b.engine);
+    ap.request(31);
+    REQUIRE(eventually([&] { return p.b.counters().tx_held_acks.load() >= 1; }));
+
+    REQUIRE(p.a.qp->post_recv(recv_wqe(32, {p.a.sge(4096, kLen)})) == 0);
+    fill(p.b.at(0), kLen, 32);
+    REQUIRE(p.b.qp->post_send(send_wqe(32, {p.b.sge(0, kLen)})) == 0);
+    const auto done = poll_side(p.a, *p.a.scq);
+    REQUIRE(done);
+    CHECK(done->wr_id == 31);
+    const auto got = poll_side(p.a, *p.a.rcq);
+    REQUIRE(got);
+    CHECK(got->byte_len == kLen);
+    CHECK(first_mismatch(p.a.at(4096), kLen, 32) == kLen);
+    const auto sent = b_out.packets();
+    const size_t answer = index_of(sent, wire::Opcode::RcSendOnly);
+    const size_t ack = index_of(sent, wire::Opcode::RcAcknowledge);
+    REQUIRE(answer < sent.size());
+    CHECK(ack < answer);
+}
+
+TEST_CASE("A responder whose application never posted keeps no ACK", "[held_acks]") {
+    Pair p(holding(kForever));
+    p.connect(patient(), patient());
+    fill(p.a.at(0), kLen, 41);
+    REQUIRE(p.a.qp->post_send(rdma_wqe(SendOpcode::RdmaWrite, 41, {p.a.sge(0, kLen)}, p.b.iova,
+                                       p.b.keys.rkey)) == 0);
+    check_acked_at_once(p, 41);
+    CHECK(first_mismatch(p.b.at(0), kLen, 41) == kLen);
+}
+
+TEST_CASE("A held ACK leaves after ack_hold_micros when no answer comes", "[held_acks]") {
+    AnsweringPair ap(holding(2000));
+    Pair& p = ap.p;
+    ap.request(51);
+    const auto done = poll_side(p.a, *p.a.scq);
+    REQUIRE(done);
+    CHECK(done->status == WcStatus::Success);
+    CHECK(p.b.counters().tx_held_acks.load() >= 1);
+    CHECK(p.b.counters().held_ack_timeouts.load() >= 1);
+}
+
+TEST_CASE("A poll of the responder's CQ sends the ACK it holds", "[held_acks]") {
+    check_released_by(61, [](Engine& e) { e.on_cq_poll(true); });
+}
+
+TEST_CASE("Arming the responder's CQ sends the ACK it holds", "[held_acks]") {
+    check_released_by(71, [](Engine& e) { e.note_cq_armed(); });
+}
+
+TEST_CASE("A responder with several requests in flight (a stream) keeps no ACK", "[held_acks]") {
+    AnsweringPair ap(holding(kForever));
+    Pair& p = ap.p;
+    // b's next two WRITEs never arrive: they stay in flight while a's request comes.
+    TxRecorder b_out(*p.b.engine, [](const wire::ParsedPacket& pkt) {
+        return pkt.h.bth.opcode == static_cast<uint8_t>(wire::Opcode::RcWriteOnly);
+    });
+    for (uint64_t id : {101, 102})
+        REQUIRE(p.b.qp->post_send(rdma_wqe(SendOpcode::RdmaWrite, id, {p.b.sge(0, kLen)},
+                                           p.a.iova + 4096, p.a.keys.rkey)) == 0);
+    REQUIRE(eventually([&] { return b_out.lost() >= 2; }));
+    ap.request(103);
+    check_acked_at_once(p, 103);
+}
+
+TEST_CASE("A responder whose application answered too long ago keeps no ACK", "[held_acks]") {
+    PairOptions o = holding(kForever);
+    o.answer_window_micros = 1;
+    AnsweringPair ap(o);
+    Pair& p = ap.p;
+    ap.request(91);
+    check_acked_at_once(p, 91);
+}
+
+TEST_CASE("A QP whose local ACK timeout is short keeps no ACK", "[held_acks]") {
+    // `timeout` 14: 67 ms, less than 4 x the hold.
+    AnsweringPair ap(holding(kForever), 14);
+    Pair& p = ap.p;
+    ap.request(111);
+    check_acked_at_once(p, 111);
+}
+
+TEST_CASE("A resent request is acknowledged at once: its requester is waiting", "[held_acks]") {
+    // a resends after its local ACK timeout (`timeout` 14: 67 ms), long after b held the ACK
+    // of the first copy; each such timeout spends one of a's 7 retries.
+    AnsweringPair ap(holding(kForever), 31, 14);
+    Pair& p = ap.p;
+    const uint64_t dup0 = p.b.counters().rx_duplicate.load();
+    ap.request(121);
+    const auto done = poll_side(p.a, *p.a.scq);
+    REQUIRE(done);
+    CHECK(done->status == WcStatus::Success);
+    CHECK(done->wr_id == 121);
+    CHECK(p.b.counters().rx_duplicate.load() > dup0);
+    CHECK(p.b.counters().tx_held_acks.load() >= 1);
+    CHECK(p.b.counters().held_ack_timeouts.load() == 0);
+    CHECK(p.a.counters().retransmit_timeouts.load() == 1);
+}
+
+TEST_CASE("With hold_acks off the ACK leaves at the end of its batch", "[held_acks]") {
+    PairOptions o = holding(kForever);
+    o.hold_acks = false;
+    AnsweringPair ap(o);
+    Pair& p = ap.p;
+    ap.request(81);
+    check_acked_at_once(p, 81);
+}

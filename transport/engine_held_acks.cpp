@@ -1,0 +1,54 @@
+// ACKs held for the answer: an RC responder's ACK that waits for its application's next post.
+//
+// A request-response application over WRITEs (ib_write_lat; any protocol whose answer is a
+// WRITE into the peer's memory) has each side post a WRITE, poll its send CQ until the ACK
+// comes, then spin on memory for the peer's WRITE. Sent at the end of the batch that read
+// the request, the ACK reaches the requester before the answer, which then lands while
+// that application spins on memory, not on its CQ: only its engine thread can read it, and
+// on a host whose CPUs the applications keep busy that thread waits for one (median 97-123
+// us, p99 about 2 ms for `ib_write_lat -s 8` on 2 vCPUs). Held until the application's next
+// post, the ACK leaves behind the answer (RcQp::post_send) while the requester still polls
+// for it, so the requester's own poll reads the answer: typical 40-46 us, p99 1.3-1.7 ms.
+//
+// Only the engine thread's batches hold (a poller about to return to its application
+// sends at once; holding there too was no better), only for a QP in a request-response
+// exchange (RcQp::answering: its application posted send work within the last
+// answer_window_micros and has at most one request in flight; ib_write_bw's receiver never
+// posts, and both ways, ib_write_bw -b, each side streams; and whose local ACK timeout is
+// at least 4 x ack_hold_micros: the peer's is most likely the same, and it must not run
+// out of retries), never for a duplicate (the requester resent: it is waiting), and never
+// longer than EngineConfig::ack_hold_micros: a timer on the engine's own loop, armed by the
+// first ACK held, sends what is still held. The application's next CQ poll or arm sends them too: a
+// thread that polls (or turns to a completion channel) may not post again soon, and its
+// peer may be the one waiting.
+#include "transport/engine.h"
+
+namespace uroce::transport {
+
+void Engine::note_held_ack(uint32_t qpn) {
+    bump(counters_->tx_held_acks);
+    held_acks_.note(qpn);
+    // On the engine thread (batch_may_hold_acks_): adding the timer wakes nobody.
+    if (!evtimer_pending(held_acks_timer_, nullptr)) {
+        const uint32_t us = config_.ack_hold_micros;
+        timeval tv{static_cast<time_t>(us / 1000000), static_cast<suseconds_t>(us % 1000000)};
+        evtimer_add(held_acks_timer_, &tv);
+    }
+}
+
+void Engine::flush_held_acks() {
+    if (held_acks_.empty()) return;
+    held_acks_.flush([this](uint32_t qpn) {
+        if (auto qp = qp_numbered(qpn)) qp->flush_ack();
+    });
+}
+
+void Engine::on_held_acks_due(evutil_socket_t, short, void* arg) {
+    auto* e = static_cast<Engine*>(arg);
+    const auto pass = e->fork_gate_.pass();
+    if (e->held_acks_.empty()) return;
+    bump(e->counters_->held_ack_timeouts);
+    e->flush_held_acks();
+}
+
+}  // namespace uroce::transport
