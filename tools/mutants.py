@@ -373,9 +373,9 @@ MUTANTS = [
            "if (retries_left_-- <= 0) {", "if (false) {", ("transport",)),
     Mutant("completer: RNR retry count never exhausted", "transport/rc_completer.cpp",
            "rnr_retries_left_-- <= 0", "false", ("transport",)),
-    Mutant("completer: ACK timeout 16x shorter", "transport/rc_completer.cpp",
-           "const uint64_t ack_timeout_us = (4096ull << attrs_.timeout) / 1000;",
-           "const uint64_t ack_timeout_us = (256ull << attrs_.timeout) / 1000;", ("transport",)),
+    Mutant("completer: ACK timeout 16x shorter", "transport/rc_qp.h",
+           "return (4096ull << attrs_.timeout) / 1000; }",
+           "return (256ull << attrs_.timeout) / 1000; }", ("transport",)),
     Mutant("completer: READ response length not checked", "transport/rc_completer.cpp",
            "if (!sequence_ok || !length_ok) {", "if (!sequence_ok || (!length_ok && false)) {",
            ("transport",)),
@@ -819,8 +819,8 @@ MUTANTS = [
            ("held-acks",)),
     Mutant("held acks: held however short the local ACK timeout (the peer's retries run out)",
            "transport/rc_responder.cpp",
-           "    if (attrs_.timeout != 0 && ack_timeout_us < 4ull * engine_.config().ack_hold_micros)\n"
-           "        return false;\n", "    static_cast<void>(ack_timeout_us);\n", ("held-acks",)),
+           "    if (attrs_.timeout != 0 && local_ack_timeout_us() < 4ull * engine_.config().ack_hold_micros)\n"
+           "        return false;\n", "", ("held-acks",)),
     Mutant("held acks: the ACK of a resent request held too (its requester waits on)",
            "transport/rc_responder.cpp", "ack_pending_ && !ack_now_ && !closed_",
            "ack_pending_ && !closed_", ("held-acks",)),

@@ -448,8 +448,7 @@ void RcQp::fire_timer(std::chrono::steady_clock::time_point now) {
 
 void RcQp::arm_timer() {
     if (timer_armed_ || attrs_.timeout == 0 || !has_outstanding()) return;
-    // 4.096 us * 2^timeout, as the IBA defines the local ACK timeout.
-    const uint64_t ack_timeout_us = (4096ull << attrs_.timeout) / 1000;
+    const uint64_t ack_timeout_us = local_ack_timeout_us();
     const auto now = std::chrono::steady_clock::now();
     if (!ack_deadline_set_) {
         ack_deadline_ = now + std::chrono::microseconds(ack_timeout_us);
@@ -463,9 +462,8 @@ void RcQp::arm_timer() {
     probe_armed_ = false;
     if (engine_.config().adaptive_retransmit) {
         us = RttEstimator::wait_us(rtt_.timeout_us(rto_backoff_, ack_timeout_us), us);
-        // A second probe waits twice as long as the first, or until the adaptive timeout if
-        // that is sooner: a lost probe (or its lost ACK) then costs another probe, not a
-        // resend of the whole window.
+        // A second probe (a go-back-N, rc_qp.h) waits twice as long as the first, or until
+        // the adaptive timeout if that is sooner.
         const uint64_t probe_us =
             probes_sent_ == 0 ? rtt_.probe_us() : std::min(rtt_.probe_us() << probes_sent_, us);
         if (probes_sent_ < kMaxTailProbes && rtt_.measured() && probe_us <= us &&

@@ -312,6 +312,8 @@ class RcQp final : public QpCommon {
     uint32_t probe_psn_ = 0;                       // the packet probed (sent with AckReq)
     bool nak_resent_ = false;  // a sequence NAK rewound the requester; no progress since
     bool tail_probe_possible() const;
+    // 4.096 us * 2^timeout, as the IBA defines the local ACK timeout (0: none).
+    uint64_t local_ack_timeout_us() const { return (4096ull << attrs_.timeout) / 1000; }
     // The probe that goes back N (above): counted as a probe (tail_probes), not as an
     // adaptive timeout; it doubles no later wait.
     void resend_unacknowledged();

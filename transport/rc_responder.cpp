@@ -77,8 +77,7 @@ bool RcQp::answering() const {
     if (sq_.size() > 1) return false;
     // The peer may give up on an ACK after its local ACK timeout, which is most likely this
     // QP's own (applications set both sides alike): hold only well within it.
-    const uint64_t ack_timeout_us = (4096ull << attrs_.timeout) / 1000;
-    if (attrs_.timeout != 0 && ack_timeout_us < 4ull * engine_.config().ack_hold_micros)
+    if (attrs_.timeout != 0 && local_ack_timeout_us() < 4ull * engine_.config().ack_hold_micros)
         return false;
     const auto since_post = std::chrono::steady_clock::now() - last_post_;
     return since_post < std::chrono::microseconds(engine_.config().answer_window_micros);

@@ -23,17 +23,13 @@ namespace {
 constexpr uint32_t kLen = 64;
 constexpr uint32_t kForever = 60'000'000;  // ack_hold_micros no test waits out
 
-// Polls `cq` through `s`'s engine only, until a completion or `timeout`.
+// Polls `cq` through `s`'s engine only (busy_poll), until a completion or `timeout`.
 std::optional<Completion> poll_side(Side& s, CompletionQueue& cq,
                                     std::chrono::milliseconds timeout = kWait) {
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
-    for (long i = 0; i < 10'000'000; ++i) {
-        Completion c;
-        if (cq.poll(std::span(&c, 1)) == 1) return c;
-        if (std::chrono::steady_clock::now() > deadline) break;
-        s.engine->on_cq_poll(true);
-        std::this_thread::sleep_for(50us);
-    }
+    Completion c;
+    if (busy_poll(
+            *s.engine, [&] { return cq.poll(std::span(&c, 1)) == 1; }, timeout))
+        return c;
     return std::nullopt;
 }
 
