@@ -278,7 +278,16 @@ timeout 60 "$UROCE" stats "$A" --watch 0.1 >"$WORK/watch.txt" 2>&1 &
 watch_pid=$!
 BG_PIDS+=("$watch_pid")
 for ((i = 0; i < 100 && $(grep -c '^# report' "$WORK/watch.txt") < 2; i++)); do sleep 0.1; done
+watch_prog=$(pgrep -P "$watch_pid" | head -n 1)
 kill -TERM "$watch_pid"
+# Once (CI, a loaded machine) the program outlived the signal until the timeout: if it runs
+# 20 s after it, say where it is, for the next to see it.
+for ((i = 0; i < 200; i++)); do kill -0 "$watch_pid" 2>/dev/null || break; sleep 0.1; done
+if kill -0 "$watch_pid" 2>/dev/null && [[ -n $watch_prog ]]; then
+    echo "# stats --watch still runs 20 s after SIGTERM: $(grep -c '^# report' "$WORK/watch.txt") reports"
+    grep -E '^(State|Threads|SigQ|SigPnd|ShdPnd|SigBlk|SigIgn|SigCgt):' "/proc/$watch_prog/status" | sed 's/^/#   /'
+    for t in "/proc/$watch_prog/task/"*; do echo "#   thread ${t##*/}: $(cat "$t/wchan" 2>/dev/null) $(tr -d '\0' <"$t/syscall" 2>/dev/null)"; done
+fi
 wait "$watch_pid"
 RC=$?
 forget_pid "$watch_pid"
