@@ -199,6 +199,10 @@ class RcQp final : public QpCommon {
     bool length_ok(const wire::ParsedPacket& pkt, bool starts, bool ends) const;
     // Sends up to `budget` READ response packets, oldest READ first.
     void send_responses(uint32_t budget);
+    // The first responses of the READs admitted since the last call (responses_due_), in
+    // one transmit batch; then held requests, as on_responder_event.
+    void send_due_responses();
+    uint32_t responses_due_ = 0;  // READs admitted in this receive batch, not answered yet
     // Executes held requests while no READ response is waiting to go out.
     void run_held(uint32_t budget);
     void schedule_responder();

@@ -4,10 +4,12 @@
 //
 // READ responses are not sent in one go: the READ becomes a responder resource
 // (responder_resources.h) and its responses go out kResponseBurst packets at a time, the
-// first burst from the receive path and the rest from the engine thread
-// (on_responder_event). Requests that arrive meanwhile are accepted (the PSN advances) but
-// held and executed after the responses have gone out, in PSN order; duplicate READ requests
-// only move the cursor of the resource they match.
+// first burst at the end of the receive batch that brought the request (send_due_responses:
+// the READs of one batch share transmit batches, so one READ's LAST, which carries an AETH
+// as its FIRST does, rides in the GSO train of the next READ's FIRST) and the rest from the
+// engine thread (on_responder_event). Requests that arrive meanwhile are accepted (the PSN
+// advances) but held and executed after the responses have gone out, in PSN order; duplicate READ
+// requests only move the cursor of the resource they match.
 #include <algorithm>
 #include <atomic>
 #include <cstring>
@@ -67,6 +69,7 @@ void RcQp::send_pending_ack() {
 
 void RcQp::flush_ack() {
     std::lock_guard lock(mutex_);
+    send_due_responses();
     ack_held_noted_ = false;
     send_pending_ack();
 }
@@ -85,6 +88,7 @@ bool RcQp::answering() const {
 
 void RcQp::finish_batch(bool may_hold_ack) {
     std::lock_guard lock(mutex_);
+    send_due_responses();
     if (may_hold_ack && ack_pending_ && !ack_now_ && !closed_ && state_ == QpState::Rts &&
         answering()) {
         if (!ack_held_noted_) {
@@ -195,6 +199,17 @@ void RcQp::on_responder_event() {
     send_responses(kResponseBurst);
     run_held(kHeldBurst);
     send_pending_ack();
+    if (state_ != QpState::Err && (reads_.busy() || !held_.empty())) schedule_responder();
+}
+
+void RcQp::send_due_responses() {
+    if (responses_due_ == 0) return;
+    const uint32_t budget = responses_due_ * kResponseBurst;
+    responses_due_ = 0;
+    if (closed_ || state_ == QpState::Reset || state_ == QpState::Init || state_ == QpState::Err)
+        return;
+    send_responses(budget);
+    run_held(kHeldBurst);
     if (state_ != QpState::Err && (reads_.busy() || !held_.empty())) schedule_responder();
 }
 
@@ -323,8 +338,7 @@ void RcQp::execute_read(const wire::ParsedPacket& pkt) {
         return;
     }
     ++msn_;
-    send_responses(kResponseBurst);
-    if (reads_.busy()) schedule_responder();
+    ++responses_due_;  // at the end of this receive batch
 }
 
 void RcQp::on_duplicate(const wire::ParsedPacket& pkt) {

@@ -124,6 +124,40 @@ TEST_CASE("Trains under loss: go-back-N resends in trains, every byte arrives on
     CHECK(p.b.qp->state() == QpState::Rts);
 }
 
+// The responder answers the READs of one receive batch at its end, all in one transmit
+// batch (rc_responder.cpp): a READ's LAST shares the train of the next one's FIRST (both
+// carry an AETH, a size the MIDDLEs have not). Seen here with one-packet READs, whose
+// responses are all of one size: one train for the lot, where READs answered one by one
+// would take a sendmsg each and no GSO send at all.
+TEST_CASE("READs that arrive in one batch are answered in one train", "[transmit_batch]") {
+    Pair p(big_pair());
+    QpAttributes attrs = default_attributes();
+    attrs.max_rd_atomic = attrs.max_dest_rd_atomic = 16;
+    p.connect(attrs, attrs);
+    constexpr uint32_t kReads = 8, kLen = 64;
+    fill(p.b.at(0), kReads * kLen, 21);
+    // One post of eight WQEs: the requests leave in one train and reach b in one read.
+    for (uint32_t i = 0; i < kReads; ++i)
+        REQUIRE(
+            p.a.qp->post_send(rdma_wqe(SendOpcode::RdmaRead, i, {p.a.sge(4096 + i * kLen, kLen)},
+                                       p.b.iova + i * kLen, p.b.keys.rkey),
+                              i + 1 < kReads) == 0);
+    const auto s = p.wait(*p.a.scq, kReads);
+    REQUIRE(s.size() == kReads);
+    for (uint32_t i = 0; i < kReads; ++i) {
+        CHECK(s[i].wr_id == i);
+        CHECK(s[i].status == WcStatus::Success);
+    }
+    CHECK(first_mismatch(p.a.at(4096), kReads * kLen, 21) == kReads * kLen);
+    // The requests went as one train (what the case sets up) ...
+    CHECK(p.a.counters().tx_packets.load() == kReads);
+    CHECK(p.a.counters().tx_gso_sends.load() == 1);
+    // ... and so did the responses, nothing else.
+    CHECK(p.b.counters().tx_packets.load() == kReads);
+    CHECK(p.b.counters().tx_gso_sends.load() == 1);
+    CHECK(p.b.counters().rx_gro_datagrams.load() == 1);
+}
+
 // SO_NO_CHECK (no UDP checksum) makes Linux refuse GSO sends with EINVAL while it still
 // takes single datagrams: the refusal a path without checksum offload gives.
 TEST_CASE("A path that refuses GSO gets the packets one by one, ICRCs redone for id 0",
