@@ -89,6 +89,9 @@ TESTS = {
     "ipv6-app": ("release", None, ["meson", "test", "--no-rebuild", "ipv6"]),
     "retransmit-integration": ("release", None, ["meson", "test", "--no-rebuild", "integration",
                                                  "--test-args", " ".join(["[retransmit]"] + JUNIT)]),
+    "slots": ("release", "tests/unit/transport/test_transport",
+              ["tests/unit/transport/test_transport", "[device_slots]"] + JUNIT),
+    "stats-app": ("release", None, ["meson", "test", "--no-rebuild", "stats"]),
     "batch": ("release", "tests/unit/transport/test_transport",
               ["tests/unit/transport/test_transport", "[transmit_batch],[send_failures]"] + JUNIT),
     "sharing-integration": ("release", None, ["meson", "test", "--no-rebuild", "integration",
@@ -533,6 +536,16 @@ MUTANTS = [
            "const unsigned start = static_cast<unsigned>(random_u64() % (kSlots - 1));",
            "const unsigned start = 0 * static_cast<unsigned>(random_u64() % (kSlots - 1));",
            ("transport",)),
+    Mutant("sharing: a holder always believes itself alone on the device",
+           "transport/device_slots.cpp", "    return fl.l_type == F_UNLCK;\n}\n\nDeviceSlot::~",
+           "    return true;\n}\n\nDeviceSlot::~", ("slots",)),
+    Mutant("counters: a file of another build's layout started afresh under its other users",
+           "transport/device_counters.cpp",
+           "!header_ok_or_written(static_cast<Header*>(map)) && alone)",
+           "!header_ok_or_written(static_cast<Header*>(map)) && (alone || true))", ("slots",)),
+    Mutant("counters: a file of another build's layout never started afresh (stats stays blind)",
+           "transport/engine.cpp", "slot->number(), slot->alone(), why);",
+           "slot->number(), false, why);", ("stats-app",)),
     # (Handing out a held slot, or a fork child marking its parent's slot free, are caught
     # by the slot's lock itself: a claim believes the lock, not the table, so those mutants
     # change nothing a user could see and are not listed.)

@@ -63,6 +63,18 @@ bool header_ok_or_written(Header* h) {
     return header_matches(h);
 }
 
+// A file of another layout that no other context uses starts afresh: every block zero
+// (holes punched back, so that the file stays sparse; written over if the file system
+// cannot), then this layout's header. The caller holds an exclusive lock on the file.
+void restart(int fd, void* map) {
+    auto* h = static_cast<Header*>(map);
+    __atomic_store_n(&h->magic, 0, __ATOMIC_RELEASE);
+    if (::fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, kHeader,
+                    kFileBytes - kHeader) != 0)
+        std::memset(static_cast<char*>(map) + kHeader, 0, kFileBytes - kHeader);
+    header_ok_or_written(h);
+}
+
 }  // namespace
 
 CounterValues snapshot(const EngineCounters& c) {
@@ -74,7 +86,7 @@ CounterValues snapshot(const EngineCounters& c) {
 }
 
 std::unique_ptr<DeviceCounters> DeviceCounters::open(const std::string& path, uint16_t slot,
-                                                     std::string& error) {
+                                                     bool alone, std::string& error) {
     if (slot >= DeviceSlots::kSlots) {
         error = "counters: slot out of range";
         return nullptr;
@@ -101,7 +113,9 @@ std::unique_ptr<DeviceCounters> DeviceCounters::open(const std::string& path, ui
     void* map =
         ok ? ::mmap(nullptr, kFileBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
     const int map_err = errno;
-    if (map != MAP_FAILED && !header_ok_or_written(static_cast<Header*>(map))) {
+    if (map != MAP_FAILED && !header_ok_or_written(static_cast<Header*>(map)) && alone)
+        restart(fd, map);
+    if (map != MAP_FAILED && !header_matches(static_cast<Header*>(map))) {
         error = path + " was written by a uroce with other counters";
         ::munmap(map, kFileBytes);
         map = MAP_FAILED;
@@ -128,7 +142,9 @@ bool DeviceCounters::read_totals(const std::string& path, CounterValues& out, st
     CounterFileView file;
     if (!file.open(path, kFileBytes, "counters", error)) return false;
     if (!header_matches(reinterpret_cast<const Header*>(file.data()))) {
-        error = path + " was written by a uroce with other counters";
+        error = path +
+                " was written by a uroce with other counters (the next context to open the "
+                "device while no other uses it starts it afresh)";
         return false;
     }
     for (size_t s = 0; s < DeviceSlots::kSlots; ++s) {

@@ -9,7 +9,10 @@
 // the block minus what it found at start).
 //
 // The layout is fixed by the counter list (counters.h): a file written by a build with
-// another list is not used (the context then counts privately) rather than misread.
+// another list is not misread. A context that opens it while no other context uses the
+// device starts it afresh (an upgraded uroce counts again at once, its totals from zero);
+// while another does (perhaps an older build, still counting into it), it is left alone and
+// the context counts privately.
 #pragma once
 
 #include <cstdint>
@@ -32,8 +35,10 @@ CounterValues snapshot(const EngineCounters& c);
 class DeviceCounters {
   public:
     // Maps the counters file at `path` (created if absent, mode 0666 like the slot table)
-    // and returns the block of `slot`. nullptr with `error` set if the file cannot be used.
-    static std::unique_ptr<DeviceCounters> open(const std::string& path, uint16_t slot,
+    // and returns the block of `slot`. `alone`: no other context uses the device
+    // (DeviceSlot::alone), so a file of another layout may start afresh. nullptr with `error`
+    // set if the file cannot be used.
+    static std::unique_ptr<DeviceCounters> open(const std::string& path, uint16_t slot, bool alone,
                                                 std::string& error);
     ~DeviceCounters();
     DeviceCounters(const DeviceCounters&) = delete;

@@ -192,6 +192,18 @@ int DeviceSlot::update_shared_value(unsigned index,
     return 0;
 }
 
+bool DeviceSlot::alone() const {
+    // One query over every slot's byte: our own lock is on this open file description, so
+    // it conflicts with nothing; any other holder's does.
+    struct flock fl {};
+    fl.l_type = F_WRLCK;
+    fl.l_whence = SEEK_SET;
+    fl.l_start = kSlotLocksAt;
+    fl.l_len = DeviceSlots::kSlots;
+    if (::fcntl(fd_, F_OFD_GETLK, &fl) != 0) return false;  // cannot tell: not alone
+    return fl.l_type == F_UNLCK;
+}
+
 DeviceSlot::~DeviceSlot() {
     if (::getpid() == owner_pid_) {
         TableLock lock(fd_);

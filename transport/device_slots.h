@@ -57,6 +57,10 @@ class DeviceSlot {
 
     uint16_t number() const { return number_; }
 
+    // True if no other context (in any process) holds a slot of this device now. A moment's
+    // answer: another may claim one right after.
+    bool alone() const;
+
     // Device-wide numbers kept beside the table (QPN steering keeps the ids of its BPF maps
     // there), kSharedValues of them: `update` gets value `index` (0 if none yet) with the
     // table locked, and what it returns is stored. Returns 0 or an errno (EINVAL for an index

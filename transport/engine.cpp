@@ -62,7 +62,7 @@ std::unique_ptr<Engine> Engine::create(const EngineConfig& config, std::string& 
     std::unique_ptr<DeviceCounters> counters;
     if (slot && !config.counters_file.empty()) {
         std::string why;  // unusable: this context counts privately (device_counters.h)
-        counters = DeviceCounters::open(config.counters_file, slot->number(), why);
+        counters = DeviceCounters::open(config.counters_file, slot->number(), slot->alone(), why);
     }
     const bool shared = steering != nullptr;
     std::unique_ptr<Engine> e(

@@ -378,4 +378,26 @@ for args in "--watch abc" "--watch 0" "--watch nan" "--count 2" "$A --watch 1 --
     expect_eq "stats $args: usage error, exit 2" 2 "$RC"
 done
 
+# ------------------------------------------------------------------ a counters file of another build
+# Last: the device totals start again from zero here. The layout hash (the file's second
+# word) as a build with another counter list leaves it (an upgrade of uroce).
+counters_a="$UROCE_ROOT/sys/class/infiniband/$A/uroce/counters"
+python3 -c 'import sys
+with open(sys.argv[1], "r+b") as f:
+    f.seek(8); f.write((0x1234).to_bytes(8, "little"))' "$counters_a"
+stats "$A"
+expect_eq "stats of a device whose counters another build wrote: exit 1" 1 "$RC"
+expect_match "stats of a device whose counters another build wrote: says so" "other counters" "$ERR"
+if pingpong "after another build" - 20; then
+    ok "a pingpong on that device"
+    stats "$A" --json
+    got=$(python3 -c 'import json, sys
+c = json.load(sys.stdin)["counters"]
+print("counts again" if c["rx_packets"] > 0 and c["tx_packets"] > 0 else c)' <<<"$OUT" 2>&1)
+    expect_eq "its context was alone on the device: the file started afresh, stats reads it" \
+        "0:counts again" "$RC:$got"
+else
+    expect_pair_ok "pingpong after another build" || true
+fi
+
 finish

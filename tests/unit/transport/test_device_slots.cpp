@@ -5,12 +5,15 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <fcntl.h>
+
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <filesystem>
 #include <set>
 #include <vector>
 
+#include "transport/device_counters.h"
 #include "transport/device_slots.h"
 
 using namespace uroce::transport;
@@ -187,4 +190,85 @@ TEST_CASE("Device slots: the first slot of a fresh table is drawn at random", "[
     std::set<int> firsts;
     for (int i = 0; i < 8; ++i) firsts.insert(claim(table_path())->number());
     CHECK(firsts.size() > 1);  // eight times the same slot: 1 in 4095^7 by chance
+}
+
+TEST_CASE("Device slots: a holder knows whether another context holds a slot", "[device_slots]") {
+    const std::string path = table_path();
+    auto a = claim(path);
+    CHECK(a->alone());
+    {
+        auto b = claim(path);  // another context of this process
+        CHECK_FALSE(a->alone());
+        CHECK_FALSE(b->alone());
+    }
+    CHECK(a->alone());
+    auto [pid, child_slot] = holder_process(path);  // another process
+    ChildGuard guard{pid};
+    REQUIRE(child_slot != 0);
+    CHECK_FALSE(a->alone());
+    kill_and_reap(pid);
+    guard.pid = 0;
+    CHECK(a->alone());
+}
+
+namespace {
+
+// Overwrites the 8 bytes at `offset` of the file at `path`.
+void overwrite_u64(const std::string& path, off_t offset, uint64_t value) {
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+    REQUIRE(fd >= 0);
+    const bool ok = ::pwrite(fd, &value, sizeof value, offset) == sizeof value;
+    ::close(fd);
+    REQUIRE(ok);
+}
+
+}  // namespace
+
+TEST_CASE(
+    "Device counters: a file of another layout starts afresh for a context alone on the "
+    "device, and only then",
+    "[device_slots]") {
+    const std::string slots = table_path();
+    const std::string file = slots + ".counters";
+    std::string error;
+    CounterValues v;
+    {
+        auto s = claim(slots);
+        auto c = DeviceCounters::open(file, s->number(), s->alone(), error);
+        INFO(error);
+        REQUIRE(c);
+        c->block().rx_packets.fetch_add(7);
+    }
+    REQUIRE(DeviceCounters::read_totals(file, v, error));
+    CHECK(v.rx_packets == 7);
+    // As a build with another counter list would have left it: its layout hash (the
+    // header's second word) differs. Nothing reads it as this layout.
+    overwrite_u64(file, 8, 0x1234);
+    CHECK_FALSE(DeviceCounters::read_totals(file, v, error));
+    CHECK_THAT(error, Catch::Contains("other counters"));
+
+    auto a = claim(slots);
+    auto b = claim(slots);
+    // Another context uses the device (perhaps that other build, counting into the file):
+    // the file stays as it is, and this context counts privately.
+    CHECK_FALSE(DeviceCounters::open(file, a->number(), a->alone(), error));
+    CHECK_THAT(error, Catch::Contains("other counters"));
+    CHECK_FALSE(DeviceCounters::read_totals(file, v, error));
+
+    b.reset();
+    auto c = DeviceCounters::open(file, a->number(), a->alone(), error);
+    INFO(error);
+    REQUIRE(c);
+    REQUIRE(DeviceCounters::read_totals(file, v, error));
+    CHECK(v.rx_packets == 0);  // the old counts went with their layout
+    c->block().rx_packets.fetch_add(3);
+    REQUIRE(DeviceCounters::read_totals(file, v, error));
+    CHECK(v.rx_packets == 3);
+    // A second context finds the file in this layout and counts into it too.
+    auto d = claim(slots);
+    auto e = DeviceCounters::open(file, d->number(), d->alone(), error);
+    REQUIRE(e);
+    e->block().rx_packets.fetch_add(2);
+    REQUIRE(DeviceCounters::read_totals(file, v, error));
+    CHECK(v.rx_packets == 5);
 }
