@@ -13,6 +13,7 @@
 #include <set>
 #include <vector>
 
+#include "tests/unit/transport/scratch_dir.h"
 #include "transport/device_counters.h"
 #include "transport/device_slots.h"
 
@@ -21,25 +22,9 @@ using namespace std::chrono_literals;
 
 namespace {
 
-// Each test's table in a directory of its own, made afresh (one left by an earlier run whose
-// process had the same pid would hold its slots) and removed when the tests end (children of
-// fork() leave by _exit, so only the test process removes them).
+// Each test's table in a directory of its own (scratch_dir.h).
 std::string table_path() {
-    struct Dirs {
-        std::vector<std::filesystem::path> made;
-        ~Dirs() {
-            std::error_code ec;
-            for (const auto& d : made) std::filesystem::remove_all(d, ec);
-        }
-    };
-    static Dirs dirs;
-    auto dir =
-        std::filesystem::temp_directory_path() /
-        ("uroce-slots-" + std::to_string(::getpid()) + "-" + std::to_string(dirs.made.size() + 1));
-    std::filesystem::remove_all(dir);
-    std::filesystem::create_directories(dir);
-    dirs.made.push_back(dir);
-    return (dir / "slots").string();
+    return (test::scratch_dir("uroce-slots") / "slots").string();
 }
 
 std::unique_ptr<DeviceSlot> claim(const std::string& path, std::chrono::milliseconds q = 0ms) {

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "tests/unit/transport/engine_pair.h"
+#include "tests/unit/transport/scratch_dir.h"
 #include "transport/qp_counters.h"
 
 using namespace uroce::transport;
@@ -19,24 +20,9 @@ using namespace uroce::transport::test;
 
 namespace {
 
-// Each test's table in a directory of its own, made afresh (one left by an earlier run whose
-// process had the same pid would hold its QPs) and removed when the tests end.
+// Each test's table in a directory of its own (scratch_dir.h).
 std::string table_path() {
-    struct Dirs {
-        std::vector<std::filesystem::path> made;
-        ~Dirs() {
-            std::error_code ec;
-            for (const auto& d : made) std::filesystem::remove_all(d, ec);
-        }
-    };
-    static Dirs dirs;
-    auto dir =
-        std::filesystem::temp_directory_path() / ("uroce-qpcounters-" + std::to_string(::getpid()) +
-                                                  "-" + std::to_string(dirs.made.size() + 1));
-    std::filesystem::remove_all(dir);
-    std::filesystem::create_directories(dir);
-    dirs.made.push_back(dir);
-    return (dir / "counters.qp.5").string();
+    return (test::scratch_dir("uroce-qpcounters") / "counters.qp.5").string();
 }
 
 std::unique_ptr<QpCounterTable> open_table(const std::string& path) {
