@@ -355,7 +355,7 @@ put base_rtt_ack_half_p50_us "$b_half_ack"
 # ---- 2. uroce: perftest and ibv_rc_pingpong between the loopback devices ----
 bw_rows() { # bw_rows TOOL: ib_*_bw 64 KiB: bandwidth against GSO+GRO and TCP, CPU per GB
   local tool=$1 label=${1#ib_}
-  # This VM's speed changes within minutes (GSO+GRO 1.7 and 5.1 GB/s a minute apart): the
+  # This VM's speed changes within minutes (GSO+GRO 1.7 and 5.1 GB/s three minutes apart): the
   # row's UDP figures are measured again right before it, and its ratios use those.
   base "gso-$label" 30 gso --seconds "$secs"
   local row_gso row_gsow=$b_gsow
