@@ -68,7 +68,8 @@ namespace uroce::transport {
     X(deferred_timers)   /* RC timers a poller armed, kept off the loop until the hand-back */   \
     X(tx_held_acks)      /* RC ACKs that waited for their application's answer */                \
     X(held_ack_timeouts) /* times ACKs held for an answer went out after ack_hold_micros */      \
-    X(app_memory_faults) /* accesses to registered memory whose pages were gone */
+    X(app_memory_faults) /* accesses to registered memory whose pages were gone */               \
+    X(tx_multi_sends)    /* sendmmsg calls that carried several trains (TransmitBatch) */
 
 struct EngineCounters {
 #define UROCE_COUNTER_FIELD(name) std::atomic<uint64_t> name{0};

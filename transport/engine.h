@@ -295,7 +295,8 @@ class Engine {
                             uint32_t payload_len, const IpAddress& dst_ip, const UdpSocket& from,
                             uint8_t ttl = 0, TransmitBatch* batch = nullptr,
                             QpCounters* qp = nullptr);
-    // Sends what `batch` holds, in one sendmsg if it holds several packets, and empties it.
+    // Sends what `batch` holds and empties it: one sendmsg for a train (a GSO send if it
+    // holds several packets), one sendmmsg for several trains.
     // Failed if a packet of it can never be sent (batch.failed_tag() says which); Lost if
     // the socket dropped them (full buffer, an error that may pass); else Sent. A path
     // that refuses GSO turns GSO off for this engine (tx_gso_fallbacks) and the packets go
@@ -312,9 +313,16 @@ class Engine {
     // flush() without letting go of the batch's pin: for a flush in the middle of
     // transmit(), whose packet was gathered under the pin and will be sent after.
     TransmitResult send_batch(TransmitBatch& batch);
-    // send_batch() when GSO failed: each packet of `batch` alone, its ICRC recomputed for
+    // Sends train `t` of `batch` in a sendmsg of its own, as a GSO send if it holds several
+    // packets; counts and captures what went out.
+    TransmitResult send_train(TransmitBatch& batch, size_t t);
+    // Counts and captures train `t`, which a sendmmsg took.
+    void train_sent(TransmitBatch& batch, size_t t);
+    // Adds packets first .. first + count - 1 to the sending QP's counters.
+    void count_qp_sent(const TransmitBatch& batch, size_t first, size_t count);
+    // send_train() when GSO failed: each packet of train `t` alone, its ICRC recomputed for
     // identification 0; `sent` counts those that went out.
-    TransmitResult send_one_by_one(TransmitBatch& batch, size_t& sent);
+    TransmitResult send_one_by_one(TransmitBatch& batch, size_t t, size_t& sent);
     // Checks one received UDP payload and hands it to its QP; returns that QP.
     // `expected_id`: the IPv4 identification its ICRC most likely covers (the segment's
     // index in a GRO train, icrc_verify).
@@ -394,7 +402,8 @@ class Engine {
     DelayLine tx_delayed_, rx_delayed_;
     event* delay_event_ = nullptr;  // fires when the first held packet is due
     std::mutex delay_timer_mutex_;  // orders re-arming against the callback's reading
-    // Writes the packets of a batch that left to the capture.
+    // Writes packets first .. first + count - 1 of a batch, one train that left, to the
+    // capture.
     void capture_sent(const TransmitBatch& batch, size_t first, size_t count);
     MemoryTable memory_;
     ResendBudget resend_budget_{config_.resend_burst};

@@ -56,18 +56,27 @@ Engine::TransmitResult Engine::transmit(const wire::Headers& h, std::span<const 
     }
     uint8_t* hdr = local_hdr;
     uint8_t* icrc = local_icrc;
-    uint16_t index = 0;  // packet k of a batch is the k-th segment Linux cuts from the train
+    uint16_t index = 0;  // packet k of a train is the k-th segment Linux cuts from it
     const auto bytes = static_cast<uint32_t>(hlen + payload_len + out.bth.pad + 4);
+    TransmitBatch::Slot slot;
     if (batch) {
         size_t npieces = 2 + (out.bth.pad ? 1 : 0);  // header, pad, ICRC
         for (const iovec& v : payload) npieces += v.iov_len != 0;
-        if (!batch->fits(sock, dst_ip, bytes, npieces)) send_batch(*batch);  // keeps the pin
+        bool placed = batch->place(sock, dst_ip, bytes, npieces, slot);
+        if (!placed) {
+            send_batch(*batch);  // keeps the pin
+            placed = batch->place(sock, dst_ip, bytes, npieces, slot);
+        }
         // A packet before it can never be sent: its QP fails, nothing after it leaves.
         if (batch->failed_tag_ != TransmitBatch::kNoTag) return TransmitResult::Failed;
-        index = static_cast<uint16_t>(batch->count_);
-        hdr = batch->headers_[index].data();
-        std::memcpy(hdr, local_hdr, hlen);
-        icrc = batch->icrcs_[index].data();
+        if (placed) {
+            index = slot.index_in_train;
+            hdr = batch->headers_[batch->count_].data();
+            std::memcpy(hdr, local_hdr, hlen);
+            icrc = batch->icrcs_[batch->count_].data();
+        } else {
+            batch = nullptr;  // fits no train, even alone: sent alone, and refused
+        }
     }
     static const uint8_t kZeros[4] = {0, 0, 0, 0};
     iovec local_iov[kMaxSge + 4];
@@ -109,18 +118,7 @@ Engine::TransmitResult Engine::transmit(const wire::Headers& h, std::span<const 
         return TransmitResult::Lost;
     }
     if (batch) {
-        if (batch->count_ == 0) {
-            batch->from_ = &sock;
-            batch->dst_ip_ = dst_ip;
-            batch->segment_bytes_ = bytes;
-        } else if (bytes < batch->segment_bytes_) {
-            batch->closed_ = true;
-        }
-        batch->packets_[index] = {static_cast<uint16_t>(batch->niov_), static_cast<uint16_t>(n),
-                                  bytes, payload_len, batch->tag_};
-        batch->niov_ += n;
-        batch->bytes_ += bytes;
-        ++batch->count_;
+        batch->add(sock, dst_ip, slot, bytes, static_cast<uint16_t>(n), payload_len);
         return TransmitResult::Queued;
     }
     if (faulted) return send_faulted(fault, qp, std::span(iov, n), bytes, flow, sock, ttl);
@@ -163,55 +161,102 @@ Engine::TransmitResult Engine::flush(TransmitBatch& batch) {
 
 Engine::TransmitResult Engine::send_batch(TransmitBatch& batch) {
     if (batch.count_ == 0) return TransmitResult::Sent;
+    size_t t = 0;
+    if (batch.ntrains_ > 1 && gso_enabled()) {
+        // Every train in one system call. The kernel takes them in order and stops at the
+        // first it refuses: that one, and those after it, go through send_train, which
+        // meets the refusal again and handles it as a lone train's.
+        UdpSocket::Datagram datagrams[TransmitBatch::kMaxTrains];
+        for (size_t i = 0; i < batch.ntrains_; ++i) {
+            const TransmitBatch::Train& train = batch.trains_[i];
+            datagrams[i] = {batch.train_iov(i),
+                            static_cast<uint16_t>(train.count > 1 ? train.segment_bytes : 0)};
+        }
+        const size_t taken = batch.from_->send_many(batch.dst_ip_, config_.port,
+                                                    std::span(datagrams, batch.ntrains_));
+        if (taken > 0) bump(counters_->tx_multi_sends);
+        for (; t < taken; ++t) train_sent(batch, t);
+    }
+    TransmitResult worst = TransmitResult::Sent;
+    for (; t < batch.ntrains_; ++t) {
+        const TransmitResult r = send_train(batch, t);
+        // The request of a packet that can never be sent fails, and its QP with it: the
+        // trains after it stay here.
+        if (r == TransmitResult::Failed) {
+            worst = r;
+            break;
+        }
+        if (r == TransmitResult::Lost) worst = r;
+    }
+    batch.clear();
+    return worst;
+}
+
+void Engine::train_sent(TransmitBatch& batch, size_t t) {
+    const TransmitBatch::Train& train = batch.trains_[t];
+    account_send(0, train.count);
+    if (train.count > 1) bump(counters_->tx_gso_sends);
+    capture_sent(batch, train.first, train.count);
+    count_qp_sent(batch, train.first, train.count);
+}
+
+void Engine::count_qp_sent(const TransmitBatch& batch, size_t first, size_t count) {
+    if (!batch.qp_counters_) return;
+    uint64_t payload = 0;
+    for (size_t i = first; i < first + count; ++i) payload += batch.packets_[i].payload_len;
+    bump(batch.qp_counters_->tx_packets, count);
+    bump(batch.qp_counters_->tx_payload_bytes, payload);
+}
+
+Engine::TransmitResult Engine::send_train(TransmitBatch& batch, size_t t) {
+    const TransmitBatch::Train& train = batch.trains_[t];
     TransmitResult result;
     bool counted = false;  // the QP's counters already have the packets
-    const std::span<const iovec> iov(batch.iov_.data(), batch.niov_);
-    if (batch.count_ == 1) {
+    const std::span<const iovec> iov = batch.train_iov(t);
+    if (train.count == 1) {
         result = account_send(batch.from_->send(batch.dst_ip_, config_.port, iov), 1);
-        if (result == TransmitResult::Sent) capture_sent(batch, 0, 1);
-        if (result == TransmitResult::Failed && batch.failed_tag_ == TransmitBatch::kNoTag)
-            batch.failed_tag_ = batch.packets_[0].tag;
+        if (result == TransmitResult::Sent) capture_sent(batch, train.first, 1);
+    } else if (!gso_enabled()) {
+        // An earlier train of this batch found the path refusing GSO.
+        size_t sent_alone = 0;
+        result = send_one_by_one(batch, t, sent_alone);
+        counted = true;
     } else {
         const int err = batch.from_->send(batch.dst_ip_, config_.port, iov, 0,
-                                          static_cast<uint16_t>(batch.segment_bytes_));
+                                          static_cast<uint16_t>(train.segment_bytes));
         if (err == EINVAL || err == EMSGSIZE || err == EIO || err == EOPNOTSUPP ||
             err == ENOPROTOOPT) {
             // This path cannot take GSO (a device without checksum offload, an old kernel): no
-            // more batches from this engine, once a packet went out alone. A segment larger
+            // more trains from this engine, once a packet went out alone. A segment larger
             // than the path's MTU is refused alone too (tx_too_big): that is the QP's path
             // MTU setting, not GSO's fault, and the engine's other paths keep GSO.
             bump(counters_->tx_gso_fallbacks);
             size_t sent_alone = 0;
-            result = send_one_by_one(batch, sent_alone);
+            result = send_one_by_one(batch, t, sent_alone);
             if (sent_alone > 0) gso_.store(false, std::memory_order_relaxed);
             counted = true;
         } else {
-            result = account_send(err, batch.count_);
+            result = account_send(err, train.count);
             if (result == TransmitResult::Sent) {
                 bump(counters_->tx_gso_sends);
-                capture_sent(batch, 0, batch.count_);
+                capture_sent(batch, train.first, train.count);
             }
-            if (result == TransmitResult::Failed && batch.failed_tag_ == TransmitBatch::kNoTag)
-                batch.failed_tag_ = batch.packets_[0].tag;
         }
     }
-    if (result == TransmitResult::Sent && batch.qp_counters_ && !counted) {
-        uint64_t payload = 0;
-        for (size_t i = 0; i < batch.count_; ++i) payload += batch.packets_[i].payload_len;
-        bump(batch.qp_counters_->tx_packets, batch.count_);
-        bump(batch.qp_counters_->tx_payload_bytes, payload);
-    }
-    batch.clear();
+    if (result == TransmitResult::Failed && batch.failed_tag_ == TransmitBatch::kNoTag)
+        batch.failed_tag_ = batch.packets_[train.first].tag;
+    if (result == TransmitResult::Sent && !counted) count_qp_sent(batch, train.first, train.count);
     return result;
 }
 
-Engine::TransmitResult Engine::send_one_by_one(TransmitBatch& batch, size_t& sent) {
+Engine::TransmitResult Engine::send_one_by_one(TransmitBatch& batch, size_t t, size_t& sent) {
+    const TransmitBatch::Train& train = batch.trains_[t];
     TransmitResult worst = TransmitResult::Sent;
-    for (size_t i = 0; i < batch.count_; ++i) {
+    for (size_t i = train.first; i < train.first + train.count; ++i) {
         const TransmitBatch::Packet& p = batch.packets_[i];
         iovec* iov = &batch.iov_[p.first_iov];
         const std::span<const iovec> packet(iov, p.niov);
-        if (i != 0) {
+        if (i != train.first) {
             // Sent alone it carries identification 0: its ICRC must say so.
             std::span<const uint8_t> pieces[kMaxSge + 4];
             for (size_t k = 0; k + 1 < p.niov; ++k)
@@ -260,7 +305,7 @@ void Engine::capture_sent(const TransmitBatch& batch, size_t first, size_t count
     for (size_t i = first; i < first + count; ++i) {
         const TransmitBatch::Packet& p = batch.packets_[i];
         // Packet k of a train has the ICRC for identification k (the segment Linux cuts).
-        capture_->sent(flow, static_cast<uint16_t>(i), 0,
+        capture_->sent(flow, static_cast<uint16_t>(i - first), 0,
                        std::span(&batch.iov_[p.first_iov], p.niov));
     }
     capture_->flush();

@@ -150,6 +150,39 @@ int UdpSocket::send(const IpAddress& dst_ip, uint16_t dst_port, std::span<const 
     return EINTR;
 }
 
+size_t UdpSocket::send_many(const IpAddress& dst_ip, uint16_t dst_port,
+                            std::span<const Datagram> datagrams) const {
+    constexpr size_t kMax = 16;
+    if (dst_ip.is_v4() != ip_.is_v4() || datagrams.empty() || datagrams.size() > kMax) return 0;
+    sockaddr_storage sa;
+    const socklen_t salen = dst_ip.to_sockaddr(dst_port, sa);
+    mmsghdr msgs[kMax] = {};
+    alignas(cmsghdr) uint8_t control[kMax][CMSG_SPACE(sizeof(uint16_t))] = {};
+    for (size_t i = 0; i < datagrams.size(); ++i) {
+        msghdr& msg = msgs[i].msg_hdr;
+        msg.msg_name = &sa;
+        msg.msg_namelen = salen;
+        msg.msg_iov = const_cast<iovec*>(datagrams[i].iov.data());
+        msg.msg_iovlen = datagrams[i].iov.size();
+        if (datagrams[i].segment_size != 0) {
+            auto* c = reinterpret_cast<cmsghdr*>(control[i]);
+            c->cmsg_level = IPPROTO_UDP;
+            c->cmsg_type = UDP_SEGMENT;
+            c->cmsg_len = CMSG_LEN(sizeof(uint16_t));
+            std::memcpy(CMSG_DATA(c), &datagrams[i].segment_size, sizeof(uint16_t));
+            msg.msg_control = control[i];
+            msg.msg_controllen = CMSG_SPACE(sizeof(uint16_t));
+        }
+    }
+    // Never waits, as send(). Interrupted before the first datagram went: tried again.
+    for (int attempt = 0; attempt < 16; ++attempt) {
+        const int n = ::sendmmsg(fd_, msgs, static_cast<unsigned>(datagrams.size()), MSG_NOSIGNAL);
+        if (n >= 0) return static_cast<size_t>(n);
+        if (errno != EINTR) return 0;
+    }
+    return 0;
+}
+
 bool UdpSocket::enable_gro() {
     const int one = 1;
     return fd_ >= 0 && ::setsockopt(fd_, IPPROTO_UDP, UDP_GRO, &one, sizeof one) == 0;

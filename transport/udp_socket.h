@@ -65,6 +65,17 @@ class UdpSocket {
     int send(const IpAddress& dst_ip, uint16_t dst_port, std::span<const iovec> iov,
              uint8_t ttl = 0, uint16_t segment_size = 0) const;
 
+    // One datagram (or GSO train, with a non-zero `segment_size`) for send_many().
+    struct Datagram {
+        std::span<const iovec> iov;
+        uint16_t segment_size = 0;
+    };
+    // Sends each of `datagrams` as send() would (TTL 0), all in one sendmmsg, in order.
+    // Returns how many the kernel took: all, or those before the first it refused (its
+    // error is lost: sending that one alone tells it).
+    size_t send_many(const IpAddress& dst_ip, uint16_t dst_port,
+                     std::span<const Datagram> datagrams) const;
+
     // Asks the kernel to hand over datagrams it received as one GSO train, or coalesced on
     // the way (UDP_GRO), as one buffer of equal-sized segments: receive() then reports their
     // size. False if the kernel cannot (the socket then receives them one by one).

@@ -66,6 +66,8 @@ TEST_CASE("GSO trains and GRO reads carry every byte, each ICRC for its identifi
         exchange(p);
         CHECK(p.a.counters().tx_gso_sends.load() > 0);
         CHECK(p.b.counters().tx_gso_sends.load() > 0);  // the READ responses
+        // The WRITE's FIRST and its MIDDLEs: two trains, one sendmmsg.
+        CHECK(p.a.counters().tx_multi_sends.load() > 0);
         CHECK(p.b.counters().rx_gro_datagrams.load() > 0);
         CHECK(p.a.counters().rx_gro_datagrams.load() > 0);
         // Every segment's ICRC matched the identification of its place in the train.
@@ -96,6 +98,7 @@ TEST_CASE("GSO trains and GRO reads carry every byte, each ICRC for its identifi
         exchange(p);
         CHECK(p.a.counters().tx_gso_sends.load() == 0);
         CHECK(p.b.counters().tx_gso_sends.load() == 0);
+        CHECK(p.a.counters().tx_multi_sends.load() == 0);
         CHECK(p.b.counters().rx_gro_datagrams.load() == 0);
         CHECK(p.b.counters().rx_icrc_unseen_fields.load() == 0);
         CHECK(p.a.counters().rx_icrc_unseen_fields.load() == 0);
@@ -161,6 +164,33 @@ TEST_CASE("READs that arrive in one batch are answered in one train", "[transmit
     CHECK(p.b.counters().tx_packets.load() == kReads);
     CHECK(p.b.counters().tx_gso_sends.load() == 1);
     CHECK(p.b.counters().rx_gro_datagrams.load() == 1);
+}
+
+// A WRITE's FIRST carries the RETH, so it cannot share the train of the shorter MIDDLEs;
+// a 64 KiB SEND of 4 KiB packets fills more than one train (65,507 bytes). A batch keeps
+// several trains and hands them to the kernel in one sendmmsg (transmit_batch.h).
+TEST_CASE("The trains of one batch leave in one system call", "[transmit_batch]") {
+    // Nothing resent, however slow the machine: no adaptive retransmission, 4 s timeout.
+    PairOptions o = big_pair();
+    o.adaptive = false;
+    Pair p(o);
+    QpAttributes attrs = default_attributes();
+    attrs.timeout = 20;
+    p.connect(attrs, attrs);
+    // FIRST + MIDDLE (closed: the MIDDLE is shorter), then 46 MIDDLEs and the LAST.
+    fill(p.a.at(0), kWrite, 31);
+    REQUIRE(p.a.qp->post_send(rdma_wqe(SendOpcode::RdmaWrite, 1, {p.a.sge(0, kWrite)},
+                                       p.b.iova + 4096, p.b.keys.rkey)) == 0);
+    CHECK(p.wait_one(*p.a.scq).status == WcStatus::Success);
+    CHECK(first_mismatch(p.b.at(4096), kWrite, 31) == kWrite);
+    CHECK(p.a.counters().tx_packets.load() == kWrite / kMtu);
+    CHECK(p.a.counters().tx_gso_sends.load() == 2);
+    CHECK(p.a.counters().tx_multi_sends.load() == 1);
+    // Each train's packets carry the ICRCs for identifications 0, 1, 2, ... of their own
+    // train, as the kernel numbers them, and b's GRO reads found exactly those.
+    CHECK(p.b.counters().rx_packets.load() == kWrite / kMtu);
+    CHECK(p.b.counters().rx_icrc_unseen_fields.load() == 0);
+    CHECK(p.b.counters().rx_bad_icrc.load() == 0);
 }
 
 // SO_NO_CHECK (no UDP checksum) makes Linux refuse GSO sends with EINVAL while it still
