@@ -86,7 +86,8 @@ class PollHandoff {
     // An application thread asked for a completion event (ibv_req_notify_cq): it is about
     // to sleep until the engine thread wakes it, and needs a CPU then.
     void on_arm();
-    // A QP of this context resends lost packets: the park counts as young again.
+    // A QP of this context resends packets a NAK or a timeout showed lost (not a tail-loss
+    // probe's: RcQp::Resend): the park counts as young again.
     void on_loss() {
         parked_at_ns_.store(now_ns(), std::memory_order_relaxed);
         if (watch_ns_.load(std::memory_order_relaxed) > kWatchMicros * 1000)

@@ -509,7 +509,7 @@ void RcQp::send_tail_probe() {
     probe_psn_ = psn_add(sent_high_, kPsnMask);
     bump(engine_.counters().tail_probes);
     bump(qp_counters_.tail_probes);
-    rewind_to(probe_psn_);
+    rewind_to(probe_psn_, Resend::Probe);
     pump();
 }
 
@@ -517,7 +517,7 @@ void RcQp::resend_unacknowledged() {
     ++probes_sent_;
     bump(engine_.counters().tail_probes);
     bump(qp_counters_.tail_probes);
-    rewind_to(oldest_unacked());
+    rewind_to(oldest_unacked(), Resend::Probe);
     pump();
 }
 

@@ -152,7 +152,13 @@ class RcQp final : public QpCommon {
     // The atomic's AtomicAckETH has come: the original value goes to the local buffer.
     void on_atomic_ack(const wire::ParsedPacket& pkt);
     uint32_t packets_for(const SqEntry& e) const;
-    void rewind_to(uint32_t psn);
+    // Why the requester goes back: a loss a NAK, an RNR NAK or a timeout revealed, or a
+    // tail-loss probe. The poll handoff counts only the first as loss (Engine::note_loss):
+    // on a busy host most probes are spurious (the ACK was late, not lost), and each one
+    // cut the watch period to kWatchMicros again: ten times the engine thread's wake-ups,
+    // on CPUs the pollers need.
+    enum class Resend { Loss, Probe };
+    void rewind_to(uint32_t psn, Resend why = Resend::Loss);
     bool gather(const SqEntry& e, uint32_t offset, uint32_t len, std::span<iovec> iov,
                 size_t& niov) const;
 

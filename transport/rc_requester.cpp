@@ -242,8 +242,8 @@ WcStatus RcQp::run_local_op(const SendWqe& wqe) {
 }
 
 // Go back N: send everything again from `psn`, the oldest PSN the responder lacks.
-void RcQp::rewind_to(uint32_t psn) {
-    engine_.note_loss();
+void RcQp::rewind_to(uint32_t psn, Resend why) {
+    if (why == Resend::Loss) engine_.note_loss();
     // What is resent times nothing (Karn); a timed packet before `psn` is not resent.
     if (rtt_timing_ && !psn_before(rtt_psn_, psn)) rtt_timing_ = false;
     for (size_t i = 0; i < sq_.size(); ++i) {
