@@ -23,6 +23,19 @@ PairOptions big_pair() {
     return o;
 }
 
+// For tests that count packets and sends: nothing is resent, however slow the machine (no
+// adaptive retransmission, and attributes with a local ACK timeout of 4 s).
+PairOptions counting_pair() {
+    PairOptions o = big_pair();
+    o.adaptive = false;
+    return o;
+}
+QpAttributes counting_attributes() {
+    QpAttributes attrs = default_attributes();
+    attrs.timeout = 20;
+    return attrs;
+}
+
 // A WRITE from three unaligned pieces, a SEND, and a READ: a -> b, b -> a, each checked.
 void exchange(Pair& p) {
     fill(p.a.at(0), kWrite, 11);
@@ -133,13 +146,8 @@ TEST_CASE("Trains under loss: go-back-N resends in trains, every byte arrives on
 // responses are all of one size: one train for the lot, where READs answered one by one
 // would take a sendmsg each and no GSO send at all.
 TEST_CASE("READs that arrive in one batch are answered in one train", "[transmit_batch]") {
-    // No resend may blur the count, however slow the machine: no adaptive retransmission,
-    // a local ACK timeout of 4 s.
-    PairOptions o = big_pair();
-    o.adaptive = false;
-    Pair p(o);
-    QpAttributes attrs = default_attributes();
-    attrs.timeout = 20;
+    Pair p(counting_pair());
+    QpAttributes attrs = counting_attributes();
     attrs.max_rd_atomic = attrs.max_dest_rd_atomic = 16;
     p.connect(attrs, attrs);
     constexpr uint32_t kReads = 8, kLen = 64;
@@ -170,13 +178,8 @@ TEST_CASE("READs that arrive in one batch are answered in one train", "[transmit
 // a 64 KiB SEND of 4 KiB packets fills more than one train (65,507 bytes). A batch keeps
 // several trains and hands them to the kernel in one sendmmsg (transmit_batch.h).
 TEST_CASE("The trains of one batch leave in one system call", "[transmit_batch]") {
-    // Nothing resent, however slow the machine: no adaptive retransmission, 4 s timeout.
-    PairOptions o = big_pair();
-    o.adaptive = false;
-    Pair p(o);
-    QpAttributes attrs = default_attributes();
-    attrs.timeout = 20;
-    p.connect(attrs, attrs);
+    Pair p(counting_pair());
+    p.connect(counting_attributes(), counting_attributes());
     // FIRST + MIDDLE (closed: the MIDDLE is shorter), then 46 MIDDLEs and the LAST.
     fill(p.a.at(0), kWrite, 31);
     REQUIRE(p.a.qp->post_send(rdma_wqe(SendOpcode::RdmaWrite, 1, {p.a.sge(0, kWrite)},
