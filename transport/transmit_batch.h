@@ -66,7 +66,6 @@ class TransmitBatch {
 
     bool empty() const { return count_ == 0; }
     size_t size() const { return count_; }
-    size_t trains() const { return ntrains_; }
 
     // The caller's mark for the packets it appends from now on (e.g. the index of the work
     // request they belong to): failed_tag() names the first packet the flush could not send.
