@@ -4,9 +4,9 @@
 //
 //   uroce-udp-baseline MODE [options]
 //
-// MODE: gso, gso-write, sendto, pps, rtt, rtt-ack, gso-pingpong, tcp (see kUsage). Every loop is
-// bounded in count and in time: receivers use socket timeouts or deadlines, so a lost datagram
-// never hangs a mode.
+// MODE: gso, gso-write, sendto, pps, rtt, rtt-ack, rtt-wake, gso-pingpong, tcp (see kUsage). Every
+// loop is bounded in count and in time: receivers use socket timeouts or deadlines, so a lost
+// datagram never hangs a mode.
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -69,6 +69,10 @@ constexpr const char* kUsage =
     "  rtt           busy-polled ping-pong of --size bytes: RTT p50/p99, half RTT p50\n"
     "  rtt-ack       the same, each message preceded by a 20-byte datagram, as an RC\n"
     "                responder's ACK precedes its answer\n"
+    "  rtt-wake      the same ping-pong, but each side's application thread spins on memory\n"
+    "                and a second thread of its own, blocked in recv, stores what came: what\n"
+    "                a user-space provider's engine thread does for ib_write_lat, whose\n"
+    "                application waits for the peer's WRITE by spinning on memory\n"
     "  gso-pingpong  busy-polled ping-pong of a --msg byte message carried both ways as GSO\n"
     "                segments of --seg bytes, received with GRO: microseconds per iteration\n"
     "  tcp           one TCP stream of --write byte writes: goodput, CPU seconds\n"
@@ -147,9 +151,9 @@ double parse_seconds(const std::string& opt, const std::string& text) {
     return v;
 }
 
-// rtt and rtt-ack: ping-pongs of --size byte messages.
+// rtt, rtt-ack and rtt-wake: ping-pongs of --size byte messages.
 bool is_rtt(const Options& o) {
-    return o.mode == "rtt" || o.mode == "rtt-ack";
+    return o.mode == "rtt" || o.mode == "rtt-ack" || o.mode == "rtt-wake";
 }
 
 Options parse_args(int argc, char** argv) {
@@ -163,8 +167,8 @@ Options parse_args(int argc, char** argv) {
     }
     if (args.empty()) usage_error("no mode given");
     o.mode = args[0];
-    static constexpr std::string_view kModes[] = {"gso", "gso-write", "sendto",       "pps",
-                                                  "rtt", "rtt-ack",   "gso-pingpong", "tcp"};
+    static constexpr std::string_view kModes[] = {
+        "gso", "gso-write", "sendto", "pps", "rtt", "rtt-ack", "rtt-wake", "gso-pingpong", "tcp"};
     if (std::find(std::begin(kModes), std::end(kModes), o.mode) == std::end(kModes)) {
         usage_error("unknown mode '" + o.mode + "'");
     }
@@ -733,6 +737,103 @@ PingResult run_pingpong(const Options& o, std::size_t msg, std::size_t seg, bool
     return r;
 }
 
+// rtt-wake: each side is an application thread that spins on a word of memory and a receiver
+// thread blocked in recv that stores the sequence number of each datagram into that word, as a
+// provider's engine thread stores a WRITE's payload. The application threads send; only the
+// receiver threads read. On a machine whose CPUs the two spinning applications keep busy, the
+// receiver's wake-up is most of each half round trip: the floor of ib_write_lat for any
+// provider that is not in the kernel.
+class WakeSide {
+  public:
+    WakeSide(int fd, std::size_t size, std::atomic<bool>& stop, Clock::time_point hard_end)
+        : fd_(fd), out_(size, 'w') {
+        set_timeout(fd, SO_RCVTIMEO, std::chrono::milliseconds(20));
+        receiver_ = std::thread([this, &stop, hard_end, size] {
+            Buffer in(std::max<std::size_t>(size, 64));
+            while (!stop.load(std::memory_order_relaxed) && Clock::now() < hard_end) {
+                const ssize_t n = ::recv(fd_, in.data(), in.size(), 0);
+                if (n < static_cast<ssize_t>(sizeof(std::uint64_t))) continue;  // timeout, runt
+                std::uint64_t seq = 0;
+                std::memcpy(&seq, in.data(), sizeof seq);
+                if (seq > seen_.load(std::memory_order_relaxed))
+                    seen_.store(seq, std::memory_order_release);
+            }
+        });
+    }
+    ~WakeSide() { receiver_.join(); }
+    WakeSide(const WakeSide&) = delete;
+    WakeSide& operator=(const WakeSide&) = delete;
+
+    // Spins until a datagram numbered `seq` or later came, at most until `give_up`.
+    bool wait_for(std::uint64_t seq, Clock::time_point give_up) const {
+        for (std::uint64_t i = 0;; ++i) {
+            if (seen_.load(std::memory_order_acquire) >= seq) return true;
+            if ((i & 1023) == 0 && Clock::now() >= give_up) return false;
+        }
+    }
+    void send(std::uint64_t seq) {
+        std::memcpy(out_.data(), &seq, sizeof seq);
+        if (::send(fd_, out_.data(), out_.size(), MSG_DONTWAIT) < 0 && errno != EAGAIN &&
+            errno != EWOULDBLOCK && errno != ENOBUFS && errno != ECONNREFUSED && errno != EINTR) {
+            die("send");
+        }
+    }
+
+  private:
+    const int fd_;
+    Buffer out_;
+    std::atomic<std::uint64_t> seen_{0};
+    std::thread receiver_;
+};
+
+PingResult run_wake_pingpong(const Options& o) {
+    UdpPair p = make_udp_pair(o);
+    const auto hard_end = Clock::now() + to_duration(o.timeout);
+    const auto per_iter = std::chrono::milliseconds(200);
+    std::atomic<bool> stop{false};
+    PingResult r;
+    r.us.reserve(o.iters);
+    {
+        WakeSide a(p.a.get(), o.size, stop, hard_end);
+        WakeSide b(p.b.get(), o.size, stop, hard_end);
+        pin_to(o.cpu_a);
+        std::thread pong([&] {
+            pin_to(o.cpu_b);
+            // Answers each number once it came; a lost one is resent by the ping side's next.
+            for (std::uint64_t want = 1; !stop.load(std::memory_order_relaxed); ++want) {
+                while (!b.wait_for(want, std::min(hard_end, Clock::now() + per_iter))) {
+                    if (stop.load(std::memory_order_relaxed) || Clock::now() >= hard_end) return;
+                }
+                b.send(want);
+            }
+        });
+        const std::uint64_t total = o.warmup + o.iters;
+        for (std::uint64_t i = 0; i < total; ++i) {
+            const std::uint64_t seq = i + 1;
+            const auto t0 = Clock::now();
+            if (t0 >= hard_end) {
+                r.complete = false;
+                break;
+            }
+            a.send(seq);
+            const bool done = a.wait_for(seq, std::min(hard_end, t0 + per_iter));
+            const auto t1 = Clock::now();
+            if (!done) {
+                // The pong side waits for this number: lost, and the run cannot go on in step.
+                ++r.lost;
+                r.complete = false;
+                break;
+            }
+            if (i >= o.warmup) {
+                r.us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+            }
+        }
+        stop.store(true);
+        pong.join();
+    }
+    return r;
+}
+
 // Nearest-rank percentile of sorted values.
 double percentile(const std::vector<double>& sorted, double q) {
     if (sorted.empty()) return 0.0;
@@ -845,6 +946,8 @@ int main(int argc, char** argv) {
         print_tput(o, run_udp_tput(o, Stream::GsoWrite), Stream::GsoWrite);
     } else if (o.mode == "sendto" || o.mode == "pps") {
         print_tput(o, run_udp_tput(o, Stream::Plain), Stream::Plain);
+    } else if (o.mode == "rtt-wake") {
+        print_pingpong(o, run_wake_pingpong(o), o.size, o.size);
     } else if (is_rtt(o)) {
         print_pingpong(o, run_pingpong(o, o.size, o.size, o.mode == "rtt-ack"), o.size, o.size);
     } else if (o.mode == "gso-pingpong") {
