@@ -97,6 +97,8 @@ TESTS = {
     "sharing-integration": ("release", None, ["meson", "test", "--no-rebuild", "integration",
                                               "--test-args", " ".join(["[sharing]"] + JUNIT)]),
     "tshark-app": ("release", None, ["meson", "test", "--no-rebuild", "tshark"]),
+    "timers": ("release", "tests/unit/transport/test_transport",
+               ["tests/unit/transport/test_transport", "[timer_queue]"] + JUNIT),
     "handoff": ("release", "tests/unit/transport/test_transport",
                 ["tests/unit/transport/test_transport", "[poll_handoff]"] + JUNIT),
     "held-posts": ("release", "tests/unit/transport/test_transport",
@@ -366,8 +368,8 @@ MUTANTS = [
            "SqEntry* failed = entry_for_psn(psn);", "SqEntry* failed = &sq_.front();",
            ("transport",)),
     # --- object lifetime (transport/rc_qp.cpp, provider/qp.cpp) ---
-    Mutant("lifetime: close does not wait for the timer callback", "transport/rc_qp.cpp",
-           "    if (timer_) event_del_block(timer_);\n", "", ("transport-asan",)),
+    Mutant("lifetime: close does not wait for the timer callback", "transport/timer_queue.cpp",
+           "    if (!wait) return;\n", "    return;\n", ("timers", "transport-asan")),
     Mutant("lifetime: destroy_qp does not take back unread events", "provider/qp.cpp",
            "st->async_events.retract(reinterpret_cast<uint64_t>(ibqp), &qp->events);", "",
            ("integration",)),
@@ -1025,6 +1027,24 @@ MUTANTS = [
     Mutant("app memory: faults not counted", "transport/memory_table.h",
            "        if (fault_counter_) fault_counter_->fetch_add(1, std::memory_order_relaxed);",
            "", ("vanished-integration",)),
+    # --- the engine's timers (transport/timer_queue.cpp) ---
+    Mutant("timers: a later deadline sets the timerfd too", "transport/timer_queue.cpp",
+           "    if (earliest < timerfd_deadline_ns_ - slack) set_timerfd(earliest);",
+           "    set_timerfd(earliest);", ("timers",)),
+    Mutant("timers: an expiry runs timers not yet due", "transport/timer_queue.cpp",
+           "        if (t->deadline_ns_ > now_ns()) break;\n", "", ("timers",)),
+    Mutant("timers: an early expiry does not set the timerfd for what is left",
+           "transport/timer_queue.cpp",
+           "    if (!heap_.empty() && timerfd_deadline_ns_ == 0) set_timerfd(heap_.front()->deadline_ns_);",
+           "", ("timers",)),
+    Mutant("timers: a cancelled timer stays queued", "transport/timer_queue.cpp",
+           "    if (t.index_ != Timer::kNotQueued) heap_remove(t);\n", "", ("timers",)),
+    Mutant("timers: no slack (every earlier deadline sets the timerfd)", "transport/timer_queue.cpp",
+           "std::clamp<int64_t>((earliest - now_ns()) / 4, 0, kMaxSlackNs)", "0", ("timers",)),
+    Mutant("timers: cancel_and_wait waits for its own callback", "transport/timer_queue.cpp",
+           "return running_ != &t || running_thread_ == std::this_thread::get_id();",
+           "return running_ != &t;", ("timers",)),
+
 ]
 
 

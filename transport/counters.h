@@ -69,7 +69,9 @@ namespace uroce::transport {
     X(tx_held_acks)      /* RC ACKs that waited for their application's answer */                \
     X(held_ack_timeouts) /* times ACKs held for an answer went out after ack_hold_micros */      \
     X(app_memory_faults) /* accesses to registered memory whose pages were gone */               \
-    X(tx_multi_sends)    /* sendmmsg calls that carried several trains (TransmitBatch) */
+    X(tx_multi_sends)    /* sendmmsg calls that carried several trains (TransmitBatch) */        \
+    X(timerfd_sets)      /* times the engine's timerfd was set (TimerQueue) */                   \
+    X(timer_early_wakes) /* timerfd expiries that found no timer due (a deadline moved) */
 
 struct EngineCounters {
 #define UROCE_COUNTER_FIELD(name) std::atomic<uint64_t> name{0};

@@ -20,7 +20,7 @@ namespace {
 // Header, then DeviceSlots::kSlots blocks of kStride bytes. The file is sparse: blocks of
 // slots never used take no space.
 constexpr uint64_t kMagic = 0x31746e63656f7275ull;  // "uroecnt1"
-constexpr size_t kStride = 512;                     // room for 64 counters per block
+constexpr size_t kStride = 1024;                    // room for 128 counters per block
 constexpr size_t kHeader = kStride;
 
 #define UROCE_COUNT_ONE(name) +1

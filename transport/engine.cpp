@@ -91,14 +91,11 @@ std::unique_ptr<Engine> Engine::create(const EngineConfig& config, std::string& 
             return nullptr;
         }
     }
-    // Precise timers (timerfd with epoll): the adaptive retransmission timeout is about a
-    // millisecond, and epoll_wait's own timeout would round it up to the next millisecond.
-    if (event_config* cfg = event_config_new()) {
-        event_config_set_flag(cfg, EVENT_BASE_FLAG_PRECISE_TIMER);
-        e->base_ = event_base_new_with_config(cfg);
-        event_config_free(cfg);
-    }
-    if (!e->base_) {
+    // No libevent timers (its precise ones set a timerfd before every epoll_wait): the
+    // engine's timers have a timerfd of their own (timer_queue.h).
+    e->base_ = event_base_new();
+    if (e->base_) e->timers_ = std::make_unique<TimerQueue>(e->base_, e->counters_);
+    if (!e->base_ || !e->timers_->ok()) {
         err = ENOMEM;
         error = "cannot create the event loop";
         return nullptr;
@@ -110,21 +107,18 @@ std::unique_ptr<Engine> Engine::create(const EngineConfig& config, std::string& 
         error = "cannot register the socket with the event loop";
         return nullptr;
     }
-    e->handoff_ = std::make_unique<PollHandoff>(e->base_, e->rx_event_, e->fork_gate_,
+    e->handoff_ = std::make_unique<PollHandoff>(*e->timers_, e->rx_event_, e->fork_gate_,
                                                 *e->counters_, config.inline_progress,
                                                 [eng = e.get()] { eng->on_handed_back(); });
-    if (!e->handoff_->ok()) {
-        err = ENOMEM;
-        error = "cannot create the poll handoff timer";
-        return nullptr;
-    }
     e->stop_event_ = event_new(
         e->base_, -1, 0,
         [](evutil_socket_t, short, void* b) { event_base_loopbreak(static_cast<event_base*>(b)); },
         e->base_);
-    e->delay_event_ = evtimer_new(e->base_, &Engine::on_delay_due, e.get());
-    e->held_acks_timer_ = evtimer_new(e->base_, &Engine::on_held_acks_due, e.get());
-    if (!e->stop_event_ || !e->delay_event_ || !e->held_acks_timer_) {
+    e->delay_timer_ =
+        std::make_unique<TimerQueue::Timer>(*e->timers_, &Engine::on_delay_due, e.get());
+    e->held_acks_timer_ =
+        std::make_unique<TimerQueue::Timer>(*e->timers_, &Engine::on_held_acks_due, e.get());
+    if (!e->stop_event_) {
         err = ENOMEM;
         error = "cannot create the event loop";
         return nullptr;
@@ -184,8 +178,9 @@ Engine::~Engine() {
     handoff_.reset();
     if (rx_event_) event_free(rx_event_);
     if (stop_event_) event_free(stop_event_);
-    if (delay_event_) event_free(delay_event_);  // held packets are lost with the engine
-    if (held_acks_timer_) event_free(held_acks_timer_);
+    delay_timer_.reset();  // held packets are lost with the engine
+    held_acks_timer_.reset();
+    timers_.reset();
     if (base_) event_base_free(base_);
 }
 

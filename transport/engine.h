@@ -39,6 +39,7 @@
 #include "transport/receive_batch.h"
 #include "transport/resend_budget.h"
 #include "transport/send_sockets.h"
+#include "transport/timer_queue.h"
 #include "transport/transmit_batch.h"
 #include "transport/udp_socket.h"
 #include "uroce/wire.h"
@@ -135,6 +136,8 @@ class Engine {
     // slot numbers (qpn_space.h).
     unsigned slots_held() const { return qpn_space_.slots_held(); }
     event_base* base() { return base_; }
+    // The engine's timers: QPs' retransmission timers, the CM's retries (timer_queue.h).
+    TimerQueue& timers() { return *timers_; }
     // Bounds the early resends and tail-loss probes of all this engine's QPs together.
     ResendBudget& resend_budget() { return resend_budget_; }
     // Held by the engine thread around every callback it runs (fork_gate.h): each callback
@@ -195,10 +198,10 @@ class Engine {
     // and it must send at once. send_held_posts() runs at every CQ poll and when the socket
     // is handed back: each noted QP pumps (Qp::send_held).
     bool hold_posts() const { return config_.hold_posts && socket_parked(); }
-    // QP timers armed by a polling thread while the socket is parked. Adding a libevent timer
-    // from a thread other than the loop's wakes the engine thread whenever that timer is the
-    // earliest (libevent recomputes its wait): once per post of a ping-pong, on a CPU the
-    // pollers need. The pollers run due timers themselves (run_due_timer), so the QP only
+    // QP timers armed by a polling thread while the socket is parked. Arming one that becomes
+    // the earliest sets the engine's timerfd (10-60 us in a guest that traps on it), and its
+    // expiry wakes the engine thread, on a CPU the pollers need: once per post of a
+    // ping-pong. The pollers run due timers themselves (run_due_timer), so the QP only
     // notes itself (note_deferred_timer), then asks defer_timers() again: false means the
     // socket came back meanwhile and it adds the event itself. The hand-back hands every
     // noted QP's timer to the loop (Qp::arm_deferred_timer).
@@ -388,7 +391,7 @@ class Engine {
     // false (counted as a dropped fault by the caller) when the line is full.
     bool hold(DelayLine& line, uint32_t delay_us, DelayLine::Packet p);
     // Sends and delivers what the delay lines hold that is due, then re-arms the timer.
-    static void on_delay_due(evutil_socket_t, short, void* arg);
+    static void on_delay_due(void* arg);
     void release_delayed();
     void arm_delay_timer();
     // A datagram (or a GRO segment) read from a socket: the receive-side faults, then
@@ -400,7 +403,7 @@ class Engine {
     void receive_one(std::span<const uint8_t> one, const IpAddress& src_ip, uint16_t src_port,
                      const IpAddress& group, uint16_t index);
     DelayLine tx_delayed_, rx_delayed_;
-    event* delay_event_ = nullptr;  // fires when the first held packet is due
+    std::unique_ptr<TimerQueue::Timer> delay_timer_;  // fires when the first held packet is due
     std::mutex delay_timer_mutex_;  // orders re-arming against the callback's reading
     // Writes packets first .. first + count - 1 of a batch, one train that left, to the
     // capture.
@@ -409,14 +412,15 @@ class Engine {
     ResendBudget resend_budget_{config_.resend_burst};
     ForkGate fork_gate_;  // outlives the engine thread (joined in ~Engine)
     event_base* base_ = nullptr;
+    std::unique_ptr<TimerQueue> timers_;  // every timer of the engine; freed before base_
     event* rx_event_ = nullptr;
     event* stop_event_ = nullptr;           // activated to end the loop, even before it started
     std::unique_ptr<PollHandoff> handoff_;  // uses rx_event_ and base_: freed before them
     HeldPosts held_posts_;
-    HeldPosts deferred_timers_;         // QPs whose timer waits for the hand-back (defer_timers)
-    HeldPosts held_acks_;               // QPs whose ACK waits for their application's answer
-    event* held_acks_timer_ = nullptr;  // ack_hold_micros after the first ACK held
-    static void on_held_acks_due(evutil_socket_t, short, void* arg);
+    HeldPosts deferred_timers_;  // QPs whose timer waits for the hand-back (defer_timers)
+    HeldPosts held_acks_;        // QPs whose ACK waits for their application's answer
+    std::unique_ptr<TimerQueue::Timer> held_acks_timer_;  // ack_hold_micros after the first
+    static void on_held_acks_due(void* arg);
     // The batch being read is the engine thread's: its ACKs may wait (guarded by rx_mutex_).
     bool batch_may_hold_acks_ = false;
     // At the hand-back: the held posts go out, the deferred timers go to the loop.

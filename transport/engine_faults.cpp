@@ -151,12 +151,10 @@ void Engine::arm_delay_timer() {
     const uint64_t due = tx && rx ? std::min(*tx, *rx) : tx ? *tx : *rx;
     const uint64_t now = now_ns();
     const uint64_t wait_ns = due > now ? due - now : 0;
-    timeval tv{static_cast<time_t>(wait_ns / 1'000'000'000),
-               static_cast<suseconds_t>(wait_ns % 1'000'000'000 / 1000)};
-    evtimer_add(delay_event_, &tv);
+    delay_timer_->arm_in(static_cast<int64_t>(wait_ns));
 }
 
-void Engine::on_delay_due(evutil_socket_t, short, void* arg) {
+void Engine::on_delay_due(void* arg) {
     auto* e = static_cast<Engine*>(arg);
     const auto pass = e->fork_gate_.pass();
     e->release_delayed();

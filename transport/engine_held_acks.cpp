@@ -29,11 +29,8 @@ void Engine::note_held_ack(uint32_t qpn) {
     bump(counters_->tx_held_acks);
     held_acks_.note(qpn);
     // On the engine thread (batch_may_hold_acks_): adding the timer wakes nobody.
-    if (!evtimer_pending(held_acks_timer_, nullptr)) {
-        const uint32_t us = config_.ack_hold_micros;
-        timeval tv{static_cast<time_t>(us / 1000000), static_cast<suseconds_t>(us % 1000000)};
-        evtimer_add(held_acks_timer_, &tv);
-    }
+    if (!held_acks_timer_->pending())
+        held_acks_timer_->arm_in(int64_t{config_.ack_hold_micros} * 1000);
 }
 
 void Engine::flush_held_acks() {
@@ -43,7 +40,7 @@ void Engine::flush_held_acks() {
     });
 }
 
-void Engine::on_held_acks_due(evutil_socket_t, short, void* arg) {
+void Engine::on_held_acks_due(void* arg) {
     auto* e = static_cast<Engine*>(arg);
     const auto pass = e->fork_gate_.pass();
     if (e->held_acks_.empty()) return;

@@ -14,20 +14,18 @@ int64_t PollHandoff::now_ns() {
         .count();
 }
 
-PollHandoff::PollHandoff(event_base* base, event* rx_event, ForkGate& gate,
+PollHandoff::PollHandoff(TimerQueue& timers, event* rx_event, ForkGate& gate,
                          EngineCounters& counters, bool enabled, std::function<void()> handed_back)
-    : base_(base),
-      rx_event_(rx_event),
+    : rx_event_(rx_event),
       gate_(gate),
       counters_(counters),
       enabled_(enabled),
       handed_back_(std::move(handed_back)) {
-    if (enabled_) watch_ = evtimer_new(base_, &PollHandoff::on_watch, this);
+    if (enabled_)
+        watch_ = std::make_unique<TimerQueue::Timer>(timers, &PollHandoff::on_watch, this);
 }
 
-PollHandoff::~PollHandoff() {
-    if (watch_) event_free(watch_);
-}
+PollHandoff::~PollHandoff() = default;
 
 void PollHandoff::on_poll() {
     if (!enabled_ || !watch_) return;
@@ -102,8 +100,7 @@ void PollHandoff::arm_watch() {
 }
 
 void PollHandoff::arm_watch(int64_t delay_ns) {
-    const timeval tv{0, static_cast<suseconds_t>(delay_ns / 1000)};
-    event_add(watch_, &tv);
+    watch_->arm_in(delay_ns);
 }
 
 bool PollHandoff::datagram_waiting() const {
@@ -111,7 +108,7 @@ bool PollHandoff::datagram_waiting() const {
     return ::recv(event_get_fd(rx_event_), &byte, 1, MSG_PEEK | MSG_DONTWAIT) >= 0;
 }
 
-void PollHandoff::on_watch(evutil_socket_t, short, void* arg) {
+void PollHandoff::on_watch(void* arg) {
     auto* h = static_cast<PollHandoff*>(arg);
     const auto pass = h->gate_.pass();
     bump(h->counters_.watch_wakeups);

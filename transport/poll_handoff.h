@@ -32,9 +32,11 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <memory>
 
 #include "transport/counters.h"
 #include "transport/fork_gate.h"
+#include "transport/timer_queue.h"
 
 namespace uroce::transport {
 
@@ -54,19 +56,17 @@ class PollHandoff {
     static constexpr int64_t kLongParkMicros = 2000;
     static constexpr int64_t kLongWatchMicros = 1000;
 
-    // `rx_event` is the engine loop's read event of the device socket (added); `gate` is the
-    // engine's, taken by the watch timer's callback. With `enabled` false, on_poll() never
+    // `rx_event` is the engine loop's read event of the device socket (added), `timers` the
+    // engine's (the watch is one of them); `gate` is the engine's, taken by the watch's
+    // callback. With `enabled` false, on_poll() never
     // parks it. `handed_back` runs on the engine thread each time the socket comes back to
     // it (what was left for the pollers goes out then: held_posts.h). `counters` (the
     // engine's) count parks, hand-backs and the watch's wake-ups.
-    PollHandoff(event_base* base, event* rx_event, ForkGate& gate, EngineCounters& counters,
+    PollHandoff(TimerQueue& timers, event* rx_event, ForkGate& gate, EngineCounters& counters,
                 bool enabled, std::function<void()> handed_back = {});
     ~PollHandoff();
     PollHandoff(const PollHandoff&) = delete;
     PollHandoff& operator=(const PollHandoff&) = delete;
-
-    // False if the watch timer could not be made (the handoff then stays off).
-    bool ok() const { return watch_ != nullptr || !enabled_; }
 
     // An application thread found its CQ empty and is about to read the socket itself.
     // Must be called without the engine's receive lock: parking removes the socket's event,
@@ -106,19 +106,18 @@ class PollHandoff {
     int64_t watch_micros() const { return watch_ns_.load(std::memory_order_relaxed) / 1000; }
 
   private:
-    static void on_watch(evutil_socket_t, short, void* arg);
+    static void on_watch(void* arg);
     void arm_watch();
     void arm_watch(int64_t delay_ns);
     // Whether the device socket holds a datagram (engine thread, at a hand-back).
     bool datagram_waiting() const;
 
-    event_base* const base_;
     event* const rx_event_;
     ForkGate& gate_;
     EngineCounters& counters_;
     const bool enabled_;
     const std::function<void()> handed_back_;
-    event* watch_ = nullptr;
+    std::unique_ptr<TimerQueue::Timer> watch_;  // null when the handoff is off
     std::atomic<int64_t> last_poll_ns_{0};
     std::atomic<int64_t> last_arm_ns_{0};
     std::atomic<uint32_t> streak_{0};

@@ -348,7 +348,7 @@ void RcQp::on_read_response(const wire::ParsedPacket& pkt) {
     }
 }
 
-void RcQp::timer_trampoline(evutil_socket_t, short, void* arg) {
+void RcQp::timer_trampoline(void* arg) {
     auto* qp = static_cast<RcQp*>(arg);
     const auto pass = qp->engine_.fork_gate().pass();
     qp->engine_.run_timer_hook(qp->qpn_);
@@ -367,7 +367,7 @@ std::chrono::steady_clock::time_point RcQp::run_due_timer(
     if (now >= timer_deadline_) {
         fire_timer(now);
         // Not re-armed: the engine thread's event has nothing left to do.
-        if (!timer_armed_) event_del_noblock(timer_);
+        if (!timer_armed_) timer_->cancel();
     }
     return timer_armed_ ? timer_deadline_ : std::chrono::steady_clock::time_point::max();
 }
@@ -378,13 +378,10 @@ void RcQp::fire_timer(std::chrono::steady_clock::time_point now) {
     // QP closed meanwhile (close() waits for this callback to return), or a polling thread
     // ran it already (run_due_timer).
     if (closed_ || !timer_armed_) return;
-    // libevent measures from its cached loop time, so a timer may fire a little before our
-    // own deadline: wait out the rest.
+    // The timer event may be older than the deadline (a poller's run_due_timer already
+    // ran it and the QP armed again since): wait out the rest.
     if (now < timer_deadline_) {
-        const auto left =
-            std::chrono::duration_cast<std::chrono::microseconds>(timer_deadline_ - now).count();
-        timeval tv{static_cast<time_t>(left / 1000000), static_cast<suseconds_t>(left % 1000000)};
-        evtimer_add(timer_, &tv);
+        add_timer_event(timer_deadline_);
         return;
     }
     timer_armed_ = false;
@@ -553,24 +550,19 @@ void RcQp::start_timer(uint64_t us, std::chrono::steady_clock::time_point now) {
             return;
         }
     }
-    add_timer_event(us);
+    add_timer_event(timer_deadline_);
 }
 
-void RcQp::add_timer_event(uint64_t us) {
-    timeval tv{static_cast<time_t>(us / 1000000), static_cast<suseconds_t>(us % 1000000)};
-    evtimer_add(timer_, &tv);
+void RcQp::add_timer_event(std::chrono::steady_clock::time_point deadline) {
+    timer_->arm_at(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(deadline.time_since_epoch()).count());
 }
 
 void RcQp::arm_deferred_timer() {
     std::lock_guard lock(mutex_);
     timer_deferred_ = false;
     if (closed_ || !timer_armed_) return;
-    const auto now = std::chrono::steady_clock::now();
-    const auto left =
-        timer_deadline_ > now
-            ? std::chrono::ceil<std::chrono::microseconds>(timer_deadline_ - now).count()
-            : 0;
-    add_timer_event(static_cast<uint64_t>(left));
+    add_timer_event(timer_deadline_);
 }
 
 void RcQp::restart_timer() {
@@ -581,7 +573,7 @@ void RcQp::restart_timer() {
 
 void RcQp::cancel_timer() {
     if (timer_armed_) {
-        event_del_noblock(timer_);
+        timer_->cancel();
         timer_armed_ = false;
     }
     probe_armed_ = false;

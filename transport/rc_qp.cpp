@@ -15,13 +15,12 @@ RcQp::RcQp(Engine& engine, uint32_t qpn, uint32_t pd, const QpCaps& caps,
       xrc_role_(xrc_role),
       xrcd_(xrcd),
       opcode_base_(xrc_role == XrcRole::None ? 0 : wire::kXrcOpcodeBase) {
-    timer_ = evtimer_new(engine_.base(), &RcQp::timer_trampoline, this);
+    timer_ = std::make_unique<TimerQueue::Timer>(engine_.timers(), &RcQp::timer_trampoline, this);
     responder_event_ = event_new(engine_.base(), -1, 0, &RcQp::responder_trampoline, this);
 }
 
 RcQp::~RcQp() {
     close();
-    if (timer_) event_free(timer_);
     if (responder_event_) event_free(responder_event_);
 }
 
@@ -40,7 +39,7 @@ void RcQp::close() {
     // A timer callback may be running on the engine thread, waiting for the mutex; it will
     // see closed_ and return without re-arming. Wait for that (without the mutex, or it
     // could not finish), so that nothing runs on this QP once close() returns.
-    if (timer_) event_del_block(timer_);
+    timer_->cancel_and_wait();
     if (responder_event_) event_del_block(responder_event_);
 }
 

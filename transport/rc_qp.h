@@ -35,6 +35,7 @@
 #include "transport/responder_resources.h"
 #include "transport/rtt_estimator.h"
 #include "transport/shared_receive_queue.h"
+#include "transport/timer_queue.h"
 #include "transport/transmit_batch.h"
 #include "transport/udp_socket.h"
 #include "transport/work_request.h"
@@ -183,7 +184,7 @@ class RcQp final : public QpCommon {
     // The outstanding request whose PSN range holds `psn`, or nullptr.
     SqEntry* entry_for_psn(uint32_t psn);
     uint32_t oldest_unacked() const;
-    static void timer_trampoline(evutil_socket_t, short, void* arg);
+    static void timer_trampoline(void* arg);
 
     // responder (rc_responder.cpp)
     // A request accepted in sequence but not executed yet: it came while READ responses
@@ -289,12 +290,12 @@ class RcQp final : public QpCommon {
     // The timer's event waits for the hand-back (start_timer, Engine::defer_timers); the QP
     // is noted with the engine until then.
     bool timer_deferred_ = false;
-    void add_timer_event(uint64_t us);
+    void add_timer_event(std::chrono::steady_clock::time_point deadline);
     // Packets of the posts queued since the last pump (may_wait()): a train's worth goes at
     // once. held_noted_: the engine knows this QP waits for a poll (HeldPosts::note).
     uint32_t unpumped_packets_ = 0;
     bool held_noted_ = false;
-    event* timer_ = nullptr;
+    std::unique_ptr<TimerQueue::Timer> timer_;
     std::chrono::steady_clock::time_point timer_deadline_{};
     // Two deadlines share the timer: the IBA local ACK timeout, whose expiry counts a retry
     // (retry_cnt of them fail the QP, as the application configured), and the adaptive

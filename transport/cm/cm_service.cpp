@@ -17,8 +17,7 @@ CmService::CmService(Engine& engine, uint64_t ca_guid, CmTimers timers,
           [this](uint32_t src_ip, std::span<const uint8_t> mad) { agent_.on_mad(src_ip, mad); })),
       forwarder_(*gsi_),
       agent_(forwarder_, engine.slot_number(), ca_guid, timers, std::move(on_event)) {
-    timer_ = evtimer_new(engine_.base(), &CmService::on_timer, this);
-    if (!timer_) throw std::bad_alloc();
+    timer_ = std::make_unique<TimerQueue::Timer>(engine_.timers(), &CmService::on_timer, this);
     agent_.set_deadline_observer([this] { arm(); });
     engine_.attach(gsi_);
     claim_any();
@@ -63,8 +62,7 @@ CmService::~CmService() {
         std::lock_guard lock(timer_mutex_);
         stopped_ = true;
     }
-    event_del_block(timer_);
-    event_free(timer_);
+    timer_.reset();  // waits for a running callback
 }
 
 void CmService::arm() {
@@ -75,12 +73,10 @@ void CmService::arm() {
     const auto next = agent_.next_deadline();
     if (!next) return;
     const auto wait = std::max(CmClock::duration::zero(), *next - CmClock::now());
-    const auto us = std::chrono::duration_cast<std::chrono::microseconds>(wait).count();
-    const timeval tv{static_cast<time_t>(us / 1000000), static_cast<suseconds_t>(us % 1000000)};
-    evtimer_add(timer_, &tv);
+    timer_->arm_in(std::chrono::duration_cast<std::chrono::nanoseconds>(wait).count());
 }
 
-void CmService::on_timer(evutil_socket_t, short, void* arg) {
+void CmService::on_timer(void* arg) {
     auto* self = static_cast<CmService*>(arg);
     const auto pass = self->engine_.fork_gate().pass();
     {

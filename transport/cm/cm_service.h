@@ -9,8 +9,6 @@
 // This header is part of the transport and knows nothing of libibverbs.
 #pragma once
 
-#include <event2/event.h>
-
 #include <atomic>
 #include <memory>
 #include <mutex>
@@ -18,6 +16,7 @@
 
 #include "transport/cm/cm_agent.h"
 #include "transport/cm/gsi_qp.h"
+#include "transport/timer_queue.h"
 
 namespace uroce::transport {
 class Engine;
@@ -60,7 +59,7 @@ class CmService {
     static constexpr uint64_t kAnyCmService = 0;
     void claim_any();  // under listen_mutex_, or in the constructor
     void arm();
-    static void on_timer(evutil_socket_t, short, void* arg);
+    static void on_timer(void* arg);
 
     Engine& engine_;
     std::mutex listen_mutex_;
@@ -71,7 +70,7 @@ class CmService {
     CmAgent agent_;
     std::mutex timer_mutex_;  // taken before the agent's lock, never after
     bool stopped_ = false;
-    event* timer_ = nullptr;
+    std::unique_ptr<TimerQueue::Timer> timer_;
 };
 
 }  // namespace uroce::transport::cm
