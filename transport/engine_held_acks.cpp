@@ -10,15 +10,18 @@
 // post, the ACK leaves behind the answer (RcQp::post_send) while the requester still polls
 // for it, so the requester's own poll reads the answer: typical 40-46 us, p99 1.3-1.7 ms.
 //
-// Only the engine thread's batches hold (a poller about to return to its application
-// sends at once; holding there too was no better), only for a QP in a request-response
+// The engine thread's batches hold, and so do the batches of a polling thread while the
+// socket is parked (Engine::progress): such a poller polls again within microseconds, and an
+// application that answers posts before that poll, so the ACK leaves with the answer in one
+// system call (RcQp::send_with_ack; a post held for the next poll keeps the ACK with it).
+// ib_send_lat saves a sendmsg per message that way. Only for a QP in a request-response
 // exchange (RcQp::answering: its application posted send work within the last
 // answer_window_micros and has at most one request in flight; ib_write_bw's receiver never
 // posts, and both ways, ib_write_bw -b, each side streams; and whose local ACK timeout is
 // at least 4 x ack_hold_micros: the peer's is most likely the same, and it must not run
 // out of retries), never for a duplicate (the requester resent: it is waiting), and never
-// longer than EngineConfig::ack_hold_micros: a timer on the engine's own loop, armed by the
-// first ACK held, sends what is still held. The application's next CQ poll or arm sends them too: a
+// longer than EngineConfig::ack_hold_micros: a timer of the engine's, armed by the first ACK
+// held, sends what is still held. The application's next CQ poll or arm sends them too: a
 // thread that polls (or turns to a completion channel) may not post again soon, and its
 // peer may be the one waiting.
 #include "transport/engine.h"
@@ -28,7 +31,8 @@ namespace uroce::transport {
 void Engine::note_held_ack(uint32_t qpn) {
     bump(counters_->tx_held_acks);
     held_acks_.note(qpn);
-    // On the engine thread (batch_may_hold_acks_): adding the timer wakes nobody.
+    // From the engine thread or a poller (batch_may_hold_acks_): arming the timer wakes
+    // nobody (timer_queue.h).
     if (!held_acks_timer_->pending())
         held_acks_timer_->arm_in(int64_t{config_.ack_hold_micros} * 1000);
 }

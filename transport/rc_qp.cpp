@@ -124,21 +124,32 @@ int RcQp::post_send(const SendWqe& wqe, bool more) {
         complete_send(e, WcStatus::WrFlushErr);
         return 0;
     }
-    // This may answer a message whose ACK still waits (for the end of the receive batch, or
-    // held for this answer: engine_held_acks.cpp). An answer that completes something at
-    // the peer (a SEND, a WRITE with immediate) goes after the ACK: a peer that waits for
-    // its send completion before the answer (ib_send_lat -e: one event per wait, a send CQ
-    // of one entry) would take the answer's event instead and later overrun its send CQ.
-    // A WRITE or READ completes nothing there: it goes first (unless held for the next
-    // poll), and the peer, still polling for the ACK, reads it on the way.
-    const bool silent_answer =
-        wqe.opcode == SendOpcode::RdmaWrite || wqe.opcode == SendOpcode::RdmaRead;
-    if (!silent_answer) send_pending_ack();
     last_post_ = std::chrono::steady_clock::now();
     sq_.push_back(SqEntry{wqe});
-    if (state_ == QpState::Rts && !may_wait(wqe, more)) pump();
-    send_pending_ack();
+    const bool go = state_ == QpState::Rts && !may_wait(wqe, more);
+    // This may answer a message whose ACK still waits (for the end of the receive batch, or
+    // held for this answer: engine_held_acks.cpp). A post held for the next poll keeps it:
+    // both leave from send_held(). Otherwise both leave now, in one system call.
+    if (!go && held_noted_ && ack_pending_) return 0;
+    // An answer that completes something at the peer (a SEND, a WRITE with immediate) goes
+    // after the ACK: a peer that waits for its send completion before the answer
+    // (ib_send_lat -e: one event per wait, a send CQ of one entry) would take the answer's
+    // event instead and later overrun its send CQ. A WRITE or READ completes nothing there:
+    // it goes first, and the peer, still polling for the ACK, reads it on the way.
+    const bool silent_answer =
+        wqe.opcode == SendOpcode::RdmaWrite || wqe.opcode == SendOpcode::RdmaRead;
+    if (go || ack_pending_) send_with_ack(!silent_answer, go);
     return 0;
+}
+
+void RcQp::send_with_ack(bool ack_first, bool pump_too) {
+    TransmitBatch batch(engine_, &qp_counters_);
+    tx_batch_ = &batch;
+    if (ack_first) send_pending_ack();
+    if (pump_too) pump();  // joins the batch
+    send_pending_ack();
+    if (!flush_tx_batch()) enter_error();  // a packet this host can never send
+    tx_batch_ = nullptr;
 }
 
 bool RcQp::may_wait(const SendWqe& wqe, bool more) {
@@ -166,7 +177,8 @@ void RcQp::send_held() {
     std::lock_guard lock(mutex_);
     held_noted_ = false;
     if (closed_ || state_ != QpState::Rts || unpumped_packets_ == 0) return;
-    pump();
+    // With the ACK the post kept (post_send), in one system call.
+    send_with_ack(true, true);
 }
 
 int RcQp::post_recv(const RecvWqe& wqe) {

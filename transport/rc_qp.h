@@ -135,6 +135,9 @@ class RcQp final : public QpCommon {
     // requester (rc_requester.cpp)
     // Sends what the window allows, in one transmit batch; pump_window() does the work.
     void pump();
+    // The pending ACK (first, or after what is pumped) and, with `pump_too`, what the window
+    // allows, in one transmit batch: an answer and the ACK it answers in one system call.
+    void send_with_ack(bool ack_first, bool pump_too);
     // After a post: true if what is queued may wait (for the rest of the same
     // ibv_post_send, `more`, or for the next poll), false if it must be sent now.
     bool may_wait(const SendWqe& wqe, bool more);

@@ -252,3 +252,94 @@ TEST_CASE("With hold_acks off the ACK leaves at the end of its batch", "[held_ac
     ap.request(81);
     check_acked_at_once(p, 81);
 }
+
+namespace {
+// b's polls (b's engine thread held still by its fork gate, the socket parked) read a's
+// SEND `seed` into b's buffer at 4096, and report its completion.
+void polled_request(Pair& p, uint64_t seed) {
+    REQUIRE(p.b.engine->socket_parked());
+    REQUIRE(p.b.qp->post_recv(recv_wqe(seed, {p.b.sge(4096, kLen)})) == 0);
+    fill(p.a.at(0), kLen, seed);
+    REQUIRE(p.a.qp->post_send(send_wqe(seed, {p.a.sge(0, kLen)})) == 0);
+    Completion c;
+    REQUIRE(busy_poll(*p.b.engine, [&] { return p.b.rcq->poll(std::span(&c, 1)) == 1; }));
+    CHECK(c.status == WcStatus::Success);
+    CHECK(first_mismatch(p.b.at(4096), kLen, seed) == kLen);
+}
+}  // namespace
+
+TEST_CASE("A busy poller's ACK waits for its application's answer: one system call for both",
+          "[held_acks]") {
+    AnsweringPair ap(holding(kForever));
+    Pair& p = ap.p;
+    REQUIRE(busy_poll(*p.b.engine, [&] { return p.b.engine->socket_parked(); }));
+    REQUIRE(p.a.qp->post_recv(recv_wqe(202, {p.a.sge(8192, kLen)})) == 0);
+    {
+        const auto gate = p.b.engine->fork_gate().pass();  // b's engine thread stands still
+        TxRecorder b_out(*p.b.engine);
+        const uint64_t held0 = p.b.counters().tx_held_acks.load();
+        const uint64_t acks0 = p.b.counters().tx_acks.load();
+        const uint64_t multi0 = p.b.counters().tx_multi_sends.load();
+        polled_request(p, 201);
+        CHECK(p.b.counters().tx_held_acks.load() == held0 + 1);
+        CHECK(p.b.counters().tx_acks.load() == acks0);
+        CHECK(b_out.packets().empty());
+
+        // The answer waits for the next poll (held_posts.h), and keeps the ACK with it.
+        fill(p.b.at(0), kLen, 202);
+        REQUIRE(p.b.qp->post_send(send_wqe(202, {p.b.sge(0, kLen)})) == 0);
+        CHECK(b_out.packets().empty());
+        p.b.engine->on_cq_poll(false);
+        CHECK(p.b.counters().tx_acks.load() == acks0 + 1);
+        CHECK(p.b.counters().tx_multi_sends.load() == multi0 + 1);  // ACK and SEND: one call
+        const auto sent = b_out.packets();
+        REQUIRE(sent.size() == 2);
+        CHECK(index_of(sent, wire::Opcode::RcAcknowledge) == 0);
+        CHECK(index_of(sent, wire::Opcode::RcSendOnly) == 1);
+    }
+    const auto done = poll_side(p.a, *p.a.scq);
+    REQUIRE(done);
+    CHECK(done->status == WcStatus::Success);
+    CHECK(done->wr_id == 201);
+    const auto got = poll_side(p.a, *p.a.rcq);
+    REQUIRE(got);
+    CHECK(got->wr_id == 202);
+    CHECK(first_mismatch(p.a.at(8192), kLen, 202) == kLen);
+    CHECK(p.a.counters().retransmit_timeouts.load() == 0);
+    CHECK(p.b.counters().held_ack_timeouts.load() == 0);
+}
+
+TEST_CASE("A busy poller's held ACK leaves at its next poll when no answer comes",
+          "[held_acks]") {
+    AnsweringPair ap(holding(kForever));
+    Pair& p = ap.p;
+    REQUIRE(busy_poll(*p.b.engine, [&] { return p.b.engine->socket_parked(); }));
+    {
+        const auto gate = p.b.engine->fork_gate().pass();
+        const uint64_t acks0 = p.b.counters().tx_acks.load();
+        polled_request(p, 211);
+        CHECK(p.b.counters().tx_acks.load() == acks0);
+        p.b.engine->on_cq_poll(true);
+        CHECK(p.b.counters().tx_acks.load() == acks0 + 1);
+    }
+    const auto done = poll_side(p.a, *p.a.scq);
+    REQUIRE(done);
+    CHECK(done->status == WcStatus::Success);
+    CHECK(done->wr_id == 211);
+}
+
+TEST_CASE("With hold_acks off a busy poller's ACK leaves at the end of its batch",
+          "[held_acks]") {
+    PairOptions o = holding(kForever);
+    o.hold_acks = false;
+    AnsweringPair ap(o);
+    Pair& p = ap.p;
+    REQUIRE(busy_poll(*p.b.engine, [&] { return p.b.engine->socket_parked(); }));
+    {
+        const auto gate = p.b.engine->fork_gate().pass();
+        const uint64_t acks0 = p.b.counters().tx_acks.load();
+        polled_request(p, 221);
+        CHECK(p.b.counters().tx_acks.load() == acks0 + 1);
+        CHECK(p.b.counters().tx_held_acks.load() == 0);
+    }
+}
