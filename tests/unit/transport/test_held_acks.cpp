@@ -309,8 +309,7 @@ TEST_CASE("A busy poller's ACK waits for its application's answer: one system ca
     CHECK(p.b.counters().held_ack_timeouts.load() == 0);
 }
 
-TEST_CASE("A busy poller's held ACK leaves at its next poll when no answer comes",
-          "[held_acks]") {
+TEST_CASE("A busy poller's held ACK leaves at its next poll when no answer comes", "[held_acks]") {
     AnsweringPair ap(holding(kForever));
     Pair& p = ap.p;
     REQUIRE(busy_poll(*p.b.engine, [&] { return p.b.engine->socket_parked(); }));
@@ -328,8 +327,7 @@ TEST_CASE("A busy poller's held ACK leaves at its next poll when no answer comes
     CHECK(done->wr_id == 211);
 }
 
-TEST_CASE("With hold_acks off a busy poller's ACK leaves at the end of its batch",
-          "[held_acks]") {
+TEST_CASE("With hold_acks off a busy poller's ACK leaves at the end of its batch", "[held_acks]") {
     PairOptions o = holding(kForever);
     o.hold_acks = false;
     AnsweringPair ap(o);
