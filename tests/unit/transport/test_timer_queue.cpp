@@ -88,6 +88,26 @@ bool wait_count(const std::atomic<int>& count, int n) {
     return count.load() >= n;
 }
 
+// Two timers of one loop, recording into `r`; `sets0` is the timerfd sets before any arm.
+struct TwoTimers {
+    Loop loop;
+    Record r;
+    Tagged a{&r, 1}, b{&r, 2};
+    TimerQueue::Timer ta{loop.timers(), &Tagged::fire, &a};
+    TimerQueue::Timer tb{loop.timers(), &Tagged::fire, &b};
+    const int64_t now = TimerQueue::now_ns();
+    const uint64_t sets0 = loop.timers().timerfd_sets();
+    uint64_t sets() { return loop.timers().timerfd_sets() - sets0; }
+};
+
+// Waits (at most 2 s) until the queue counted an expiry with nothing due.
+bool wait_early_wake(Loop& loop) {
+    const auto end = std::chrono::steady_clock::now() + 2s;
+    while (loop.timers().early_wakes() == 0 && std::chrono::steady_clock::now() < end)
+        std::this_thread::sleep_for(1ms);
+    return loop.timers().early_wakes() > 0;
+}
+
 }  // namespace
 
 TEST_CASE("Timers fire once each, in deadline order, on the loop's thread", "[timer_queue]") {
@@ -113,51 +133,36 @@ TEST_CASE("Timers fire once each, in deadline order, on the loop's thread", "[ti
 
 TEST_CASE("The timerfd is set when the earliest deadline moves earlier, not later",
           "[timer_queue]") {
-    Loop loop;
-    Record r;
-    Tagged a{&r, 1}, b{&r, 2};
-    TimerQueue::Timer ta(loop.timers(), &Tagged::fire, &a);
-    TimerQueue::Timer tb(loop.timers(), &Tagged::fire, &b);
-    const int64_t now = TimerQueue::now_ns();
-    const uint64_t sets0 = loop.timers().timerfd_sets();
-    ta.arm_at(now + 40 * kMs);
-    CHECK(loop.timers().timerfd_sets() == sets0 + 1);  // the first deadline
-    tb.arm_at(now + 60 * kMs);
-    CHECK(loop.timers().timerfd_sets() == sets0 + 1);  // later than the earliest
-    ta.arm_at(now + 50 * kMs);
-    CHECK(loop.timers().timerfd_sets() == sets0 + 1);  // the earliest moved later
-    tb.arm_at(now + 30 * kMs);
-    CHECK(loop.timers().timerfd_sets() == sets0 + 2);  // a new earliest
-    tb.cancel();
-    ta.cancel();
-    CHECK(loop.timers().timerfd_sets() == sets0 + 2);  // left to expire
-    const auto end = std::chrono::steady_clock::now() + 2s;
-    while (loop.timers().early_wakes() == 0 && std::chrono::steady_clock::now() < end)
-        std::this_thread::sleep_for(1ms);
-    CHECK(loop.timers().early_wakes() == 1);  // at +30 ms, nothing due
-    CHECK(TimerQueue::now_ns() >= now + 30 * kMs);
+    TwoTimers t;
+    t.ta.arm_at(t.now + 40 * kMs);
+    CHECK(t.sets() == 1);  // the first deadline
+    t.tb.arm_at(t.now + 60 * kMs);
+    CHECK(t.sets() == 1);  // later than the earliest
+    t.ta.arm_at(t.now + 50 * kMs);
+    CHECK(t.sets() == 1);  // the earliest moved later
+    t.tb.arm_at(t.now + 30 * kMs);
+    CHECK(t.sets() == 2);  // a new earliest
+    t.tb.cancel();
+    t.ta.cancel();
+    CHECK(t.sets() == 2);  // left to expire
+    REQUIRE(wait_early_wake(t.loop));
+    CHECK(TimerQueue::now_ns() >= t.now + 30 * kMs);  // at +30 ms, nothing due
     std::this_thread::sleep_for(40ms);
-    CHECK(r.count.load() == 0);
-    CHECK(loop.timers().early_wakes() == 1);
-    CHECK(loop.timers().timerfd_sets() == sets0 + 2);  // nothing left: not set again
+    CHECK(t.r.count.load() == 0);
+    CHECK(t.loop.timers().early_wakes() == 1);
+    CHECK(t.sets() == 2);  // nothing left: not set again
 }
 
 TEST_CASE("A deadline a little earlier than the timerfd's waits for it", "[timer_queue]") {
-    Loop loop;
-    Record r;
-    Tagged a{&r, 1}, b{&r, 2};
-    TimerQueue::Timer ta(loop.timers(), &Tagged::fire, &a);
-    TimerQueue::Timer tb(loop.timers(), &Tagged::fire, &b);
-    const int64_t now = TimerQueue::now_ns();
-    const uint64_t sets0 = loop.timers().timerfd_sets();
-    ta.arm_at(now + 20 * kMs);
-    tb.arm_at(now + 20 * kMs - TimerQueue::kMaxSlackNs / 2);  // within the slack
-    CHECK(loop.timers().timerfd_sets() == sets0 + 1);
-    REQUIRE(wait_count(r.count, 2));
-    CHECK(TimerQueue::now_ns() >= now + 20 * kMs);
-    std::lock_guard lock(r.mutex);
-    CHECK(r.fired == std::vector<int>{2, 1});  // in deadline order still
-    CHECK(loop.timers().timerfd_sets() == sets0 + 1);
+    TwoTimers t;
+    t.ta.arm_at(t.now + 20 * kMs);
+    t.tb.arm_at(t.now + 20 * kMs - TimerQueue::kMaxSlackNs / 2);  // within the slack
+    CHECK(t.sets() == 1);
+    REQUIRE(wait_count(t.r.count, 2));
+    CHECK(TimerQueue::now_ns() >= t.now + 20 * kMs);
+    std::lock_guard lock(t.r.mutex);
+    CHECK(t.r.fired == std::vector<int>{2, 1});  // in deadline order still
+    CHECK(t.sets() == 1);
 }
 
 TEST_CASE("A deadline moved later fires then, after one early expiry", "[timer_queue]") {
@@ -187,9 +192,7 @@ TEST_CASE("A timer cancelled and armed again fires only when due", "[timer_queue
         ta.cancel();
     }
     CHECK(loop.timers().timerfd_sets() == sets0 + 1);  // the first arm only
-    const auto end = std::chrono::steady_clock::now() + 2s;
-    while (loop.timers().early_wakes() == 0 && std::chrono::steady_clock::now() < end)
-        std::this_thread::sleep_for(1ms);
+    REQUIRE(wait_early_wake(loop));
     CHECK(r.count.load() == 0);
     CHECK(loop.timers().early_wakes() == 1);  // the first deadline, with nothing due
     CHECK_FALSE(ta.pending());
