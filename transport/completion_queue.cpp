@@ -24,6 +24,7 @@ bool CompletionQueue::push(const Completion& c) {
             overflowed_ = true;
         } else {
             queue_.push_back(c);
+            size_.store(queue_.size(), std::memory_order_release);
             // The completion timestamp (ibv_wc_read_completion_ts): when it entered the CQ.
             timespec ts{};
             clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -47,12 +48,14 @@ bool CompletionQueue::push(const Completion& c) {
 }
 
 size_t CompletionQueue::poll(std::span<Completion> out) {
+    if (size_.load(std::memory_order_acquire) == 0) return 0;
     std::lock_guard lock(mutex_);
     const size_t n = std::min(out.size(), queue_.size());
     for (size_t i = 0; i < n; ++i) {
         out[i] = queue_.front();
         queue_.pop_front();
     }
+    size_.store(queue_.size(), std::memory_order_release);
     if (n > 0) overflowed_ = false;
     return n;
 }
@@ -86,8 +89,7 @@ void CompletionQueue::release_events() {
 }
 
 size_t CompletionQueue::depth() const {
-    std::lock_guard lock(mutex_);
-    return queue_.size();
+    return size_.load(std::memory_order_acquire);
 }
 
 }  // namespace uroce::transport
@@ -135,6 +137,7 @@ size_t CompletionQueue::remove_qp(uint32_t qpn) {
     std::lock_guard lock(mutex_);
     const size_t before = queue_.size();
     std::erase_if(queue_, [qpn](const Completion& c) { return c.qp_num == qpn; });
+    size_.store(queue_.size(), std::memory_order_release);
     return before - queue_.size();
 }
 

@@ -2,6 +2,7 @@
 // application drains, with the IBA's one-shot arming for completion events.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -52,6 +53,11 @@ class CompletionQueue {
     std::function<void()> on_overflow_;
     mutable std::mutex mutex_;
     std::deque<Completion> queue_;
+    // queue_.size(), also readable without the lock: a thread that spins on an empty CQ
+    // never takes the mutex, so the engine thread adding a completion never finds it held by
+    // a poller the scheduler preempted (it would sleep on the futex, then wait for that
+    // poller's CPU: up to a scheduler slice when every core spins).
+    std::atomic<size_t> size_{0};
     enum class Arm { None, Next, Solicited } arm_ = Arm::None;
     bool overflowed_ = false;
     int holders_ = 0;          // pollers holding events back

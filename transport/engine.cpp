@@ -457,10 +457,12 @@ void Engine::progress() {
     if (handoff_->parked()) run_due_timers();
     // Only holders of rx_mutex_ count rx_packets: the difference is what this thread read.
     const uint64_t before = counters_->rx_packets.load(std::memory_order_relaxed);
-    // A parked poller polls again within microseconds: an ACK its batch holds for the
-    // answer leaves with that answer, in one system call (RcQp::send_with_ack), or at the
-    // next poll (on_cq_poll), whichever comes first (engine_held_acks.cpp).
-    batch_may_hold_acks_ = config_.hold_acks && handoff_->parked();
+    // A poller polls again within microseconds: an ACK its batch holds for the answer
+    // leaves with that answer, in one system call (RcQp::send_with_ack), or at the next poll
+    // (on_cq_poll), whichever comes first (engine_held_acks.cpp). Parked or not: a poller
+    // that has not polled long enough to park (ib_write_lat polls only between its post
+    // and the ACK) would otherwise send the ACK alone just before the answer.
+    batch_may_hold_acks_ = config_.hold_acks;
     receive_batch();
     batch_may_hold_acks_ = false;
     bump(counters_->rx_polled_packets,

@@ -126,18 +126,21 @@ int RcQp::post_send(const SendWqe& wqe, bool more) {
     }
     last_post_ = std::chrono::steady_clock::now();
     sq_.push_back(SqEntry{wqe});
+    // An answer that completes something at the peer (a SEND, a WRITE with immediate) goes
+    // after the ACK: a peer that waits for its send completion before the answer
+    // (ib_send_lat -e: one event per wait, a send CQ of one entry) would take the answer's
+    // event instead and later overrun its send CQ. A WRITE or READ completes nothing there:
+    // it goes first, so that the peer, polling for the ACK, has the data in memory when the
+    // ACK's completion sends it to watch its memory (ib_write_lat): an ACK read alone leaves
+    // the WRITE behind it to the engine thread, which on a busy host waits for a CPU.
+    const bool silent_answer =
+        wqe.opcode == SendOpcode::RdmaWrite || wqe.opcode == SendOpcode::RdmaRead;
+    if (unpumped_packets_ == 0) held_answer_silent_ = silent_answer;
     const bool go = state_ == QpState::Rts && !may_wait(wqe, more);
     // This may answer a message whose ACK still waits (for the end of the receive batch, or
     // held for this answer: engine_held_acks.cpp). A post held for the next poll keeps it:
     // both leave from send_held(). Otherwise both leave now, in one system call.
     if (!go && held_noted_ && ack_pending_) return 0;
-    // An answer that completes something at the peer (a SEND, a WRITE with immediate) goes
-    // after the ACK: a peer that waits for its send completion before the answer
-    // (ib_send_lat -e: one event per wait, a send CQ of one entry) would take the answer's
-    // event instead and later overrun its send CQ. A WRITE or READ completes nothing there:
-    // it goes first, and the peer, still polling for the ACK, reads it on the way.
-    const bool silent_answer =
-        wqe.opcode == SendOpcode::RdmaWrite || wqe.opcode == SendOpcode::RdmaRead;
     if (go || ack_pending_) send_with_ack(!silent_answer, go);
     return 0;
 }
@@ -146,7 +149,9 @@ void RcQp::send_with_ack(bool ack_first, bool pump_too) {
     TransmitBatch batch(engine_, &qp_counters_);
     tx_batch_ = &batch;
     if (ack_first) send_pending_ack();
-    if (pump_too) pump();  // joins the batch
+    ack_joins_pump_ = pump_too && !ack_first;
+    if (pump_too) pump();  // joins the batch, and the ACK joins it before its flush
+    ack_joins_pump_ = false;
     send_pending_ack();
     if (!flush_tx_batch()) enter_error();  // a packet this host can never send
     tx_batch_ = nullptr;
@@ -177,8 +182,8 @@ void RcQp::send_held() {
     std::lock_guard lock(mutex_);
     held_noted_ = false;
     if (closed_ || state_ != QpState::Rts || unpumped_packets_ == 0) return;
-    // With the ACK the post kept (post_send), in one system call.
-    send_with_ack(true, true);
+    // With the ACK the post kept (post_send), in one system call, in the post's order.
+    send_with_ack(!held_answer_silent_, true);
 }
 
 int RcQp::post_recv(const RecvWqe& wqe) {

@@ -259,6 +259,10 @@ class RcQp final : public QpCommon {
     // The batch the requester or the responder is filling (on its stack), or nullptr:
     // packets sent meanwhile go out together (transmit_batch.h).
     TransmitBatch* tx_batch_ = nullptr;
+    // Set by send_with_ack for an ACK that follows the pumped answer: pump_window() adds it
+    // before its flush, so that both leave in one system call (one GSO train, which a
+    // receiver with UDP_GRO reads in one piece: never the answer without its ACK).
+    bool ack_joins_pump_ = false;
     // Sends what tx_batch_ holds. The requester's packets carry the index of their sq_
     // entry as tag: one that can never be sent marks that entry failed; false then.
     bool flush_tx_batch();
@@ -298,6 +302,9 @@ class RcQp final : public QpCommon {
     // once. held_noted_: the engine knows this QP waits for a poll (HeldPosts::note).
     uint32_t unpumped_packets_ = 0;
     bool held_noted_ = false;
+    // The first of those posts is an answer that completes nothing at the peer (a WRITE or
+    // READ): it leaves before the ACK it carries (post_send).
+    bool held_answer_silent_ = false;
     std::unique_ptr<TimerQueue::Timer> timer_;
     std::chrono::steady_clock::time_point timer_deadline_{};
     // Two deadlines share the timer: the IBA local ACK timeout, whose expiry counts a retry

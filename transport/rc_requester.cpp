@@ -209,6 +209,10 @@ void RcQp::pump_window() {
         }
     }
     if (sent) arm_timer();
+    if (ack_joins_pump_) {
+        ack_joins_pump_ = false;
+        send_pending_ack();
+    }
     // The batch leaves before anything is retired: its tags are sq_ indices.
     if (!flush_tx_batch()) {
         enter_error();

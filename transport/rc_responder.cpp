@@ -351,7 +351,17 @@ void RcQp::on_duplicate(const wire::ParsedPacket& pkt) {
     }
     if (!(pkt.info->flags & wire::kRead)) {
         // Executed already: only the acknowledgement may have been lost. The peer is waiting
-        // for it: it goes at the end of the batch, never held for an answer.
+        // for it: it goes at the end of the batch, never held for an answer. Unless the ACK
+        // that covers it has not gone out yet (this batch executed the original, or the ACK
+        // is held for the answer): then nothing was lost, the peer probed (its probe comes
+        // after two round trips, and an answer may take longer), and that ACK goes as it
+        // would have. Sent alone, it would reach the peer before the answer, whose
+        // application would then watch its memory with the answer left to its engine thread
+        // (engine_held_acks.cpp).
+        if (ack_pending_) {
+            bump(engine_.counters().rx_duplicate_ack_pending);
+            return;
+        }
         ack_pending_ = true;
         ack_now_ = true;
         return;

@@ -124,6 +124,7 @@ TEST_CASE("A WRITE's ACK waits for the application's WRITE answer and leaves beh
     CHECK(p.a.scq->depth() == 0);
     CHECK(b_out.packets().empty());
 
+    const uint64_t trains0 = p.b.counters().tx_gso_sends.load();
     fill(p.b.at(0), kLen, 22);
     REQUIRE(p.b.qp->post_send(rdma_wqe(SendOpcode::RdmaWrite, 22, {p.b.sge(0, kLen)}, p.a.iova,
                                        p.a.keys.rkey)) == 0);
@@ -132,13 +133,13 @@ TEST_CASE("A WRITE's ACK waits for the application's WRITE answer and leaves beh
     CHECK(done->status == WcStatus::Success);
     CHECK(done->wr_id == 21);
     CHECK(first_mismatch(p.a.at(0), kLen, 22) == kLen);
-    // The answer first, then the ACK.
+    // The answer first, then the ACK, in one system call: one GSO train, which a reads in
+    // one piece (UDP_GRO), never the answer without its ACK.
     const auto sent = b_out.packets();
-    const size_t answer = index_of(sent, wire::Opcode::RcWriteOnly);
-    const size_t ack = index_of(sent, wire::Opcode::RcAcknowledge);
-    REQUIRE(answer < sent.size());
-    REQUIRE(ack < sent.size());
-    CHECK(answer < ack);
+    REQUIRE(sent.size() == 2);
+    CHECK(index_of(sent, wire::Opcode::RcWriteOnly) == 0);
+    CHECK(index_of(sent, wire::Opcode::RcAcknowledge) == 1);
+    CHECK(p.b.counters().tx_gso_sends.load() == trains0 + 1);
     CHECK(p.b.counters().held_ack_timeouts.load() == 0);
 }
 
@@ -227,20 +228,53 @@ TEST_CASE("A QP whose local ACK timeout is short keeps no ACK", "[held_acks]") {
     check_acked_at_once(p, 111);
 }
 
-TEST_CASE("A resent request is acknowledged at once: its requester is waiting", "[held_acks]") {
-    // a resends after its local ACK timeout (`timeout` 14: 67 ms), long after b held the ACK
-    // of the first copy; each such timeout spends one of a's 7 retries.
+TEST_CASE("A duplicate of a request whose ACK is held leaves the ACK held for the answer",
+          "[held_acks]") {
+    // a resends after its local ACK timeout (`timeout` 14: 67 ms) while b holds the ACK of
+    // the first copy. That ACK was never sent, so nothing was lost: what a resends is a
+    // probe (its tail-loss probe comes after two round trips, an answer may take longer),
+    // and the answer will carry the ACK.
     AnsweringPair ap(holding(kForever), 31, 14);
     Pair& p = ap.p;
-    const uint64_t dup0 = p.b.counters().rx_duplicate.load();
+    TxRecorder b_out(*p.b.engine);
     ap.request(121);
+    REQUIRE(eventually([&] { return p.b.counters().rx_duplicate_ack_pending.load() >= 1; }));
+    CHECK(b_out.count_opcode(wire::Opcode::RcAcknowledge) == 0);
+    CHECK(p.a.scq->depth() == 0);
+
+    fill(p.b.at(0), kLen, 122);
+    REQUIRE(p.b.qp->post_send(rdma_wqe(SendOpcode::RdmaWrite, 122, {p.b.sge(0, kLen)}, p.a.iova,
+                                       p.a.keys.rkey)) == 0);
     const auto done = poll_side(p.a, *p.a.scq);
     REQUIRE(done);
     CHECK(done->status == WcStatus::Success);
     CHECK(done->wr_id == 121);
-    CHECK(p.b.counters().rx_duplicate.load() > dup0);
-    CHECK(p.b.counters().tx_held_acks.load() >= 1);
+    CHECK(first_mismatch(p.a.at(0), kLen, 122) == kLen);
+    CHECK(first_mismatch(p.b.at(0), kLen, 122) == kLen);
+    CHECK(p.a.counters().retransmit_timeouts.load() >= 1);
     CHECK(p.b.counters().held_ack_timeouts.load() == 0);
+}
+
+TEST_CASE("A duplicate of a request whose ACK went out is acknowledged at once", "[held_acks]") {
+    // b holds the ACK of a's request; a poll of b's CQ sends it, and it is lost. a's resend
+    // (after its local ACK timeout, 67 ms) finds the request executed: a is waiting for that
+    // ACK, and gets it at once, not held again for an answer.
+    AnsweringPair ap(holding(kForever), 31, 14);
+    Pair& p = ap.p;
+    TxRecorder b_out(*p.b.engine, [n = 0](const wire::ParsedPacket& pkt) mutable {
+        return pkt.h.bth.opcode == static_cast<uint8_t>(wire::Opcode::RcAcknowledge) && n++ == 0;
+    });
+    ap.request(131);
+    REQUIRE(eventually([&] { return p.b.counters().tx_held_acks.load() >= 1; }));
+    p.b.engine->on_cq_poll(true);
+    REQUIRE(b_out.lost() == 1);
+    const auto done = poll_side(p.a, *p.a.scq);
+    REQUIRE(done);
+    CHECK(done->status == WcStatus::Success);
+    CHECK(done->wr_id == 131);
+    CHECK(b_out.count_opcode(wire::Opcode::RcAcknowledge) == 2);
+    CHECK(p.b.counters().rx_duplicate.load() >= 1);
+    CHECK(p.b.counters().rx_duplicate_ack_pending.load() == 0);
     CHECK(p.a.counters().retransmit_timeouts.load() == 1);
 }
 
@@ -340,4 +374,70 @@ TEST_CASE("With hold_acks off a busy poller's ACK leaves at the end of its batch
         CHECK(p.b.counters().tx_acks.load() == acks0 + 1);
         CHECK(p.b.counters().tx_held_acks.load() == 0);
     }
+}
+
+TEST_CASE("A busy poller's held WRITE answer leaves before its ACK, in one train", "[held_acks]") {
+    AnsweringPair ap(holding(kForever));
+    Pair& p = ap.p;
+    REQUIRE(busy_poll(*p.b.engine, [&] { return p.b.engine->socket_parked(); }));
+    {
+        const auto gate = p.b.engine->fork_gate().pass();  // b's engine thread stands still
+        TxRecorder b_out(*p.b.engine);
+        polled_request(p, 241);
+        CHECK(b_out.packets().empty());
+        const uint64_t trains0 = p.b.counters().tx_gso_sends.load();
+        fill(p.b.at(0), kLen, 242);
+        REQUIRE(p.b.qp->post_send(rdma_wqe(SendOpcode::RdmaWrite, 242, {p.b.sge(0, kLen)}, p.a.iova,
+                                           p.a.keys.rkey)) == 0);
+        CHECK(b_out.packets().empty());  // held for the next poll, with the ACK
+        p.b.engine->on_cq_poll(false);
+        const auto sent = b_out.packets();
+        REQUIRE(sent.size() == 2);
+        CHECK(index_of(sent, wire::Opcode::RcWriteOnly) == 0);
+        CHECK(index_of(sent, wire::Opcode::RcAcknowledge) == 1);
+        CHECK(p.b.counters().tx_gso_sends.load() == trains0 + 1);
+    }
+    const auto done = poll_side(p.a, *p.a.scq);
+    REQUIRE(done);
+    CHECK(done->status == WcStatus::Success);
+    CHECK(done->wr_id == 241);
+    CHECK(first_mismatch(p.a.at(0), kLen, 242) == kLen);
+}
+
+TEST_CASE("A poller's ACK waits for the answer before the socket is parked", "[held_acks]") {
+    // ib_write_lat polls its CQ only between its post and the ACK: often too few polls in a
+    // row to park the socket. Its batches hold the ACK all the same.
+    AnsweringPair ap(holding(kForever));
+    Pair& p = ap.p;
+    {
+        const auto gate = p.b.engine->fork_gate().pass();  // b's engine thread stands still
+        TxRecorder b_out(*p.b.engine);
+        const uint64_t held0 = p.b.counters().tx_held_acks.load();
+        fill(p.a.at(0), kLen, 251);
+        REQUIRE(p.a.qp->post_send(rdma_wqe(SendOpcode::RdmaWrite, 251, {p.a.sge(0, kLen)}, p.b.iova,
+                                           p.b.keys.rkey)) == 0);
+        // Polls far enough apart never to be a busy poll.
+        const auto deadline = std::chrono::steady_clock::now() + kWait;
+        while (first_mismatch(p.b.at(0), kLen, 251) != kLen &&
+               std::chrono::steady_clock::now() < deadline) {
+            std::this_thread::sleep_for(200us);
+            p.b.engine->on_cq_poll(true);
+        }
+        REQUIRE(first_mismatch(p.b.at(0), kLen, 251) == kLen);
+        CHECK_FALSE(p.b.engine->socket_parked());
+        CHECK(p.b.counters().tx_held_acks.load() == held0 + 1);
+        CHECK(b_out.packets().empty());
+        fill(p.b.at(0), kLen, 252);
+        REQUIRE(p.b.qp->post_send(rdma_wqe(SendOpcode::RdmaWrite, 252, {p.b.sge(0, kLen)}, p.a.iova,
+                                           p.a.keys.rkey)) == 0);
+        const auto sent = b_out.packets();
+        REQUIRE(sent.size() == 2);
+        CHECK(index_of(sent, wire::Opcode::RcWriteOnly) == 0);
+        CHECK(index_of(sent, wire::Opcode::RcAcknowledge) == 1);
+    }
+    const auto done = poll_side(p.a, *p.a.scq);
+    REQUIRE(done);
+    CHECK(done->status == WcStatus::Success);
+    CHECK(done->wr_id == 251);
+    CHECK(first_mismatch(p.a.at(0), kLen, 252) == kLen);
 }
