@@ -266,6 +266,12 @@ MUTANTS = [
            "        if (false) {", ("cq",)),
     Mutant("cq: resize below the waiting completions", "transport/completion_queue.cpp",
            "capacity < queue_.size()", "false", ("cq",)),
+    Mutant("cq: a QP reset leaves its removed completions in the lock-free depth",
+           "transport/completion_queue.cpp",
+           "    std::erase_if(queue_, [qpn](const Completion& c) { return c.qp_num == qpn; });\n"
+           "    size_.store(queue_.size(), std::memory_order_release);\n",
+           "    std::erase_if(queue_, [qpn](const Completion& c) { return c.qp_num == qpn; });\n",
+           ("cq",)),
     Mutant("qp: RESET leaves stale completions in the CQs", "provider/qp.cpp",
            "        if (qp->send_cq) qp->send_cq->queue->remove_qp(ibqp->qp_num);\n        if (qp->recv_cq) qp->recv_cq->queue->remove_qp(ibqp->qp_num);",
            "", ("rereg-integration",)),

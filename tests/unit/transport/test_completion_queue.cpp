@@ -352,11 +352,14 @@ TEST_CASE("CQ: remove_qp takes out one QP's completions and keeps the order of t
     }
     CHECK(cq.remove_qp(7) == 3);
     CHECK(cq.remove_qp(7) == 0);
+    CHECK(cq.depth() == 3);  // read without the lock (an empty poll's test)
     Completion out[8];
     REQUIRE(cq.poll(std::span(out, 8)) == 3);
     CHECK(out[0].wr_id == 0);
     CHECK(out[1].wr_id == 2);
     CHECK(out[2].wr_id == 4);
+    CHECK(cq.depth() == 0);
+    CHECK(cq.remove_qp(9) == 0);
 }
 
 TEST_CASE("CQ: resize keeps what waits and refuses to shrink below it", "[cq]") {
