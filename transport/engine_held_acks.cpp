@@ -31,8 +31,8 @@
 namespace uroce::transport {
 
 void Engine::note_held_ack(uint32_t qpn) {
-    bump(counters_->tx_held_acks);
     held_acks_.note(qpn);
+    bump(counters_->tx_held_acks);  // after the note: a poll that sees the count finds the QP
     // From the engine thread or a poller (batch_may_hold_acks_): arming the timer wakes
     // nobody (timer_queue.h).
     if (!held_acks_timer_->pending())
