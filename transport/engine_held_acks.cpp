@@ -21,7 +21,8 @@
 // posts, and both ways, ib_write_bw -b, each side streams; and whose local ACK timeout is
 // at least 4 x ack_hold_micros: the peer's is most likely the same, and it must not run
 // out of retries), never for a duplicate whose ACK went out (the requester resent: it is
-// waiting; a duplicate whose ACK has not gone out yet, a probe, changes nothing), and never
+// waiting; a duplicate whose ACK has not gone out yet, a probe, changes nothing, once: a
+// second one sends it), and never
 // longer than EngineConfig::ack_hold_micros: a timer of the engine's, armed by the first ACK
 // held, sends what is still held. The application's next CQ poll or arm sends them too: a
 // thread that polls (or turns to a completion channel) may not post again soon, and its

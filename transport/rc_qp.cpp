@@ -5,6 +5,16 @@
 
 namespace uroce::transport {
 
+namespace {
+
+// A WRITE or READ answer completes nothing at the peer: it may go before the ACK it carries
+// (post_send).
+bool completes_nothing_at_peer(SendOpcode op) {
+    return op == SendOpcode::RdmaWrite || op == SendOpcode::RdmaRead;
+}
+
+}  // namespace
+
 RcQp::RcQp(Engine& engine, uint32_t qpn, uint32_t pd, const QpCaps& caps,
            std::shared_ptr<CompletionQueue> send_cq, std::shared_ptr<CompletionQueue> recv_cq,
            void* user_handle, std::shared_ptr<SharedReceiveQueue> srq, XrcRole xrc_role,
@@ -72,6 +82,7 @@ int RcQp::modify(const QpAttributes& attrs, QpState expected, QpState next) {
             reads_outstanding_ = 0;
             in_message_ = InMessage::None;
             ack_pending_ = false;
+            probe_absorbed_ = false;
             nak_sent_ = false;
             got_first_packet_ = false;
             msn_ = 0;
@@ -133,9 +144,7 @@ int RcQp::post_send(const SendWqe& wqe, bool more) {
     // it goes first, so that the peer, polling for the ACK, has the data in memory when the
     // ACK's completion sends it to watch its memory (ib_write_lat): an ACK read alone leaves
     // the WRITE behind it to the engine thread, which on a busy host waits for a CPU.
-    const bool silent_answer =
-        wqe.opcode == SendOpcode::RdmaWrite || wqe.opcode == SendOpcode::RdmaRead;
-    if (unpumped_packets_ == 0) held_answer_silent_ = silent_answer;
+    const bool silent_answer = completes_nothing_at_peer(wqe.opcode);
     const bool go = state_ == QpState::Rts && !may_wait(wqe, more);
     // This may answer a message whose ACK still waits (for the end of the receive batch, or
     // held for this answer: engine_held_acks.cpp). A post held for the next poll keeps it:
@@ -182,8 +191,11 @@ void RcQp::send_held() {
     std::lock_guard lock(mutex_);
     held_noted_ = false;
     if (closed_ || state_ != QpState::Rts || unpumped_packets_ == 0) return;
-    // With the ACK the post kept (post_send), in one system call, in the post's order.
-    send_with_ack(!held_answer_silent_, true);
+    // With the ACK the post kept (post_send), in one system call, in post_send's order for
+    // what goes first.
+    const bool silent_answer =
+        send_index_ < sq_.size() && completes_nothing_at_peer(sq_[send_index_].wqe.opcode);
+    send_with_ack(!silent_answer, true);
 }
 
 int RcQp::post_recv(const RecvWqe& wqe) {

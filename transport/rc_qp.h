@@ -302,9 +302,6 @@ class RcQp final : public QpCommon {
     // once. held_noted_: the engine knows this QP waits for a poll (HeldPosts::note).
     uint32_t unpumped_packets_ = 0;
     bool held_noted_ = false;
-    // The first of those posts is an answer that completes nothing at the peer (a WRITE or
-    // READ): it leaves before the ACK it carries (post_send).
-    bool held_answer_silent_ = false;
     std::unique_ptr<TimerQueue::Timer> timer_;
     std::chrono::steady_clock::time_point timer_deadline_{};
     // Two deadlines share the timer: the IBA local ACK timeout, whose expiry counts a retry
@@ -355,6 +352,9 @@ class RcQp final : public QpCommon {
     bool ack_pending_ = false;
     bool ack_held_noted_ = false;  // the engine knows this QP holds its ACK (note_held_ack)
     bool ack_now_ = false;         // the pending ACK answers a duplicate: never held
+    // A duplicate came while the pending ACK had not gone out: the next one sends it
+    // (on_duplicate). Cleared when an ACK leaves.
+    bool probe_absorbed_ = false;
     // The application is in a request-response exchange: it posted send work within
     // EngineConfig::answer_window_micros and has at most one request in flight; and the
     // QP's local ACK timeout (0: none) is at least 4 x EngineConfig::ack_hold_micros.

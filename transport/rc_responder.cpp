@@ -54,6 +54,7 @@ void RcQp::send_pending_ack() {
     if (closed_ || !ack_pending_ || state_ == QpState::Err || state_ == QpState::Reset) return;
     ack_pending_ = false;
     ack_now_ = false;
+    probe_absorbed_ = false;
     bump(engine_.counters().tx_acks);
     // The ACK names the newest executed SEND/WRITE packet, never a PSN of a READ's
     // responses (IBA ch. 9.7): to the requester that would say the response with that
@@ -357,8 +358,10 @@ void RcQp::on_duplicate(const wire::ParsedPacket& pkt) {
         // after two round trips, and an answer may take longer), and that ACK goes as it
         // would have. Sent alone, it would reach the peer before the answer, whose
         // application would then watch its memory with the answer left to its engine thread
-        // (engine_held_acks.cpp).
-        if (ack_pending_) {
+        // (engine_held_acks.cpp). Once: a second probe says the answer is not coming soon
+        // (an application that stopped answering holds the peer no longer than that).
+        if (ack_pending_ && !probe_absorbed_) {
+            probe_absorbed_ = true;
             bump(engine_.counters().rx_duplicate_ack_pending);
             return;
         }

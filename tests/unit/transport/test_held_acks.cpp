@@ -255,6 +255,26 @@ TEST_CASE("A duplicate of a request whose ACK is held leaves the ACK held for th
     CHECK(p.b.counters().held_ack_timeouts.load() == 0);
 }
 
+TEST_CASE("A second duplicate while the ACK is held sends it: the answer is not coming soon",
+          "[held_acks]") {
+    // a resends after its local ACK timeout (`timeout` 14: 67 ms), then again after twice
+    // that. b holds "forever" and its application never answers: the first resend changes
+    // nothing, the second gets the ACK.
+    AnsweringPair ap(holding(kForever), 31, 14);
+    Pair& p = ap.p;
+    TxRecorder b_out(*p.b.engine);
+    ap.request(141);
+    const auto done = poll_side(p.a, *p.a.scq);
+    REQUIRE(done);
+    CHECK(done->status == WcStatus::Success);
+    CHECK(done->wr_id == 141);
+    CHECK(p.b.counters().rx_duplicate_ack_pending.load() == 1);
+    CHECK(p.b.counters().rx_duplicate.load() >= 2);
+    CHECK(b_out.count_opcode(wire::Opcode::RcAcknowledge) == 1);
+    CHECK(p.a.counters().retransmit_timeouts.load() == 2);
+    CHECK(p.b.counters().held_ack_timeouts.load() == 0);
+}
+
 TEST_CASE("A duplicate of a request whose ACK went out is acknowledged at once", "[held_acks]") {
     // b holds the ACK of a's request; a poll of b's CQ sends it, and it is lost. a's resend
     // (after its local ACK timeout, 67 ms) finds the request executed: a is waiting for that
