@@ -22,11 +22,10 @@
 // at least 4 x ack_hold_micros: the peer's is most likely the same, and it must not run
 // out of retries), never for a duplicate whose ACK went out (the requester resent: it is
 // waiting; a duplicate whose ACK has not gone out yet, a probe, changes nothing, once: a
-// second one sends it), and never
-// longer than EngineConfig::ack_hold_micros: a timer of the engine's, armed by the first ACK
-// held, sends what is still held. The application's next CQ poll or arm sends them too: a
-// thread that polls (or turns to a completion channel) may not post again soon, and its
-// peer may be the one waiting.
+// second one sends it), and never longer than EngineConfig::ack_hold_micros: a timer of the
+// engine's, armed by the first ACK held, sends what is still held. The application's next
+// CQ poll or arm sends them too: a thread that polls (or turns to a completion channel) may
+// not post again soon, and its peer may be the one waiting.
 #include "transport/engine.h"
 
 namespace uroce::transport {
