@@ -916,6 +916,18 @@ MUTANTS = [
            "keeps its requester probing)",
            "transport/rc_responder.cpp", "            probe_absorbed_ = true;\n", "",
            ("held-acks",)),
+    Mutant("held acks: an ACK sent leaves the probe absorbed (the next held ACK goes at its "
+           "first probe)",
+           "transport/rc_responder.cpp", "    ack_now_ = false;\n    probe_absorbed_ = false;\n",
+           "    ack_now_ = false;\n", ("held-acks",)),
+    Mutant("held acks: a QP that fails its own request drops the ACK it holds (the peer fails "
+           "work that succeeded)",
+           "transport/rc_qp.cpp", "    send_pending_ack();\n    state_ = QpState::Err;\n",
+           "    state_ = QpState::Err;\n", ("held-acks",)),
+    Mutant("held acks: a responder error's NAK followed by the ACK it replaces",
+           "transport/rc_responder.cpp",
+           "    ack_pending_ = false;\n    probe_absorbed_ = false;\n    send_error_nak(code, psn);\n",
+           "    send_error_nak(code, psn);\n", ("held-acks",)),
     Mutant("held acks: an answer and its ACK in two system calls", "transport/rc_qp.cpp",
            "    if (ack_first) send_pending_ack();\n",
            "    if (ack_first) send_pending_ack();\n    flush_tx_batch();\n", ("held-acks",)),

@@ -270,6 +270,10 @@ bool RcQp::push_completion(CompletionQueue& cq, const Completion& c) {
 
 void RcQp::enter_error() {
     if (state_ == QpState::Err) return;
+    // An ACK held for the application's answer (engine_held_acks.cpp) acknowledges requests
+    // this QP executed and completed before its own failure: the peer must hear of them (as
+    // it would have without the hold), or it fails work that succeeded.
+    send_pending_ack();
     state_ = QpState::Err;
     flush_all();
 }
@@ -307,6 +311,7 @@ void RcQp::flush_all() {
     }
     in_message_ = InMessage::None;
     ack_pending_ = false;
+    probe_absorbed_ = false;
     // No response goes out in ERR: the READs and held requests are dropped.
     reads_.clear();
     held_.clear();

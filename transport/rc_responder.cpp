@@ -134,6 +134,10 @@ void RcQp::send_error_nak(wire::NakCode code, uint32_t psn) {
 }
 
 void RcQp::responder_error(wire::NakCode code, uint32_t psn, AsyncEventType event) {
+    // The NAK acknowledges everything before `psn`: an ACK still pending is not sent (after
+    // the NAK it would say nothing, and it must never name `psn` itself).
+    ack_pending_ = false;
+    probe_absorbed_ = false;
     send_error_nak(code, psn);
     post_async(event);
     enter_error();

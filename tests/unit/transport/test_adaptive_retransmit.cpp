@@ -194,7 +194,9 @@ TEST_CASE("A sequence NAK measures the round trip when nothing else can", "[rc][
                           [&lose_next](const wire::ParsedPacket&) { return lose_next-- > 0; });
         send_one(p, 64, 12);
         CHECK(a_out2.lost() == 1);
-        CHECK(p.a.counters().tail_probes.load() == 1);
+        // A second probe comes if the first one's ACK is later than two round trips (the
+        // engine threads held off the CPU): 1 in 5 full runs of the suite on 2 vCPUs.
+        CHECK(p.a.counters().tail_probes.load() >= 1);
         CHECK(p.a.counters().retransmit_timeouts.load() == 0);
     }
     REQUIRE(measured_by_nak);

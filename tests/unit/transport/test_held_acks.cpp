@@ -106,6 +106,14 @@ void check_released_by(uint64_t seed, const std::function<void(Engine&)>& releas
     CHECK(p.b.counters().held_ack_timeouts.load() == 0);
 }
 
+// The ACKs (not NAKs) among what `out` recorded.
+size_t positive_acks(const TxRecorder& out) {
+    return out.count([](const wire::ParsedPacket& pkt) {
+        return pkt.h.bth.opcode == static_cast<uint8_t>(wire::Opcode::RcAcknowledge) &&
+               pkt.h.aeth.type() == wire::AckType::Ack;
+    });
+}
+
 size_t index_of(const std::vector<SentPacket>& sent, wire::Opcode op) {
     for (size_t i = 0; i < sent.size(); ++i)
         if (sent[i].parsed().h.bth.opcode == static_cast<uint8_t>(op)) return i;
@@ -273,6 +281,112 @@ TEST_CASE("A second duplicate while the ACK is held sends it: the answer is not 
     CHECK(b_out.count_opcode(wire::Opcode::RcAcknowledge) == 1);
     CHECK(p.a.counters().retransmit_timeouts.load() == 2);
     CHECK(p.b.counters().held_ack_timeouts.load() == 0);
+}
+
+TEST_CASE("Each held ACK absorbs its own first duplicate, also after an error and a reset",
+          "[held_acks]") {
+    // Two held exchanges on one QP pair, each with one resend of a (`timeout` 14: 67 ms)
+    // while b holds the ACK: the second exchange's resend is absorbed like the first's. With
+    // `error` set, b's QP goes to ERR between them (a's next request breaks its rkey: b's
+    // NAK takes the place of the held ACK), and both QPs through RESET and back to RTS;
+    // otherwise b's answer sends the first ACK.
+    const bool error = GENERATE(false, true);
+    CAPTURE(error);
+    AnsweringPair ap(holding(kForever), 31, 14);
+    Pair& p = ap.p;
+    TxRecorder b_out(*p.b.engine);
+    ap.request(151);
+    REQUIRE(eventually([&] { return p.b.counters().rx_duplicate_ack_pending.load() >= 1; }));
+    if (error) {
+        REQUIRE(p.a.qp->post_send(rdma_wqe(SendOpcode::RdmaWrite, 152, {p.a.sge(0, kLen)}, p.b.iova,
+                                           p.b.keys.rkey + 0x100)) == 0);
+        // Only a's engine polls: b holds its ACK until the NAK.
+        const auto first = poll_side(p.a, *p.a.scq);
+        const auto second = poll_side(p.a, *p.a.scq);
+        REQUIRE(first);
+        REQUIRE(second);
+        CHECK(first->wr_id == 151);
+        CHECK(first->status == WcStatus::Success);  // the NAK acknowledges what came before
+        CHECK(second->wr_id == 152);
+        CHECK(second->status == WcStatus::RemAccessErr);
+        REQUIRE(p.wait_until([&] { return p.b.qp->state() == QpState::Err; }));
+        for (Side* s : {&p.a, &p.b})
+            REQUIRE(s->qp->modify(s->qp->attributes(), QpState::Err, QpState::Reset) == 0);
+        QpAttributes pa = patient(14);
+        QpAttributes pb = patient(31);
+        pa.sq_psn = 0x1000;
+        pb.sq_psn = 0x2000;
+        p.connect(pa, pb);
+        // b answers once more: its QP is within the answer window again.
+        fill(p.b.at(0), kLen, 152);
+        REQUIRE(p.b.qp->post_send(rdma_wqe(SendOpcode::RdmaWrite, 152, {p.b.sge(0, kLen)},
+                                           p.a.iova + 4096, p.a.keys.rkey)) == 0);
+        REQUIRE(p.wait_one(*p.b.scq).status == WcStatus::Success);
+        // The NAK alone: it acknowledges what the held ACK would have (an ACK after it would
+        // say nothing).
+        CHECK(positive_acks(b_out) == 0);
+        CHECK(b_out.count_opcode(wire::Opcode::RcAcknowledge) == 1);
+    } else {
+        fill(p.b.at(0), kLen, 152);
+        REQUIRE(p.b.qp->post_send(rdma_wqe(SendOpcode::RdmaWrite, 152, {p.b.sge(0, kLen)}, p.a.iova,
+                                           p.a.keys.rkey)) == 0);
+        const auto first = poll_side(p.a, *p.a.scq);
+        REQUIRE(first);
+        CHECK(first->status == WcStatus::Success);
+        CHECK(first->wr_id == 151);
+        CHECK(positive_acks(b_out) == 1);
+    }
+    const size_t acks_before = positive_acks(b_out);
+
+    ap.request(153);
+    REQUIRE(eventually([&] { return p.b.counters().rx_duplicate_ack_pending.load() >= 2; }));
+    CHECK(positive_acks(b_out) == acks_before);
+    fill(p.b.at(0), kLen, 154);
+    REQUIRE(p.b.qp->post_send(rdma_wqe(SendOpcode::RdmaWrite, 154, {p.b.sge(0, kLen)}, p.a.iova,
+                                       p.a.keys.rkey)) == 0);
+    const auto done = poll_side(p.a, *p.a.scq);
+    REQUIRE(done);
+    CHECK(done->status == WcStatus::Success);
+    CHECK(done->wr_id == 153);
+    CHECK(first_mismatch(p.a.at(0), kLen, 154) == kLen);
+    CHECK(p.b.counters().rx_duplicate_ack_pending.load() == 2);
+    CHECK(positive_acks(b_out) == acks_before + 1);
+    CHECK(p.b.counters().held_ack_timeouts.load() == 0);
+}
+
+TEST_CASE("A QP that fails its own request sends the ACK it holds first", "[held_acks]") {
+    // b's SEND finds no receive at a: a's RNR NAK has it wait 327 ms (code 30) and resend,
+    // once (rnr_retry 1). Meanwhile a WRITEs to b, which executes it and holds the ACK for its
+    // application. b's resend is refused again: b's QP fails (RNR retries exceeded), and the
+    // ACK of a's WRITE, executed, must still reach a: a's WRITE succeeded.
+    Pair p(holding(kForever));
+    QpAttributes pa = patient();
+    QpAttributes pb = patient();
+    pa.min_rnr_timer = 30;
+    pb.rnr_retry = 1;
+    p.connect(pa, pb);
+    TxRecorder b_out(*p.b.engine);
+    REQUIRE(p.b.qp->post_send(send_wqe(161, {p.b.sge(0, kLen)})) == 0);
+    REQUIRE(eventually([&] { return p.b.counters().rx_naks.load() >= 1; }));
+    fill(p.a.at(0), kLen, 162);
+    REQUIRE(p.a.qp->post_send(rdma_wqe(SendOpcode::RdmaWrite, 162, {p.a.sge(0, kLen)},
+                                       p.b.iova + 4096, p.b.keys.rkey)) == 0);
+    REQUIRE(eventually([&] { return p.b.counters().tx_held_acks.load() >= 1; }));
+    CHECK(p.b.qp->state() == QpState::Rts);  // the RNR timer has not run out yet
+    CHECK(positive_acks(b_out) == 0);
+
+    // Nothing polls b's CQ (which would send the ACK) until a has its completion.
+    REQUIRE(eventually([&] { return p.b.qp->state() == QpState::Err; }));
+    const auto done = poll_side(p.a, *p.a.scq);
+    REQUIRE(done);
+    CHECK(done->wr_id == 162);
+    CHECK(done->status == WcStatus::Success);
+    CHECK(first_mismatch(p.b.at(4096), kLen, 162) == kLen);
+    CHECK(positive_acks(b_out) == 1);
+    CHECK(p.a.counters().retransmit_timeouts.load() == 0);
+    const auto failed = p.wait_one(*p.b.scq);
+    CHECK(failed.wr_id == 161);
+    CHECK(failed.status == WcStatus::RnrRetryExcErr);
 }
 
 TEST_CASE("A duplicate of a request whose ACK went out is acknowledged at once", "[held_acks]") {
