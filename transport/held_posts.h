@@ -13,7 +13,7 @@
 //
 // The wait is bounded. A poller that stops polling (it turned to a completion channel,
 // or to spinning on memory) leaves the socket to the engine thread within a watch
-// period (PollHandoff::kWatchMicros; kLongWatchMicros after a long park), and the hand-back
+// period (PollHandoff::kWatchMicros; up to kMaxLongWatchMicros in a long park), and the hand-back
 // sends what is held. An application that does not busy-poll never has its posts held.
 //
 // QPs are named by number, not held by pointer: a QP destroyed while noted is simply not

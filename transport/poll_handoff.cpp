@@ -118,15 +118,17 @@ void PollHandoff::on_watch(void* arg) {
     if (gap < period && h->parked_.load(std::memory_order_relaxed)) {
         // Still polled: the socket stays out of the loop (an unpark racing with a new park
         // may have put it back). A poller that keeps polling costs this thread a wake-up
-        // per period: the period grows back towards kWatchMicros, and on to kLongWatchMicros
-        // once the park has lasted kLongParkMicros. A short period is aimed
-        // at its end (a period after the last poll); the full one is not: a check that
-        // comes sooner is one wake-up more beside the pollers.
+        // per period: the period grows back towards kWatchMicros, and once the park has
+        // lasted kLongParkMicros on to kLongWatchMicros and beyond, with the park's age. A
+        // short period is aimed at its end (a period after the last poll); the full one is
+        // not: a check that comes sooner is one wake-up more beside the pollers.
         event_del(h->rx_event_);
-        const bool long_park =
-            now - h->parked_at_ns_.load(std::memory_order_relaxed) >= kLongParkMicros * 1000;
-        const int64_t next =
-            std::min(period * 2, (long_park ? kLongWatchMicros : kWatchMicros) * 1000);
+        const int64_t age = now - h->parked_at_ns_.load(std::memory_order_relaxed);
+        const int64_t ceiling = age < kLongParkMicros * 1000
+                                    ? kWatchMicros * 1000
+                                    : std::clamp(age / kParkAgeShare, kLongWatchMicros * 1000,
+                                                 kMaxLongWatchMicros * 1000);
+        const int64_t next = std::min(period * 2, ceiling);
         h->watch_ns_.store(next, std::memory_order_relaxed);
         h->arm_watch(period < kWatchMicros * 1000 ? std::max(next - gap, kMinWatchMicros * 1000)
                                                   : next);

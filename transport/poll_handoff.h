@@ -15,7 +15,7 @@
 // adapts. A hand-back that finds a datagram already waiting, after a last poll that returned
 // completions (the application took what it polled for, then waited for the next packet
 // some other way), halves it, down to kMinWatchMicros; each check that finds the polls still
-// going doubles it, up to kWatchMicros (kLongWatchMicros in a long park, below).
+// going doubles it, up to kWatchMicros (more in a long park, below).
 // ib_write_lat's median: 1.6 ms with a fixed 1 ms period, 172 us with 100 us, 47 us
 // adaptive. A 5 us floor was worse (the engine thread's wake-ups took the CPUs from the
 // spinning application), and so were checks aimed at a full period after the last poll
@@ -49,12 +49,18 @@ class PollHandoff {
     // waiting and doubles at each check that finds the polls going on.
     static constexpr int64_t kWatchMicros = 100;
     static constexpr int64_t kMinWatchMicros = 20;
-    // A park that has lasted kLongParkMicros is a poller that does nothing else (perftest's
-    // bandwidth tests, ibv_rc_pingpong): its period may grow on to kLongWatchMicros. The
+    // A park that has lasted kLongParkMicros is a poller that does nothing else (perftest,
+    // ibv_rc_pingpong): its period may grow on to kLongWatchMicros, and from there with the
+    // park's age, to a sixteenth of it (kParkAgeShare), up to kMaxLongWatchMicros. The
     // hand-back that ends such a park comes up to that late, once (not after on_arm: a
-    // poller turning to a completion event), and the next park starts from kWatchMicros.
+    // poller turning to a completion event), at most a sixteenth more than it polled; the
+    // next park starts from kWatchMicros. Each wake-up of the watch takes a CPU from a
+    // spinning thread on a small machine: ib_read_lat's p99 58-73 us with the growth,
+    // 67-96 us without (1000 wake-ups a second; 4 pairs, 2 vCPUs).
     static constexpr int64_t kLongParkMicros = 2000;
     static constexpr int64_t kLongWatchMicros = 1000;
+    static constexpr int64_t kParkAgeShare = 16;
+    static constexpr int64_t kMaxLongWatchMicros = 8000;
 
     // `rx_event` is the engine loop's read event of the device socket (added), `timers` the
     // engine's (the watch is one of them); `gate` is the engine's, taken by the watch's

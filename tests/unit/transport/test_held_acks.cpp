@@ -61,6 +61,14 @@ struct AnsweringPair {
                                            p.a.iova + 4096, p.a.keys.rkey)) == 0);
         REQUIRE(p.wait_one(*p.b.scq).status == WcStatus::Success);
     }
+    // b's application answers with a WRITE `seed` into a.at(0); what a's engine, polling
+    // a's send CQ alone, completes first.
+    std::optional<Completion> answer(uint64_t seed) {
+        fill(p.b.at(0), kLen, seed);
+        REQUIRE(p.b.qp->post_send(rdma_wqe(SendOpcode::RdmaWrite, seed, {p.b.sge(0, kLen)},
+                                           p.a.iova, p.a.keys.rkey)) == 0);
+        return poll_side(p.a, *p.a.scq);
+    }
     // a WRITEs to b, and b's engine thread reads it.
     void request(uint64_t seed) {
         fill(p.a.at(0), kLen, seed);
@@ -133,10 +141,7 @@ TEST_CASE("A WRITE's ACK waits for the application's WRITE answer and leaves beh
     CHECK(b_out.packets().empty());
 
     const uint64_t trains0 = p.b.counters().tx_gso_sends.load();
-    fill(p.b.at(0), kLen, 22);
-    REQUIRE(p.b.qp->post_send(rdma_wqe(SendOpcode::RdmaWrite, 22, {p.b.sge(0, kLen)}, p.a.iova,
-                                       p.a.keys.rkey)) == 0);
-    const auto done = poll_side(p.a, *p.a.scq);
+    const auto done = ap.answer(22);
     REQUIRE(done);
     CHECK(done->status == WcStatus::Success);
     CHECK(done->wr_id == 21);
@@ -250,10 +255,7 @@ TEST_CASE("A duplicate of a request whose ACK is held leaves the ACK held for th
     CHECK(b_out.count_opcode(wire::Opcode::RcAcknowledge) == 0);
     CHECK(p.a.scq->depth() == 0);
 
-    fill(p.b.at(0), kLen, 122);
-    REQUIRE(p.b.qp->post_send(rdma_wqe(SendOpcode::RdmaWrite, 122, {p.b.sge(0, kLen)}, p.a.iova,
-                                       p.a.keys.rkey)) == 0);
-    const auto done = poll_side(p.a, *p.a.scq);
+    const auto done = ap.answer(122);
     REQUIRE(done);
     CHECK(done->status == WcStatus::Success);
     CHECK(done->wr_id == 121);
@@ -327,10 +329,7 @@ TEST_CASE("Each held ACK absorbs its own first duplicate, also after an error an
         CHECK(positive_acks(b_out) == 0);
         CHECK(b_out.count_opcode(wire::Opcode::RcAcknowledge) == 1);
     } else {
-        fill(p.b.at(0), kLen, 152);
-        REQUIRE(p.b.qp->post_send(rdma_wqe(SendOpcode::RdmaWrite, 152, {p.b.sge(0, kLen)}, p.a.iova,
-                                           p.a.keys.rkey)) == 0);
-        const auto first = poll_side(p.a, *p.a.scq);
+        const auto first = ap.answer(152);
         REQUIRE(first);
         CHECK(first->status == WcStatus::Success);
         CHECK(first->wr_id == 151);
@@ -341,10 +340,7 @@ TEST_CASE("Each held ACK absorbs its own first duplicate, also after an error an
     ap.request(153);
     REQUIRE(eventually([&] { return p.b.counters().rx_duplicate_ack_pending.load() >= 2; }));
     CHECK(positive_acks(b_out) == acks_before);
-    fill(p.b.at(0), kLen, 154);
-    REQUIRE(p.b.qp->post_send(rdma_wqe(SendOpcode::RdmaWrite, 154, {p.b.sge(0, kLen)}, p.a.iova,
-                                       p.a.keys.rkey)) == 0);
-    const auto done = poll_side(p.a, *p.a.scq);
+    const auto done = ap.answer(154);
     REQUIRE(done);
     CHECK(done->status == WcStatus::Success);
     CHECK(done->wr_id == 153);
