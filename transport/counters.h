@@ -72,7 +72,8 @@ namespace uroce::transport {
     X(tx_multi_sends)    /* sendmmsg calls that carried several trains (TransmitBatch) */        \
     X(timerfd_sets)      /* times the engine's timerfd was set (TimerQueue) */                   \
     X(timer_early_wakes) /* timerfd expiries that found no timer due (a deadline moved) */       \
-    X(rx_duplicate_ack_pending) /* duplicates whose ACK had not gone out yet: not sent at once */
+    X(rx_duplicate_ack_pending) /* duplicates whose ACK was pending: not sent at once */         \
+    X(send_window_cuts)         /* RC send windows halved by a loss (send_window.h) */
 
 struct EngineCounters {
 #define UROCE_COUNTER_FIELD(name) std::atomic<uint64_t> name{0};

@@ -236,6 +236,7 @@ void RcQp::on_response(const wire::ParsedPacket& pkt) {
                 // a burst of out-of-order packets all name the same one.
                 if (has_outstanding() && psn != last_rewind_psn_) {
                     last_rewind_psn_ = psn;
+                    note_window_loss(psn);
                     rewind_to(psn);
                     // The peer is alive and waiting for the resent packets: give them a
                     // whole timeout from now, and a probe if they do not come (rc_qp.h).
@@ -438,6 +439,7 @@ void RcQp::fire_timer(std::chrono::steady_clock::time_point now) {
     ++rto_backoff_;
     last_rewind_psn_ = 0xffffffff;
     sq_.front().read_gap_retried = false;
+    note_window_loss(oldest_unacked());
     rewind_to(oldest_unacked());
     pump();
     arm_timer();
@@ -470,6 +472,12 @@ void RcQp::arm_timer() {
         }
     }
     start_timer(us, now);
+}
+
+void RcQp::note_window_loss(uint32_t lost_psn) {
+    if (!window_.on_loss(lost_psn, next_psn_)) return;
+    bump(engine_.counters().send_window_cuts);
+    bump(qp_counters_.send_window_cuts);
 }
 
 void RcQp::note_progress() {

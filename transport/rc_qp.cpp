@@ -80,9 +80,10 @@ int RcQp::modify(const QpAttributes& attrs, QpState expected, QpState next) {
             send_index_ = 0;
             send_pkt_ = 0;
             reads_outstanding_ = 0;
+            window_.reset();
+            unrequested_ = 0;
             in_message_ = InMessage::None;
-            ack_pending_ = false;
-            probe_absorbed_ = false;
+            forget_pending_ack();
             nak_sent_ = false;
             got_first_packet_ = false;
             msn_ = 0;
@@ -99,6 +100,7 @@ int RcQp::modify(const QpAttributes& attrs, QpState expected, QpState next) {
                 next_psn_ = attrs_.sq_psn & kPsnMask;
                 una_psn_ = next_psn_;
                 sent_high_ = next_psn_;
+                window_una_ = next_psn_;
             }
             retries_left_ = attrs_.retry_cnt;
             rnr_retries_left_ = attrs_.rnr_retry;
@@ -310,8 +312,7 @@ void RcQp::flush_all() {
         push_completion(*recv_cq_, c);
     }
     in_message_ = InMessage::None;
-    ack_pending_ = false;
-    probe_absorbed_ = false;
+    forget_pending_ack();
     // No response goes out in ERR: the READs and held requests are dropped.
     reads_.clear();
     held_.clear();

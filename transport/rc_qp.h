@@ -34,6 +34,7 @@
 #include "transport/qp_state.h"
 #include "transport/responder_resources.h"
 #include "transport/rtt_estimator.h"
+#include "transport/send_window.h"
 #include "transport/shared_receive_queue.h"
 #include "transport/timer_queue.h"
 #include "transport/transmit_batch.h"
@@ -288,6 +289,17 @@ class RcQp final : public QpCommon {
     uint32_t una_psn_ = 0;    // oldest PSN not yet acknowledged
     uint32_t sent_high_ = 0;  // PSN after the highest request packet sent
     uint32_t reads_outstanding_ = 0;
+    // The packets that may be unacknowledged (send_window.h); window_una_ is una_psn_ as
+    // the window last saw it (pump_window counts what was acknowledged since).
+    SendWindow window_;
+    uint32_t window_una_ = 0;
+    // Request packets sent since the last one that asked for an ACK.
+    uint32_t unrequested_ = 0;
+    // Whether pump_window() goes on after the last packet of sq_[send_index_] (or would
+    // wait: the packet must ask for an ACK).
+    bool goes_on_after_current() const;
+    // A loss shown by a NAK or a timeout: the window shrinks (once per flight).
+    void note_window_loss(uint32_t lost_psn);
     int retries_left_ = 7;
     int rnr_retries_left_ = 7;
     bool rnr_wait_ = false;  // the timer is an RNR back-off, not a retransmission timeout
@@ -355,6 +367,9 @@ class RcQp final : public QpCommon {
     // A duplicate came while the pending ACK had not gone out: the next one sends it
     // (on_duplicate). Cleared when an ACK leaves.
     bool probe_absorbed_ = false;
+    // No ACK is pending any more (it went out, a NAK replaced it, the QP was reset or
+    // failed): what qualified it (ack_now_, probe_absorbed_) goes with it.
+    void forget_pending_ack();
     // The application is in a request-response exchange: it posted send work within
     // EngineConfig::answer_window_micros and has at most one request in flight; and the
     // QP's local ACK timeout (0: none) is at least 4 x EngineConfig::ack_hold_micros.

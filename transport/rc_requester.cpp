@@ -10,17 +10,18 @@ namespace uroce::transport {
 
 namespace {
 
-// Bytes in flight before the requester waits for ACKs: enough to keep a loopback path
-// busy. Each loss costs a resend of what followed it (go-back-N), so a larger window
-// multiplies the cost of loss; at 10% loss the sender already sends many times the data.
-constexpr uint32_t kSendWindowBytes = 256 * 1024;
+// Bytes in flight before the requester waits for ACKs, at most: the ceiling of the send
+// window (send_window.h), which halves under loss, since each loss costs a resend of what
+// followed it (go-back-N). 1 MiB keeps a loopback path busy with an ACK per half window
+// (ib_write_bw -s 65536 gained a fifth to a quarter over 256 KiB with an ACK per message).
+constexpr uint32_t kSendWindowBytes = 1024 * 1024;
+// And at most this many packets (256 KiB at an MTU of 1024, as before the window adapted).
+constexpr uint32_t kSendWindowPackets = 256;
 // Bytes in flight from all the QPs of an engine together: they all land in the peer's one
 // receive socket, and more than it holds are dropped, each drop costing a go-back-N resend
 // that drops more (16 QPs of 256 KiB each both ways lost a third of their packets and
 // failed with RETRY_EXC_ERR). Each QP gets its share, never less than 16 packets.
 constexpr uint32_t kEngineWindowBytes = 2 * 1024 * 1024;
-// Ask for an ACK at least this often inside long messages so the window keeps moving.
-constexpr uint32_t kAckRequestInterval = 16;
 
 struct OpcodeSet {
     wire::Opcode first, middle, last, only, last_imm, only_imm;
@@ -33,6 +34,20 @@ constexpr OpcodeSet kWriteOps{wire::Opcode::RcWriteFirst,   wire::Opcode::RcWrit
                               wire::Opcode::RcWriteLastImm, wire::Opcode::RcWriteOnlyImm};
 
 }  // namespace
+
+bool RcQp::goes_on_after_current() const {
+    // What pump_window() would do with the entries after sq_[send_index_].
+    for (size_t i = send_index_ + 1; i < sq_.size(); ++i) {
+        const SqEntry& n = sq_[i];
+        if (n.assigned) return true;  // sent before: a resend goes on with it
+        if (state_ == QpState::Sqd) return false;
+        if (n.wqe.fence && reads_outstanding_ > 0) return false;
+        if (is_local_op(n.wqe.opcode)) continue;  // runs at once
+        return !(takes_responder_resource(n.wqe.opcode) &&
+                 reads_outstanding_ >= attrs_.max_rd_atomic);
+    }
+    return false;
+}
 
 uint32_t RcQp::packets_for(const SqEntry& e) const {
     if (is_atomic(e.wqe.opcode)) return 1;
@@ -79,8 +94,18 @@ WcStatus RcQp::send_request_packet(SqEntry& e, uint32_t pkt_index) {
     h.bth.psn = psn_add(e.psn, pkt_index);
     h.xrc_srqn = e.wqe.remote_srqn;
     h.bth.solicited = last && e.wqe.solicited;
-    h.bth.ack_req = last || ((pkt_index + 1) % kAckRequestInterval == 0) ||
-                    (probes_sent_ > 0 && h.bth.psn == probe_psn_);
+    // An ACK is asked for wherever the requester stops sending: when this packet fills the
+    // window, or ends a message after which nothing can go now (the queue ends, or the next
+    // request waits for a fence, the READ limit or SQD); and at least twice per window, so
+    // the window moves on while its second half is in flight. Not at every message's end:
+    // in a stream the ACK for a later packet completes the earlier messages too, and every
+    // ACK costs both sides a system call. So the last packet of every burst asks, and a
+    // tail probe, which repeats it, asks too.
+    const bool fills_window =
+        psn_diff(psn_add(h.bth.psn, 1), una_psn_) >= static_cast<int32_t>(window_.packets());
+    h.bth.ack_req = (last && !goes_on_after_current()) || fills_window ||
+                    ++unrequested_ >= window_.ack_interval();
+    if (h.bth.ack_req) unrequested_ = 0;
     if (first && !is_send) h.reth = {e.wqe.remote_addr, e.wqe.rkey, e.wqe.length};
     if (last && with_imm) h.imm = e.wqe.imm;
 
@@ -128,8 +153,13 @@ void RcQp::pump_window() {
     // SQD finishes (and retransmits) what was started but starts nothing new.
     if ((state_ != QpState::Rts && state_ != QpState::Sqd) || rnr_wait_) return;
     const uint32_t share = kEngineWindowBytes / std::max<uint32_t>(1, engine_.qp_count());
-    const int32_t window = static_cast<int32_t>(
-        std::max<uint32_t>(16, std::min(kSendWindowBytes, share) / attrs_.mtu));
+    window_.set_ceiling(
+        std::min(kSendWindowPackets, std::min(kSendWindowBytes, share) / attrs_.mtu));
+    if (psn_after(una_psn_, window_una_)) {
+        window_.on_acknowledged(static_cast<uint32_t>(psn_diff(una_psn_, window_una_)), una_psn_);
+    }
+    window_una_ = una_psn_;
+    const auto window = static_cast<int32_t>(window_.packets());
     bool sent = false;
     while (send_index_ < sq_.size()) {
         SqEntry& e = sq_[send_index_];

@@ -50,11 +50,15 @@ void RcQp::send_ack(uint32_t psn, uint8_t syndrome) {
     transmit(h, {}, 0);
 }
 
-void RcQp::send_pending_ack() {
-    if (closed_ || !ack_pending_ || state_ == QpState::Err || state_ == QpState::Reset) return;
+void RcQp::forget_pending_ack() {
     ack_pending_ = false;
     ack_now_ = false;
     probe_absorbed_ = false;
+}
+
+void RcQp::send_pending_ack() {
+    if (closed_ || !ack_pending_ || state_ == QpState::Err || state_ == QpState::Reset) return;
+    forget_pending_ack();
     bump(engine_.counters().tx_acks);
     // The ACK names the newest executed SEND/WRITE packet, never a PSN of a READ's
     // responses (IBA ch. 9.7): to the requester that would say the response with that
@@ -136,8 +140,7 @@ void RcQp::send_error_nak(wire::NakCode code, uint32_t psn) {
 void RcQp::responder_error(wire::NakCode code, uint32_t psn, AsyncEventType event) {
     // The NAK acknowledges everything before `psn`: an ACK still pending is not sent (after
     // the NAK it would say nothing, and it must never name `psn` itself).
-    ack_pending_ = false;
-    probe_absorbed_ = false;
+    forget_pending_ack();
     send_error_nak(code, psn);
     post_async(event);
     enter_error();

@@ -71,7 +71,7 @@ std::shared_ptr<RcQp> silent_qp(Side& s, const IpAddress& peer_ip) {
 // ib_write_bw -q 16 -b failed with RETRY_EXC_ERR: 16 QPs with 256 KiB in flight each (4 MiB
 // per direction) overran the peer's receive socket, a third of the packets were dropped and
 // the go-back-N resends dropped more. The QPs of an engine share 2 MiB in flight; a QP alone
-// keeps its 256 KiB.
+// keeps its full window (256 packets: 256 KiB at this MTU).
 TEST_CASE("Send window: the QPs of an engine share what may be in flight", "[rc]") {
     PairOptions opt;
     opt.mem_bytes = 1 << 20;

@@ -264,7 +264,8 @@ TEST_CASE("The resend budget allows a burst, then comes back at its rate", "[rc]
     CHECK(!none.take(t2));
 }
 
-TEST_CASE("A probe asks for an ACK even when the packet it repeats did not", "[rc][retransmit]") {
+TEST_CASE("The packet that fills the window asks for an ACK, and so does its probe",
+          "[rc][retransmit]") {
     std::atomic<bool> posted{false};  // before the engines: their timer hook reads it
     PairOptions o;
     o.mem_bytes = 512 * 1024;
@@ -273,7 +274,8 @@ TEST_CASE("A probe asks for an ACK even when the packet it repeats did not", "[r
     for (uint64_t i = 1; i <= 3; ++i) send_one(p, 64, i);
     // Until told otherwise b's ACKs are lost: a stalls when its window (256 packets of 1 KiB)
     // is full. The window starts inside the first WRITE, so it ends at packet 250 of the
-    // second, which (unlike every 16th packet and a message's last) carries no AckReq.
+    // second: the requester waits there, so that packet asks for an ACK, though it ends no
+    // message; the one before it does not (a stream asks twice per window).
     std::atomic<bool> ack_through{false};
     TxRecorder b_out(*p.b.engine, [&ack_through](const wire::ParsedPacket& pkt) {
         return !ack_through.load() && is_op(pkt, wire::Opcode::RcAcknowledge);
@@ -294,18 +296,21 @@ TEST_CASE("A probe asks for an ACK even when the packet it repeats did not", "[r
                                        p.b.iova + first, p.b.keys.rkey)) == 0);
     posted = true;
     // The window's last packet, sent twice: once in the burst, once as the probe.
-    auto last_of_window = [&] {
+    auto window_packet = [&](uint32_t index) {
         std::vector<SentPacket> out;
         const auto sent = a_out.packets();
         for (const SentPacket& s : sent)
-            if (s.psn() == psn_add(sent.front().psn(), 255)) out.push_back(s);
+            if (s.psn() == psn_add(sent.front().psn(), index)) out.push_back(s);
         return out;
     };
-    REQUIRE(p.wait_until([&] { return last_of_window().size() >= 2; }));
-    const auto twice = last_of_window();
+    REQUIRE(p.wait_until([&] { return window_packet(255).size() >= 2; }));
+    const auto twice = window_packet(255);
     CHECK(is_op(twice[0].parsed(), wire::Opcode::RcWriteMiddle));
-    CHECK_FALSE(twice[0].parsed().h.bth.ack_req);
+    CHECK(twice[0].parsed().h.bth.ack_req);
     CHECK(twice[1].parsed().h.bth.ack_req);
+    const auto before = window_packet(254);
+    REQUIRE(!before.empty());
+    CHECK_FALSE(before[0].parsed().h.bth.ack_req);
     CHECK(p.a.counters().tail_probes.load() >= 1);
     p.a.engine->set_timer_hook({});
     ack_through = true;

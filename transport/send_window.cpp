@@ -1,0 +1,50 @@
+#include "transport/send_window.h"
+
+#include <algorithm>
+
+#include "transport/psn.h"
+
+namespace uroce::transport {
+
+void SendWindow::set_ceiling(uint32_t packets) {
+    ceiling_ = std::max(packets, kMinPackets);
+    if (!opened_) {
+        opened_ = true;
+        packets_ = ceiling_;
+        credit_ = 0;
+    }
+    packets_ = std::min(packets_, ceiling_);
+}
+
+void SendWindow::on_acknowledged(uint32_t packets, uint32_t una_psn) {
+    if (recovering_) {
+        // The flight that lost a packet is not all acknowledged: it says nothing yet about
+        // the smaller window.
+        if (psn_before(una_psn, recovery_psn_)) return;
+        recovering_ = false;
+    }
+    if (packets_ >= ceiling_) {
+        credit_ = 0;
+        return;
+    }
+    credit_ += packets;
+    while (credit_ >= packets_ && packets_ < ceiling_) {
+        credit_ -= packets_;
+        packets_ = std::min(ceiling_, packets_ + kGrowthPackets);
+    }
+}
+
+bool SendWindow::on_loss(uint32_t lost_psn, uint32_t next_psn) {
+    if (recovering_ && psn_before(lost_psn, recovery_psn_)) return false;
+    packets_ = std::max(kMinPackets, packets_ / 2);
+    credit_ = 0;
+    recovering_ = true;
+    recovery_psn_ = next_psn;
+    return true;
+}
+
+void SendWindow::reset() {
+    *this = SendWindow{};
+}
+
+}  // namespace uroce::transport
