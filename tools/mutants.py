@@ -848,9 +848,22 @@ MUTANTS = [
            "age < kLongParkMicros * 1000", "age < 0", ("handoff",)),
     Mutant("handoff: a long period outlives the park that earned it",
            "transport/poll_handoff.cpp",
+           "    else if (!found)\n"
+           "        h->watch_ns_.store(std::min(period * 2, kWatchMicros * 1000), std::memory_order_relaxed);\n"
            "    else if (period > kWatchMicros * 1000)\n"
            "        h->watch_ns_.store(kWatchMicros * 1000, std::memory_order_relaxed);\n",
+           "    else if (!found && period < kWatchMicros * 1000)\n"
+           "        h->watch_ns_.store(std::min(period * 2, kWatchMicros * 1000), std::memory_order_relaxed);\n",
+           ("handoff",)),
+    Mutant("handoff: a hand-back after a mere pause leaves a short period short (a hand-back per pause)",
+           "transport/poll_handoff.cpp",
+           "    else if (!found)\n"
+           "        h->watch_ns_.store(std::min(period * 2, kWatchMicros * 1000), std::memory_order_relaxed);\n",
            "", ("handoff",)),
+    Mutant("handoff: a hand-back after a mere pause lengthens the period without bound",
+           "transport/poll_handoff.cpp",
+           "h->watch_ns_.store(std::min(period * 2, kWatchMicros * 1000), std::memory_order_relaxed);",
+           "h->watch_ns_.store(period * 2, std::memory_order_relaxed);", ("handoff",)),
     Mutant("handoff: a resend leaves the long watch period in force",
            "transport/poll_handoff.h",
            "        parked_at_ns_.store(now_ns(), std::memory_order_relaxed);\n"
@@ -863,12 +876,11 @@ MUTANTS = [
            "    if (gap < period && false) {", ("handoff",)),
     Mutant("handoff: the watch never shortens (ib_write_lat waits a full period per WRITE)",
            "transport/poll_handoff.cpp",
-           "    if (h->last_poll_found_.load(std::memory_order_relaxed) && h->datagram_waiting())",
-           "    if (false)", ("handoff",)),
+           "    if (found && h->datagram_waiting())", "    if (false)", ("handoff",)),
     Mutant("handoff: the watch shortens after a mere pause of the polls (ib_send_lat slows)",
            "transport/poll_handoff.cpp",
-           "    if (h->last_poll_found_.load(std::memory_order_relaxed) && h->datagram_waiting())",
-           "    if (h->datagram_waiting())", ("handoff",)),
+           "    if (found && h->datagram_waiting())", "    if (h->datagram_waiting())",
+           ("handoff",)),
     Mutant("handoff: the watch never lengthens again (a busy poller's engine thread keeps waking)",
            "transport/poll_handoff.cpp",
            "std::min(period * 2, ceiling)", "std::min(period * 1, ceiling)", ("handoff",)),

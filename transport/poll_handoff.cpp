@@ -140,11 +140,20 @@ void PollHandoff::on_watch(void* arg) {
     // engine thread between bursts of polls (ib_write_lat polls for its ACK, then spins on
     // memory for the peer's WRITE): the next hand-back comes sooner. Not when the polls just
     // paused (a poller the scheduler held off, in ib_send_lat): a short period there only
-    // wakes the engine thread beside the pollers, on CPUs they need.
-    if (h->last_poll_found_.load(std::memory_order_relaxed) && h->datagram_waiting())
+    // wakes the engine thread beside the pollers, on CPUs they need, so such a hand-back
+    // doubles it back towards kWatchMicros (and ends a long park's). The checks that find
+    // the polls going on cannot be left to do that: a period shorter than the poller's
+    // pauses ends each park before its first check. A 4 KiB ibv_rc_pingpong under 1% loss,
+    // its period halved to the floor by a few late answers, was handed back 240 times in
+    // 1,000 iterations, at 61-64 us per iteration instead of 30-38. A last poll that
+    // returned completions with nothing waiting yet says neither: the period stays.
+    const bool found = h->last_poll_found_.load(std::memory_order_relaxed);
+    if (found && h->datagram_waiting())
         h->watch_ns_.store(
             std::max(std::min(period, kWatchMicros * 1000) / 2, kMinWatchMicros * 1000),
             std::memory_order_relaxed);
+    else if (!found)
+        h->watch_ns_.store(std::min(period * 2, kWatchMicros * 1000), std::memory_order_relaxed);
     else if (period > kWatchMicros * 1000)
         h->watch_ns_.store(kWatchMicros * 1000, std::memory_order_relaxed);
     h->streak_.store(0, std::memory_order_relaxed);

@@ -192,6 +192,38 @@ TEST_CASE("The watch period shortens when packets wait for the hand-back", "[pol
     CHECK(p.b.engine->socket_watch_micros() == PollHandoff::kWatchMicros);
 }
 
+// A poller the scheduler holds off for longer than a short period (two busy threads and
+// the engine threads on two CPUs) would have each park ended before the first check that
+// could lengthen it: the short period would stay, and with it a hand-back per pause. So a
+// hand-back after polls that only paused (the last one returned nothing) doubles it.
+TEST_CASE("A hand-back after a mere pause lengthens a short watch period again", "[poll_handoff]") {
+    Pair p;
+    p.connect();
+    // Down to the floor first, as ib_write_lat's exchanges take it (the test above).
+    int64_t period = p.b.engine->socket_watch_micros();
+    for (uint64_t round = 0; round < 12 && period > PollHandoff::kMinWatchMicros; ++round) {
+        int64_t from = 0;
+        write_and_wait(p, 10 + round, true, from);
+        period = p.b.engine->socket_watch_micros();
+    }
+    REQUIRE(period == PollHandoff::kMinWatchMicros);
+    // Now the polls only pause, with the next packet waiting each time: each hand-back
+    // doubles the period it started from (read while b's engine thread was held, after the
+    // polls that may have doubled it already), up to the full one. A watch check that was
+    // due while b's engine thread was held runs first and may find the last poll less than
+    // a period ago: it doubles too, before the hand-back does.
+    for (uint64_t round = 0; round < 8 && period < PollHandoff::kWatchMicros; ++round) {
+        INFO("round " << round);
+        int64_t from = 0;
+        write_and_wait(p, 40 + round, false, from);
+        const int64_t now = p.b.engine->socket_watch_micros();
+        CHECK((now == std::min(2 * from, PollHandoff::kWatchMicros) ||
+               now == std::min(4 * from, PollHandoff::kWatchMicros)));
+        period = now;
+    }
+    CHECK(period == PollHandoff::kWatchMicros);
+}
+
 TEST_CASE("With inline progress off, only the engine thread reads", "[poll_handoff]") {
     PairOptions o;
     o.inline_b = false;
