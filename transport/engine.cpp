@@ -270,6 +270,10 @@ int Engine::claim_cm_service(uint64_t service_id) {
     return steering_ ? steering_->claim_cm_service(service_id) : 0;
 }
 
+bool Engine::cm_service_held_elsewhere(uint64_t service_id) const {
+    return steering_ && steering_->cm_service_held_elsewhere(service_id);
+}
+
 void Engine::release_cm_service(uint64_t service_id) {
     if (steering_) steering_->release_cm_service(service_id);
 }

@@ -125,6 +125,9 @@ class Engine {
     // its address; EADDRINUSE when another live context has the service.
     int claim_cm_service(uint64_t service_id);
     void release_cm_service(uint64_t service_id);
+    // Whether another live context of the device receives `service_id`'s REQs; false for an
+    // engine alone on its address.
+    bool cm_service_held_elsewhere(uint64_t service_id) const;
     MemoryTable& memory() { return memory_; }
     // The live counters (the slot's block of the device's counters, or private ones).
     EngineCounters& counters() { return *counters_; }

@@ -232,6 +232,15 @@ int QpnSteering::claim_cm_service(uint64_t service_id) {
     return EAGAIN;
 }
 
+bool QpnSteering::cm_service_held_elsewhere(uint64_t service_id) const {
+    const uint64_t key = htobe64(service_id);
+    uint32_t holder = 0;
+    if (bpf_map_lookup_elem(services_fd_, &key, &holder) != 0 || holder == slot_) return false;
+    // As in claim_cm_service(): a holder without its socket in the group is dead.
+    uint64_t cookie = 0;
+    return holder < kMapEntries && bpf_map_lookup_elem(map_fd_, &holder, &cookie) == 0;
+}
+
 void QpnSteering::release_cm_service(uint64_t service_id) {
     const uint64_t key = htobe64(service_id);
     uint32_t holder = 0;

@@ -49,6 +49,8 @@ class QpnSteering {
     int claim_cm_service(uint64_t service_id);
     // Ends claim_cm_service(), if this context still holds the service.
     void release_cm_service(uint64_t service_id);
+    // Whether another live context of the device has claimed `service_id`.
+    bool cm_service_held_elsewhere(uint64_t service_id) const;
 
     // Takes the socket out of the map (closing the socket would, too).
     ~QpnSteering();

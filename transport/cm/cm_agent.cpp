@@ -99,8 +99,15 @@ CmAgent::CmAgent(MadSender& sender, uint16_t comm_id_prefix, uint64_t ca_guid, C
       next_id_(static_cast<uint32_t>(random_u64())) {}
 
 int CmAgent::listen(uint64_t service_id, uint64_t listener) {
+    const NotifyOnExit notify{*this};
     std::lock_guard lock(mutex_);
-    return listeners_.emplace(service_id, listener).second ? 0 : EADDRINUSE;
+    if (!listeners_.emplace(service_id, listener).second) return EADDRINUSE;
+    // Requests that came just before the listener: due now, taken on the owner's thread
+    // (its expire()), as a REQ from the wire is, not inside this call and its caller's locks.
+    const auto now = clock_();
+    for (HeldRequest& h : held_)
+        if (h.service_id == service_id) h.deadline = std::min(h.deadline, now);
+    return 0;
 }
 
 void CmAgent::stop_listening(uint64_t service_id) {
@@ -390,6 +397,7 @@ void CmAgent::expire() {
     {
         std::lock_guard lock(mutex_);
         const auto now = clock_();
+        release_held(now, out);
         std::vector<uint32_t> due;
         for (auto& [id, c] : connections_)
             if (c.deadline && *c.deadline <= now) due.push_back(id);
@@ -445,11 +453,17 @@ std::optional<CmClock::time_point> CmAgent::next_deadline() const {
     std::optional<CmClock::time_point> next;
     for (const auto& [id, c] : connections_)
         if (c.deadline && (!next || *c.deadline < *next)) next = c.deadline;
+    for (const HeldRequest& h : held_)
+        if (!next || h.deadline < *next) next = h.deadline;
     return next;
 }
 
 void CmAgent::set_deadline_observer(std::function<void()> observer) {
     deadline_observer_ = std::move(observer);
+}
+
+void CmAgent::set_listened_elsewhere(std::function<bool(uint64_t)> elsewhere) {
+    listened_elsewhere_ = std::move(elsewhere);
 }
 
 std::optional<CmState> CmAgent::state(uint32_t comm_id) const {

@@ -9,8 +9,9 @@
 //   passive: Idle -> ReqReceived -> RepSent -> Established -> DreqReceived -> Timewait
 //
 // and answers what the protocol answers by itself: a REQ for a service nobody listens on gets
-// a REJ (invalid service ID), a resent REQ gets the REP again, a resent REP the RTU again, a
-// DREQ for a connection already gone a DREP, so a peer never waits for a context that forgot.
+// a REJ (invalid service ID) once it has waited `unmatched_hold` for a listener (CmTimers), a
+// resent REQ gets the REP again, a resent REP the RTU again, a DREQ for a connection already
+// gone a DREP, so a peer never waits for a context that forgot.
 // A message that fits no connection or state is dropped and counted.
 //
 // The agent has no thread and no timer of its own: expire() resends what waited too long and
@@ -55,6 +56,12 @@ struct CmTimers {
     // How long a closed connection's IDs stay reserved, so that late packets of the old
     // connection find nothing to disturb.
     CmClock::duration timewait = std::chrono::seconds(1);
+    // How long a REQ or SIDR REQ for a service nobody listens on waits for a listener before
+    // it is rejected (REJ invalid service ID, SIDR REP "not supported"). Common tools connect
+    // a moment before their server listens (perftest -R listens again for its test connection
+    // after a handshake, and its client, rejected, crashes): a REQ that arrives in that moment
+    // is taken as if the network had delayed it. 0 rejects at once, as a kernel's CM does.
+    CmClock::duration unmatched_hold = std::chrono::milliseconds(250);
 };
 
 CmClock::duration response_time(uint8_t exponent);
@@ -104,6 +111,8 @@ struct CmAgentCounters {
     uint64_t rx_unmatched = 0;   // for a comm ID the agent does not have (answered if IBA says so)
     uint64_t rx_unexpected = 0;  // a message the connection's state does not take
     uint64_t rx_duplicates = 0;  // a resent REQ/REP/DREQ, answered again
+    uint64_t rx_held = 0;        // REQs and SIDR REQs that waited for a listener (unmatched_hold)
+    uint64_t rx_left_to_other = 0;  // held, then left for the device's context that listens
     uint64_t tx_mads = 0;
     uint64_t tx_resends = 0;
     uint64_t rej_sent = 0;
@@ -123,7 +132,9 @@ class CmAgent {
     CmAgent& operator=(const CmAgent&) = delete;
 
     // REQs and SIDR REQs for `service_id` raise ReqReceived / SidrReqReceived with
-    // `listener`. 0, or EADDRINUSE when the service already has a listener here.
+    // `listener`. 0, or EADDRINUSE when the service already has a listener here. REQs that
+    // wait for this listener (unmatched_hold) are taken at the owner's next expire(), which
+    // next_deadline() asks for at once.
     int listen(uint64_t service_id, uint64_t listener);
     void stop_listening(uint64_t service_id);
 
@@ -160,6 +171,11 @@ class CmAgent {
     // `observer` runs (without the agent's lock) after every call that may have moved
     // next_deadline(): the owner re-arms its timer there. Set it before the agent is used.
     void set_deadline_observer(std::function<void()> observer);
+    // `elsewhere(service_id)` says whether another context of the device listens on the
+    // service (one this agent cannot hand a REQ to): a held REQ for it is then dropped at the
+    // end of its hold instead of rejected, and the peer's resend reaches that listener. Runs
+    // under the agent's lock. Set it before the agent is used.
+    void set_listened_elsewhere(std::function<bool(uint64_t)> elsewhere);
 
     std::optional<CmState> state(uint32_t comm_id) const;
     CmAgentCounters counters() const;
@@ -197,8 +213,16 @@ class CmAgent {
     void answer_dreq(Connection& c, const CmDrep& drep, bool report_exit);
     void remove(uint32_t comm_id);
     void emit(Events& out, const Connection& c, CmEventType type, const CmMad* cause);
-    void on_req(uint32_t peer_ip, const CmMad& mad, Events& out);
-    void on_sidr_req(uint32_t peer_ip, const CmMad& mad, Events& out);
+    // `may_hold`: a REQ for a service nobody listens on waits for a listener
+    // (hold_unmatched) rather than being rejected at once.
+    void on_req(uint32_t peer_ip, const CmMad& mad, Events& out, bool may_hold);
+    void on_sidr_req(uint32_t peer_ip, const CmMad& mad, Events& out, bool may_hold);
+    // Keeps a REQ or SIDR REQ nobody listens for until unmatched_hold has passed; false when
+    // it must be answered now (holding is off, or too many wait). A resent one already held
+    // is dropped (true).
+    bool hold_unmatched(uint32_t peer_ip, const CmMad& mad, uint64_t service_id, uint32_t peer_id);
+    // Held requests whose time is up: to their listener if one came, else rejected.
+    void release_held(CmClock::time_point now, Events& out);
     // The connection a message names by our comm ID, if it came from that connection's peer.
     Connection* addressed(uint32_t peer_ip, uint32_t our_id);
     void on_answer(uint32_t peer_ip, const CmMad& mad, Events& out);
@@ -218,12 +242,24 @@ class CmAgent {
     const EventHandler on_event_;
     const Clock clock_;
     std::function<void()> deadline_observer_;
+    std::function<bool(uint64_t)> listened_elsewhere_;
 
     mutable std::mutex mutex_;
     std::unordered_map<uint32_t, Connection> connections_;  // by our comm ID
     // Passive connections by (peer IP, peer comm ID): a resent REQ finds its connection.
     std::map<std::pair<uint32_t, uint32_t>, uint32_t> by_peer_;
     std::unordered_map<uint64_t, uint64_t> listeners_;  // service ID -> token
+    // REQs and SIDR REQs waiting for a listener (unmatched_hold), oldest first.
+    struct HeldRequest {
+        uint32_t peer_ip;
+        uint32_t peer_id;  // the peer's comm ID (request ID for SIDR): a resend is the same
+        uint64_t service_id;
+        CmMad mad;
+        CmClock::time_point deadline;
+    };
+    // Bounds what a peer can make the agent keep by sending REQs for unheard-of services.
+    static constexpr size_t kMaxHeldRequests = 64;
+    std::vector<HeldRequest> held_;
     uint32_t next_id_;
     CmAgentCounters counters_;
 };

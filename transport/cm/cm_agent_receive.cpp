@@ -29,9 +29,9 @@ void CmAgent::on_mad(uint32_t peer_ip, std::span<const uint8_t> bytes) {
             return;
         }
         if (std::holds_alternative<CmReq>(mad.body)) {
-            on_req(peer_ip, mad, out);
+            on_req(peer_ip, mad, out, true);
         } else if (std::holds_alternative<CmSidrReq>(mad.body)) {
-            on_sidr_req(peer_ip, mad, out);
+            on_sidr_req(peer_ip, mad, out, true);
         } else {
             on_answer(peer_ip, mad, out);
         }
@@ -39,7 +39,50 @@ void CmAgent::on_mad(uint32_t peer_ip, std::span<const uint8_t> bytes) {
     dispatch(out);
 }
 
-void CmAgent::on_req(uint32_t peer_ip, const CmMad& mad, Events& out) {
+bool CmAgent::hold_unmatched(uint32_t peer_ip, const CmMad& mad, uint64_t service_id,
+                             uint32_t peer_id) {
+    for (const HeldRequest& h : held_) {
+        if (h.peer_ip == peer_ip && h.peer_id == peer_id &&
+            h.mad.body.index() == mad.body.index()) {
+            ++counters_.rx_duplicates;
+            return true;
+        }
+    }
+    if (timers_.unmatched_hold <= CmClock::duration::zero() || held_.size() >= kMaxHeldRequests)
+        return false;
+    held_.push_back({peer_ip, peer_id, service_id, mad, clock_() + timers_.unmatched_hold});
+    ++counters_.rx_held;
+    return true;
+}
+
+void CmAgent::release_held(CmClock::time_point now, Events& out) {
+    // Taken out first: on_req() may not touch held_ while it is walked.
+    std::vector<HeldRequest> due;
+    for (auto it = held_.begin(); it != held_.end();) {
+        if (it->deadline <= now) {
+            due.push_back(std::move(*it));
+            it = held_.erase(it);
+        } else {
+            ++it;
+        }
+    }
+    for (const HeldRequest& h : due) {
+        if (!listeners_.contains(h.service_id) && listened_elsewhere_ &&
+            listened_elsewhere_(h.service_id)) {
+            // Its listener came up in another context: a REJ would end the connection the
+            // peer's resend can still make. Say nothing.
+            ++counters_.rx_left_to_other;
+            continue;
+        }
+        if (std::holds_alternative<CmReq>(h.mad.body)) {
+            on_req(h.peer_ip, h.mad, out, false);
+        } else {
+            on_sidr_req(h.peer_ip, h.mad, out, false);
+        }
+    }
+}
+
+void CmAgent::on_req(uint32_t peer_ip, const CmMad& mad, Events& out, bool may_hold) {
     const CmReq& req = std::get<CmReq>(mad.body);
     auto dup = by_peer_.find({peer_ip, req.local_comm_id});
     if (dup != by_peer_.end()) {
@@ -51,6 +94,9 @@ void CmAgent::on_req(uint32_t peer_ip, const CmMad& mad, Events& out) {
         return;
     }
     auto l = listeners_.find(req.service_id);
+    if (l == listeners_.end() && may_hold &&
+        hold_unmatched(peer_ip, mad, req.service_id, req.local_comm_id))
+        return;
     const uint32_t id = l == listeners_.end() ? 0 : allocate_id();
     if (id == 0) {
         const auto reason =
@@ -72,7 +118,7 @@ void CmAgent::on_req(uint32_t peer_ip, const CmMad& mad, Events& out) {
     emit(out, c, CmEventType::ReqReceived, &mad);
 }
 
-void CmAgent::on_sidr_req(uint32_t peer_ip, const CmMad& mad, Events& out) {
+void CmAgent::on_sidr_req(uint32_t peer_ip, const CmMad& mad, Events& out, bool may_hold) {
     const CmSidrReq& req = std::get<CmSidrReq>(mad.body);
     auto dup = by_peer_.find({peer_ip, req.request_id});
     if (dup != by_peer_.end()) {
@@ -83,6 +129,9 @@ void CmAgent::on_sidr_req(uint32_t peer_ip, const CmMad& mad, Events& out) {
         return;
     }
     auto l = listeners_.find(req.service_id);
+    if (l == listeners_.end() && may_hold &&
+        hold_unmatched(peer_ip, mad, req.service_id, req.request_id))
+        return;
     const uint32_t id = l == listeners_.end() ? 0 : allocate_id();
     if (id == 0) {
         CmSidrRep r;

@@ -19,6 +19,8 @@ CmService::CmService(Engine& engine, uint64_t ca_guid, CmTimers timers,
       agent_(forwarder_, engine.slot_number(), ca_guid, timers, std::move(on_event)) {
     timer_ = std::make_unique<TimerQueue::Timer>(engine_.timers(), &CmService::on_timer, this);
     agent_.set_deadline_observer([this] { arm(); });
+    agent_.set_listened_elsewhere(
+        [this](uint64_t service_id) { return engine_.cm_service_held_elsewhere(service_id); });
     engine_.attach(gsi_);
     claim_any();
 }
@@ -51,6 +53,7 @@ void CmService::stop_listening(uint64_t service_id) {
 CmService::~CmService() {
     {
         std::lock_guard lock(listen_mutex_);
+        closing_ = true;
         for (uint64_t s : services_) engine_.release_cm_service(s);
         services_.clear();
         if (holds_any_) engine_.release_cm_service(kAnyCmService);
@@ -82,6 +85,14 @@ void CmService::on_timer(void* arg) {
     {
         std::lock_guard lock(self->timer_mutex_);
         if (self->stopped_) return;
+    }
+    {
+        // The context that answered for the device's forgotten connections may have died
+        // (killed, or crashed): while this agent waits for an answer, it offers to be that
+        // context, so that its resend, if meant for a dead one, is answered (DREP, REJ)
+        // rather than dropped until the retries run out.
+        std::lock_guard lock(self->listen_mutex_);
+        if (!self->closing_ && !self->holds_any_) self->claim_any();
     }
     self->agent_.expire();  // re-arms through the deadline observer
 }

@@ -65,6 +65,7 @@ class CmService {
     std::mutex listen_mutex_;
     std::vector<uint64_t> services_;  // claimed, released on destruction
     bool holds_any_ = false;          // this context answers CM MADs nobody else takes
+    bool closing_ = false;            // destroyed: claims nothing more
     std::shared_ptr<GsiQp> gsi_;
     Forwarder forwarder_;
     CmAgent agent_;

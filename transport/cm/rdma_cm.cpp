@@ -387,6 +387,8 @@ CmAgentCounters RdmaCm::counters() {
         total.rx_unmatched += c.rx_unmatched;
         total.rx_unexpected += c.rx_unexpected;
         total.rx_duplicates += c.rx_duplicates;
+        total.rx_held += c.rx_held;
+        total.rx_left_to_other += c.rx_left_to_other;
         total.tx_mads += c.tx_mads;
         total.tx_resends += c.tx_resends;
         total.rej_sent += c.rej_sent;

@@ -506,6 +506,13 @@ void RdmaCm::on_cm_event(const std::string& device, const CmEvent& ev) {
             id->comm_id = 0;
             break;
         case CmEventType::DreqReceived:
+            // Answered now, not when the application disconnects or destroys the identifier
+            // as a kernel's CM does: a kernel also answers for a process that dies (its files
+            // close), uroce cannot, and qperf 0.4.11's server crashes right after this event
+            // (docs/rdma-cm.md). The DREP carries nothing the application could add.
+            if (auto svc = services_.find(device); svc != services_.end())
+                svc->second->agent().send_drep(ev.comm_id);
+            [[fallthrough]];
         case CmEventType::Disconnected:
             id->state = State::Disconnected;
             if (id->disconnect_reported) return;

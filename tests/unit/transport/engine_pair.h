@@ -379,6 +379,32 @@ bool busy_poll(Engine& e, Done done, std::chrono::milliseconds limit = kWait) {
     return done();
 }
 
+// An engine for `config`; fails the test if it cannot be made.
+inline std::unique_ptr<Engine> make_engine(const EngineConfig& config) {
+    std::string error;
+    int err = 0;
+    auto e = Engine::create(config, error, err);
+    INFO("Engine::create: " << error << " (errno " << err << ")");
+    REQUIRE(e);
+    return e;
+}
+
+// Runs `body` once with `e`'s socket parked by busy polls and `e`'s engine thread held still
+// (its fork gate), so that nothing but the test's own polls reads the socket. Parking and
+// taking the gate are two steps: a test thread held off the CPU for a watch period between
+// them (an ASan build on a loaded machine) finds the socket handed back, and tries again.
+template <class Body>
+void parked_and_gated(Engine& e, Body body) {
+    for (int attempt = 0; attempt < 100; ++attempt) {
+        REQUIRE(busy_poll(e, [&] { return e.socket_parked(); }));
+        const auto gate = e.fork_gate().pass();
+        if (!e.socket_parked()) continue;
+        body();
+        return;
+    }
+    FAIL("the socket was handed back before the fork gate was taken, 100 times");
+}
+
 inline bool has_event(Side& s, AsyncEventType type) {
     for (const AsyncEvent& e : s.async_events())
         if (e.type == type && e.qp_handle == &s) return true;

@@ -78,9 +78,15 @@ struct Node {
 };
 
 struct Fixture {
+    Fixture() = default;
+    explicit Fixture(CmTimers t) : timers(t) {}
+
     CmClock::time_point now{};
     Wire wire;
-    CmTimers timers{.response_exponent = 18, .max_retries = 3, .timewait = std::chrono::seconds(2)};
+    CmTimers timers{.response_exponent = 18,
+                    .max_retries = 3,
+                    .timewait = std::chrono::seconds(2),
+                    .unmatched_hold = std::chrono::milliseconds(100)};
     Node a{wire, kIpA, 0x011, now, timers};
     Node b{wire, kIpB, 0x022, now, timers};
 
@@ -121,6 +127,16 @@ struct Fixture {
         r.path_mtu = 3;
         r.private_data[50] = 0x5a;
         return r;
+    }
+
+    // B answers the REQ it got as `idb` (REP), A the REP (RTU): established on both sides.
+    void accept(uint32_t idb, uint32_t ida) {
+        REQUIRE(b.agent.send_rep(idb, CmRep{}) == 0);
+        deliver();
+        a.take(CmEventType::RepReceived);
+        REQUIRE(a.agent.send_rtu(ida) == 0);
+        deliver();
+        b.take(CmEventType::Established);
     }
 
     // A and B through REQ, REP, RTU; returns (A's comm ID, B's comm ID).
@@ -214,9 +230,21 @@ TEST_CASE_METHOD(Fixture, "a connection is set up and torn down", "[cm]") {
     CHECK(ca.tx_resends + cb.tx_resends == 0);
 }
 
-TEST_CASE_METHOD(Fixture, "a REQ nobody listens for is rejected", "[cm]") {
+TEST_CASE_METHOD(Fixture, "a REQ nobody listens for is rejected once it has waited", "[cm]") {
     b.agent.listen(kService + 1, 1);
     const uint32_t ida = a.agent.send_req(kIpB, request());
+    deliver();
+    // Held for a listener that may come (unmatched_hold): no answer yet.
+    CHECK(a.events.empty());
+    CHECK(b.events.empty());
+    CHECK(b.agent.counters().rx_held == 1);
+    CHECK(b.agent.counters().rej_sent == 0);
+    REQUIRE(b.agent.next_deadline() == now + timers.unmatched_hold);
+    advance(timers.unmatched_hold - std::chrono::milliseconds(1));
+    deliver();
+    CHECK(a.events.empty());
+    CHECK(b.agent.counters().rej_sent == 0);
+    advance(std::chrono::milliseconds(1));
     deliver();
     CHECK(b.events.empty());
     const CmEvent rej = a.take(CmEventType::Rejected);
@@ -225,13 +253,126 @@ TEST_CASE_METHOD(Fixture, "a REQ nobody listens for is rejected", "[cm]") {
           static_cast<uint16_t>(CmRejectReason::InvalidServiceId));
     CHECK_FALSE(a.agent.state(ida).has_value());
     CHECK(b.agent.counters().rej_sent == 1);
-    // Listening afterwards makes the same service reachable.
-    b.agent.stop_listening(kService + 1);
+    CHECK(b.agent.counters().rx_unmatched == 1);
+    CHECK_FALSE(b.agent.next_deadline().has_value());
+    // A listener after the REJ does not see the rejected REQ.
     CHECK(b.agent.listen(kService, 2) == 0);
+    advance(timers.unmatched_hold);
+    CHECK(b.events.empty());
+    // Listening afterwards makes the same service reachable, at once.
+    b.agent.stop_listening(kService + 1);
     CHECK(b.agent.listen(kService, 3) == EADDRINUSE);
     a.agent.send_req(kIpB, request());
     deliver();
     CHECK(b.take(CmEventType::ReqReceived).listener == 2);
+}
+
+TEST_CASE_METHOD(Fixture, "a REQ that comes just before its listener is taken", "[cm]") {
+    SECTION("REQ") {
+        const uint32_t ida = a.agent.send_req(kIpB, request());
+        deliver();
+        CHECK(b.events.empty());
+        // The peer's REQ resent while it waits is not held twice.
+        CmReq again = request();
+        again.local_comm_id = ida;
+        b.agent.on_mad(kIpA, encode_cm_mad({MadHeader{}, again}));
+        CHECK(b.agent.counters().rx_held == 1);
+        CHECK(b.agent.counters().rx_duplicates == 1);
+        advance(timers.unmatched_hold / 2);
+        REQUIRE(b.agent.listen(kService, 9) == 0);
+        // Due at once, taken on the owner's next expire(), not inside listen().
+        CHECK(b.events.empty());
+        REQUIRE(b.agent.next_deadline() == now);
+        b.agent.expire();
+        const CmEvent req = b.take(CmEventType::ReqReceived);
+        CHECK(req.listener == 9);
+        CHECK(req.peer_ip == kIpA);
+        CHECK(std::get<CmReq>(req.message->body).local_qpn == 0x11a2b3);
+        accept(req.comm_id, ida);
+        CHECK(a.agent.state(ida) == CmState::Established);
+        // Past the hold nothing more happens: the held REQ is gone, no REJ went out.
+        advance(timers.unmatched_hold);
+        deliver();
+        CHECK(a.events.empty());
+        CHECK(b.events.empty());
+        CHECK(b.agent.counters().rej_sent == 0);
+        CHECK(count_sent(CmAttribute::Rej, kIpB) == 0);
+    }
+    SECTION("SIDR REQ") {
+        CmSidrReq sreq;
+        sreq.service_id = kService;
+        const uint32_t ida = a.agent.send_sidr_req(kIpB, sreq);
+        deliver();
+        CHECK(a.events.empty());
+        REQUIRE(b.agent.listen(kService, 4) == 0);
+        b.agent.expire();
+        const CmEvent req = b.take(CmEventType::SidrReqReceived);
+        CHECK(req.listener == 4);
+        CmSidrRep rep;
+        rep.qpn = 0x123;
+        REQUIRE(b.agent.send_sidr_rep(req.comm_id, rep) == 0);
+        deliver();
+        const CmEvent got = a.take(CmEventType::SidrRepReceived);
+        CHECK(got.comm_id == ida);
+        CHECK(std::get<CmSidrRep>(got.message->body).status == 0);
+    }
+    SECTION(
+        "its listener came up in another context of the device: no answer, the resend goes there") {
+        b.agent.set_listened_elsewhere([](uint64_t service) { return service == kService; });
+        const uint32_t ida = a.agent.send_req(kIpB, request());
+        deliver();
+        advance(timers.unmatched_hold);
+        deliver();
+        CHECK(a.events.empty());
+        CHECK(b.events.empty());
+        CHECK(b.agent.counters().rx_left_to_other == 1);
+        CHECK(b.agent.counters().rej_sent == 0);
+        CHECK(count_sent(CmAttribute::Rej, kIpB) == 0);
+        CHECK_FALSE(b.agent.next_deadline().has_value());
+        CHECK(a.agent.state(ida) == CmState::ReqSent);  // A resends after its response time
+        // A listener here still comes first: the REQ is taken, not left.
+        a.agent.send_req(kIpB, request());
+        deliver();
+        REQUIRE(b.agent.listen(kService, 6) == 0);
+        b.agent.expire();
+        CHECK(b.take(CmEventType::ReqReceived).listener == 6);
+        CHECK(b.agent.counters().rx_left_to_other == 1);
+    }
+    SECTION("another service's listener does not take it") {
+        a.agent.send_req(kIpB, request());
+        deliver();
+        REQUIRE(b.agent.listen(kService + 1, 5) == 0);
+        CHECK(b.agent.next_deadline() == now + timers.unmatched_hold);
+        b.agent.expire();
+        CHECK(b.events.empty());
+        advance(timers.unmatched_hold);
+        deliver();
+        CHECK(a.take(CmEventType::Rejected).comm_id != 0);
+        CHECK(b.events.empty());
+    }
+}
+
+TEST_CASE("REQs for no listener: held up to a bound, or not at all when told so", "[cm]") {
+    SECTION("at most 64 wait; the next is rejected at once") {
+        Fixture f;
+        for (int i = 0; i < 65; ++i) f.a.agent.send_req(kIpB, f.request());
+        f.deliver();
+        CHECK(f.b.agent.counters().rx_held == 64);
+        CHECK(f.b.agent.counters().rej_sent == 1);
+        CHECK(f.a.take(CmEventType::Rejected).comm_id != 0);
+        f.advance(f.timers.unmatched_hold);
+        f.deliver();
+        CHECK(f.a.events.size() == 64);
+        CHECK(f.b.agent.counters().rej_sent == 65);
+    }
+    SECTION("a hold of 0 rejects at once, as a kernel's CM does") {
+        Fixture f(CmTimers{.unmatched_hold = {}});
+        f.a.agent.send_req(kIpB, f.request());
+        f.deliver();
+        CHECK(f.a.take(CmEventType::Rejected).comm_id != 0);
+        CHECK(f.b.agent.counters().rx_held == 0);
+        CHECK_FALSE(f.b.agent.next_deadline().has_value());
+    }
 }
 
 TEST_CASE_METHOD(Fixture, "lost messages are sent again, and answered once", "[cm]") {
@@ -422,12 +563,7 @@ TEST_CASE_METHOD(Fixture, "forged and stray messages do not move a connection", 
         CHECK(a.agent.counters().rx_unmatched == 1);
     }
     SECTION("after the connection is up: DREQ from another address, or naming another peer ID") {
-        REQUIRE(b.agent.send_rep(req.comm_id, CmRep{}) == 0);
-        deliver();
-        a.take(CmEventType::RepReceived);
-        REQUIRE(a.agent.send_rtu(ida) == 0);
-        deliver();
-        b.take(CmEventType::Established);
+        accept(req.comm_id, ida);
         CmDreq forged;
         forged.local_comm_id = req.comm_id;
         forged.remote_comm_id = ida;
@@ -504,12 +640,7 @@ TEST_CASE_METHOD(Fixture, "the user rejects, or walks away", "[cm]") {
         CHECK(b.events.empty());
     }
     SECTION("the active user destroys an established connection: the peer sees a DREQ") {
-        REQUIRE(b.agent.send_rep(req.comm_id, CmRep{}) == 0);
-        deliver();
-        a.take(CmEventType::RepReceived);
-        REQUIRE(a.agent.send_rtu(ida) == 0);
-        deliver();
-        b.take(CmEventType::Established);
+        accept(req.comm_id, ida);
         a.agent.destroy(ida);
         deliver();
         b.take(CmEventType::DreqReceived);
@@ -577,6 +708,9 @@ TEST_CASE_METHOD(Fixture, "SIDR resolves a UD service", "[cm]") {
         CmSidrReq other;
         other.service_id = kService + 5;
         a.agent.send_sidr_req(kIpB, other);
+        deliver();
+        CHECK(a.events.empty());  // waits for a listener first
+        advance(timers.unmatched_hold);
         deliver();
         const CmEvent no = a.take(CmEventType::SidrRepReceived);
         CHECK(std::get<CmSidrRep>(no.message->body).status ==

@@ -5,12 +5,15 @@
 
 #include <condition_variable>
 #include <deque>
+#include <filesystem>
 #include <mutex>
+#include <thread>
 
 #include "tests/unit/transport/engine_pair.h"
 #include "tests/unit/transport/forged_peer.h"
 #include "transport/cm/cm_service.h"
 #include "transport/cm/ip_cm_header.h"
+#include "transport/engine.h"
 
 using namespace uroce::transport;
 using uroce::IpAddress;
@@ -149,4 +152,66 @@ TEST_CASE("CM over UDP: QP1 drops what is not a CM MAD", "[cm]") {
     h.deth.qkey = kGsiQkey;
     p.b.engine->receive_datagram(forge_packet(h, mad, flow), p.a.ip, 50000);
     lb.next(CmEventType::ReqReceived);
+}
+
+TEST_CASE("CM on a shared device: an agent that waits answers for a context that died",
+          "[cm][qpn_steering]") {
+    // Three contexts of one device: one address and port, a slot table, QPN steering (root,
+    // as device sharing needs). 1 runs a CM that listens (and answers for the device: service
+    // ID 0), 2 runs a CM that connects to it, 3 runs none.
+    const auto dir =
+        std::filesystem::temp_directory_path() / ("uroce-cm-shared-" + std::to_string(::getpid()));
+    std::filesystem::create_directories(dir);
+    const Addresses where = next_addresses();
+    EngineConfig config;
+    config.ip = where.a;
+    config.port = where.port;
+    config.slot_table = (dir / "slots").string();
+    auto e1 = make_engine(config);
+    auto e2 = make_engine(config);
+    auto e3 = make_engine(config);
+    EventLog l1, l2;
+    auto s1 = std::make_unique<CmService>(*e1, 0x1111, fast_timers(),
+                                          [&l1](const CmEvent& e) { l1.push(e); });
+    // 2 resends every 67 ms for 1 s: long enough for what follows to come first.
+    CmTimers slow = fast_timers();
+    slow.max_retries = 15;
+    CmService s2(*e2, 0x2222, slow, [&l2](const CmEvent& e) { l2.push(e); });
+    REQUIRE(s1->listen(kService, 5) == 0);
+    CHECK(e3->cm_service_held_elsewhere(0));  // 1 answers for the device
+    CHECK(e3->cm_service_held_elsewhere(kService));
+
+    CmReq req;
+    req.service_id = kService;
+    const uint32_t id2 = s2.agent().send_req(where.a.v4(), req);
+    const CmEvent got = l1.next(CmEventType::ReqReceived);
+    REQUIRE(s1->agent().send_rep(got.comm_id, CmRep{}) == 0);
+    l2.next(CmEventType::RepReceived);
+    REQUIRE(s2.agent().send_rtu(id2) == 0);
+    l1.next(CmEventType::Established);
+
+    // 1's context goes, and with it the context that answered for the device's forgotten
+    // connections (a killed one's claim would stay behind, dead: claim_cm_service() takes
+    // that over the same way).
+    s1.reset();
+    e1.reset();
+    CHECK_FALSE(e3->cm_service_held_elsewhere(0));
+    // 2 waits for an answer (a REQ to an address nobody is at): at its first resend it offers
+    // to answer for the device.
+    s2.agent().send_req(where.b.v4(), req);
+    bool taken = false;
+    const auto deadline = std::chrono::steady_clock::now() + kWait;
+    while (!taken && std::chrono::steady_clock::now() < deadline) {
+        std::this_thread::sleep_for(1ms);
+        taken = e3->cm_service_held_elsewhere(0);
+    }
+    REQUIRE(taken);
+    CHECK_FALSE(e2->cm_service_held_elsewhere(0));
+    // So 2's DREQ to 1's dead context reaches 2 itself, which answers for it (DREP): the
+    // disconnect ends at once, not after the DREQ's resends.
+    REQUIRE(s2.agent().send_dreq(id2) == 0);
+    const CmEvent done = l2.next(CmEventType::Disconnected);
+    CHECK(done.comm_id == id2);
+    CHECK(s2.agent().counters().rx_unmatched >= 1);  // the DREQ it answered for 1
+    std::filesystem::remove_all(dir);
 }

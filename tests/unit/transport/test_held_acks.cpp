@@ -436,10 +436,8 @@ TEST_CASE("A busy poller's ACK waits for its application's answer: one system ca
           "[held_acks]") {
     AnsweringPair ap(holding(kForever));
     Pair& p = ap.p;
-    REQUIRE(busy_poll(*p.b.engine, [&] { return p.b.engine->socket_parked(); }));
     REQUIRE(p.a.qp->post_recv(recv_wqe(202, {p.a.sge(8192, kLen)})) == 0);
-    {
-        const auto gate = p.b.engine->fork_gate().pass();  // b's engine thread stands still
+    parked_and_gated(*p.b.engine, [&] {
         TxRecorder b_out(*p.b.engine);
         const uint64_t held0 = p.b.counters().tx_held_acks.load();
         const uint64_t acks0 = p.b.counters().tx_acks.load();
@@ -460,7 +458,7 @@ TEST_CASE("A busy poller's ACK waits for its application's answer: one system ca
         REQUIRE(sent.size() == 2);
         CHECK(index_of(sent, wire::Opcode::RcAcknowledge) == 0);
         CHECK(index_of(sent, wire::Opcode::RcSendOnly) == 1);
-    }
+    });
     const auto done = poll_side(p.a, *p.a.scq);
     REQUIRE(done);
     CHECK(done->status == WcStatus::Success);
@@ -476,15 +474,13 @@ TEST_CASE("A busy poller's ACK waits for its application's answer: one system ca
 TEST_CASE("A busy poller's held ACK leaves at its next poll when no answer comes", "[held_acks]") {
     AnsweringPair ap(holding(kForever));
     Pair& p = ap.p;
-    REQUIRE(busy_poll(*p.b.engine, [&] { return p.b.engine->socket_parked(); }));
-    {
-        const auto gate = p.b.engine->fork_gate().pass();
+    parked_and_gated(*p.b.engine, [&] {
         const uint64_t acks0 = p.b.counters().tx_acks.load();
         polled_request(p, 211);
         CHECK(p.b.counters().tx_acks.load() == acks0);
         p.b.engine->on_cq_poll(true);
         CHECK(p.b.counters().tx_acks.load() == acks0 + 1);
-    }
+    });
     const auto done = poll_side(p.a, *p.a.scq);
     REQUIRE(done);
     CHECK(done->status == WcStatus::Success);
@@ -496,22 +492,18 @@ TEST_CASE("With hold_acks off a busy poller's ACK leaves at the end of its batch
     o.hold_acks = false;
     AnsweringPair ap(o);
     Pair& p = ap.p;
-    REQUIRE(busy_poll(*p.b.engine, [&] { return p.b.engine->socket_parked(); }));
-    {
-        const auto gate = p.b.engine->fork_gate().pass();
+    parked_and_gated(*p.b.engine, [&] {
         const uint64_t acks0 = p.b.counters().tx_acks.load();
         polled_request(p, 221);
         CHECK(p.b.counters().tx_acks.load() == acks0 + 1);
         CHECK(p.b.counters().tx_held_acks.load() == 0);
-    }
+    });
 }
 
 TEST_CASE("A busy poller's held WRITE answer leaves before its ACK, in one train", "[held_acks]") {
     AnsweringPair ap(holding(kForever));
     Pair& p = ap.p;
-    REQUIRE(busy_poll(*p.b.engine, [&] { return p.b.engine->socket_parked(); }));
-    {
-        const auto gate = p.b.engine->fork_gate().pass();  // b's engine thread stands still
+    parked_and_gated(*p.b.engine, [&] {
         TxRecorder b_out(*p.b.engine);
         polled_request(p, 241);
         CHECK(b_out.packets().empty());
@@ -526,7 +518,7 @@ TEST_CASE("A busy poller's held WRITE answer leaves before its ACK, in one train
         CHECK(index_of(sent, wire::Opcode::RcWriteOnly) == 0);
         CHECK(index_of(sent, wire::Opcode::RcAcknowledge) == 1);
         CHECK(p.b.counters().tx_gso_sends.load() == trains0 + 1);
-    }
+    });
     const auto done = poll_side(p.a, *p.a.scq);
     REQUIRE(done);
     CHECK(done->status == WcStatus::Success);

@@ -54,9 +54,7 @@ void complete_all(Pair& p, uint32_t n) {
 TEST_CASE("Posts of a busy poller wait for its next poll and leave as one train", "[held_posts]") {
     Pair p;
     p.connect();
-    REQUIRE(busy_poll(*p.a.engine, [&] { return p.a.engine->socket_parked(); }));
-    {
-        const auto gate = p.a.engine->fork_gate().pass();  // a's engine thread stands still
+    parked_and_gated(*p.a.engine, [&] {
         REQUIRE(p.a.engine->socket_parked());
         const uint64_t held = p.a.counters().tx_held_posts.load();
         const uint64_t sent = p.a.counters().tx_packets.load();
@@ -70,7 +68,7 @@ TEST_CASE("Posts of a busy poller wait for its next poll and leave as one train"
         CHECK(p.a.counters().tx_gso_sends.load() - trains == 1);
         p.a.engine->on_cq_poll(false);  // nothing more: sent once
         CHECK(p.a.counters().tx_packets.load() - sent == 32);
-    }
+    });
     complete_all(p, 32);
     check_small_writes(p, 32, 500);
 }
@@ -80,9 +78,7 @@ TEST_CASE("A post that fills a train does not wait for the poll", "[held_posts]"
     o.mem_bytes = 128 * 1024;
     Pair p(o);
     p.connect();
-    REQUIRE(busy_poll(*p.a.engine, [&] { return p.a.engine->socket_parked(); }));
-    {
-        const auto gate = p.a.engine->fork_gate().pass();
+    parked_and_gated(*p.a.engine, [&] {
         const uint64_t held = p.a.counters().tx_held_posts.load();
         const uint64_t sent = p.a.counters().tx_packets.load();
         // 63 small WRITEs wait; the 64th makes a train, and all 64 go at once.
@@ -96,7 +92,7 @@ TEST_CASE("A post that fills a train does not wait for the poll", "[held_posts]"
                                            p.b.iova + 16384, p.b.keys.rkey)) == 0);
         CHECK(p.a.counters().tx_held_posts.load() - held == 63);
         CHECK(p.a.counters().tx_packets.load() - sent > 64);
-    }
+    });
     complete_all(p, 65);
     check_small_writes(p, 64, 600);
     CHECK(first_mismatch(p.b.at(16384), TransmitBatch::kMaxPackets * kMtu, 601) ==
@@ -106,11 +102,17 @@ TEST_CASE("A post that fills a train does not wait for the poll", "[held_posts]"
 TEST_CASE("What a poller held goes out when it stops polling", "[held_posts]") {
     Pair p;
     p.connect();
-    for (uint64_t round = 0; round < 3; ++round) {
+    int held_rounds = 0;
+    for (uint64_t round = 0; round < 30 && held_rounds < 3; ++round) {
         INFO("round " << round);
         REQUIRE(busy_poll(*p.a.engine, [&] { return p.a.engine->socket_parked(); }));
         const uint64_t held = p.a.counters().tx_held_posts.load();
         post_small_writes(p, 8, 700 + 10 * round);
+        // a's thread may lose the CPU for a whole watch period between the parking and the
+        // posts (ASan, a loaded machine): then nothing waited, and the round proves nothing
+        // of what this test is about (the data must arrive all the same).
+        const bool waited = p.a.counters().tx_held_posts.load() > held;
+        held_rounds += waited ? 1 : 0;
         // Nobody polls a from now on: its engine thread takes the socket back within a watch
         // period and sends what waited. b's engine thread executes the WRITEs; their data
         // arrives without any poll of a's.
@@ -122,11 +124,10 @@ TEST_CASE("What a poller held goes out when it stops polling", "[held_posts]") {
                 first_mismatch(p.b.at(8192 + 7 * kSmall), kSmall, 700 + 10 * round + 7) == kSmall;
         }
         CHECK(arrived);
-        // Unless a's thread lost the CPU for a whole watch period while posting, they waited.
-        CHECK(p.a.counters().tx_held_posts.load() > held);
         complete_all(p, 8);
         check_small_writes(p, 8, 700 + 10 * round);
     }
+    CHECK(held_rounds == 3);
 }
 
 TEST_CASE("With hold_posts off a busy poller's posts leave at once", "[held_posts]") {
@@ -134,14 +135,12 @@ TEST_CASE("With hold_posts off a busy poller's posts leave at once", "[held_post
     o.hold_posts = false;
     Pair p(o);
     p.connect();
-    REQUIRE(busy_poll(*p.a.engine, [&] { return p.a.engine->socket_parked(); }));
-    {
-        const auto gate = p.a.engine->fork_gate().pass();
+    parked_and_gated(*p.a.engine, [&] {
         const uint64_t sent = p.a.counters().tx_packets.load();
         post_small_writes(p, 8, 800);
         CHECK(p.a.counters().tx_packets.load() - sent == 8);
         CHECK(p.a.counters().tx_held_posts.load() == 0);
-    }
+    });
     complete_all(p, 8);
     check_small_writes(p, 8, 800);
 }

@@ -24,12 +24,7 @@ std::unique_ptr<Engine> make_engine(const IpAddress& ip, uint16_t port) {
     EngineConfig config;
     config.ip = ip;
     config.port = port;
-    std::string error;
-    int err = 0;
-    auto e = Engine::create(config, error, err);
-    INFO("Engine::create: " << error << " (errno " << err << ")");
-    REQUIRE(e);
-    return e;
+    return uroce::transport::test::make_engine(config);
 }
 
 // A plain UDP socket standing in for a peer, to see packets as the network does.

@@ -379,11 +379,17 @@ TEST_CASE("QPN steering: one listener per CM service and device", "[qpn_steering
     auto a = std::make_unique<Member>(table, w);
     Member b(table, w);
     const uint64_t s = 0x0000000001060042ull;
+    CHECK_FALSE(b.steering->cm_service_held_elsewhere(s));
     REQUIRE(a->steering->claim_cm_service(s) == 0);
     CHECK(a->steering->claim_cm_service(s) == 0);  // again: still a's
     CHECK(b.steering->claim_cm_service(s) == EADDRINUSE);
+    // Whether another live context listens: a held REQ is left for it (cm_agent.h).
+    CHECK(b.steering->cm_service_held_elsewhere(s));
+    CHECK_FALSE(a->steering->cm_service_held_elsewhere(s));
+    CHECK_FALSE(b.steering->cm_service_held_elsewhere(s + 1));
     SECTION("released, it can be taken") {
         a->steering->release_cm_service(s);
+        CHECK_FALSE(b.steering->cm_service_held_elsewhere(s));
         b.steering->release_cm_service(s);  // not b's: nothing happens
         CHECK(b.steering->claim_cm_service(s) == 0);
         CHECK(a->steering->claim_cm_service(s) == EADDRINUSE);
@@ -394,6 +400,7 @@ TEST_CASE("QPN steering: one listener per CM service and device", "[qpn_steering
     SECTION("a holder that left without releasing it loses it") {
         // Leaving takes a's socket out of the group; its service entry stays behind.
         a.reset();
+        CHECK_FALSE(b.steering->cm_service_held_elsewhere(s));  // its holder is dead
         CHECK(b.steering->claim_cm_service(s) == 0);
         send_cm(w, 0x10, 8, kServiceAt, s, 8);
         settle();

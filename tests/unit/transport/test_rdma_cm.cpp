@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <mutex>
 #include <string>
+#include <thread>
 
 #include "tests/unit/transport/engine_pair.h"
 #include "transport/cm/port_table.h"
@@ -95,13 +96,17 @@ std::vector<uint8_t> bytes(const char* s) {
 }
 
 struct World {
+    World() = default;
+    explicit World(CmTimers t) : timers(t) {}
+
+    CmTimers timers = fast_timers();
     Pair p;
     std::string dir = ports_dir();
     TestHost host_a{p, true, dir};
     TestHost host_b{p, false, dir};
     Events ea, eb;
-    RdmaCm a{host_a, [this](const CmIdEvent& e) { ea.push(e); }, fast_timers()};
-    RdmaCm b{host_b, [this](const CmIdEvent& e) { eb.push(e); }, fast_timers()};
+    RdmaCm a{host_a, [this](const CmIdEvent& e) { ea.push(e); }, timers};
+    RdmaCm b{host_b, [this](const CmIdEvent& e) { eb.push(e); }, timers};
 
     // A listener on B:kPort, and an A identifier whose route to it is resolved.
     uint32_t listener = 0;
@@ -115,6 +120,20 @@ struct World {
         CHECK(ea.next(CmIdEventType::AddrResolved).id == client);
         REQUIRE(a.resolve_route(client) == 0);
         ea.next(CmIdEventType::RouteResolved);
+    }
+
+    // An A identifier whose route to B:kPort is resolved, nobody listening there; B runs a CM
+    // (a listener on kPort + 1), so its agent answers a REQ itself.
+    uint32_t resolve_to_unheard_port() {
+        const uint32_t other = b.create_id(PortSpace::Tcp);
+        REQUIRE(b.bind(other, {p.b.ip.v4(), kPort + 1}) == 0);
+        REQUIRE(b.listen(other, 1) == 0);
+        const uint32_t c = a.create_id(PortSpace::Tcp);
+        REQUIRE(a.resolve_addr(c, CmAddress{p.a.ip.v4(), 0}, {p.b.ip.v4(), kPort}) == 0);
+        ea.next(CmIdEventType::AddrResolved);
+        REQUIRE(a.resolve_route(c) == 0);
+        ea.next(CmIdEventType::RouteResolved);
+        return c;
     }
 };
 
@@ -211,8 +230,12 @@ TEST_CASE("RDMA CM: connect, accept, established, disconnect, timewait", "[cm][r
 
     REQUIRE(w.a.disconnect(w.client) == 0);
     CHECK(w.eb.next(CmIdEventType::Disconnected).id == server);
-    REQUIRE(w.b.disconnect(server) == 0);  // the DREP
+    // B's CM answered the DREQ (DREP) by itself: A hears it before B's application acts, as
+    // it would if B's process died here (qperf's server does). B's disconnect then does
+    // nothing more.
     CHECK(w.ea.next(CmIdEventType::Disconnected).id == w.client);
+    CHECK(w.a.counters().tx_resends == 0);  // the DREP, not the DREQ's timeout
+    REQUIRE(w.b.disconnect(server) == 0);
     CHECK(w.ea.next(CmIdEventType::TimewaitExit).id == w.client);
     CHECK(w.eb.next(CmIdEventType::TimewaitExit).id == server);
     CHECK(w.a.destroy_id(w.client) == 0);
@@ -246,21 +269,50 @@ TEST_CASE("RDMA CM: a rejected connection, with the consumer's private data", "[
     CHECK(w.b.reject(server, {}) == EINVAL);
 }
 
-TEST_CASE("RDMA CM: a port nobody listens on is refused at once", "[cm][rdma_cm]") {
+TEST_CASE("RDMA CM: a port nobody listens on is refused", "[cm][rdma_cm]") {
     World w;
-    // B runs a CM (a listener on another port), so its agent answers the REQ itself.
-    const uint32_t other = w.b.create_id(PortSpace::Tcp);
-    REQUIRE(w.b.bind(other, {w.p.b.ip.v4(), kPort + 1}) == 0);
-    REQUIRE(w.b.listen(other, 1) == 0);
-    const uint32_t c = w.a.create_id(PortSpace::Tcp);
-    REQUIRE(w.a.resolve_addr(c, CmAddress{w.p.a.ip.v4(), 0}, {w.p.b.ip.v4(), kPort}) == 0);
-    w.ea.next(CmIdEventType::AddrResolved);
-    REQUIRE(w.a.resolve_route(c) == 0);
-    w.ea.next(CmIdEventType::RouteResolved);
+    const uint32_t c = w.resolve_to_unheard_port();
     REQUIRE(w.a.connect(c, CmConnParam{}) == 0);
     CHECK(w.ea.next(CmIdEventType::Rejected).status ==
           static_cast<int>(CmRejectReason::InvalidServiceId));
     CHECK(w.eb.pending() == 0);
+}
+
+TEST_CASE("RDMA CM: a connect that comes just before the listen is taken", "[cm][rdma_cm]") {
+    // As perftest -R's client does: its REQ reaches B before B's listener exists. A long hold,
+    // so that a slow machine cannot make the REQ time out before the test listens.
+    CmTimers t = fast_timers();
+    t.unmatched_hold = std::chrono::seconds(30);
+    World w(t);
+    const uint32_t c = w.resolve_to_unheard_port();
+    CmConnParam cp;
+    cp.qp_num = 0x456;
+    cp.private_data = bytes("early");
+    REQUIRE(w.a.connect(c, cp) == 0);
+    for (int i = 0; i < 10000 && w.b.counters().rx_held == 0; ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    REQUIRE(w.b.counters().rx_held == 1);
+    CHECK(w.ea.pending() == 0);
+    CHECK(w.eb.pending() == 0);
+
+    const uint32_t listener = w.b.create_id(PortSpace::Tcp);
+    REQUIRE(w.b.bind(listener, {w.p.b.ip.v4(), kPort}) == 0);
+    REQUIRE(w.b.listen(listener, 8) == 0);
+    const CmIdEvent req = w.eb.next(CmIdEventType::ConnectRequest);
+    CHECK(req.listen_id == listener);
+    CHECK(req.param.qp_num == 0x456);
+    CHECK(
+        std::equal(cp.private_data.begin(), cp.private_data.end(), req.param.private_data.begin()));
+    CmConnParam ap;
+    ap.qp_num = 0x789;
+    REQUIRE(w.b.accept(req.id, &ap) == 0);
+    const CmIdEvent rep = w.ea.next(CmIdEventType::ConnectResponse);
+    CHECK(rep.id == c);
+    CHECK(rep.param.qp_num == 0x789);
+    REQUIRE(w.a.accept(c, nullptr) == 0);  // the RTU
+    CHECK(w.eb.next(CmIdEventType::Established).id == req.id);
+    CHECK(w.b.counters().rej_sent == 0);
+    CHECK(w.b.counters().rx_unmatched == 0);
 }
 
 TEST_CASE("RDMA CM: a destroyed connection is disconnected on the wire", "[cm][rdma_cm]") {
