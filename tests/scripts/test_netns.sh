@@ -47,7 +47,7 @@ source "$(dirname "$(readlink -f "$0")")/lib.sh"
 VERIFY=$(readlink -f "${2:-}")
 lib_init "$1"
 
-for tool in ip ibv_rc_pingpong ss timeout python3; do
+for tool in ip ibv_rc_pingpong ss timeout python3 qperf; do
     if ! command -v "$tool" >/dev/null; then
         skip "three network namespaces: $tool is not installed"
         finish
@@ -379,6 +379,24 @@ for link in "A-B $D_BA $D_AB" "B-C $D_CB $D_BC" "C-A $D_AC $D_CA"; do
             "$(tail -n 3 "$WORK/stats.err" 2>/dev/null)"
     fi
 done
+
+# ------------------------------------------------ RDMA CM between namespaces
+# The registry is the host's, so every namespace lists all six devices; the client names no
+# source address. Its RDMA CM must pick the device whose address A's routing sends from to B
+# (ab), not ba, the device registered with the destination address (B's: it cannot be opened
+# in A). qperf -cm1 runs two tests: its server's child crashes after each one (qperf 0.4.11),
+# once it has seen the client's DREQ, which uroce answers as it arrives (docs/rdma-cm.md).
+label="A-B qperf -cm1, no source address"
+port=$(free_tcp_port)
+pair_start "$label" 60 "$NS_B" "$NS_A" "$port" \
+    -- qperf -lp "$port" \
+    -- qperf -lp "$port" "$IP_BA" -cm1 -m 4k -t 1 rc_bw rc_lat quit
+pair_wait "$label"
+if expect_pair_ok "$label"; then
+    expect_eq "$label: a bandwidth" 1 "$(grep -c "bw  = " "$CLI_OUT")"
+    expect_eq "$label: a latency" 1 "$(grep -c "latency  = " "$CLI_OUT")"
+    expect_eq "$label: nothing printed on stderr" "" "$(cat "$CLI_ERR")"
+fi
 
 # ------------------------------------------------ a routed path: A -1500- B -9000- C
 # B forwards between its two links; A reaches C's B-C address through B, and C reaches A's A-B
