@@ -18,6 +18,8 @@
 #include <optional>
 #include <system_error>
 
+#include "transport/local_addresses.h"
+
 namespace uroce::registry {
 
 namespace fs = std::filesystem;
@@ -224,17 +226,11 @@ NodeState ensure_dev_node(const std::string& name, NodeMode mode,
 
 // Warns when the address is not local: the provider could not bind it.
 void check_address_is_local(const IpAddress& ip, std::vector<std::string>& warnings) {
-    int fd = ::socket(ip.family(), SOCK_DGRAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) return;
-    sockaddr_storage sa;
-    const socklen_t len = ip.to_sockaddr(0, sa);
-    if (::bind(fd, reinterpret_cast<const sockaddr*>(&sa), len) != 0 && errno == EADDRNOTAVAIL) {
+    if (!transport::is_local_address(ip))
         warnings.push_back(fmt::format(
             "{} is not an address of this host; the device is registered, but the provider "
             "cannot use it until the address is configured on an interface",
             format_ip(ip)));
-    }
-    ::close(fd);
 }
 
 }  // namespace

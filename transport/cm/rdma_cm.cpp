@@ -13,7 +13,7 @@
 #include "transport/cm/cm_service.h"
 #include "transport/cm/port_table.h"
 #include "transport/cm/rdma_cm_id.h"
-#include "transport/cm/route_source.h"
+#include "transport/local_addresses.h"
 
 namespace uroce::transport::cm {
 
@@ -245,13 +245,14 @@ int RdmaCm::resolve_addr(uint32_t handle, std::optional<CmAddress> src, CmAddres
         if (rc == 0) {
             // Which device reaches dst: the bound one; else, for a dst of this network
             // namespace (loopback), the device that has dst; else the device whose address
-            // the namespace's routing sends from to dst (route_source.h: a device registered
+            // the namespace's routing sends from to dst (local_addresses.h: a device registered
             // with dst may be another namespace's); else one that has dst; else the only
             // device there is.
             std::optional<CmDeviceInfo> dev = id->device;
-            if (!dev && is_local_address(dst.ip)) dev = device_by_ip(dst.ip);
+            if (!dev && is_local_address(IpAddress::v4(dst.ip))) dev = device_by_ip(dst.ip);
             if (!dev)
-                if (const auto from = route_source(dst.ip)) dev = device_by_ip(*from);
+                if (const auto from = route_source(IpAddress::v4(dst.ip)); from && from->is_v4())
+                    dev = device_by_ip(from->v4());
             if (!dev) dev = device_by_ip(dst.ip);
             if (!dev) {
                 const auto all = host_.devices();

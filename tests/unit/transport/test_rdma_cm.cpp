@@ -16,11 +16,12 @@
 #include "tests/unit/transport/engine_pair.h"
 #include "transport/cm/port_table.h"
 #include "transport/cm/rdma_cm.h"
-#include "transport/cm/route_source.h"
+#include "transport/local_addresses.h"
 
 using namespace uroce::transport;
 using namespace uroce::transport::cm;
 using namespace uroce::transport::test;
+using uroce::IpAddress;
 
 namespace {
 
@@ -473,11 +474,12 @@ TEST_CASE("RDMA CM: the namespace's own addresses, and the source its routing pi
           "[cm][rdma_cm]") {
     // Loopback is this namespace's, all of 127.0.0.0/8; the kernel sends to any of it from
     // 127.0.0.1, which is why resolve_addr asks is_local_address() before route_source().
-    CHECK(is_local_address(0x7f000001));
-    CHECK(is_local_address(0x7f0102fe));
-    CHECK(route_source(0x7f0102fe) == std::optional<uint32_t>(0x7f000001));
+    CHECK(is_local_address(IpAddress::v4(0x7f000001)));
+    CHECK(is_local_address(IpAddress::v4(0x7f0102fe)));
+    CHECK(route_source(IpAddress::v4(0x7f0102fe)) == std::optional(IpAddress::v4(0x7f000001)));
     // 192.0.2.0/24 is TEST-NET-1 (RFC 5737): no host has it.
-    CHECK_FALSE(is_local_address(0xc0000201));
-    CHECK_FALSE(is_local_address(0));           // any address: bindable, not a host's
-    CHECK_FALSE(is_local_address(0xefc80001));  // 239.200.0.1, a multicast group
+    CHECK_FALSE(is_local_address(IpAddress::v4(0xc0000201)));
+    CHECK_FALSE(is_local_address(IpAddress::v4(0)));           // bindable, not a host's
+    CHECK_FALSE(is_local_address(IpAddress::v4(0xefc80001)));  // 239.200.0.1, a group
+    CHECK_FALSE(is_local_address(IpAddress::v4(0xffffffff)));  // broadcast
 }
