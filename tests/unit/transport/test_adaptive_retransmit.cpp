@@ -49,12 +49,25 @@ struct MeasuredPair {
     }
     uint64_t probes() { return p.a.counters().tail_probes.load() - probes0; }
     uint64_t early_resends() { return p.a.counters().early_retransmits.load() - early0; }
-    // Repaired by probes alone: no adaptive timeout, no local ACK timeout.
-    void check_probes_only() {
-        CHECK(early_resends() == 0);
-        CHECK(p.a.counters().retransmit_timeouts.load() == 0);
+    // An engine thread held off the CPU past a probe's wait or the adaptive timeout (1 ms)
+    // turns a late ACK into a further probe or an early resend, which changes what is sent.
+    bool disturbed(uint64_t probes_expected) {
+        return early_resends() > 0 || probes() > probes_expected;
     }
 };
+
+// Runs `scenario` on a new measured pair until a run was not disturbed (above): it returns
+// false for such a run before its exact checks. 5 runs at most; a build that always probes
+// or resends too much fails here. Seen in CI on 2 vCPUs: 1 run in ~40 under 4 suites at once.
+template <class Scenario>
+void until_undisturbed(Scenario scenario) {
+    for (int attempt = 0; attempt < 5; ++attempt) {
+        INFO("attempt " << attempt);
+        MeasuredPair m;
+        if (scenario(m)) return;
+    }
+    FAIL("every run resent early or probed more than expected");
+}
 
 // What a sent after a kBurst WRITE whose repair took two probes: the burst, a probe of its
 // last packet, then (the second probe) the burst again from its first.
@@ -91,30 +104,30 @@ TxRecorder::LosePredicate lose_first_middle(int times) {
 
 TEST_CASE("A lost last packet is sent again alone, asking for an ACK (tail-loss probe)",
           "[rc][retransmit]") {
-    Pair p;
-    p.connect();
-    for (uint64_t i = 1; i <= 3; ++i) send_one(p, 64, i);  // round trips measured
-    const uint64_t probes0 = p.a.counters().tail_probes.load();
+    until_undisturbed([](MeasuredPair& m) {
+        Pair& p = m.p;
+        // The WRITE's last packet is lost the first time it is sent.
+        int lose_left = 1;
+        TxRecorder a_out(*p.a.engine, [&lose_left](const wire::ParsedPacket& pkt) {
+            return is_op(pkt, wire::Opcode::RcWriteLast) && lose_left-- > 0;
+        });
+        write_burst(p, 77);
+        CHECK(p.a.counters().retransmit_timeouts.load() == 0);
+        if (m.disturbed(1)) return false;
 
-    // The WRITE's last packet is lost the first time it is sent.
-    int lose_left = 1;
-    TxRecorder a_out(*p.a.engine, [&lose_left](const wire::ParsedPacket& pkt) {
-        return is_op(pkt, wire::Opcode::RcWriteLast) && lose_left-- > 0;
+        // FIRST, MIDDLE x 6, LAST (lost), then the probe: that LAST again, and nothing before
+        // it (a whole-window resend would start with the FIRST).
+        const auto sent = a_out.packets();
+        REQUIRE(sent.size() >= kBurst + 1);
+        REQUIRE(sent[kBurst - 1].lost);
+        const wire::ParsedPacket lost = sent[kBurst - 1].parsed();
+        const wire::ParsedPacket probe = sent[kBurst].parsed();
+        CHECK(is_op(probe, wire::Opcode::RcWriteLast));
+        CHECK(probe.h.bth.psn == lost.h.bth.psn);
+        CHECK(probe.h.bth.ack_req);
+        CHECK(m.probes() == 1);
+        return true;
     });
-    write_burst(p, 77);
-
-    // FIRST, MIDDLE x 6, LAST (lost), then the probe: that LAST again, and nothing before it
-    // (a whole-window resend would start with the FIRST).
-    const auto sent = a_out.packets();
-    REQUIRE(sent.size() >= kBurst + 1);
-    REQUIRE(sent[kBurst - 1].lost);
-    const wire::ParsedPacket lost = sent[kBurst - 1].parsed();
-    const wire::ParsedPacket probe = sent[kBurst].parsed();
-    CHECK(is_op(probe, wire::Opcode::RcWriteLast));
-    CHECK(probe.h.bth.psn == lost.h.bth.psn);
-    CHECK(probe.h.bth.ack_req);
-    CHECK(p.a.counters().tail_probes.load() - probes0 == 1);
-    CHECK(p.a.counters().retransmit_timeouts.load() == 0);
 }
 
 TEST_CASE("A probe whose ACK was what got lost is answered as a duplicate", "[rc][retransmit]") {
@@ -138,9 +151,8 @@ TEST_CASE("A probe whose ACK was what got lost is answered as a duplicate", "[rc
 }
 
 TEST_CASE("A READ is never probed: its request would be executed again", "[rc][retransmit]") {
-    Pair p;
-    p.connect();
-    for (uint64_t i = 1; i <= 3; ++i) send_one(p, 64, i);
+    MeasuredPair m;  // probes counted from here: a late ACK may draw one before
+    Pair& p = m.p;
     // The first READ response is lost; the requester asks again only after its timeout.
     int lose_left = 1;
     TxRecorder b_out(*p.b.engine, [&lose_left](const wire::ParsedPacket& pkt) {
@@ -151,8 +163,8 @@ TEST_CASE("A READ is never probed: its request would be executed again", "[rc][r
                                        p.b.keys.rkey)) == 0);
     REQUIRE(p.wait_one(*p.a.scq).status == WcStatus::Success);
     CHECK(first_mismatch(p.a.at(0), 256, 5) == 256);
-    CHECK(p.a.counters().tail_probes.load() == 0);
-    CHECK(p.a.counters().early_retransmits.load() >= 1);
+    CHECK(m.probes() == 0);
+    CHECK(m.early_resends() >= 1);
 }
 
 TEST_CASE("Before any round trip is measured, a loss waits the initial guess, not 67 ms",
@@ -348,25 +360,25 @@ TEST_CASE("Early resends use no retry: retry_cnt 1 survives several", "[rc][retr
 // where a responder that NAKed once and waits silently is the cause it must cover too.
 TEST_CASE("A lost tail-loss probe is followed by a resend of everything unacknowledged",
           "[rc][retransmit]") {
-    MeasuredPair m;
-    Pair& p = m.p;
+    until_undisturbed([](MeasuredPair& m) {
+        Pair& p = m.p;
+        // The WRITE's last packet is lost the first two times it is sent.
+        int lose_left = 2;
+        TxRecorder a_out(*p.a.engine, [&lose_left](const wire::ParsedPacket& pkt) {
+            return is_op(pkt, wire::Opcode::RcWriteLast) && lose_left-- > 0;
+        });
+        write_burst(p, 78);
+        CHECK(p.a.counters().retransmit_timeouts.load() == 0);
+        if (m.disturbed(2)) return false;
 
-    // The WRITE's last packet is lost the first two times it is sent.
-    int lose_left = 2;
-    TxRecorder a_out(*p.a.engine, [&lose_left](const wire::ParsedPacket& pkt) {
-        return is_op(pkt, wire::Opcode::RcWriteLast) && lose_left-- > 0;
+        // The burst (its LAST lost), the first probe (lost), then the burst again from its
+        // FIRST (nothing of it was acknowledged: b ACKs only what asks for an ACK); nothing
+        // else.
+        CHECK(a_out.packets().size() == 2 * kBurst + 1);
+        check_probe_then_burst_again(a_out.packets());
+        CHECK(m.probes() == 2);
+        return true;
     });
-    write_burst(p, 78);
-
-    // The burst (its LAST lost), the first probe (lost), then the burst again from its FIRST
-    // (nothing of it was acknowledged: b ACKs only what asks for an ACK); nothing else.
-    CHECK(a_out.packets().size() == 2 * kBurst + 1);
-    check_probe_then_burst_again(a_out.packets());
-    // A third probe comes when the resent burst's ACK is later than a probe's wait (engine
-    // threads held off the CPU: seen in CI on 2 vCPUs); the packets above say the second
-    // one went back N.
-    CHECK(m.probes() >= 2);
-    m.check_probes_only();
 }
 
 // A responder NAKs a sequence error once, then drops every later packet silently until the
@@ -374,39 +386,43 @@ TEST_CASE("A lost tail-loss probe is followed by a resend of everything unacknow
 // probe of the last packet. The requester goes back N again after a probe's wait, not an
 // adaptive timeout's (at least 1 ms).
 TEST_CASE("A NAK's resend that is lost too goes again after a probe's wait", "[rc][retransmit]") {
-    MeasuredPair m;
-    Pair& p = m.p;
-
-    // The WRITE's second packet is lost twice: first sent, and resent after b's NAK.
-    TxRecorder a_out(*p.a.engine, lose_first_middle(2));
-    write_burst(p, 79);
-    CHECK(a_out.lost() == 2);
-
-    CHECK(p.a.counters().rx_naks.load() >= 1);
-    CHECK(p.b.counters().tx_seq_naks.load() >= 1);
-    CHECK(m.probes() >= 1);
-    m.check_probes_only();
+    until_undisturbed([](MeasuredPair& m) {
+        Pair& p = m.p;
+        // The WRITE's second packet is lost twice: first sent, and resent after b's NAK.
+        TxRecorder a_out(*p.a.engine, lose_first_middle(2));
+        write_burst(p, 79);
+        CHECK(a_out.lost() == 2);
+        CHECK(p.a.counters().rx_naks.load() >= 1);
+        CHECK(p.b.counters().tx_seq_naks.load() >= 1);
+        CHECK(p.a.counters().retransmit_timeouts.load() == 0);
+        if (m.disturbed(UINT64_MAX)) return false;
+        CHECK(m.probes() >= 1);
+        return true;
+    });
 }
 
 // The same silence when the NAK itself is lost: the first probe (the last packet) draws
 // nothing, the second goes back N from the oldest unacknowledged packet.
 TEST_CASE("A lost sequence NAK is repaired by the second probe", "[rc][retransmit]") {
-    MeasuredPair m;
-    Pair& p = m.p;
+    until_undisturbed([](MeasuredPair& m) {
+        Pair& p = m.p;
+        TxRecorder a_out(*p.a.engine, lose_first_middle(1));
+        int naks_left = 1;
+        TxRecorder b_out(*p.b.engine, [&naks_left](const wire::ParsedPacket& pkt) {
+            return is_op(pkt, wire::Opcode::RcAcknowledge) &&
+                   pkt.h.aeth.type() == wire::AckType::Nak && naks_left-- > 0;
+        });
+        write_burst(p, 80);
+        CHECK(a_out.lost() == 1);
+        CHECK(b_out.lost() == 1);
+        CHECK(p.a.counters().retransmit_timeouts.load() == 0);
+        if (m.disturbed(2)) return false;
 
-    TxRecorder a_out(*p.a.engine, lose_first_middle(1));
-    int naks_left = 1;
-    TxRecorder b_out(*p.b.engine, [&naks_left](const wire::ParsedPacket& pkt) {
-        return is_op(pkt, wire::Opcode::RcAcknowledge) && pkt.h.aeth.type() == wire::AckType::Nak &&
-               naks_left-- > 0;
+        // The burst, the probe of its LAST (b silent: it NAKed already), the burst from its
+        // FIRST.
+        check_probe_then_burst_again(a_out.packets());
+        CHECK(p.a.counters().rx_naks.load() == 0);
+        CHECK(m.probes() == 2);
+        return true;
     });
-    write_burst(p, 80);
-    CHECK(a_out.lost() == 1);
-    CHECK(b_out.lost() == 1);
-
-    // The burst, the probe of its LAST (b silent: it NAKed already), the burst from its FIRST.
-    check_probe_then_burst_again(a_out.packets());
-    CHECK(p.a.counters().rx_naks.load() == 0);
-    CHECK(m.probes() >= 2);  // a third if the burst's ACK is late (above)
-    m.check_probes_only();
 }
