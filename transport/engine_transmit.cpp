@@ -39,14 +39,13 @@ Engine::TransmitResult Engine::transmit(const wire::Headers& h, std::span<const 
                                     : FaultDecision{};
     const bool faulted =
         fault.fault == Fault::Corrupt || fault.fault == Fault::Duplicate || fault.delay_us != 0;
-    if (batch && (ttl != 0 || !gso_enabled() || faulted)) {
+    if (batch && (ttl != 0 || !gso_enabled() || faulted || !batch->usable())) {
         // Sent alone, after what the batch holds (whose pin stays: the caller gathered this
         // packet's payload under it).
         if (!batch->empty()) send_batch(*batch);
         batch = nullptr;
     }
     uint8_t local_hdr[wire::kMaxHeaderBytes];
-    uint8_t local_icrc[4];
     wire::Headers out = h;
     out.bth.pad = wire::pad_for(payload_len);
     const size_t hlen = wire::build_headers(out, local_hdr);
@@ -54,78 +53,97 @@ Engine::TransmitResult Engine::transmit(const wire::Headers& h, std::span<const 
         bump(counters_->tx_errors);
         return TransmitResult::Failed;
     }
-    uint8_t* hdr = local_hdr;
-    uint8_t* icrc = local_icrc;
     uint16_t index = 0;  // packet k of a train is the k-th segment Linux cuts from it
     const auto bytes = static_cast<uint32_t>(hlen + payload_len + out.bth.pad + 4);
     TransmitBatch::Slot slot;
     if (batch) {
-        size_t npieces = 2 + (out.bth.pad ? 1 : 0);  // header, pad, ICRC
-        for (const iovec& v : payload) npieces += v.iov_len != 0;
-        bool placed = batch->place(sock, dst_ip, bytes, npieces, slot);
+        const auto header_bytes = static_cast<uint32_t>(hlen);
+        bool placed = batch->place(sock, dst_ip, bytes, header_bytes, slot);
         if (!placed) {
             send_batch(*batch);  // keeps the pin
-            placed = batch->place(sock, dst_ip, bytes, npieces, slot);
+            placed = batch->place(sock, dst_ip, bytes, header_bytes, slot);
         }
         // A packet before it can never be sent: its QP fails, nothing after it leaves.
         if (batch->failed_tag_ != TransmitBatch::kNoTag) return TransmitResult::Failed;
-        if (placed) {
+        if (placed)
             index = slot.index_in_train;
-            hdr = batch->headers_[batch->count_].data();
-            std::memcpy(hdr, local_hdr, hlen);
-            icrc = batch->icrcs_[batch->count_].data();
-        } else {
+        else
             batch = nullptr;  // fits no train, even alone: sent alone, and refused
-        }
-    }
-    static const uint8_t kZeros[4] = {0, 0, 0, 0};
-    iovec local_iov[kMaxSge + 4];
-    iovec* iov = batch ? &batch->iov_[batch->niov_] : local_iov;
-    std::span<const uint8_t> pieces[kMaxSge + 4];
-    size_t n = 0;
-    iov[n] = {hdr, hlen};
-    pieces[n++] = {hdr, hlen};
-    for (const iovec& v : payload) {
-        if (v.iov_len == 0) continue;
-        iov[n] = v;
-        pieces[n++] = {static_cast<const uint8_t*>(v.iov_base), v.iov_len};
-    }
-    if (out.bth.pad) {
-        iov[n] = {const_cast<uint8_t*>(kZeros), out.bth.pad};
-        pieces[n++] = {kZeros, out.bth.pad};
     }
     // The ICRC covers the UDP source port: it is the port of the socket that sends.
     const wire::IpFlow flow{config_.ip, dst_ip, sock.port(), config_.port};
-    // The payload is application memory: its pages may be gone (app_memory_guard.h).
+    iovec local_iov[kMaxSge + 3];
+    std::span<const iovec> packet;
+    uint8_t local_icrc[4];
     uint32_t crc = 0;
-    auto compute = [&crc, &flow, index, &pieces, n] {
-        crc = wire::icrc(flow, wire::Ipv4Unseen{index, true}, std::span(pieces, n));
-    };
-    if (!guarded(compute)) {
-        bump(counters_->app_memory_faults);
-        return TransmitResult::Failed;
+    if (batch) {
+        // Built whole in the staging area (transmit_batch.h), the ICRC over the copy.
+        uint8_t* const at = batch->at(slot);
+        std::memcpy(at, local_hdr, hlen);
+        auto build = [&crc, &flow, index, &payload, at, hlen, bytes] {
+            uint8_t* to = at + hlen;
+            for (const iovec& v : payload) {
+                if (v.iov_len == 0) continue;
+                std::memcpy(to, v.iov_base, v.iov_len);
+                to += v.iov_len;
+            }
+            std::memset(to, 0, static_cast<size_t>(at + bytes - 4 - to));  // the pad
+            crc = wire::icrc(flow, wire::Ipv4Unseen{index, true},
+                             std::span<const uint8_t>(at, bytes - 4));
+        };
+        // The payload is application memory: its pages may be gone (app_memory_guard.h).
+        if (!guarded(build)) {
+            bump(counters_->app_memory_faults);
+            return TransmitResult::Failed;
+        }
+        store_icrc(at + bytes - 4, crc);
+        local_iov[0] = {at, bytes};
+        packet = std::span(local_iov, 1);
+    } else {
+        // Alone: header, payload where it is, pad, ICRC, an iovec each.
+        static const uint8_t kZeros[4] = {0, 0, 0, 0};
+        std::span<const uint8_t> pieces[kMaxSge + 3];
+        size_t n = 0;
+        local_iov[n] = {local_hdr, hlen};
+        pieces[n++] = {local_hdr, hlen};
+        for (const iovec& v : payload) {
+            if (v.iov_len == 0) continue;
+            local_iov[n] = v;
+            pieces[n++] = {static_cast<const uint8_t*>(v.iov_base), v.iov_len};
+        }
+        if (out.bth.pad) {
+            local_iov[n] = {const_cast<uint8_t*>(kZeros), out.bth.pad};
+            pieces[n++] = {kZeros, out.bth.pad};
+        }
+        auto compute = [&crc, &flow, &pieces, n] {
+            crc = wire::icrc(flow, wire::Ipv4Unseen{0, true}, std::span(pieces, n));
+        };
+        // The payload is application memory: its pages may be gone (app_memory_guard.h).
+        if (!guarded(compute)) {
+            bump(counters_->app_memory_faults);
+            return TransmitResult::Failed;
+        }
+        store_icrc(local_icrc, crc);
+        local_iov[n++] = {local_icrc, 4};
+        packet = std::span(local_iov, n);
     }
-    store_icrc(icrc, crc);
-    iov[n++] = {icrc, 4};
     if (fault.fault == Fault::Drop) {
         bump(counters_->tx_dropped_fault);
         if (qp) bump(qp->tx_faults);
         return TransmitResult::Lost;
     }
-    if (has_transmit_filter_.load(std::memory_order_acquire) &&
-        !pass_filter(std::span(iov, n), dst_ip)) {
+    if (has_transmit_filter_.load(std::memory_order_acquire) && !pass_filter(packet, dst_ip)) {
         bump(counters_->tx_dropped_filter);
         return TransmitResult::Lost;
     }
     if (batch) {
-        batch->add(sock, dst_ip, slot, bytes, static_cast<uint16_t>(n), payload_len);
+        batch->add(sock, dst_ip, slot, bytes, payload_len);
         return TransmitResult::Queued;
     }
-    if (faulted) return send_faulted(fault, qp, std::span(iov, n), bytes, flow, sock, ttl);
-    const TransmitResult sent =
-        account_send(sock.send(dst_ip, config_.port, std::span(iov, n), ttl), 1);
+    if (faulted) return send_faulted(fault, qp, packet, bytes, flow, sock, ttl);
+    const TransmitResult sent = account_send(sock.send(dst_ip, config_.port, packet, ttl), 1);
     if (capture_ && sent == TransmitResult::Sent) {
-        capture_->sent(flow, 0, ttl, std::span(iov, n));
+        capture_->sent(flow, 0, ttl, packet);
         capture_->flush();
     }
     return sent;
@@ -254,25 +272,15 @@ Engine::TransmitResult Engine::send_one_by_one(TransmitBatch& batch, size_t t, s
     TransmitResult worst = TransmitResult::Sent;
     for (size_t i = train.first; i < train.first + train.count; ++i) {
         const TransmitBatch::Packet& p = batch.packets_[i];
-        iovec* iov = &batch.iov_[p.first_iov];
-        const std::span<const iovec> packet(iov, p.niov);
+        const iovec iov = batch.packet_iov(i);
+        const std::span<const iovec> packet(&iov, 1);
         if (i != train.first) {
-            // Sent alone it carries identification 0: its ICRC must say so.
-            std::span<const uint8_t> pieces[kMaxSge + 4];
-            for (size_t k = 0; k + 1 < p.niov; ++k)
-                pieces[k] = {static_cast<const uint8_t*>(iov[k].iov_base), iov[k].iov_len};
+            // Sent alone it carries identification 0: its ICRC (the last four bytes) must say
+            // so. The packet is the staging area's copy: no application memory is read.
+            uint8_t* const data = batch.packet_data(i);
             const wire::IpFlow flow{config_.ip, batch.dst_ip_, batch.from_->port(), config_.port};
-            uint32_t crc = 0;
-            auto compute = [&crc, &flow, &pieces, &p] {
-                crc = wire::icrc(flow, wire::Ipv4Unseen{}, std::span(pieces, p.niov - 1));
-            };
-            if (!guarded(compute)) {
-                // The payload's pages are gone (app_memory_guard.h): its request fails.
-                bump(counters_->app_memory_faults);
-                if (batch.failed_tag_ == TransmitBatch::kNoTag) batch.failed_tag_ = p.tag;
-                return TransmitResult::Failed;
-            }
-            store_icrc(batch.icrcs_[i].data(), crc);
+            store_icrc(data + p.bytes - 4, wire::icrc(flow, wire::Ipv4Unseen{},
+                                                      std::span<const uint8_t>(data, p.bytes - 4)));
         }
         const TransmitResult r =
             account_send(batch.from_->send(batch.dst_ip_, config_.port, packet), 1);
@@ -303,10 +311,9 @@ void Engine::capture_sent(const TransmitBatch& batch, size_t first, size_t count
     if (!capture_) return;
     const wire::IpFlow flow{config_.ip, batch.dst_ip_, batch.from_->port(), config_.port};
     for (size_t i = first; i < first + count; ++i) {
-        const TransmitBatch::Packet& p = batch.packets_[i];
+        const iovec iov = batch.packet_iov(i);
         // Packet k of a train has the ICRC for identification k (the segment Linux cuts).
-        capture_->sent(flow, static_cast<uint16_t>(i - first), 0,
-                       std::span(&batch.iov_[p.first_iov], p.niov));
+        capture_->sent(flow, static_cast<uint16_t>(i - first), 0, std::span(&iov, 1));
     }
     capture_->flush();
 }

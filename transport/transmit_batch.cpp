@@ -1,11 +1,43 @@
 #include "transport/transmit_batch.h"
 
+#include <memory>
+#include <new>
+
 #include "transport/engine.h"
+#include "transport/page_aligned_buffer.h"
 
 namespace uroce::transport {
 
+namespace {
+
+// One staging area per thread that sends, taken by one batch at a time. Page-aligned, so that
+// an offset's place in a cache line is the address's (Slot).
+struct StagingArea {
+    std::unique_ptr<PageAlignedBuffer> buffer;
+    bool taken = false;
+};
+thread_local StagingArea t_staging;
+
+}  // namespace
+
+TransmitBatch::TransmitBatch(Engine& engine, QpCounters* qp_counters) noexcept
+    : engine_(engine), qp_counters_(qp_counters) {
+    StagingArea& area = t_staging;
+    if (area.taken) return;
+    if (!area.buffer) {
+        try {
+            area.buffer = std::make_unique<PageAlignedBuffer>(kStageBytes);
+        } catch (const std::bad_alloc&) {
+            return;  // packets go alone
+        }
+    }
+    area.taken = true;
+    stage_ = area.buffer->data();
+}
+
 TransmitBatch::~TransmitBatch() {
     engine_.flush(*this);
+    if (stage_) t_staging.taken = false;
 }
 
 void TransmitBatch::pin(const MemoryTable& memory) {
@@ -13,53 +45,47 @@ void TransmitBatch::pin(const MemoryTable& memory) {
 }
 
 bool TransmitBatch::place(const UdpSocket& from, const IpAddress& dst_ip, uint32_t bytes,
-                          size_t niov, Slot& slot) const {
+                          uint32_t header_bytes, Slot& slot) const {
+    // A new train's first payload on a cache line (Slot).
+    const auto train_start = [this, header_bytes] {
+        return static_cast<uint32_t>((stage_used_ + header_bytes + 63) / 64 * 64 - header_bytes);
+    };
     if (bytes > kMaxBytes) return false;
     if (count_ == 0) {
-        slot = {true, 0};
-        return niov <= kMaxIov;
+        slot = {true, 0, train_start()};
+        return slot.offset + bytes <= kStageBytes;
     }
-    if (&from != from_ || dst_ip != dst_ip_ || count_ >= kMaxPackets || niov_ + niov > kMaxIov)
-        return false;
+    if (&from != from_ || dst_ip != dst_ip_ || count_ >= kMaxPackets) return false;
     const Train& t = trains_[ntrains_ - 1];
-    if (!t.closed && bytes <= t.segment_bytes && t.bytes + bytes <= kMaxBytes) {
-        slot = {false, t.count};
-        return true;
+    if (!t.closed && bytes <= t.segment_bytes && t.whole.iov_len + bytes <= kMaxBytes) {
+        slot = {false, t.count, static_cast<uint32_t>(stage_used_)};
+        return slot.offset + bytes <= kStageBytes;
     }
     if (ntrains_ == kMaxTrains) return false;
-    slot = {true, 0};
-    return true;
+    slot = {true, 0, train_start()};
+    return slot.offset + bytes <= kStageBytes;
 }
 
 void TransmitBatch::add(const UdpSocket& from, const IpAddress& dst_ip, const Slot& slot,
-                        uint32_t bytes, uint16_t niov, uint32_t payload_len) {
+                        uint32_t bytes, uint32_t payload_len) {
     if (count_ == 0) {
         from_ = &from;
         dst_ip_ = dst_ip;
     }
-    if (slot.new_train) {
-        trains_[ntrains_++] = Train{static_cast<uint16_t>(count_), 0, bytes, 0, false};
-    }
+    if (slot.new_train)
+        trains_[ntrains_++] = Train{static_cast<uint16_t>(count_), 0, bytes, false, {at(slot), 0}};
     Train& t = trains_[ntrains_ - 1];
     if (bytes < t.segment_bytes) t.closed = true;
     ++t.count;
-    t.bytes += bytes;
-    packets_[count_++] = {static_cast<uint16_t>(niov_), niov, bytes, payload_len, tag_};
-    niov_ += niov;
-}
-
-std::span<const iovec> TransmitBatch::train_iov(size_t t) const {
-    const Train& train = trains_[t];
-    const Packet& first = packets_[train.first];
-    const Packet& last = packets_[train.first + train.count - 1];
-    return {&iov_[first.first_iov],
-            static_cast<size_t>(last.first_iov + last.niov - first.first_iov)};
+    t.whole.iov_len += bytes;
+    packets_[count_++] = {slot.offset, bytes, payload_len, tag_};
+    stage_used_ = slot.offset + bytes;
 }
 
 void TransmitBatch::clear() noexcept {
     count_ = 0;
-    niov_ = 0;
     ntrains_ = 0;
+    stage_used_ = 0;
     from_ = nullptr;
 }
 

@@ -74,9 +74,9 @@ struct UdEnd {
     }
 };
 
-int post_ud_send(ibv_qp* qp, ibv_ah* ah, uint32_t remote_qpn, uint32_t remote_qkey, const Buffer& b,
-                 size_t offset, uint32_t len, uint64_t wr_id) {
-    ibv_sge sge{b.addr() + offset, len, b.mr->lkey};
+int post_ud_send_at(ibv_qp* qp, ibv_ah* ah, uint32_t remote_qpn, uint32_t remote_qkey,
+                    uint64_t addr, uint32_t len, uint32_t lkey, uint64_t wr_id) {
+    ibv_sge sge{addr, len, lkey};
     ibv_send_wr wr{};
     wr.wr_id = wr_id;
     wr.opcode = IBV_WR_SEND;
@@ -88,6 +88,12 @@ int post_ud_send(ibv_qp* qp, ibv_ah* ah, uint32_t remote_qpn, uint32_t remote_qk
     wr.wr.ud.remote_qkey = remote_qkey;
     ibv_send_wr* bad = nullptr;
     return ibv_post_send(qp, &wr, &bad);
+}
+
+int post_ud_send(ibv_qp* qp, ibv_ah* ah, uint32_t remote_qpn, uint32_t remote_qkey, const Buffer& b,
+                 size_t offset, uint32_t len, uint64_t wr_id) {
+    return post_ud_send_at(qp, ah, remote_qpn, remote_qkey, b.addr() + offset, len, b.mr->lkey,
+                           wr_id);
 }
 
 ibv_wc one(ibv_cq* cq) {
@@ -398,6 +404,27 @@ TEST_CASE("UD multicast: what ibv_attach_mcast and ibv_detach_mcast refuse", "[u
         CHECK(ibv_detach_mcast(a.qp, &group, 0) == 0);
         CHECK(ibv_detach_mcast(a.qp, &group, 0) == EINVAL);
     }
+}
+
+// A datagram is sent alone, its ICRC computed over the application's pages where they are:
+// gone, the send fails (as an RC one does, test_vanished_memory.cpp) and the process lives.
+TEST_CASE("UD: a SEND from local pages that are gone fails and sends nothing", "[ud][vanished]") {
+    UdEnd a(devices().a), b(devices().b);
+    Buffer in(b.pd, 4096, kAccess);
+    REQUIRE(post_recv_buf(b.qp, in, 0, kGrh + 1000, 41) == 0);
+    VanishingRegion out(a.pd, 4096, kAccess);
+    out.vanish();
+    ibv_ah* ah = a.ah_to(b.gid);
+    REQUIRE(ah);
+    REQUIRE(post_ud_send_at(a.qp, ah, b.qp->qp_num, kQkey, out.addr(), 1000, out.mr->lkey, 42) ==
+            0);
+    const ibv_wc s = one(a.cq);
+    CHECK(s.wr_id == 42);
+    CHECK(s.status == IBV_WC_LOC_QP_OP_ERR);
+    CHECK(counter(a.ctx, "app_memory_faults") == 1);
+    // Nothing arrived (polled for a while: a datagram would be there by then).
+    CHECK(wait_completions(b.cq, 1, std::chrono::milliseconds(300)).empty());
+    CHECK(ibv_destroy_ah(ah) == 0);
 }
 
 // A NIC goes on writing into the pages a region pinned; UCX counts on that, freeing its

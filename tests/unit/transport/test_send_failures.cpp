@@ -17,6 +17,7 @@
 #include <cstring>
 
 #include "tests/unit/transport/engine_pair.h"
+#include "transport/transmit_batch.h"
 
 using namespace uroce::transport;
 using namespace uroce::transport::test;
@@ -66,7 +67,9 @@ TEST_CASE("A request larger than the route's IP MTU fails at once with LOC_QP_OP
     // 1024 payload bytes + headers (IP 20, UDP 8, BTH 12, ICRC 4) do not fit in 1000; ACKs
     // and small requests do.
     ScopedNetworkNamespace netns(1000);
-    Pair p;
+    PairOptions o;
+    o.mem_bytes = 128 * 1024;
+    Pair p(o);
     p.connect();
 
     SECTION("a small WRITE still goes through") {
@@ -95,6 +98,22 @@ TEST_CASE("A request larger than the route's IP MTU fails at once with LOC_QP_OP
         CHECK(p.a.counters().tx_too_big.load() == 1);
         CHECK(p.a.counters().retransmit_timeouts.load() == 0);
         CHECK(all_bytes(p.b.at(8192), 4096 + 8192, kUntouched));
+    }
+
+    SECTION("a WRITE longer than a transmit batch fails once, nothing after it leaves") {
+        // 80 packets: the batch is sent when full, its first train refused; the packets
+        // after it must not fill a new batch (they are too big as well: tx_too_big says).
+        constexpr uint32_t kLong = 80 * kMtu;
+        static_assert(kLong / kMtu > TransmitBatch::kMaxPackets);
+        fill(p.a.at(0), kLong, 3);
+        REQUIRE(p.a.qp->post_send(rdma_wqe(SendOpcode::RdmaWrite, 7, {p.a.sge(0, kLong)}, p.b.iova,
+                                           p.b.keys.rkey)) == 0);
+        const Completion c = p.wait_one(*p.a.scq);
+        CHECK(c.wr_id == 7);
+        CHECK(c.status == WcStatus::LocQpOpErr);
+        CHECK(p.a.qp->state() == QpState::Err);
+        CHECK(p.a.counters().tx_too_big.load() == 1);
+        CHECK(p.a.counters().retransmit_timeouts.load() == 0);
     }
 
     SECTION("a SEND of full-MTU packets (one GSO train) fails the same way") {

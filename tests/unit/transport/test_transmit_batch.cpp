@@ -5,8 +5,11 @@
 #include <sys/socket.h>
 
 #include <catch2/catch.hpp>
+#include <cstring>
 
 #include "tests/unit/transport/engine_pair.h"
+#include "tests/unit/transport/forged_peer.h"
+#include "transport/transmit_batch.h"
 
 using namespace uroce::transport;
 using namespace uroce::transport::test;
@@ -194,6 +197,78 @@ TEST_CASE("The trains of one batch leave in one system call", "[transmit_batch]"
     CHECK(p.b.counters().rx_packets.load() == kWrite / kMtu);
     CHECK(p.b.counters().rx_icrc_unseen_fields.load() == 0);
     CHECK(p.b.counters().rx_bad_icrc.load() == 0);
+}
+
+// A batch builds its packets in the thread's staging area (transmit_batch.h); a second batch
+// opened on a thread whose area is taken sends each packet alone, gathered from registered
+// memory, with the ICRC for identification 0. Nothing in uroce nests batches today: the test
+// thread holds the outer one while a post's own batch pumps on it.
+TEST_CASE("A batch opened inside another sends its packets alone, every byte intact",
+          "[transmit_batch]") {
+    Pair p(counting_pair());
+    p.connect(counting_attributes(), counting_attributes());
+    fill(p.a.at(0), kWrite, 41);
+    {
+        TransmitBatch outer(*p.a.engine, nullptr);
+        REQUIRE(outer.usable());
+        TransmitBatch inner(*p.a.engine, nullptr);
+        CHECK_FALSE(inner.usable());
+    }
+    {
+        TransmitBatch outer(*p.a.engine, nullptr);
+        REQUIRE(p.a.qp->post_send(rdma_wqe(SendOpcode::RdmaWrite, 1, {p.a.sge(0, kWrite)},
+                                           p.b.iova + 4096, p.b.keys.rkey)) == 0);
+        // Sent by the post itself, one packet per system call.
+        CHECK(p.a.counters().tx_packets.load() == kWrite / kMtu);
+        CHECK(p.a.counters().tx_gso_sends.load() == 0);
+        CHECK(p.a.counters().tx_multi_sends.load() == 0);
+    }
+    CHECK(p.wait_one(*p.a.scq).status == WcStatus::Success);
+    CHECK(first_mismatch(p.b.at(4096), kWrite, 41) == kWrite);
+    CHECK(p.b.counters().rx_icrc_unseen_fields.load() == 0);
+    CHECK(p.b.counters().rx_bad_icrc.load() == 0);
+    // The outer batch gone, the next post builds trains again.
+    fill(p.a.at(0), kWrite, 42);
+    REQUIRE(p.a.qp->post_send(rdma_wqe(SendOpcode::RdmaWrite, 2, {p.a.sge(0, kWrite)},
+                                       p.b.iova + 4096, p.b.keys.rkey)) == 0);
+    CHECK(p.wait_one(*p.a.scq).status == WcStatus::Success);
+    CHECK(first_mismatch(p.b.at(4096), kWrite, 42) == kWrite);
+    CHECK(p.a.counters().tx_gso_sends.load() == 2);
+    CHECK(p.b.counters().rx_bad_icrc.load() == 0);
+}
+
+// The staging area is reused from batch to batch: a packet's pad bytes must be written, not
+// left as the last batch had them (IBA: pad bytes are zero; the ICRC would cover them either
+// way, so only the bytes show it).
+TEST_CASE("A staged packet's pad bytes are zero, whatever the staging area held",
+          "[transmit_batch]") {
+    Pair p(big_pair());
+    p.connect();
+    // 0xff bytes all over the posting thread's staging area: a WRITE of full packets.
+    std::memset(p.a.at(0), 0xff, kWrite);
+    REQUIRE(p.a.qp->post_send(rdma_wqe(SendOpcode::RdmaWrite, 1, {p.a.sge(0, kWrite)},
+                                       p.b.iova + 4096, p.b.keys.rkey)) == 0);
+    REQUIRE(p.wait_one(*p.a.scq).status == WcStatus::Success);
+    TxRecorder a_out(*p.a.engine);
+    // SENDs whose LAST carries 3, 2 and 1 payload bytes: pad 1, 2, 3.
+    const size_t at = 128 * 1024;
+    for (uint32_t tail = 3; tail >= 1; --tail) {
+        const uint32_t len = 20 * kMtu + tail;
+        fill(p.a.at(at), len, 60 + tail);
+        REQUIRE(p.b.qp->post_recv(recv_wqe(tail, {p.b.sge(at, len)})) == 0);
+        REQUIRE(p.a.qp->post_send(send_wqe(tail, {p.a.sge(at, len)})) == 0);
+        REQUIRE(p.wait_one(*p.a.scq).status == WcStatus::Success);
+        REQUIRE(p.wait_one(*p.b.rcq).byte_len == len);
+        CHECK(first_mismatch(p.b.at(at), len, 60 + tail) == len);
+    }
+    const auto lasts = a_out.with_opcode(uroce::wire::Opcode::RcSendLast);
+    REQUIRE(lasts.size() >= 3);
+    for (const SentPacket& last : lasts) {
+        const uint8_t pad = last.parsed().h.bth.pad;
+        CHECK(pad == 4 - last.parsed().payload.size());
+        for (size_t i = last.bytes.size() - 4 - pad; i < last.bytes.size() - 4; ++i)
+            CHECK(last.bytes[i] == 0);
+    }
 }
 
 // SO_NO_CHECK (no UDP checksum) makes Linux refuse GSO sends with EINVAL while it still
