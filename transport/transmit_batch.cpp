@@ -46,13 +46,9 @@ void TransmitBatch::pin(const MemoryTable& memory) {
 
 bool TransmitBatch::place(const UdpSocket& from, const IpAddress& dst_ip, uint32_t bytes,
                           uint32_t header_bytes, Slot& slot) const {
-    // A new train's first payload on a cache line (Slot).
-    const auto train_start = [this, header_bytes] {
-        return static_cast<uint32_t>((stage_used_ + header_bytes + 63) / 64 * 64 - header_bytes);
-    };
     if (bytes > kMaxBytes) return false;
     if (count_ == 0) {
-        slot = {true, 0, train_start()};
+        slot = {true, 0, train_offset(stage_used_, header_bytes)};
         return slot.offset + bytes <= kStageBytes;
     }
     if (&from != from_ || dst_ip != dst_ip_ || count_ >= kMaxPackets) return false;
@@ -62,7 +58,7 @@ bool TransmitBatch::place(const UdpSocket& from, const IpAddress& dst_ip, uint32
         return slot.offset + bytes <= kStageBytes;
     }
     if (ntrains_ == kMaxTrains) return false;
-    slot = {true, 0, train_start()};
+    slot = {true, 0, train_offset(stage_used_, header_bytes)};
     return slot.offset + bytes <= kStageBytes;
 }
 

@@ -81,6 +81,13 @@ class TransmitBatch {
     // False when the thread's staging area was not to be had: packets then go alone.
     bool usable() const { return stage_ != nullptr; }
 
+    // Where a train whose first packet has `header_bytes` of headers starts in the staging
+    // area, the first `used` bytes taken: the first offset from `used` on that puts its
+    // payload on a cache line (Slot says why).
+    static uint32_t train_offset(size_t used, uint32_t header_bytes) {
+        return static_cast<uint32_t>((used + header_bytes + 63) / 64 * 64 - header_bytes);
+    }
+
     // The caller's mark for the packets it appends from now on (e.g. the index of the work
     // request they belong to): failed_tag() names the first packet the flush could not send.
     void set_tag(uint32_t tag) { tag_ = tag; }

@@ -90,6 +90,14 @@ void write_burst(Pair& p, uint64_t seed) {
     CHECK(first_mismatch(p.b.at(0), len, seed) == len);
 }
 
+// Loses the WRITE LAST packets a sends, the first `times` of them: the burst's last packet as
+// first sent, then as probed.
+TxRecorder::LosePredicate lose_write_last(int times) {
+    return [left = times](const wire::ParsedPacket& pkt) mutable {
+        return is_op(pkt, wire::Opcode::RcWriteLast) && left-- > 0;
+    };
+}
+
 // Loses the first MIDDLE packet a sends, `times` times: as first sent, then as resent.
 TxRecorder::LosePredicate lose_first_middle(int times) {
     return
@@ -107,10 +115,7 @@ TEST_CASE("A lost last packet is sent again alone, asking for an ACK (tail-loss 
     until_undisturbed([](MeasuredPair& m) {
         Pair& p = m.p;
         // The WRITE's last packet is lost the first time it is sent.
-        int lose_left = 1;
-        TxRecorder a_out(*p.a.engine, [&lose_left](const wire::ParsedPacket& pkt) {
-            return is_op(pkt, wire::Opcode::RcWriteLast) && lose_left-- > 0;
-        });
+        TxRecorder a_out(*p.a.engine, lose_write_last(1));
         write_burst(p, 77);
         CHECK(p.a.counters().retransmit_timeouts.load() == 0);
         if (m.disturbed(1)) return false;
@@ -363,10 +368,7 @@ TEST_CASE("A lost tail-loss probe is followed by a resend of everything unacknow
     until_undisturbed([](MeasuredPair& m) {
         Pair& p = m.p;
         // The WRITE's last packet is lost the first two times it is sent.
-        int lose_left = 2;
-        TxRecorder a_out(*p.a.engine, [&lose_left](const wire::ParsedPacket& pkt) {
-            return is_op(pkt, wire::Opcode::RcWriteLast) && lose_left-- > 0;
-        });
+        TxRecorder a_out(*p.a.engine, lose_write_last(2));
         write_burst(p, 78);
         CHECK(p.a.counters().retransmit_timeouts.load() == 0);
         if (m.disturbed(2)) return false;

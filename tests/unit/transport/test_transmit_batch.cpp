@@ -271,6 +271,19 @@ TEST_CASE("A staged packet's pad bytes are zero, whatever the staging area held"
     }
 }
 
+// Only speed depends on it (transmit_batch.h): each train's first payload starts a cache
+// line of the page-aligned staging area, at the first such place after what is taken.
+TEST_CASE("A train's first payload starts a cache line of the staging area", "[transmit_batch]") {
+    for (size_t used : {size_t{0}, size_t{1}, size_t{52}, size_t{53}, size_t{4112}, size_t{9000}})
+        for (uint32_t header : {12u, 16u, 28u, 32u, 64u}) {
+            INFO("used " << used << ", header " << header);
+            const uint32_t at = TransmitBatch::train_offset(used, header);
+            CHECK(at >= used);
+            CHECK(at < used + 64);
+            CHECK((at + header) % 64 == 0);
+        }
+}
+
 // SO_NO_CHECK (no UDP checksum) makes Linux refuse GSO sends with EINVAL while it still
 // takes single datagrams: the refusal a path without checksum offload gives.
 TEST_CASE("A path that refuses GSO gets the packets one by one, ICRCs redone for id 0",
