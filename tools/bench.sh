@@ -337,6 +337,7 @@ b_gsow=$(kv "$out/base-gso-write.log" goodput_Bps)
 b_tcp=$(kv "$out/base-tcp.log" goodput_Bps)
 b_pps=$(kv "$out/base-pps.log" rx_dgrams_per_s)
 b_half=$(kv "$out/base-rtt.log" half_rtt_p50_us)
+b_rtt=$(kv "$out/base-rtt.log" rtt_p50_us)
 b_half_ack=$(kv "$out/base-rtt-ack.log" half_rtt_p50_us)
 b_half_wake=$(kv "$out/base-rtt-wake.log" half_rtt_p50_us)
 b_gpp=$(kv "$out/base-gso-pingpong.log" iter_p50_us)
@@ -421,6 +422,10 @@ lat_rows() { # lat_rows TOOL TARGET: ib_*_lat 8 B: median against the half RTT, 
   # READ's response is its own acknowledgement).
   [[ $tool == ib_read_lat ]] ||
     row "$tool -s 8 median (us)" "$med" "UDP half RTT, ACK first" "$b_half_ack" / "" ""
+  # No target: perftest reports a READ's whole round trip (the others' half of one), and UDP
+  # carries a request and its answer in one round trip too: the like-for-like figure.
+  [[ $tool != ib_read_lat ]] ||
+    row "$tool -s 8 median (us)" "$med" "UDP RTT p50" "$b_rtt" / "" ""
   # No target: against UDP whose receiving thread sleeps in recv while the application spins
   # on memory, as ib_write_lat's applications wait for the peer's WRITE: the wake-up a
   # provider outside the kernel cannot avoid there.

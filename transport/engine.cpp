@@ -431,6 +431,9 @@ std::shared_ptr<Qp> Engine::qp_numbered(uint32_t qpn) const {
 
 void Engine::on_handed_back() {
     send_held_posts();
+    // The ACKs the pollers held last (note_held_ack): sent if they waited long enough, the
+    // timer set for the others.
+    flush_overdue_held_acks(std::chrono::steady_clock::now());
     if (deferred_timers_.empty()) return;
     deferred_timers_.flush([this](uint32_t qpn) {
         if (auto qp = qp_numbered(qpn)) qp->arm_deferred_timer();

@@ -224,6 +224,11 @@ class Engine {
     // once (engine thread only); flush_held_acks() sends what every noted QP holds.
     void note_held_ack(uint32_t qpn);
     void flush_held_acks();
+    // The hold timer's part (engine thread): sends the ACKs held ack_hold_micros or longer
+    // by `now`, and sets the timer for the oldest one left.
+    void flush_overdue_held_acks(std::chrono::steady_clock::time_point now);
+    // Whether the hold timer is set (for tests).
+    bool held_acks_timer_pending() const { return held_acks_timer_->pending(); }
     // A CQ poll returned completions (PollHandoff::on_completions).
     void note_completions_taken() {
         if (handoff_) handoff_->on_completions();
@@ -423,6 +428,7 @@ class Engine {
     HeldPosts deferred_timers_;  // QPs whose timer waits for the hand-back (defer_timers)
     HeldPosts held_acks_;        // QPs whose ACK waits for their application's answer
     std::unique_ptr<TimerQueue::Timer> held_acks_timer_;  // ack_hold_micros after the first
+    std::vector<uint32_t> young_held_acks_;  // flush_overdue_held_acks' (engine thread only)
     static void on_held_acks_due(void* arg);
     // The batch being read is the engine thread's: its ACKs may wait (guarded by rx_mutex_).
     bool batch_may_hold_acks_ = false;

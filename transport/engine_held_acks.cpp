@@ -22,10 +22,13 @@
 // at least 4 x ack_hold_micros: the peer's is most likely the same, and it must not run
 // out of retries), never for a duplicate whose ACK went out (the requester resent: it is
 // waiting; a duplicate whose ACK has not gone out yet, a probe, changes nothing, once: a
-// second one sends it), and never longer than EngineConfig::ack_hold_micros: a timer of the
-// engine's, armed by the first ACK held, sends what is still held. The application's next
-// CQ poll or arm sends them too: a thread that polls (or turns to a completion channel) may
-// not post again soon, and its peer may be the one waiting.
+// second one sends it), and not longer than EngineConfig::ack_hold_micros: a timer of the
+// engine's, set for the first ACK held, sends those held that long, never one held since
+// (sent a moment before its answer, it would undo the hold), and is set again for the
+// oldest one left. The application's next CQ poll or arm sends them too: a thread that
+// polls (or turns to a completion channel) may not post again soon, and its peer may be
+// the one waiting. While the pollers have the socket (poll_handoff.h) the timer waits for
+// the hand-back, as the QPs' own timers do: a poller's next poll comes first.
 #include "transport/engine.h"
 
 namespace uroce::transport {
@@ -33,6 +36,17 @@ namespace uroce::transport {
 void Engine::note_held_ack(uint32_t qpn) {
     held_acks_.note(qpn);
     bump(counters_->tx_held_acks);  // after the note: a poll that sees the count finds the QP
+    // A poller of a parked socket sends what it holds at its next poll, microseconds away;
+    // its polls stop only for a post (which takes the ACK along), an arm (which sends it) or
+    // the hand-back, which sets the timer then (on_handed_back). Set now, the timer would
+    // put a timerfd_settime between the request and the application's answer, and its
+    // expiry would wake the engine thread beside the pollers every ack_hold_micros, for
+    // nothing: ib_write_lat -s 8 had 2-5 times as many iterations over 20 us. As a QP's own
+    // timers (Engine::defer_timers), and against the hand-back as they are.
+    if (defer_timers()) {
+        std::atomic_thread_fence(std::memory_order_seq_cst);
+        if (defer_timers()) return;
+    }
     // From the engine thread or a poller (batch_may_hold_acks_): arming the timer wakes
     // nobody (timer_queue.h).
     if (!held_acks_timer_->pending())
@@ -49,9 +63,37 @@ void Engine::flush_held_acks() {
 void Engine::on_held_acks_due(void* arg) {
     auto* e = static_cast<Engine*>(arg);
     const auto pass = e->fork_gate_.pass();
-    if (e->held_acks_.empty()) return;
-    bump(e->counters_->held_ack_timeouts);
-    e->flush_held_acks();
+    e->flush_overdue_held_acks(std::chrono::steady_clock::now());
+}
+
+void Engine::flush_overdue_held_acks(std::chrono::steady_clock::time_point now) {
+    if (held_acks_.empty()) return;
+    // The timer was armed for the first ACK held since it last ran; the polls since may
+    // have sent that one and held others, a moment ago: those wait for their own deadline.
+    const auto hold = std::chrono::microseconds(config_.ack_hold_micros);
+    const auto cutoff = now - hold;
+    auto oldest = std::chrono::steady_clock::time_point::max();
+    bool sent = false;
+    young_held_acks_.clear();
+    held_acks_.flush([&](uint32_t qpn) {
+        auto qp = qp_numbered(qpn);
+        if (!qp) return;
+        const auto since = qp->flush_ack_held_before(cutoff);
+        if (since == std::chrono::steady_clock::time_point::max()) {
+            sent = true;
+        } else {
+            young_held_acks_.push_back(qpn);
+            oldest = std::min(oldest, since);
+        }
+    });
+    if (sent) bump(counters_->held_ack_timeouts);
+    // Noted again after the flush (which runs until the list is empty); a poll meanwhile
+    // that missed them sends them at the next one, or their answer does.
+    for (const uint32_t qpn : young_held_acks_) held_acks_.note(qpn);
+    if (oldest != std::chrono::steady_clock::time_point::max())
+        held_acks_timer_->arm_at(
+            std::chrono::duration_cast<std::chrono::nanoseconds>((oldest + hold).time_since_epoch())
+                .count());
 }
 
 }  // namespace uroce::transport

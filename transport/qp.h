@@ -45,6 +45,16 @@ class Qp {
     virtual void on_packet(const wire::ParsedPacket& pkt, const IpAddress& src_ip) = 0;
     // Sends the acknowledgement the last receive batch asked for, if any.
     virtual void flush_ack() {}
+    // The engine's hold timer (engine_held_acks.cpp): flush_ack() if the ACK this QP holds
+    // for its application's answer has waited since `cutoff` or longer, or none is held any
+    // more. Returns when the ACK still held began waiting (after `cutoff`), or
+    // time_point::max() when it was flushed.
+    virtual std::chrono::steady_clock::time_point flush_ack_held_before(
+        std::chrono::steady_clock::time_point cutoff) {
+        static_cast<void>(cutoff);
+        flush_ack();
+        return std::chrono::steady_clock::time_point::max();
+    }
     // At the end of a receive batch that delivered to this QP: flush_ack(), unless
     // `may_hold_ack` and the QP keeps its ACK for its application's answer
     // (engine_held_acks.cpp).

@@ -110,6 +110,8 @@ class RcQp final : public QpCommon {
     void on_packet(const wire::ParsedPacket& pkt, const IpAddress& src_ip) override;
     // Sends the ACK that packets of the last receive batch asked for, if any.
     void flush_ack() override;
+    std::chrono::steady_clock::time_point flush_ack_held_before(
+        std::chrono::steady_clock::time_point cutoff) override;
     // Keeps that ACK for the application's answer (engine_held_acks.cpp) when `may_hold_ack`
     // and answering().
     void finish_batch(bool may_hold_ack) override;
@@ -363,7 +365,12 @@ class RcQp final : public QpCommon {
     bool nak_sent_ = false;   // a sequence NAK for epsn_ is out
     bool ack_pending_ = false;
     bool ack_held_noted_ = false;  // the engine knows this QP holds its ACK (note_held_ack)
-    bool ack_now_ = false;         // the pending ACK answers a duplicate: never held
+    // When the pending ACK was first held for the answer (time_point::min(): it is not
+    // held). The engine's hold timer sends it ack_hold_micros after that, not sooner: an ACK
+    // held a moment ago would leave just before its answer.
+    std::chrono::steady_clock::time_point ack_held_since_ =
+        std::chrono::steady_clock::time_point::min();
+    bool ack_now_ = false;  // the pending ACK answers a duplicate: never held
     // A duplicate came while the pending ACK had not gone out: the next one sends it
     // (on_duplicate). Cleared when an ACK leaves.
     bool probe_absorbed_ = false;

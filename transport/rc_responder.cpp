@@ -54,6 +54,7 @@ void RcQp::forget_pending_ack() {
     ack_pending_ = false;
     ack_now_ = false;
     probe_absorbed_ = false;
+    ack_held_since_ = std::chrono::steady_clock::time_point::min();
 }
 
 void RcQp::send_pending_ack() {
@@ -79,6 +80,16 @@ void RcQp::flush_ack() {
     send_pending_ack();
 }
 
+std::chrono::steady_clock::time_point RcQp::flush_ack_held_before(
+    std::chrono::steady_clock::time_point cutoff) {
+    std::lock_guard lock(mutex_);
+    if (ack_pending_ && !closed_ && ack_held_since_ > cutoff) return ack_held_since_;
+    send_due_responses();
+    ack_held_noted_ = false;
+    send_pending_ack();
+    return std::chrono::steady_clock::time_point::max();
+}
+
 bool RcQp::answering() const {
     // A deeper queue is a stream, whose peer's ACKs must not wait (both ways, ib_write_bw -b
     // lost a quarter of its bandwidth).
@@ -96,6 +107,8 @@ void RcQp::finish_batch(bool may_hold_ack) {
     send_due_responses();
     if (may_hold_ack && ack_pending_ && !ack_now_ && !closed_ && state_ == QpState::Rts &&
         answering()) {
+        if (ack_held_since_ == std::chrono::steady_clock::time_point::min())
+            ack_held_since_ = std::chrono::steady_clock::now();
         if (!ack_held_noted_) {
             ack_held_noted_ = true;
             engine_.note_held_ack(qpn());

@@ -201,6 +201,59 @@ TEST_CASE("A held ACK leaves after ack_hold_micros when no answer comes", "[held
     CHECK(p.b.counters().held_ack_timeouts.load() >= 1);
 }
 
+TEST_CASE("An ACK held after the hold timer was set waits its own ack_hold_micros", "[held_acks]") {
+    // The timer is set when b holds the ACK of 161; the answer takes that ACK along at once,
+    // and b holds the ACK of 163 while the timer still runs for 161's. When it fires, 163's
+    // has waited a moment: sent then, it would reach a just before an answer (and a busy
+    // poller would find the answer in memory it no longer polls for). It leaves a whole hold
+    // after it was held, measured from before a sent 163: a lower bound, which a slow
+    // machine only makes longer.
+    constexpr uint32_t kHoldMicros = 400'000;
+    AnsweringPair ap(holding(kHoldMicros));
+    Pair& p = ap.p;
+    ap.request(161);
+    REQUIRE(eventually([&] { return p.b.counters().tx_held_acks.load() >= 1; }));
+    const auto first = ap.answer(162);
+    REQUIRE(first);
+    CHECK(first->wr_id == 161);
+    const auto sent = std::chrono::steady_clock::now();
+    ap.request(163);
+    const auto done = poll_side(p.a, *p.a.scq);
+    REQUIRE(done);
+    CHECK(done->status == WcStatus::Success);
+    CHECK(done->wr_id == 163);
+    CHECK(std::chrono::steady_clock::now() - sent >= std::chrono::microseconds(kHoldMicros));
+    CHECK(p.b.counters().held_ack_timeouts.load() >= 1);
+    CHECK(p.a.counters().retransmit_timeouts.load() == 0);
+}
+
+TEST_CASE("An ACK a poller holds while it has the socket sets no timer until the hand-back",
+          "[held_acks]") {
+    // b's poll reads a's request and holds its ACK, then b stops polling. While the socket
+    // is parked the timer stays unset (its timerfd_settime and expiry would cost the
+    // pollers' CPUs); the hand-back that follows sets it, and the ACK leaves.
+    AnsweringPair ap(holding(20'000));
+    Pair& p = ap.p;
+    bool held = false;
+    parked_and_gated(*p.b.engine, [&] {
+        const uint64_t before = p.b.counters().tx_held_acks.load();
+        fill(p.a.at(0), kLen, 171);
+        REQUIRE(p.a.qp->post_send(rdma_wqe(SendOpcode::RdmaWrite, 171, {p.a.sge(0, kLen)}, p.b.iova,
+                                           p.b.keys.rkey)) == 0);
+        held = busy_poll(*p.b.engine, [&] { return p.b.counters().tx_held_acks.load() > before; });
+        CHECK(first_mismatch(p.b.at(0), kLen, 171) == kLen);
+        CHECK(p.b.engine->socket_parked());
+        CHECK_FALSE(p.b.engine->held_acks_timer_pending());
+    });
+    REQUIRE(held);
+    const auto done = poll_side(p.a, *p.a.scq);
+    REQUIRE(done);
+    CHECK(done->status == WcStatus::Success);
+    CHECK(done->wr_id == 171);
+    CHECK(p.b.counters().socket_handbacks.load() >= 1);
+    CHECK(p.a.counters().retransmit_timeouts.load() == 0);
+}
+
 TEST_CASE("A poll of the responder's CQ sends the ACK it holds", "[held_acks]") {
     check_released_by(61, [](Engine& e) { e.on_cq_poll(true); });
 }
