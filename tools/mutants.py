@@ -254,6 +254,10 @@ MUTANTS = [
     Mutant("uc: SEND longer than the buffer written", "transport/uc_qp.cpp",
            "if (uint64_t{recv_offset_} + len > recv_->sgl.total_length()) {", "if (false) {",
            ("uc",)),
+    Mutant("uc: a message the host refuses (EMSGSIZE) completes as sent",
+           "transport/uc_qp.cpp",
+           "        if (result == Engine::TransmitResult::Failed) return WcStatus::LocQpOpErr;\n",
+           "", ("batch",)),
     # --- changes in place: rereg_mr, resize_cq, RESET (memory_table, completion_queue, qp.cpp) ---
     Mutant("rereg: new access not applied", "transport/memory_table.cpp",
            "    if (change.access) r.access = *change.access;", "", ("rereg-integration",)),

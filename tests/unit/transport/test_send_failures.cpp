@@ -15,8 +15,10 @@
 #include <catch2/catch.hpp>
 #include <cstdlib>
 #include <cstring>
+#include <thread>
 
 #include "tests/unit/transport/engine_pair.h"
+#include "tests/unit/transport/uc_pair.h"
 #include "transport/transmit_batch.h"
 
 using namespace uroce::transport;
@@ -133,6 +135,37 @@ TEST_CASE("A request larger than the route's IP MTU fails at once with LOC_QP_OP
         CHECK(p.a.engine->gso_enabled());
         CHECK(p.a.counters().retransmit_timeouts.load() == 0);
         CHECK(all_bytes(p.b.at(8192), 4096, kUntouched));
+    }
+
+    SECTION("a UC WRITE of full-MTU packets fails the same way, and its QP with it") {
+        // UC sends each packet alone, with no retransmission to fall back on: a message the
+        // host refuses must not complete as sent.
+        UcPair uc(p);
+        fill(p.a.at(0), 4096, 8);
+        REQUIRE(uc.a->post_send(rdma_wqe(SendOpcode::RdmaWrite, 8, {p.a.sge(0, 256)},
+                                         p.b.iova + 1000, p.b.keys.rkey)) == 0);
+        REQUIRE(uc.a->post_send(rdma_wqe(SendOpcode::RdmaWrite, 9, {p.a.sge(0, 4096)},
+                                         p.b.iova + 8192, p.b.keys.rkey)) == 0);
+        REQUIRE(uc.a->post_send(rdma_wqe(SendOpcode::RdmaWrite, 10, {p.a.sge(0, 16)},
+                                         p.b.iova + 16384, p.b.keys.rkey)) == 0);
+        const auto done = p.wait(*p.a.scq, 3);
+        REQUIRE(done.size() == 3);
+        CHECK(done[0].wr_id == 8);
+        CHECK(done[0].status == WcStatus::Success);
+        CHECK(done[1].wr_id == 9);
+        CHECK(done[1].status == WcStatus::LocQpOpErr);
+        CHECK(done[2].wr_id == 10);
+        CHECK(done[2].status == WcStatus::WrFlushErr);
+        CHECK(uc.a->state() == QpState::Err);
+        CHECK(p.a.counters().tx_too_big.load() == 1);
+        // The small WRITE arrives (UC completes at the sender once sent); nothing of the
+        // refused one or the flushed one does.
+        const auto deadline = std::chrono::steady_clock::now() + kWait;
+        while (first_mismatch(p.b.at(1000), 256, 8) != 256 &&
+               std::chrono::steady_clock::now() < deadline)
+            std::this_thread::sleep_for(1ms);
+        CHECK(first_mismatch(p.b.at(1000), 256, 8) == 256);
+        CHECK(all_bytes(p.b.at(8192), 4096 + 8192 + 16, kUntouched));
     }
 }
 
