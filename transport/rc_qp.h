@@ -113,7 +113,7 @@ class RcQp final : public QpCommon {
     std::chrono::steady_clock::time_point flush_ack_held_before(
         std::chrono::steady_clock::time_point cutoff) override;
     // Keeps that ACK for the application's answer (engine_held_acks.cpp) when `may_hold_ack`
-    // and answering().
+    // and answering(now).
     void finish_batch(bool may_hold_ack) override;
     // Sends the posts held for the next poll.
     void send_held() override;
@@ -380,7 +380,7 @@ class RcQp final : public QpCommon {
     // The application is in a request-response exchange: it posted send work within
     // EngineConfig::answer_window_micros and has at most one request in flight; and the
     // QP's local ACK timeout (0: none) is at least 4 x EngineConfig::ack_hold_micros.
-    bool answering() const;
+    bool answering(std::chrono::steady_clock::time_point now) const;
     std::chrono::steady_clock::time_point last_post_{};  // of send work (the answer window)
     enum class InMessage { None, Send, Write } in_message_ = InMessage::None;
     // The receive WQE of the message in progress, taken off rq_ or the SRQ when the message

@@ -74,10 +74,7 @@ void RcQp::send_pending_ack() {
 }
 
 void RcQp::flush_ack() {
-    std::lock_guard lock(mutex_);
-    send_due_responses();
-    ack_held_noted_ = false;
-    send_pending_ack();
+    flush_ack_held_before(std::chrono::steady_clock::time_point::max());
 }
 
 std::chrono::steady_clock::time_point RcQp::flush_ack_held_before(
@@ -90,7 +87,7 @@ std::chrono::steady_clock::time_point RcQp::flush_ack_held_before(
     return std::chrono::steady_clock::time_point::max();
 }
 
-bool RcQp::answering() const {
+bool RcQp::answering(std::chrono::steady_clock::time_point now) const {
     // A deeper queue is a stream, whose peer's ACKs must not wait (both ways, ib_write_bw -b
     // lost a quarter of its bandwidth).
     if (sq_.size() > 1) return false;
@@ -98,22 +95,24 @@ bool RcQp::answering() const {
     // QP's own (applications set both sides alike): hold only well within it.
     if (attrs_.timeout != 0 && local_ack_timeout_us() < 4ull * engine_.config().ack_hold_micros)
         return false;
-    const auto since_post = std::chrono::steady_clock::now() - last_post_;
+    const auto since_post = now - last_post_;
     return since_post < std::chrono::microseconds(engine_.config().answer_window_micros);
 }
 
 void RcQp::finish_batch(bool may_hold_ack) {
     std::lock_guard lock(mutex_);
     send_due_responses();
-    if (may_hold_ack && ack_pending_ && !ack_now_ && !closed_ && state_ == QpState::Rts &&
-        answering()) {
-        if (ack_held_since_ == std::chrono::steady_clock::time_point::min())
-            ack_held_since_ = std::chrono::steady_clock::now();
-        if (!ack_held_noted_) {
-            ack_held_noted_ = true;
-            engine_.note_held_ack(qpn());
+    if (may_hold_ack && ack_pending_ && !ack_now_ && !closed_ && state_ == QpState::Rts) {
+        const auto now = std::chrono::steady_clock::now();  // one clock read for both uses
+        if (answering(now)) {
+            if (ack_held_since_ == std::chrono::steady_clock::time_point::min())
+                ack_held_since_ = now;
+            if (!ack_held_noted_) {
+                ack_held_noted_ = true;
+                engine_.note_held_ack(qpn());
+            }
+            return;
         }
-        return;
     }
     send_pending_ack();
 }

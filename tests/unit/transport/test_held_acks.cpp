@@ -204,10 +204,11 @@ TEST_CASE("A held ACK leaves after ack_hold_micros when no answer comes", "[held
 TEST_CASE("An ACK held after the hold timer was set waits its own ack_hold_micros", "[held_acks]") {
     // The timer is set when b holds the ACK of 161; the answer takes that ACK along at once,
     // and b holds the ACK of 163 while the timer still runs for 161's. When it fires, 163's
-    // has waited a moment: sent then, it would reach a just before an answer (and a busy
+    // has waited half a hold: sent then, it would reach a just before an answer (and a busy
     // poller would find the answer in memory it no longer polls for). It leaves a whole hold
     // after it was held, measured from before a sent 163: a lower bound, which a slow
-    // machine only makes longer.
+    // machine only makes longer (a test thread held off past 161's timer leaves nothing to
+    // tell apart, and passes).
     constexpr uint32_t kHoldMicros = 400'000;
     AnsweringPair ap(holding(kHoldMicros));
     Pair& p = ap.p;
@@ -216,6 +217,9 @@ TEST_CASE("An ACK held after the hold timer was set waits its own ack_hold_micro
     const auto first = ap.answer(162);
     REQUIRE(first);
     CHECK(first->wr_id == 161);
+    // Half the hold later, so that the timer set for 161 comes half a hold after 163 is
+    // held (sooner, its expiry and 163's own deadline would be microseconds apart).
+    std::this_thread::sleep_for(std::chrono::microseconds(kHoldMicros / 2));
     const auto sent = std::chrono::steady_clock::now();
     ap.request(163);
     const auto done = poll_side(p.a, *p.a.scq);
