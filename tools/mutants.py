@@ -962,6 +962,15 @@ MUTANTS = [
            "    int64_t now = PollHandoff::now_ns();\n"
            "    if (!handoff_->quiet(now, kSpinQuietMicros * 1000)) return;\n",
            "    int64_t now = PollHandoff::now_ns();\n", ("handoff",)),
+    Mutant("spin-then-block: a spin stopped by its cap sleeps though packets still come",
+           "transport/engine.cpp",
+           "    if (now >= end && now < idle_until) event_active(rx_event_, EV_READ, 0);\n",
+           "", ("handoff",)),
+    Mutant("spin-then-block: a spin that ended idle starts again after the loop's turn",
+           "transport/engine.cpp",
+           "    if (now >= end && now < idle_until) event_active(rx_event_, EV_READ, 0);\n",
+           "    event_active(rx_event_, EV_READ, 0);\n",
+           ("handoff",)),
     Mutant("socket_parks misses the parks of a busy poll (counted only from the loop)",
            "transport/poll_handoff.cpp",
            "    if (!parked_.compare_exchange_strong(expected, true, std::memory_order_relaxed)) return;\n"

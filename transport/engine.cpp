@@ -386,7 +386,7 @@ void Engine::spin_after_batch() {
         if (hook) hook(now);
     }
     // The loop's timers (retransmissions, the fault injector's delays) wait at most
-    // kSpinMaxMicros; a stream that goes on comes back here at once from the loop.
+    // kSpinMaxMicros; a stream that goes on comes back here at once from the loop (below).
     const int64_t end = now + kSpinMaxMicros * 1000;
     int64_t idle_until = now + kSpinMicros * 1000;
     for (int i = 0; i < 1'000'000 && now < idle_until && now < end; ++i) {
@@ -401,6 +401,11 @@ void Engine::spin_after_batch() {
         // A poll that began meanwhile has the socket from here.
         if (!handoff_->quiet(now, kSpinQuietMicros * 1000)) return;
     }
+    // Stopped by the cap while packets still came: once the loop has run its timers, spin
+    // on, even if the next packet is not there yet (ib_read_lat's next request, a round trip
+    // away), rather than sleep and wait tens of microseconds for a wake-up. Harmless if a
+    // poller parks the socket meanwhile: on_readable then finds it busy, or not quiet.
+    if (now >= end && now < idle_until) event_active(rx_event_, EV_READ, 0);
 }
 
 void Engine::on_group_readable(const UdpSocket& socket, const IpAddress& group, void* arg) {

@@ -293,6 +293,10 @@ class Engine {
     // The engine thread reads on after a batch only if no application thread of this
     // context polled, posted or armed a CQ for this long (spin_after_batch).
     static constexpr int64_t kSpinQuietMicros = 1000;
+    // A spin ends when no packet came for kSpinMicros; it lets the loop run its timers after
+    // kSpinMaxMicros, then goes on.
+    static constexpr int64_t kSpinMicros = 30;
+    static constexpr int64_t kSpinMaxMicros = 200;
 
     // Builds the headers, pad and ICRC around `payload` and sends the packet from `from`
     // (unless the fault injector or the transmit filter drops it), with IPv4 TTL `ttl` (0:
@@ -354,7 +358,8 @@ class Engine {
     static void on_group_readable(const UdpSocket& socket, const IpAddress& group, void* arg);
     void receive_batch();
     // Spin-then-block, on the engine thread after a batch (rx_mutex_ held): reads on while
-    // packets keep coming, until none came for kSpinMicros, at most kSpinMaxMicros, and only
+    // packets keep coming, until none came for kSpinMicros (at most kSpinMaxMicros at a
+    // time: the loop then runs its timers and the spin goes on), and only
     // while no application thread of this context polled, posted or armed a CQ within
     // kSpinQuietMicros. A peer that answers within a round trip (the READ requests of
     // ib_read_lat, a stream's next train) is then read without a wake-up, which costs tens
@@ -362,8 +367,6 @@ class Engine {
     // a spinning engine thread would take its CPU) nor one that waits for a completion event
     // (it needs a CPU the moment the engine thread wakes it).
     void spin_after_batch();
-    static constexpr int64_t kSpinMicros = 30;
-    static constexpr int64_t kSpinMaxMicros = 200;
     // Reads and delivers what `socket` holds (`group` 0: the device's socket).
     void receive_from(const UdpSocket& socket, const IpAddress& group);
     void run();

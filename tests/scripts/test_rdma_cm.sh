@@ -162,6 +162,18 @@ no_errors() {
 }
 
 # ------------------------------------------------------------------------------- rping
+# rping_teardown_race: the client failed only in rping 44's own teardown race, after its
+# test was done. Its main thread closes the event channel (rdma_destroy_event_channel) as soon
+# as rdma_destroy_id returns, which is as soon as the event thread acknowledged DISCONNECTED;
+# that thread then asks for the next event on the closed descriptor, gets EBADF and exits
+# 255. A kernel's rdma_cm file answers the same (later rping stops its event thread first).
+# Seen once in dozens of runs, on 2 CPUs beside another test. Only that exit, with those two
+# last lines, after a server that exited 0.
+rping_teardown_race() {
+    [[ $SRV_RC -eq 0 && $CLI_RC -eq 255 ]] || return 1
+    [[ "$(tail -n 2 "$CLI_ERR")" == $'client DISCONNECT EVENT...\nrdma_get_cm_event: Bad file descriptor' ]]
+}
+
 # -V: each side checks the data it received against what the peer was to send.
 rping_pair() {
     local label=$1 srv_ip=$2 cli_ip=$3 port
@@ -169,7 +181,12 @@ rping_pair() {
     port=$PORT
     cm_pair "$label" "$port" 60 -- rping -s -a "$srv_ip" -p "$port" -v -V -C 100 \
         -- rping -c -a "$srv_ip" -I "$cli_ip" -p "$port" -v -V -C 100
-    expect_pair_ok "$label" || return
+    if rping_teardown_race; then
+        ok "$label: server exit 0, client exit 255 in rping's teardown race (EBADF after DISCONNECTED, see rping_teardown_race) (${PAIR_SECS}s)"
+        echo "# $label: client stderr: $(tr '\n' '|' <"$CLI_ERR")" >&2
+    else
+        expect_pair_ok "$label" || return
+    fi
     expect_eq "$label: the server got 100 pings" 100 "$(grep -c '^server ping data: rdma-ping-' "$SRV_OUT")"
     expect_eq "$label: the client got 100 pings" 100 "$(grep -c '^ping data: rdma-ping-' "$CLI_OUT")"
     expect_file_match "$label: the last ping's data" "rdma-ping-99: " "$CLI_OUT"

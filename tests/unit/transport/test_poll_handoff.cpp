@@ -366,6 +366,48 @@ TEST_CASE("With nobody polling, the engine thread reads on after a batch before 
     CHECK(p.b.counters().rx_polled_packets.load() == 0);
 }
 
+// The spin's cap lets the loop run its timers; it must not put a stream that goes on to
+// sleep: ib_read_lat's next request comes a round trip after the last, and when the cap fell
+// in between, each such request waited for a wake-up (1,100 of 20,000 over 20 us).
+TEST_CASE("A spin stopped by its cap while packets come goes on after the loop's turn",
+          "[poll_handoff]") {
+    PairOptions o;
+    o.gso_a = false;
+    // The first spin's hook sends a datagram and sleeps past the cap: the spin reads it as
+    // its first read, a moment ago, when it finds the cap passed. The next spins' hooks do
+    // nothing, so those end idle. Declared before the pair: its engines call the hook.
+    std::atomic<int> spins{0};
+    struct Fd {
+        int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+        ~Fd() { ::close(fd); }
+    } junk;
+    REQUIRE(junk.fd >= 0);
+    sockaddr_storage to{};
+    socklen_t to_len = 0;
+    const uint8_t byte = 0;
+    Pair p(o);
+    to_len = p.b.engine->config().ip.to_sockaddr(p.b.engine->config().port, to);
+    p.b.engine->set_spin_hook([&](int64_t now) {
+        if (spins.fetch_add(1) != 0) return;
+        (void)::sendto(junk.fd, &byte, 1, 0, reinterpret_cast<const sockaddr*>(&to), to_len);
+        const int64_t past_cap = now + (Engine::kSpinMaxMicros + 20) * 1000;
+        for (int i = 0; i < 100'000 && PollHandoff::now_ns() < past_cap; ++i)
+            std::this_thread::sleep_for(20us);
+    });
+    // b's application never polls: its engine thread reads, and may spin.
+    REQUIRE(::sendto(junk.fd, &byte, 1, 0, reinterpret_cast<const sockaddr*>(&to), to_len) == 1);
+    const auto deadline = std::chrono::steady_clock::now() + kWait;
+    for (int i = 0; i < 100'000 && spins.load() < 2 && std::chrono::steady_clock::now() < deadline;
+         ++i)
+        std::this_thread::sleep_for(100us);
+    // The second spin began with nothing more sent: after the loop's turn, not a wake-up.
+    CHECK(spins.load() >= 2);
+    CHECK(p.b.counters().rx_spin_packets.load() == 1);
+    // And a spin that ends idle sleeps: nothing starts a third.
+    std::this_thread::sleep_for(50ms);
+    CHECK(spins.load() == 2);
+}
+
 TEST_CASE("The engine thread sleeps at once beside a poller or a thread waiting for events",
           "[poll_handoff]") {
     PairOptions o;
