@@ -75,7 +75,7 @@ else
   sweep_n=200
 fi
 loss_rc_n=1000 # ibv_rc_pingpong 4 KiB under loss
-loss_bw_n=300  # ib_write_bw 64 KiB under loss (and its lossless reference)
+loss_bw_n=2000 # ib_write_bw 64 KiB under loss (and its lossless reference; 300 was mostly set-up)
 tmo=120        # seconds: any single perftest / pingpong process
 loss_tmo=60    # seconds: the same under loss
 
