@@ -324,6 +324,22 @@ void write_bursts(Pair& p, int rounds, const std::function<void()>& beside) {
     }
 }
 
+// Sends one-byte datagrams to an engine's device socket: not RoCE packets, but read and
+// counted as packets all the same (a spin's reads, in these tests).
+struct JunkSender {
+    int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    sockaddr_storage to{};
+    socklen_t to_len = 0;
+    ~JunkSender() { ::close(fd); }
+    void aim_at(const Engine& engine) {
+        to_len = engine.config().ip.to_sockaddr(engine.config().port, to);
+    }
+    bool send() const {
+        const uint8_t byte = 0;
+        return ::sendto(fd, &byte, 1, 0, reinterpret_cast<const sockaddr*>(&to), to_len) == 1;
+    }
+};
+
 }  // namespace
 
 TEST_CASE("With nobody polling, the engine thread reads on after a batch before it sleeps",
@@ -341,18 +357,13 @@ TEST_CASE("With nobody polling, the engine thread reads on after a batch before 
     // read and counted all the same. Declared before the pair: the hook uses them until
     // the engines are gone.
     std::atomic<int> spins{0};
-    struct Fd {
-        int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-        ~Fd() { ::close(fd); }
-    } junk;
+    JunkSender junk;
     REQUIRE(junk.fd >= 0);
-    sockaddr_storage to{};
     Pair p(o);
-    const socklen_t to_len = p.b.engine->config().ip.to_sockaddr(p.b.engine->config().port, to);
+    junk.aim_at(*p.b.engine);
     p.b.engine->set_spin_hook([&](int64_t) {
         spins.fetch_add(1);
-        const uint8_t byte = 0;
-        (void)::sendto(junk.fd, &byte, 1, 0, reinterpret_cast<const sockaddr*>(&to), to_len);
+        (void)junk.send();
     });
     p.connect();
     write_bursts(p, 40, [] {});
@@ -377,25 +388,19 @@ TEST_CASE("A spin stopped by its cap while packets come goes on after the loop's
     // its first read, a moment ago, when it finds the cap passed. The next spins' hooks do
     // nothing, so those end idle. Declared before the pair: its engines call the hook.
     std::atomic<int> spins{0};
-    struct Fd {
-        int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-        ~Fd() { ::close(fd); }
-    } junk;
+    JunkSender junk;
     REQUIRE(junk.fd >= 0);
-    sockaddr_storage to{};
-    socklen_t to_len = 0;
-    const uint8_t byte = 0;
     Pair p(o);
-    to_len = p.b.engine->config().ip.to_sockaddr(p.b.engine->config().port, to);
+    junk.aim_at(*p.b.engine);
     p.b.engine->set_spin_hook([&](int64_t now) {
         if (spins.fetch_add(1) != 0) return;
-        (void)::sendto(junk.fd, &byte, 1, 0, reinterpret_cast<const sockaddr*>(&to), to_len);
+        (void)junk.send();
         const int64_t past_cap = now + (Engine::kSpinMaxMicros + 20) * 1000;
         for (int i = 0; i < 100'000 && PollHandoff::now_ns() < past_cap; ++i)
             std::this_thread::sleep_for(20us);
     });
     // b's application never polls: its engine thread reads, and may spin.
-    REQUIRE(::sendto(junk.fd, &byte, 1, 0, reinterpret_cast<const sockaddr*>(&to), to_len) == 1);
+    REQUIRE(junk.send());
     const auto deadline = std::chrono::steady_clock::now() + kWait;
     for (int i = 0; i < 100'000 && spins.load() < 2 && std::chrono::steady_clock::now() < deadline;
          ++i)
