@@ -67,7 +67,7 @@ namespace uroce::transport {
     X(tx_held_posts)     /* RC posts that waited for the next CQ poll (held_posts.h) */          \
     X(deferred_timers)   /* RC timers a poller armed, kept off the loop until the hand-back */   \
     X(tx_held_acks)      /* RC ACKs that waited for their application's answer */                \
-    X(held_ack_timeouts) /* times ACKs held for an answer went out after ack_hold_micros */      \
+    X(held_ack_timeouts) /* ACKs held for an answer that went out after ack_hold_micros  */      \
     X(app_memory_faults) /* accesses to registered memory whose pages were gone */               \
     X(tx_multi_sends)    /* sendmmsg calls that carried several trains (TransmitBatch) */        \
     X(timerfd_sets)      /* times the engine's timerfd was set (TimerQueue) */                   \

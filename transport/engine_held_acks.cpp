@@ -73,20 +73,16 @@ void Engine::flush_overdue_held_acks(std::chrono::steady_clock::time_point now) 
     const auto hold = std::chrono::microseconds(config_.ack_hold_micros);
     const auto cutoff = now - hold;
     auto oldest = std::chrono::steady_clock::time_point::max();
-    bool sent = false;
     young_held_acks_.clear();
+    // The QPs count what they send (held_ack_timeouts), before it leaves.
     held_acks_.flush([&](uint32_t qpn) {
         auto qp = qp_numbered(qpn);
         if (!qp) return;
         const auto since = qp->flush_ack_held_before(cutoff);
-        if (since == std::chrono::steady_clock::time_point::max()) {
-            sent = true;
-        } else {
-            young_held_acks_.push_back(qpn);
-            oldest = std::min(oldest, since);
-        }
+        if (since == std::chrono::steady_clock::time_point::max()) return;
+        young_held_acks_.push_back(qpn);
+        oldest = std::min(oldest, since);
     });
-    if (sent) bump(counters_->held_ack_timeouts);
     // Noted again after the flush (which runs until the list is empty); a poll meanwhile
     // that missed them sends them at the next one, or their answer does.
     for (const uint32_t qpn : young_held_acks_) held_acks_.note(qpn);

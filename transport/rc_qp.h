@@ -238,7 +238,11 @@ class RcQp final : public QpCommon {
     }
     WcStatus scatter_to_recv(std::span<const uint8_t> data);
     void send_ack(uint32_t psn, uint8_t syndrome);
-    void send_pending_ack();
+    // `by_hold_timer`: the engine's hold timer sends it (held_ack_timeouts, counted before
+    // it leaves: its requester, and whoever reads the counters, may see the ACK at once).
+    void send_pending_ack(bool by_hold_timer = false);
+    // flush_ack() with mutex_ held.
+    void flush_ack_locked(bool by_hold_timer);
     // A NAK of `code` for `psn`, counted; the QP's state is the caller's business.
     void send_error_nak(wire::NakCode code, uint32_t psn);
     // A NAK, the affiliated `event`, and the QP to ERR: a request the responder refuses.

@@ -57,8 +57,10 @@ void RcQp::forget_pending_ack() {
     ack_held_since_ = std::chrono::steady_clock::time_point::min();
 }
 
-void RcQp::send_pending_ack() {
+void RcQp::send_pending_ack(bool by_hold_timer) {
     if (closed_ || !ack_pending_ || state_ == QpState::Err || state_ == QpState::Reset) return;
+    if (by_hold_timer && ack_held_since_ != std::chrono::steady_clock::time_point::min())
+        bump(engine_.counters().held_ack_timeouts);
     forget_pending_ack();
     bump(engine_.counters().tx_acks);
     // The ACK names the newest executed SEND/WRITE packet, never a PSN of a READ's
@@ -74,17 +76,22 @@ void RcQp::send_pending_ack() {
 }
 
 void RcQp::flush_ack() {
-    flush_ack_held_before(std::chrono::steady_clock::time_point::max());
+    std::lock_guard lock(mutex_);
+    flush_ack_locked(false);
 }
 
 std::chrono::steady_clock::time_point RcQp::flush_ack_held_before(
     std::chrono::steady_clock::time_point cutoff) {
     std::lock_guard lock(mutex_);
     if (ack_pending_ && !closed_ && ack_held_since_ > cutoff) return ack_held_since_;
+    flush_ack_locked(true);
+    return std::chrono::steady_clock::time_point::max();
+}
+
+void RcQp::flush_ack_locked(bool by_hold_timer) {
     send_due_responses();
     ack_held_noted_ = false;
-    send_pending_ack();
-    return std::chrono::steady_clock::time_point::max();
+    send_pending_ack(by_hold_timer);
 }
 
 bool RcQp::answering(std::chrono::steady_clock::time_point now) const {
