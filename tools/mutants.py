@@ -111,6 +111,9 @@ TESTS = {
                                                  "--test-args", " ".join(["[fast_paths]"] + JUNIT)]),
     "faults": ("release", "tests/unit/transport/test_transport",
                ["tests/unit/transport/test_transport", "[faults]"] + JUNIT),
+    "source-port": ("release", "tests/unit/transport/test_transport",
+                    ["tests/unit/transport/test_transport", "[source_port]"] + JUNIT),
+    "registry-app": ("release", None, ["meson", "test", "--no-rebuild", "registry"]),
     "rdma_cm-app": ("release", None, ["meson", "test", "--no-rebuild", "rdma_cm"]),
     "netns-app": ("release", None, ["meson", "test", "--no-rebuild", "netns"]),
     "cm": ("release", "tests/unit/transport/test_transport",
@@ -1247,6 +1250,11 @@ MUTANTS = [
     Mutant("timers: cancel_and_wait waits for its own callback", "transport/timer_queue.cpp",
            "return running_ != &t || running_thread_ == std::this_thread::get_id();",
            "return running_ != &t;", ("timers",)),
+    Mutant("send sockets: junk sent to a source port fills a full receive buffer nobody reads",
+           "transport/send_sockets.cpp", "        s->receive_nothing();\n", "", ("source-port",)),
+    Mutant("registry: a device may listen on one of the QPs' source ports", "tools/registry.cpp",
+           "    if (cfg.port >= transport::kSourcePortBase &&", "    if (false &&",
+           ("registry-app",)),
 
 ]
 

@@ -19,6 +19,7 @@
 #include <system_error>
 
 #include "transport/local_addresses.h"
+#include "transport/send_sockets.h"
 
 namespace uroce::registry {
 
@@ -422,6 +423,16 @@ std::vector<std::string> Registry::add(const DeviceConfig& cfg, NodeMode nodes) 
     if (auto msg = check_name(cfg.name); !msg.empty()) throw Error(Error::Kind::Usage, msg);
     if (auto msg = check_mtu(cfg.mtu); !msg.empty()) throw Error(Error::Kind::Usage, msg);
     if (cfg.port == 0) throw Error(Error::Kind::Usage, "UDP port must be in 1..65535");
+    // A device listening on one of the QPs' source ports would share it (SO_REUSEPORT) with
+    // sockets that only send, and could lose datagrams to them.
+    if (cfg.port >= transport::kSourcePortBase &&
+        cfg.port < transport::kSourcePortBase + transport::kSourcePorts) {
+        throw Error(Error::Kind::Usage,
+                    fmt::format("UDP port {} is one of the source ports uroce's QPs send from "
+                                "({}..{}); choose another --port (RoCEv2's is 4791)",
+                                cfg.port, transport::kSourcePortBase,
+                                transport::kSourcePortBase + transport::kSourcePorts - 1));
+    }
 
     UmaskGuard umask_guard(022);
     make_dirs(root_);

@@ -478,7 +478,7 @@ int main(int argc, char** argv) {
     add->add_option("--mtu", cfg.mtu, "Path MTU: 256, 512, 1024, 2048 or 4096")
         ->capture_default_str()
         ->check(mtu_validator());
-    add->add_option("--port", cfg.port, "UDP port (1..65535)")
+    add->add_option("--port", cfg.port, "UDP port (1..65535, not 49152..49215)")
         ->capture_default_str()
         ->check(port_validator());
 

@@ -14,9 +14,11 @@ const UdpSocket& SendSockets::for_port(uint16_t port) {
     auto it = sockets_.find(port);
     if (it == sockets_.end()) {
         // SO_REUSEPORT: every context of the device (in any process of the same user) whose
-        // QPs hash to this port sends from it too. Nothing is received on these ports (RoCEv2
-        // requests and responses go to the device port), so sharing them costs nothing.
+        // QPs hash to this port sends from it too. Nothing is read on these ports (RoCEv2
+        // requests and responses go to the device port), so sharing them costs nothing, and
+        // what anyone sends to them must not pile up in a large receive buffer.
         auto s = std::make_unique<UdpSocket>(ip_, port, /*reuseport=*/true);
+        s->receive_nothing();
         // A port in use elsewhere is remembered as unusable: the QPs hashed to it send from
         // the main socket rather than retry a bind on every packet.
         it = sockets_.emplace(port, s->fd() >= 0 ? std::move(s) : nullptr).first;

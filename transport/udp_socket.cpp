@@ -188,4 +188,9 @@ bool UdpSocket::enable_gro() {
     return fd_ >= 0 && ::setsockopt(fd_, IPPROTO_UDP, UDP_GRO, &one, sizeof one) == 0;
 }
 
+void UdpSocket::receive_nothing() {
+    const int zero = 0;
+    if (fd_ >= 0) ::setsockopt(fd_, SOL_SOCKET, SO_RCVBUF, &zero, sizeof zero);
+}
+
 }  // namespace uroce::transport

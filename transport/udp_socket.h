@@ -81,6 +81,11 @@ class UdpSocket {
     // size. False if the kernel cannot (the socket then receives them one by one).
     bool enable_gro();
 
+    // For a socket that only sends: the smallest receive buffer Linux allows (SO_RCVBUF 0),
+    // so datagrams that anyone sends to its port, which nothing reads, pin at most a few
+    // kilobytes of kernel memory instead of the socket's full receive buffer.
+    void receive_nothing();
+
     // Reads up to batch.capacity() datagrams without blocking; returns how many (0 if none).
     // A datagram larger than its buffer is reported with length 0 (dropped).
     size_t receive(ReceiveBatch& batch) const { return batch.read(fd_); }

@@ -230,6 +230,9 @@ expect_err "*1..65535*" "bad port: gives the range"
 expect_rc 2 "port 65536" add "$A" --ip 127.0.0.1 --port 65536
 expect_rc 2 "port abc" add "$A" --ip 127.0.0.1 --port abc
 expect_rc 2 "port -1" add "$A" --ip 127.0.0.1 --port -1
+expect_rc 2 "port 49152 (a QP source port)" add "$A" --ip 127.0.0.1 --port 49152
+expect_err "*source ports*49152..49215*" "a source port as device port: says which ports"
+expect_rc 2 "port 49215 (a QP source port)" add "$A" --ip 127.0.0.1 --port 49215
 expect_rc 2 "del without name" del
 expect_rc 2 "del with bad name" del "../etc"
 expect_absent "$UROCE_ROOT/sys/class/infiniband/$A" "usage errors register nothing"

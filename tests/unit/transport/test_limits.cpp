@@ -2,6 +2,7 @@
 // memory keys are unpredictable, each QP sends from its own UDP source port, and memory
 // regions whose range wraps around 2^64 are refused.
 #include <arpa/inet.h>
+#include <linux/sock_diag.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -10,6 +11,7 @@
 #include <catch2/catch.hpp>
 #include <set>
 #include <stdexcept>
+#include <vector>
 
 #include "tests/unit/transport/engine_pair.h"
 #include "transport/send_sockets.h"
@@ -215,6 +217,43 @@ TEST_CASE("Each QP sends from its own UDP source port in the RoCEv2 range",
     CHECK(sport == source_port_for_qpn(p.a.qp->qpn()));
     CHECK(sport >= 49152);
     CHECK(p.a.counters().tx_sport_fallback.load() == 0);
+}
+
+TEST_CASE("Datagrams sent to a source port pin a few kilobytes, not a receive buffer",
+          "[limits][source_port]") {
+    // Nothing reads a send socket: whatever arrives at its port stays queued until the
+    // socket closes, up to its receive buffer.
+    const Addresses addrs = next_addresses();
+    UdpSocket main_socket(addrs.a, addrs.port);
+    REQUIRE(main_socket.fd() >= 0);
+    SendSockets sockets(addrs.a, main_socket);
+    const uint16_t port = source_port_for_qpn(0x1234);
+    const UdpSocket& sender = sockets.for_port(port);
+    REQUIRE(sender.port() == port);
+
+    const int junk = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    REQUIRE(junk >= 0);
+    sockaddr_in to{};
+    to.sin_family = AF_INET;
+    to.sin_addr.s_addr = htonl(addrs.a.v4());
+    to.sin_port = htons(port);
+    const std::vector<uint8_t> datagram(1024, 0x5a);
+    int sent = 0;
+    for (int i = 0; i < 2000; ++i)
+        if (::sendto(junk, datagram.data(), datagram.size(), MSG_DONTWAIT,
+                     reinterpret_cast<const sockaddr*>(&to), sizeof to) > 0)
+            ++sent;
+    ::close(junk);
+    CHECK(sent > 1000);
+
+    uint32_t meminfo[SK_MEMINFO_VARS] = {};
+    socklen_t len = sizeof meminfo;
+    REQUIRE(::getsockopt(sender.fd(), SOL_SOCKET, SO_MEMINFO, meminfo, &len) == 0);
+    // Loopback delivers within the sendto: some arrived (the socket does receive), and they
+    // hold at most a few datagrams' worth. With the 4 MiB buffer of uroce's receiving
+    // sockets (where net.core.rmem_max allows it) 4.6 MB stayed queued here.
+    CHECK(meminfo[SK_MEMINFO_RMEM_ALLOC] > 0);
+    CHECK(meminfo[SK_MEMINFO_RMEM_ALLOC] <= 16384);
 }
 
 TEST_CASE("Memory regions that wrap around 2^64 are refused", "[limits][memory]") {
