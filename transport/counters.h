@@ -73,7 +73,13 @@ namespace uroce::transport {
     X(timerfd_sets)      /* times the engine's timerfd was set (TimerQueue) */                   \
     X(timer_early_wakes) /* timerfd expiries that found no timer due (a deadline moved) */       \
     X(rx_duplicate_ack_pending) /* duplicates whose ACK was pending: not sent at once */         \
-    X(send_window_cuts)         /* RC send windows halved by a loss (send_window.h) */
+    X(send_window_cuts)         /* RC send windows halved by a loss (send_window.h) */           \
+    X(rx_ce_marked)             /* packets for a QP marked ECN CE (congestion.h) */              \
+    X(tx_cnps)                  /* CNPs sent to peers whose packets came CE-marked */            \
+    X(cnps_paced)               /* CE-marked packets answered by no CNP: one had just gone */    \
+    X(cnp_window_cuts)          /* RC send windows halved by a CNP (congestion.h) */             \
+    X(tx_ce_fault)              /* sent marked ECN CE by UROCE_FAULTS' ce */                     \
+    X(rx_ce_fault)              /* received, taken as ECN CE by UROCE_FAULTS' ce (dir=rx) */
 
 struct EngineCounters {
 #define UROCE_COUNTER_FIELD(name) std::atomic<uint64_t> name{0};

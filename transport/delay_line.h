@@ -31,6 +31,7 @@ class DelayLine {
         uint16_t id = 0;                    // rx: the IPv4 identification its ICRC likely covers
         IpAddress group;                    // rx: the multicast group it came through, or ::
         uint8_t ttl = 0;                    // tx: the TTL to send with (0: the socket's)
+        uint8_t ecn = 0;                    // the ECN field it is sent with / arrived with
         const UdpSocket* socket = nullptr;  // tx: the socket to send it from
     };
 

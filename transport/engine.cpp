@@ -11,6 +11,7 @@
 #include <new>
 
 #include "transport/app_memory_guard.h"
+#include "transport/congestion.h"
 #include "transport/random_source.h"
 #include "transport/ud_qp.h"
 #include "uroce/icrc.h"
@@ -155,6 +156,8 @@ Engine::Engine(const EngineConfig& config, std::unique_ptr<DeviceSlot> slot,
     install_app_memory_guard();
     memory_.count_faults_in(&counters_->app_memory_faults);
     const bool gro = config.gro && socket_.enable_gro();
+    // Best effort: without the reports no packet is seen CE-marked (congestion.h).
+    socket_.enable_ecn_reports();
     rx_ = gro ? std::make_unique<ReceiveBatch>(kRxBatchGro, kRxBufferBytesGro)
               : std::make_unique<ReceiveBatch>(kRxBatch, kRxBufferBytes);
 }
@@ -524,6 +527,7 @@ void Engine::receive_from(const UdpSocket& socket, const IpAddress& group) {
             // A GRO train: datagrams of segment_size bytes, the last one possibly shorter.
             const size_t step = d.segment_size ? d.segment_size : std::max<size_t>(d.length, 1);
             if (d.segment_size && d.length > d.segment_size) bump(counters_->rx_gro_datagrams);
+            rx_ecn_ = d.ecn;
             uint16_t index = 0;
             // At least once: an empty datagram (or one cut short, length 0) is counted too.
             for (size_t off = 0; off == 0 || off < d.length; off += step, ++index, ++handled)
@@ -532,6 +536,7 @@ void Engine::receive_from(const UdpSocket& socket, const IpAddress& group) {
         }
         if (got < batch.capacity()) break;
     }
+    rx_ecn_ = 0;
     // ACK coalescing: one ACK per QP for everything this batch delivered (or held for the
     // answer: engine_held_acks.cpp).
     for (auto& qp : touched_) qp->finish_batch(batch_may_hold_acks_);
@@ -544,7 +549,7 @@ void Engine::receive_one(std::span<const uint8_t> one, const IpAddress& src_ip, 
     if (capture_ && !one.empty())
         capture_->received(wire::IpFlow{src_ip, group.is_unspecified() ? config_.ip : group,
                                         src_port, config_.port},
-                           one, index);
+                           one, index, rx_ecn_);
     if (!group.is_unspecified()) {
         deliver_multicast(one, src_ip, src_port, group);
         return;
@@ -578,11 +583,6 @@ bool Engine::accept(std::span<const uint8_t> datagram, const IpAddress& src_ip,
         bump(counters_->rx_bad_pkey);
         return false;
     }
-    if (pkt.info->flags & wire::kCnp) {
-        // Congestion notification from the path: counted; reacting to it comes later.
-        bump(counters_->rx_cnp);
-        return false;
-    }
     return true;
 }
 
@@ -601,6 +601,16 @@ std::shared_ptr<Qp> Engine::deliver(std::span<const uint8_t> datagram, const IpA
         auto it = qps_.find(pkt.h.bth.dest_qp);
         if (it != qps_.end()) qp = it->second;
     }
+    if (pkt.info->flags & wire::kCnp) {
+        // Congestion notification: for the QP whose packets were marked (congestion.h).
+        // It belongs to no transport, and to no receive batch's acknowledgements.
+        bump(counters_->rx_cnp);
+        if (qp)
+            qp->on_cnp(src_ip);
+        else
+            bump(counters_->rx_unknown_qp);
+        return nullptr;
+    }
     // A transport uroce has no QP of (RD), or not the one this QP speaks (a UD packet for an
     // RC QP): the QP never sees it.
     if ((pkt.h.bth.opcode >> 5) == static_cast<uint8_t>(wire::Transport::Rd) ||
@@ -613,6 +623,11 @@ std::shared_ptr<Qp> Engine::deliver(std::span<const uint8_t> datagram, const IpA
         return nullptr;
     }
     qp->on_packet(pkt, src_ip);
+    if (rx_ecn_ == kEcnCe) {
+        // After the packet: the notification is a packet of its own, not on its path.
+        bump(counters_->rx_ce_marked);
+        qp->on_ce_marked(src_ip);
+    }
     return qp;
 }
 

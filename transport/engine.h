@@ -395,9 +395,10 @@ class Engine {
     TransmitResult send_faulted(const FaultDecision& fault, QpCounters* qp,
                                 std::span<const iovec> packet, uint32_t bytes,
                                 const wire::IpFlow& flow, const UdpSocket& sock, uint8_t ttl);
-    // Sends one packet built in full (a faulted copy), writes it to the capture.
+    // Sends one packet built in full (a faulted copy) with ECN field `ecn`, writes it to the
+    // capture.
     TransmitResult send_copy(std::span<const uint8_t> packet, const wire::IpFlow& flow,
-                             const UdpSocket& sock, uint8_t ttl);
+                             const UdpSocket& sock, uint8_t ttl, uint8_t ecn = 0);
     // Puts `p` in `line` for `delay_us` and makes sure the delay timer fires in time;
     // false (counted as a dropped fault by the caller) when the line is full.
     bool hold(DelayLine& line, uint32_t delay_us, DelayLine::Packet p);
@@ -477,6 +478,8 @@ class Engine {
     std::unique_ptr<ReceiveBatch> rx_;
     std::vector<std::shared_ptr<Qp>> touched_;
     std::vector<std::shared_ptr<UdQp>> members_;  // of the group being delivered to
+    // The ECN field of the datagram being delivered (congestion.h); under rx_mutex_.
+    uint8_t rx_ecn_ = 0;
 };
 
 }  // namespace uroce::transport

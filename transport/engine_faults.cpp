@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "transport/app_memory_guard.h"
+#include "transport/congestion.h"
 #include "transport/engine.h"
 
 namespace uroce::transport {
@@ -46,6 +47,9 @@ Engine::TransmitResult Engine::send_faulted(const FaultDecision& fault, QpCounte
     }
     copy.resize(at);
     int copies = 1;
+    // Marked as a congested switch would: the ICRC does not cover the ECN field.
+    const uint8_t ecn = fault.ce ? kEcnCe : 0;
+    if (fault.ce) bump(counters_->tx_ce_fault);
     if (fault.fault == Fault::Corrupt) {
         FaultInjector::corrupt(copy, fault.draw);  // after the ICRC: a bit flipped on the way
         bump(counters_->tx_corrupted_fault);
@@ -56,7 +60,7 @@ Engine::TransmitResult Engine::send_faulted(const FaultDecision& fault, QpCounte
     if (fault.delay_us == 0) {
         TransmitResult result = TransmitResult::Sent;
         for (int i = 0; i < copies; ++i) {
-            const TransmitResult r = send_copy(copy, flow, sock, ttl);
+            const TransmitResult r = send_copy(copy, flow, sock, ttl, ecn);
             if (i == 0) result = r;  // the copy is extra: its fate is not the packet's
         }
         return result;
@@ -69,6 +73,7 @@ Engine::TransmitResult Engine::send_faulted(const FaultDecision& fault, QpCounte
         p.bytes = i + 1 < copies ? copy : std::move(copy);
         p.peer_ip = flow.dst_ip;
         p.ttl = ttl;
+        p.ecn = ecn;
         p.socket = &sock;
         if (!hold(tx_delayed_, fault.delay_us, std::move(p))) {
             bump(counters_->tx_dropped_fault);
@@ -79,12 +84,12 @@ Engine::TransmitResult Engine::send_faulted(const FaultDecision& fault, QpCounte
 }
 
 Engine::TransmitResult Engine::send_copy(std::span<const uint8_t> packet, const wire::IpFlow& flow,
-                                         const UdpSocket& sock, uint8_t ttl) {
+                                         const UdpSocket& sock, uint8_t ttl, uint8_t ecn) {
     const iovec one{const_cast<uint8_t*>(packet.data()), packet.size()};
     const TransmitResult r =
-        account_send(sock.send(flow.dst_ip, config_.port, std::span(&one, 1), ttl), 1);
+        account_send(sock.send(flow.dst_ip, config_.port, std::span(&one, 1), ttl, 0, ecn), 1);
     if (capture_ && r == TransmitResult::Sent) {
-        capture_->sent(flow, 0, ttl, std::span(&one, 1));
+        capture_->sent(flow, 0, ttl, std::span(&one, 1), ecn);
         capture_->flush();
     }
     return r;
@@ -118,8 +123,15 @@ void Engine::receive_read(std::span<uint8_t> one, const IpAddress& src_ip, uint1
         case Fault::None:
             break;
     }
+    // Taken as having arrived marked; the datagram's own mark comes back for the next one.
+    const uint8_t arrived_ecn = rx_ecn_;
+    if (fault.ce) {
+        rx_ecn_ = kEcnCe;
+        bump(counters_->rx_ce_fault);
+    }
     if (fault.delay_us == 0) {
         for (int i = 0; i < copies; ++i) receive_one(one, src_ip, src_port, group, index);
+        rx_ecn_ = arrived_ecn;
         return;
     }
     if (fault.delayed) bump(counters_->rx_delayed_fault);
@@ -131,8 +143,10 @@ void Engine::receive_read(std::span<uint8_t> one, const IpAddress& src_ip, uint1
         p.peer_port = src_port;
         p.id = index;
         p.group = group;
+        p.ecn = rx_ecn_;
         if (!hold(rx_delayed_, fault.delay_us, std::move(p))) bump(counters_->rx_dropped_fault);
     }
+    rx_ecn_ = arrived_ecn;
 }
 
 bool Engine::hold(DelayLine& line, uint32_t delay_us, DelayLine::Packet p) {
@@ -166,13 +180,16 @@ void Engine::release_delayed() {
     tx_delayed_.take_due(now, due);
     for (const DelayLine::Packet& p : due)
         send_copy(p.bytes, wire::IpFlow{config_.ip, p.peer_ip, p.socket->port(), config_.port},
-                  *p.socket, p.ttl);
+                  *p.socket, p.ttl, p.ecn);
     due.clear();
     {
         std::lock_guard lock(rx_mutex_);
         rx_delayed_.take_due(now, due);
-        for (const DelayLine::Packet& p : due)
+        for (const DelayLine::Packet& p : due) {
+            rx_ecn_ = p.ecn;
             receive_one(p.bytes, p.peer_ip, p.peer_port, p.group, p.id);
+        }
+        rx_ecn_ = 0;
         for (auto& qp : touched_) qp->flush_ack();
         touched_.clear();
         if (capture_ && !due.empty()) capture_->flush();

@@ -37,8 +37,8 @@ Engine::TransmitResult Engine::transmit(const wire::Headers& h, std::span<const 
     const FaultDecision fault = faults_.enabled(FaultDirection::Tx)
                                     ? faults_.next(FaultDirection::Tx, h.bth.opcode, h.bth.dest_qp)
                                     : FaultDecision{};
-    const bool faulted =
-        fault.fault == Fault::Corrupt || fault.fault == Fault::Duplicate || fault.delay_us != 0;
+    const bool faulted = fault.fault == Fault::Corrupt || fault.fault == Fault::Duplicate ||
+                         fault.delay_us != 0 || fault.ce;
     if (batch && (ttl != 0 || !gso_enabled() || faulted || !batch->usable())) {
         // Sent alone, after what the batch holds (whose pin stays: the caller gathered this
         // packet's payload under it).

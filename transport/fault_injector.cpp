@@ -25,6 +25,7 @@ enum Stream : uint64_t {
     kBurstStream,
     kJitterStream,
     kReorderStream,
+    kCeStream,
 };
 
 // Delays are for experiments on a host, not for storing packets: at most a second.
@@ -155,8 +156,11 @@ std::optional<FaultConfig> parse_fault_config(std::string_view spec, std::string
         }
         const std::string_view key = item.substr(0, eq);
         const std::string value(item.substr(eq + 1));
-        if (key == "drop" || key == "corrupt" || key == "duplicate") {
-            double& p = key == "drop" ? cfg.drop : key == "corrupt" ? cfg.corrupt : cfg.duplicate;
+        if (key == "drop" || key == "corrupt" || key == "duplicate" || key == "ce") {
+            double& p = key == "drop"      ? cfg.drop
+                        : key == "corrupt" ? cfg.corrupt
+                        : key == "ce"      ? cfg.ce
+                                           : cfg.duplicate;
             if (!parse_probability(key, value, p, error)) return std::nullopt;
         } else if (key == "burst") {
             const size_t colon = value.find(':');
@@ -196,8 +200,8 @@ std::optional<FaultConfig> parse_fault_config(std::string_view spec, std::string
             if (!parse_op_classes(value, cfg.op_classes, error)) return std::nullopt;
         } else {
             error = "unknown fault '" + std::string(key) +
-                    "' (known: drop, burst, corrupt, duplicate, delay, reorder, dir, qp, op, "
-                    "seed, until)";
+                    "' (known: drop, burst, corrupt, duplicate, delay, reorder, ce, dir, qp, "
+                    "op, seed, until)";
             return std::nullopt;
         }
     }
@@ -211,6 +215,7 @@ FaultInjector::FaultInjector(const FaultConfig& config)
       burst_enter_(threshold(config.burst_enter)),
       burst_leave_(threshold(config.burst_leave)),
       reorder_(threshold(config.reorder)),
+      ce_(threshold(config.ce)),
       delay_us_(config.delay_us),
       jitter_us_(config.jitter_us),
       reorder_us_(config.reorder_us),
@@ -271,6 +276,7 @@ FaultDecision FaultInjector::next() {
         d.delay_us += reorder_us_;
         d.reordered = true;
     }
+    d.ce = ce_ != 0 && draw(n, kCeStream) < ce_;
     return d;
 }
 

@@ -14,11 +14,13 @@
 // it), `duplicate` sends it twice; independently of that, `delay=US[:JITTER]` holds every
 // packet back US microseconds (give or take up to JITTER, uniformly: jitter reorders) and
 // `reorder=P[:US]` holds a packet back with probability P for US microseconds (200 by
-// default), so that the packets after it overtake it. Decisions come from a counter-based generator
-// seeded by `seed`, so the same program with the same seed gets the same faults at the same
-// positions of its transmission sequence. With `until=N` only the first N packets are candidates:
-// the rest of the run is fault-free, so a program's teardown (which no transport can make
-// loss-proof) is not part of the experiment.
+// default), so that the packets after it overtake it; `ce=P` marks a packet Congestion
+// Experienced in its IP header's ECN field, as a congested switch would (on the way out it
+// leaves marked; on the way in it is taken as having arrived marked: congestion.h). Decisions come
+// from a counter-based generator seeded by `seed`, so the same program with the same seed gets the
+// same faults at the same positions of its transmission sequence. With `until=N` only the first N
+// packets are candidates: the rest of the run is fault-free, so a program's teardown (which no
+// transport can make loss-proof) is not part of the experiment.
 #pragma once
 
 #include <atomic>
@@ -64,6 +66,7 @@ struct FaultConfig {
     uint32_t jitter_us = 0;    // ... give or take up to this much
     double reorder = 0.0;      // probability that a packet is held back reorder_us
     uint32_t reorder_us = 200;
+    double ce = 0.0;  // probability that a packet is marked ECN Congestion Experienced
     FaultDirection direction = FaultDirection::Tx;
     std::optional<uint32_t> qpn = std::nullopt;  // only packets for this destination QP
     uint32_t op_classes = 0;  // only packets of these classes (FaultOpClass); 0: all
@@ -77,6 +80,7 @@ struct FaultDecision {
     uint32_t delay_us = 0;   // hold the packet back this long (delay, jitter and reorder)
     bool delayed = false;    // by `delay`
     bool reordered = false;  // by `reorder`
+    bool ce = false;         // marked ECN Congestion Experienced (`ce`)
 };
 
 // Parses one rule (no ';'). Returns nullopt and sets `error` on bad input.
@@ -87,7 +91,7 @@ class FaultInjector {
     explicit FaultInjector(const FaultConfig& config);
     bool enabled() const {
         return drop_ != 0 || corrupt_ != 0 || duplicate_ != 0 || burst_enter_ != 0 ||
-               delay_us_ != 0 || jitter_us_ != 0 || reorder_ != 0;
+               delay_us_ != 0 || jitter_us_ != 0 || reorder_ != 0 || ce_ != 0;
     }
     // Whether the rule sees a packet travelling `direction` with this BTH opcode and
     // destination QP.
@@ -105,7 +109,7 @@ class FaultInjector {
   private:
     // Thresholds: the fault happens when its 64-bit draw is below.
     uint64_t drop_ = 0, corrupt_ = 0, duplicate_ = 0, burst_enter_ = 0, burst_leave_ = 0;
-    uint64_t reorder_ = 0;
+    uint64_t reorder_ = 0, ce_ = 0;
     uint32_t delay_us_, jitter_us_, reorder_us_;
     FaultDirection direction_;
     std::optional<uint32_t> qpn_;

@@ -47,10 +47,11 @@ FaultDecision FaultPlan::next(FaultDirection direction, uint8_t opcode, uint32_t
         out.delay_us += d.delay_us;
         out.delayed |= d.delayed;
         out.reordered |= d.reordered;
+        out.ce |= d.ce;
     }
     if (out.fault == Fault::Drop) {
         out.delay_us = 0;
-        out.delayed = out.reordered = false;
+        out.delayed = out.reordered = out.ce = false;
     }
     return out;
 }

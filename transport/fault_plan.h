@@ -6,7 +6,7 @@
 // rule that sees it (its direction, destination QP and opcode class), in order; each of
 // those rules draws for it, so a rule's schedule depends only on the packets it sees, never
 // on the other rules. The first rule that loses, corrupts or duplicates the packet decides
-// that; the delays of all of them add up.
+// that; the delays of all of them add up, and any of them may mark it CE.
 #pragma once
 
 #include <memory>

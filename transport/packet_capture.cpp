@@ -133,20 +133,20 @@ uint64_t PacketCapture::frames() const {
 }
 
 void PacketCapture::sent(const wire::IpFlow& flow, uint16_t identification, uint8_t ttl,
-                         std::span<const iovec> udp_payload) {
-    write(flow, identification, ttl, udp_payload);
+                         std::span<const iovec> udp_payload, uint8_t ecn) {
+    write(flow, identification, ttl, udp_payload, ecn);
 }
 
 void PacketCapture::received(const wire::IpFlow& flow, std::span<const uint8_t> udp_payload,
-                             uint16_t expected_identification) {
+                             uint16_t expected_identification, uint8_t ecn) {
     uint16_t id = expected_identification;
     wire::icrc_verify(flow, udp_payload, expected_identification, &id);
     const iovec one{const_cast<uint8_t*>(udp_payload.data()), udp_payload.size()};
-    write(flow, id, 0, std::span(&one, 1));
+    write(flow, id, 0, std::span(&one, 1), ecn);
 }
 
 void PacketCapture::write(const wire::IpFlow& flow, uint16_t identification, uint8_t ttl,
-                          std::span<const iovec> udp_payload) {
+                          std::span<const iovec> udp_payload, uint8_t ecn) {
     std::array<uint8_t, kFrameHeadBytesV6 + kMaxUdpPayload> frame;
     const bool v6 = !flow.dst_ip.is_v4();
     const size_t head = v6 ? kFrameHeadBytesV6 : kFrameHeadBytes;
@@ -174,7 +174,8 @@ void PacketCapture::write(const wire::IpFlow& flow, uint16_t identification, uin
     if (v6) {
         put16(eth + 12, 0x86dd);
         uint8_t* ip = eth + kEthBytes;
-        put32(ip, 0x60000000);  // version 6; traffic class and flow label 0: the ICRC masks them
+        // Version 6; DSCP and flow label 0 (the ICRC masks the traffic class and the label).
+        put32(ip, 0x60000000 | uint32_t{ecn & 3u} << 20);
         put16(ip + 4, static_cast<uint16_t>(kUdpBytes + len));
         ip[6] = 17;  // UDP
         ip[7] = ttl ? ttl : 64;
@@ -193,8 +194,8 @@ void PacketCapture::write(const wire::IpFlow& flow, uint16_t identification, uin
     } else {
         put16(eth + 12, 0x0800);
         uint8_t* ip = eth + kEthBytes;
-        ip[0] = 0x45;  // version 4, 20-byte header
-        ip[1] = 0;     // DSCP and ECN: the ICRC masks them
+        ip[0] = 0x45;     // version 4, 20-byte header
+        ip[1] = ecn & 3;  // DSCP 0 and the ECN field, both masked by the ICRC
         put16(ip + 2, static_cast<uint16_t>(kIpBytes + kUdpBytes + len));
         put16(ip + 4, identification);
         put16(ip + 6, 0x4000);  // DF, as every RoCEv2 packet uroce sends

@@ -46,13 +46,15 @@ class PacketCapture {
 
     // A packet this host sent: the UDP payload is the concatenation of `udp_payload` (BTH
     // .. ICRC), its ICRC computed for `identification`; `ttl` 0 stands for the default 64.
+    // `ecn` is the ECN field it left with (congestion.h).
     void sent(const wire::IpFlow& flow, uint16_t identification, uint8_t ttl,
-              std::span<const iovec> udp_payload);
+              std::span<const iovec> udp_payload, uint8_t ecn = 0);
     // A packet this host received. `expected_identification` is the receiver's guess (see
     // icrc_verify); the frame gets the identification that explains the ICRC, or the
-    // guess if none does (a corrupted packet shows as such).
+    // guess if none does (a corrupted packet shows as such). `ecn` is the ECN field it came
+    // with, as the socket reported it.
     void received(const wire::IpFlow& flow, std::span<const uint8_t> udp_payload,
-                  uint16_t expected_identification);
+                  uint16_t expected_identification, uint8_t ecn = 0);
 
     // Hands what was written to the file (the engine does after each send and each
     // receive batch, so a capture read while the program runs is complete).
@@ -65,7 +67,7 @@ class PacketCapture {
   private:
     PacketCapture(std::string path, pcap* handle, pcap_dumper* dumper);
     void write(const wire::IpFlow& flow, uint16_t identification, uint8_t ttl,
-               std::span<const iovec> udp_payload);
+               std::span<const iovec> udp_payload, uint8_t ecn);
 
     const std::string path_;
     mutable std::mutex mutex_;

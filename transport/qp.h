@@ -43,6 +43,12 @@ class Qp {
     // --- called by the engine thread (or a polling application thread) ---
     // One packet that passed the engine's checks (parse, ICRC, P_Key, transport, QPN).
     virtual void on_packet(const wire::ParsedPacket& pkt, const IpAddress& src_ip) = 0;
+    // The packet on_packet() just took came marked ECN Congestion Experienced: the
+    // notification point's cue (congestion.h). RC and UC answer with a CNP.
+    virtual void on_ce_marked(const IpAddress& src_ip) { static_cast<void>(src_ip); }
+    // A CNP naming this QP passed the engine's checks (parse, ICRC, P_Key): the reaction
+    // point's cue (congestion.h). RC slows down.
+    virtual void on_cnp(const IpAddress& src_ip) { static_cast<void>(src_ip); }
     // Sends the acknowledgement the last receive batch asked for, if any.
     virtual void flush_ack() {}
     // The engine's hold timer (engine_held_acks.cpp): flush_ack() if the ACK this QP holds

@@ -48,4 +48,18 @@ void QpCommon::post_async(AsyncEventType type) {
     engine_.post_async(AsyncEvent{type, user_handle_});
 }
 
+void QpCommon::notify_congestion(const IpAddress& peer_ip, uint32_t peer_qpn) {
+    if (!cnp_pacer_.take(CnpPacer::Clock::now())) {
+        bump(engine_.counters().cnps_paced);
+        return;
+    }
+    static const uint8_t kReserved[wire::kCnpReservedBytes] = {};
+    const iovec reserved{const_cast<uint8_t*>(kReserved), sizeof kReserved};
+    // Alone, not in a train: it answers no request and must not wait for one.
+    const Engine::TransmitResult sent =
+        engine_.transmit(cnp_headers(peer_qpn), std::span(&reserved, 1), sizeof kReserved, peer_ip,
+                         sender_, 0, nullptr, &qp_counters_);
+    if (sent == Engine::TransmitResult::Sent) bump(engine_.counters().tx_cnps);
+}
+
 }  // namespace uroce::transport

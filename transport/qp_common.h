@@ -9,6 +9,7 @@
 #include <mutex>
 
 #include "transport/completion_queue.h"
+#include "transport/congestion.h"
 #include "transport/qp.h"
 #include "transport/qp_counters.h"
 #include "transport/qp_state.h"
@@ -44,6 +45,10 @@ class QpCommon : public Qp {
     bool count_received(const wire::ParsedPacket& pkt);
     // Queues an affiliated asynchronous event naming this QP.
     void post_async(AsyncEventType type);
+    // The notification point (congestion.h): a packet from `peer_ip` arrived CE-marked, so
+    // peer QP `peer_qpn` gets a CNP, unless this QP sent one less than kCnpInterval ago.
+    // Caller holds mutex_.
+    void notify_congestion(const IpAddress& peer_ip, uint32_t peer_qpn);
 
     Engine& engine_;
     const UdpSocket& sender_;  // bound to this QP's UDP source port (Engine::sender_for_qpn)
@@ -59,6 +64,7 @@ class QpCommon : public Qp {
     mutable std::mutex mutex_;
     bool closed_ = false;
     QpState state_ = QpState::Reset;
+    CnpPacer cnp_pacer_;
 };
 
 }  // namespace uroce::transport

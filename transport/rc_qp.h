@@ -108,6 +108,9 @@ class RcQp final : public QpCommon {
 
     // --- called by the engine thread ---
     void on_packet(const wire::ParsedPacket& pkt, const IpAddress& src_ip) override;
+    // Congestion notification, both ends (congestion.h, rc_congestion.cpp).
+    void on_ce_marked(const IpAddress& src_ip) override;
+    void on_cnp(const IpAddress& src_ip) override;
     // Sends the ACK that packets of the last receive batch asked for, if any.
     void flush_ack() override;
     std::chrono::steady_clock::time_point flush_ack_held_before(

@@ -23,16 +23,27 @@ uint16_t source_port(const sockaddr_storage& sa) {
 }
 static_assert(offsetof(sockaddr_in, sin_port) == offsetof(sockaddr_in6, sin6_port));
 
-uint16_t gro_segment_size(msghdr& h) {
+// The UDP_GRO segment size (0: none) and the ECN field the control data report.
+void read_control(msghdr& h, uint16_t& segment_size, uint8_t& ecn) {
+    segment_size = 0;
+    ecn = 0;
+    if (h.msg_controllen == 0) return;
     for (cmsghdr* c = CMSG_FIRSTHDR(&h); c; c = CMSG_NXTHDR(&h, c)) {
         if (c->cmsg_level == IPPROTO_UDP && c->cmsg_type == UDP_GRO &&
             c->cmsg_len >= CMSG_LEN(sizeof(int))) {
             int size = 0;
             std::memcpy(&size, CMSG_DATA(c), sizeof size);
-            if (size > 0 && size <= 0xffff) return static_cast<uint16_t>(size);
+            if (size > 0 && size <= 0xffff) segment_size = static_cast<uint16_t>(size);
+        } else if (c->cmsg_level == IPPROTO_IP && c->cmsg_type == IP_TOS &&
+                   c->cmsg_len >= CMSG_LEN(1)) {
+            ecn = *CMSG_DATA(c) & 3;  // IPv4 reports the TOS byte alone
+        } else if (c->cmsg_level == IPPROTO_IPV6 && c->cmsg_type == IPV6_TCLASS &&
+                   c->cmsg_len >= CMSG_LEN(sizeof(int))) {
+            int tclass = 0;
+            std::memcpy(&tclass, CMSG_DATA(c), sizeof tclass);
+            ecn = static_cast<uint8_t>(tclass & 3);
         }
     }
-    return 0;
 }
 
 }  // namespace
@@ -80,7 +91,7 @@ size_t ReceiveBatch::read(int fd) {
         d.length = (h.msg_flags & MSG_TRUNC) ? 0 : msgs_[i].msg_len;  // too big: drop
         d.src_ip = source_address(addrs_[i], h.msg_namelen);
         d.src_port = source_port(addrs_[i]);
-        d.segment_size = gro_segment_size(h);
+        read_control(h, d.segment_size, d.ecn);
     }
     return last_got_;
 }

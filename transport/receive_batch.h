@@ -33,6 +33,10 @@ class ReceiveBatch {
         // With GRO: `length` holds datagrams of this many bytes each, the last one possibly
         // shorter. 0: one datagram.
         uint16_t segment_size;
+        // The ECN field of its IP header (3: Congestion Experienced), when the socket reports
+        // it (UdpSocket::enable_ecn_reports); else 0. GRO never merges datagrams whose
+        // fields differ.
+        uint8_t ecn;
     };
 
     // `count` buffers of `buffer_bytes` (a multiple of 64) each, the first on a page, every
@@ -52,8 +56,9 @@ class ReceiveBatch {
 
   private:
     struct alignas(cmsghdr) Control {
-        // The UDP_GRO segment size, when the kernel sends one.
-        uint8_t bytes[CMSG_SPACE(sizeof(int))];
+        // The UDP_GRO segment size and the IP TOS or traffic class, when the kernel sends
+        // them.
+        uint8_t bytes[2 * CMSG_SPACE(sizeof(int))];
     };
 
     const size_t count_;

@@ -48,6 +48,8 @@ class UcQp final : public QpCommon {
     int post_recv(const RecvWqe& wqe);
 
     void on_packet(const wire::ParsedPacket& pkt, const IpAddress& src_ip) override;
+    // The notification point (congestion.h); UC has no window to cut for a CNP.
+    void on_ce_marked(const IpAddress& src_ip) override;
 
   private:
     WcStatus send_message(const SendWqe& wqe);

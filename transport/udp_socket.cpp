@@ -108,7 +108,7 @@ void UdpSocket::close_fd() noexcept {
 }
 
 int UdpSocket::send(const IpAddress& dst_ip, uint16_t dst_port, std::span<const iovec> iov,
-                    uint8_t ttl, uint16_t segment_size) const {
+                    uint8_t ttl, uint16_t segment_size, uint8_t ecn) const {
     if (dst_ip.is_v4() != ip_.is_v4()) return EAFNOSUPPORT;
     sockaddr_storage sa;
     msghdr msg{};
@@ -118,7 +118,8 @@ int UdpSocket::send(const IpAddress& dst_ip, uint16_t dst_port, std::span<const 
     msg.msg_iovlen = iov.size();
     // The TTL per packet (IP_TTL or IPV6_HOPLIMIT as ancillary data, which Linux honours for
     // multicast too): QPs with different hop limits share a socket.
-    alignas(cmsghdr) uint8_t control[CMSG_SPACE(sizeof(int)) + CMSG_SPACE(sizeof(uint16_t))] = {};
+    alignas(cmsghdr)
+        uint8_t control[2 * CMSG_SPACE(sizeof(int)) + CMSG_SPACE(sizeof(uint16_t))] = {};
     size_t used = 0;
     const auto add = [&](int level, int type, const void* data, size_t len) {
         auto* c = reinterpret_cast<cmsghdr*>(control + used);
@@ -134,6 +135,15 @@ int UdpSocket::send(const IpAddress& dst_ip, uint16_t dst_port, std::span<const 
             add(IPPROTO_IP, IP_TTL, &value, sizeof value);
         } else {
             add(IPPROTO_IPV6, IPV6_HOPLIMIT, &value, sizeof value);
+        }
+    }
+    if (ecn != 0) {
+        // DSCP 0, as every uroce packet; only the ECN bits differ.
+        const int value = ecn & 3;
+        if (ip_.is_v4()) {
+            add(IPPROTO_IP, IP_TOS, &value, sizeof value);
+        } else {
+            add(IPPROTO_IPV6, IPV6_TCLASS, &value, sizeof value);
         }
     }
     if (segment_size != 0) add(IPPROTO_UDP, UDP_SEGMENT, &segment_size, sizeof segment_size);
@@ -186,6 +196,13 @@ size_t UdpSocket::send_many(const IpAddress& dst_ip, uint16_t dst_port,
 bool UdpSocket::enable_gro() {
     const int one = 1;
     return fd_ >= 0 && ::setsockopt(fd_, IPPROTO_UDP, UDP_GRO, &one, sizeof one) == 0;
+}
+
+bool UdpSocket::enable_ecn_reports() {
+    const int one = 1;
+    if (fd_ < 0) return false;
+    if (ip_.is_v4()) return ::setsockopt(fd_, IPPROTO_IP, IP_RECVTOS, &one, sizeof one) == 0;
+    return ::setsockopt(fd_, IPPROTO_IPV6, IPV6_RECVTCLASS, &one, sizeof one) == 0;
 }
 
 void UdpSocket::receive_nothing() {

@@ -62,8 +62,11 @@ class UdpSocket {
     // stack for all of them. Linux gives them IPv4 identifications 0, 1, 2, ... when it cuts
     // them (see docs/wire-format.md). EINVAL, EIO or EOPNOTSUPP: GSO is not possible on this
     // path (larger than its MTU, no checksum offload, an old kernel).
+    //
+    // A non-zero `ecn` is the packet's ECN field (3: Congestion Experienced, as a congested
+    // switch marks it: UROCE_FAULTS' ce); 0 sends it Not-ECT, as the socket does.
     int send(const IpAddress& dst_ip, uint16_t dst_port, std::span<const iovec> iov,
-             uint8_t ttl = 0, uint16_t segment_size = 0) const;
+             uint8_t ttl = 0, uint16_t segment_size = 0, uint8_t ecn = 0) const;
 
     // One datagram (or GSO train, with a non-zero `segment_size`) for send_many().
     struct Datagram {
@@ -80,6 +83,10 @@ class UdpSocket {
     // the way (UDP_GRO), as one buffer of equal-sized segments: receive() then reports their
     // size. False if the kernel cannot (the socket then receives them one by one).
     bool enable_gro();
+
+    // Asks the kernel to report each datagram's ECN field (IP_RECVTOS, IPV6_RECVTCLASS):
+    // receive() then gives it (congestion.h). False if the kernel cannot.
+    bool enable_ecn_reports();
 
     // For a socket that only sends: the smallest receive buffer Linux allows (SO_RCVBUF 0),
     // so datagrams that anyone sends to its port, which nothing reads, pin at most a few

@@ -40,8 +40,15 @@ TEST_CASE("parse_fault_config takes direction, QP, opcode classes, delay and reo
     CHECK(c->delay_us == 5);
     CHECK(c->jitter_us == 0);
 
+    c = parse_fault_config("ce=0.25,dir=rx", error);
+    REQUIRE(c);
+    CHECK(c->ce == 0.25);
+    CHECK(c->direction == FaultDirection::Rx);
+    CHECK(FaultInjector(*c).enabled());
+
     c = parse_fault_config("drop=0.1", error);
     REQUIRE(c);
+    CHECK(c->ce == 0.0);
     CHECK_FALSE(c->qpn);
     CHECK(c->op_classes == 0);
     CHECK(c->direction == FaultDirection::Tx);
@@ -62,6 +69,8 @@ TEST_CASE("parse_fault_config refuses bad rules with a clear message", "[faults]
         {"reorder=0.1:x", "reorder's hold time must be"},
         {"reorder=0.1:5:6", "reorder's hold time"},
         {"jitter=5", "unknown fault 'jitter'"},
+        {"ce=1.5", "ce must be a probability"},
+        {"ce=", "ce must be a probability"},
     };
     for (const auto& [spec, message] : bad) {
         INFO(spec);

@@ -26,6 +26,7 @@ struct Frame {
     IpAddress src_ip, dst_ip;
     uint16_t src_port = 0, dst_port = 0;
     uint16_t id = 0;
+    uint8_t ecn = 0;  // the IP header's ECN field
     std::vector<uint8_t> udp_payload;
 };
 
@@ -55,6 +56,8 @@ std::vector<Frame> read_capture(const std::string& path) {
             REQUIRE(h->caplen >= 14 + 40 + 8);
             const uint8_t* ip = d + 14;
             CHECK(ip[0] >> 4 == 6);
+            CHECK((get32(ip) & 0x0fcfffff) == 0);  // DSCP and flow label 0
+            f.ecn = static_cast<uint8_t>(get32(ip) >> 20 & 3);
             CHECK(ip[6] == 17);
             CHECK(get16(ip + 4) == h->len - 14 - 40);
             udp = ip + 40;
@@ -76,6 +79,8 @@ std::vector<Frame> read_capture(const std::string& path) {
             CHECK(get16(d + 12) == 0x0800);
             const uint8_t* ip = d + 14;
             CHECK(ip[0] == 0x45);
+            CHECK((ip[1] & 0xfc) == 0);  // DSCP 0
+            f.ecn = ip[1] & 3;
             CHECK(ip[9] == 17);
             CHECK(get16(ip + 6) == 0x4000);  // DF, no fragment
             CHECK(get16(ip + 2) == h->len - 14);
@@ -155,6 +160,7 @@ void same_frames(const std::vector<Frame>& sent, const std::vector<Frame>& recei
         INFO("frame " << i);
         CHECK(sent[i].udp_payload == received[i].udp_payload);
         CHECK(sent[i].id == received[i].id);
+        CHECK(sent[i].ecn == received[i].ecn);
         CHECK(sent[i].src_port == received[i].src_port);
         CHECK(sent[i].dst_ip == received[i].dst_ip);
     }
@@ -353,4 +359,54 @@ TEST_CASE("UROCE_PCAP: a received packet gets the identification its sender used
     const auto forged = from(b, ip_a);
     REQUIRE(forged.size() == 1);
     CHECK(forged[0].id == 0x1234);
+}
+
+TEST_CASE("UROCE_PCAP: packets marked CE show it on both sides, and so do the CNPs they draw",
+          "[capture][congestion]") {
+    TempDir dir;
+    PairOptions o;
+    o.mem_bytes = 128 * 1024;
+    o.pcap_a = dir.file("a.pcap");
+    o.pcap_b = dir.file("b.pcap");
+    o.faults_a.ce = 0.5;
+    o.faults_a.op_classes = kOpWrite;
+    IpAddress ip_a, ip_b;
+    uint64_t marked = 0, cnps = 0;
+    {
+        Pair p(o);
+        p.connect();
+        traffic(p);
+        ip_a = p.a.ip;
+        ip_b = p.b.ip;
+        const EngineCounters& b = p.b.counters();
+        REQUIRE(p.wait_until([&] {
+            return p.a.counters().rx_packets.load() == b.tx_packets.load() &&
+                   b.rx_packets.load() == p.a.counters().tx_packets.load() &&
+                   b.tx_cnps.load() + b.cnps_paced.load() == b.rx_ce_marked.load();
+        }));
+        marked = p.a.counters().tx_ce_fault.load();
+        cnps = p.b.counters().tx_cnps.load();
+    }
+    const auto a = read_capture(o.pcap_a);
+    const auto b = read_capture(o.pcap_b);
+    same_frames(from(a, ip_a), from(b, ip_a));
+    same_frames(from(b, ip_b), from(a, ip_b));
+    REQUIRE(marked > 0);
+    size_t marked_frames = 0, cnp_frames = 0;
+    for (const Frame& f : from(a, ip_a)) {
+        if (f.ecn == 3) {
+            ++marked_frames;
+            CHECK((f.udp_payload[0] & 0x1f) >= 0x06);  // a WRITE (RC opcodes 0x06..0x0b)
+            CHECK((f.udp_payload[0] & 0x1f) <= 0x0b);
+        } else {
+            CHECK(f.ecn == 0);
+        }
+    }
+    for (const Frame& f : from(b, ip_b)) {
+        CHECK(f.ecn == 0);
+        if (f.udp_payload[0] == static_cast<uint8_t>(wire::Opcode::Cnp)) ++cnp_frames;
+    }
+    CHECK(marked_frames == marked);
+    CHECK(cnps > 0);
+    CHECK(cnp_frames == cnps);
 }

@@ -1,0 +1,60 @@
+// RoCEv2 congestion notification (IBA Annex A17.9.3), both ends of it (docs/congestion.md).
+//
+// A switch whose queue grows marks the packets passing through it Congestion Experienced
+// (the ECN field of their IP header) instead of dropping them. The receiving QP, the
+// notification point, tells the sending QP with a CNP: a BTH of opcode 0x81 naming that QP,
+// with BECN set, and 16 reserved bytes. The sending QP, the reaction point, slows down.
+//
+// uroce's notification point: an RC or UC QP that takes a CE-marked packet from its peer
+// sends the peer's QP a CNP, at most one per kCnpInterval (a NIC's DCQCN default paces
+// them too: one per QP per few tens of microseconds is all a reaction point needs). Its
+// reaction point: an RC QP that takes a CNP from its peer halves its send window, once per
+// flight, as a loss does (send_window.h); the window grows back as ACKs come. UC has no
+// window: its CNPs are counted only.
+//
+// uroce sends its own packets Not-ECT (an ECN switch drops them rather than marks them), so
+// CNPs come to it only from UROCE_FAULTS' `ce` (which marks packets CE on their way out) or
+// a peer that marks them itself; NICs' ECT marking is a later step.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+
+#include "uroce/wire.h"
+
+namespace uroce::transport {
+
+// The ECN field's value for Congestion Experienced (RFC 3168).
+inline constexpr uint8_t kEcnCe = 3;
+
+// When a QP may send its next CNP. Plain state of one QP, guarded by its mutex.
+class CnpPacer {
+  public:
+    using Clock = std::chrono::steady_clock;
+    static constexpr std::chrono::microseconds kCnpInterval{50};
+
+    // True if a CNP may leave at `now`; the next one may then leave kCnpInterval later.
+    bool take(Clock::time_point now) {
+        if (sent_any_ && now < next_) return false;
+        sent_any_ = true;
+        next_ = now + kCnpInterval;
+        return true;
+    }
+
+  private:
+    bool sent_any_ = false;
+    Clock::time_point next_{};
+};
+
+// The headers of a CNP to `dest_qp` (its 16 reserved bytes are the payload, zeros).
+inline wire::Headers cnp_headers(uint32_t dest_qp) {
+    wire::Headers h;
+    h.bth.opcode = static_cast<uint8_t>(wire::Opcode::Cnp);
+    h.bth.migreq = false;
+    h.bth.becn = true;
+    h.bth.dest_qp = dest_qp & wire::kQpnMask;
+    h.bth.psn = 0;
+    return h;
+}
+
+}  // namespace uroce::transport
