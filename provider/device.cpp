@@ -183,11 +183,13 @@ verbs_context* alloc_context(ibv_device* ibdev, int cmd_fd, void*) {
         // thread busy-polls (held_posts.h). UROCE_ENGINE_SPIN=off: the engine thread sleeps
         // as soon as the socket is empty (Engine::spin_after_batch). UROCE_HOLD_ACKS=off:
         // every ACK leaves at the end of its receive batch (engine_held_acks.cpp).
+        // UROCE_ECN=on: packets leave ECN-capable, ECT(0) (congestion.h).
         if (!env_switch("UROCE_GSO", ec.gso) || !env_switch("UROCE_GRO", ec.gro) ||
             !env_switch("UROCE_INLINE_PROGRESS", ec.inline_progress) ||
             !env_switch("UROCE_HOLD_POSTS", ec.hold_posts) ||
             !env_switch("UROCE_ENGINE_SPIN", ec.engine_spin) ||
-            !env_switch("UROCE_HOLD_ACKS", ec.hold_acks)) {
+            !env_switch("UROCE_HOLD_ACKS", ec.hold_acks) ||
+            !env_switch("UROCE_ECN", ec.ecn_capable)) {
             err = EINVAL;
             goto fail;
         }

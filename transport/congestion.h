@@ -12,9 +12,10 @@
 // flight, as a loss does (send_window.h); the window grows back as ACKs come. UC has no
 // window: its CNPs are counted only.
 //
-// uroce sends its own packets Not-ECT (an ECN switch drops them rather than marks them), so
-// CNPs come to it only from UROCE_FAULTS' `ce` (which marks packets CE on their way out) or
-// a peer that marks them itself; NICs' ECT marking is a later step.
+// Both ends need UROCE_ECN=on (EngineConfig::ecn_capable): packets then leave ECT(0), as a
+// NIC's with DCQCN do, and the ECN field of what arrives is read. Off (the default), uroce
+// neither marks nor reads the field, as the kernel's rxe. UROCE_FAULTS' `ce` marks packets CE
+// on their way out, as a switch would, or (dir=rx) takes them as having arrived marked.
 #pragma once
 
 #include <chrono>
@@ -24,7 +25,8 @@
 
 namespace uroce::transport {
 
-// The ECN field's value for Congestion Experienced (RFC 3168).
+// The ECN field's values (RFC 3168): ECN-capable transport (0), Congestion Experienced.
+inline constexpr uint8_t kEcnEct0 = 2;
 inline constexpr uint8_t kEcnCe = 3;
 
 // When a QP may send its next CNP. Plain state of one QP, guarded by its mutex.

@@ -21,6 +21,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "transport/congestion.h"
 #include "transport/counters.h"
 #include "transport/delay_line.h"
 #include "transport/device_counters.h"
@@ -90,6 +91,11 @@ struct EngineConfig {
     // After a batch, the engine thread reads on for a moment (Engine::spin_after_batch)
     // instead of sleeping at once, if no application thread polls or waits for a CQ event.
     bool engine_spin = true;
+    // ECN (congestion.h): every packet leaves ECN-capable (ECT(0)), so that a congested ECN
+    // switch marks it CE instead of dropping it, and the peer's CNPs slow this side down;
+    // packets that arrive CE-marked draw CNPs. Off: Not-ECT, and the ECN field of what
+    // arrives is not read, as the kernel's rxe does.
+    bool ecn_capable = false;
     // Non-empty: every packet sent and received is written to this pcap file (packet_capture.h;
     // "%p" becomes the process id).
     std::string pcap_path;
@@ -398,7 +404,9 @@ class Engine {
     // Sends one packet built in full (a faulted copy) with ECN field `ecn`, writes it to the
     // capture.
     TransmitResult send_copy(std::span<const uint8_t> packet, const wire::IpFlow& flow,
-                             const UdpSocket& sock, uint8_t ttl, uint8_t ecn = 0);
+                             const UdpSocket& sock, uint8_t ttl, uint8_t ecn);
+    // The ECN field the sockets give every packet (EngineConfig::ecn_capable).
+    uint8_t tx_ecn() const { return config_.ecn_capable ? kEcnEct0 : 0; }
     // Puts `p` in `line` for `delay_us` and makes sure the delay timer fires in time;
     // false (counted as a dropped fault by the caller) when the line is full.
     bool hold(DelayLine& line, uint32_t delay_us, DelayLine::Packet p);

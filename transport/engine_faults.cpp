@@ -48,7 +48,7 @@ Engine::TransmitResult Engine::send_faulted(const FaultDecision& fault, QpCounte
     copy.resize(at);
     int copies = 1;
     // Marked as a congested switch would: the ICRC does not cover the ECN field.
-    const uint8_t ecn = fault.ce ? kEcnCe : 0;
+    const uint8_t ecn = fault.ce ? kEcnCe : tx_ecn();
     if (fault.ce) bump(counters_->tx_ce_fault);
     if (fault.fault == Fault::Corrupt) {
         FaultInjector::corrupt(copy, fault.draw);  // after the ICRC: a bit flipped on the way

@@ -143,7 +143,7 @@ Engine::TransmitResult Engine::transmit(const wire::Headers& h, std::span<const 
     if (faulted) return send_faulted(fault, qp, packet, bytes, flow, sock, ttl);
     const TransmitResult sent = account_send(sock.send(dst_ip, config_.port, packet, ttl), 1);
     if (capture_ && sent == TransmitResult::Sent) {
-        capture_->sent(flow, 0, ttl, packet);
+        capture_->sent(flow, 0, ttl, packet, tx_ecn());
         capture_->flush();
     }
     return sent;
@@ -292,7 +292,7 @@ Engine::TransmitResult Engine::send_one_by_one(TransmitBatch& batch, size_t t, s
         if (r == TransmitResult::Sent && capture_) {
             // Sent alone: identification 0, as its ICRC now says.
             const wire::IpFlow flow{config_.ip, batch.dst_ip_, batch.from_->port(), config_.port};
-            capture_->sent(flow, 0, 0, packet);
+            capture_->sent(flow, 0, 0, packet, tx_ecn());
             capture_->flush();
         }
         if (r == TransmitResult::Failed) {
@@ -313,7 +313,7 @@ void Engine::capture_sent(const TransmitBatch& batch, size_t first, size_t count
     for (size_t i = first; i < first + count; ++i) {
         const iovec iov = batch.packet_iov(i);
         // Packet k of a train has the ICRC for identification k (the segment Linux cuts).
-        capture_->sent(flow, static_cast<uint16_t>(i - first), 0, std::span(&iov, 1));
+        capture_->sent(flow, static_cast<uint16_t>(i - first), 0, std::span(&iov, 1), tx_ecn());
     }
     capture_->flush();
 }

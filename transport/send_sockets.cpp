@@ -19,6 +19,7 @@ const UdpSocket& SendSockets::for_port(uint16_t port) {
         // what anyone sends to them must not pile up in a large receive buffer.
         auto s = std::make_unique<UdpSocket>(ip_, port, /*reuseport=*/true);
         s->receive_nothing();
+        if (ecn_ != 0) s->set_ecn(ecn_);
         // A port in use elsewhere is remembered as unusable: the QPs hashed to it send from
         // the main socket rather than retry a bind on every packet.
         it = sockets_.emplace(port, s->fd() >= 0 ? std::move(s) : nullptr).first;

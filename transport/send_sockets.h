@@ -31,8 +31,10 @@ static_assert(kSourcePorts == 1u << (32 - 26));
 
 class SendSockets {
   public:
-    // `fallback` (the engine's main socket) sends when a port cannot be bound.
-    SendSockets(const IpAddress& ip, const UdpSocket& fallback) : ip_(ip), fallback_(fallback) {}
+    // `fallback` (the engine's main socket) sends when a port cannot be bound. Every socket
+    // gives its packets ECN field `ecn` (congestion.h).
+    SendSockets(const IpAddress& ip, const UdpSocket& fallback, uint8_t ecn = 0)
+        : ip_(ip), fallback_(fallback), ecn_(ecn) {}
 
     // The socket bound to ip:port, made on first use. If the port cannot be bound (another
     // program holds it), the fallback socket: the caller learns the port actually used
@@ -46,6 +48,7 @@ class SendSockets {
   private:
     const IpAddress ip_;
     const UdpSocket& fallback_;
+    const uint8_t ecn_;
     std::shared_mutex mutex_;
     std::unordered_map<uint16_t, std::unique_ptr<UdpSocket>> sockets_;  // null: bind failed
 };

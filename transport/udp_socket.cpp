@@ -205,6 +205,13 @@ bool UdpSocket::enable_ecn_reports() {
     return ::setsockopt(fd_, IPPROTO_IPV6, IPV6_RECVTCLASS, &one, sizeof one) == 0;
 }
 
+bool UdpSocket::set_ecn(uint8_t ecn) {
+    const int value = ecn & 3;
+    if (fd_ < 0) return false;
+    if (ip_.is_v4()) return ::setsockopt(fd_, IPPROTO_IP, IP_TOS, &value, sizeof value) == 0;
+    return ::setsockopt(fd_, IPPROTO_IPV6, IPV6_TCLASS, &value, sizeof value) == 0;
+}
+
 void UdpSocket::receive_nothing() {
     const int zero = 0;
     if (fd_ >= 0) ::setsockopt(fd_, SOL_SOCKET, SO_RCVBUF, &zero, sizeof zero);

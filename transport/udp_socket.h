@@ -87,6 +87,8 @@ class UdpSocket {
     // Asks the kernel to report each datagram's ECN field (IP_RECVTOS, IPV6_RECVTCLASS):
     // receive() then gives it (congestion.h). False if the kernel cannot.
     bool enable_ecn_reports();
+    // Gives every packet this socket sends ECN field `ecn` (IP_TOS, IPV6_TCLASS; DSCP 0).
+    bool set_ecn(uint8_t ecn);
 
     // For a socket that only sends: the smallest receive buffer Linux allows (SO_RCVBUF 0),
     // so datagrams that anyone sends to its port, which nothing reads, pin at most a few

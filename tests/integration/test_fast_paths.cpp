@@ -302,11 +302,11 @@ TEST_CASE("The WQEs of one ibv_post_send leave together, even when one is refuse
 }
 
 TEST_CASE(
-    "A bad UROCE_GSO, UROCE_GRO, UROCE_INLINE_PROGRESS, UROCE_HOLD_POSTS or UROCE_HOLD_ACKS "
-    "refuses the context",
+    "A bad UROCE_GSO, UROCE_GRO, UROCE_INLINE_PROGRESS, UROCE_HOLD_POSTS, UROCE_HOLD_ACKS or "
+    "UROCE_ECN refuses the context",
     "[fast_paths]") {
     const char* var = GENERATE("UROCE_GSO", "UROCE_GRO", "UROCE_INLINE_PROGRESS",
-                               "UROCE_HOLD_POSTS", "UROCE_HOLD_ACKS");
+                               "UROCE_HOLD_POSTS", "UROCE_HOLD_ACKS", "UROCE_ECN");
     INFO(var);
     CHECK(open_errno_with_env(devices().a, var, "maybe") == EINVAL);
     // The accepted spellings open it.

@@ -164,6 +164,55 @@ if expect_pair_ok corrupt; then
     done
 fi
 
+# ECN (docs/congestion.md): with UROCE_ECN=on every packet leaves ECT(0), and the client's
+# UROCE_FAULTS ce= marks some of its SENDs CE on the way out. The server answers each marked
+# one with a CNP (or paces it), both files show every packet's ECN field as it travelled,
+# Wireshark decodes every frame, CNPs included, without complaint, and every ICRC holds (the
+# ICRC masks the ECN field).
+port=$(free_tcp_port)
+run_pair ecn "$port" 60 UROCE_STATS=1 UROCE_ECN=on "UROCE_PCAP=$WORK/ecn.%p.pcap" \
+    -- ibv_rc_pingpong -d "$A" -g 0 -p "$port" -s 4096 -n 40 \
+    -- env "UROCE_FAULTS=ce=0.3,op=send,seed=7" \
+    ibv_rc_pingpong -d "$B" -g 0 -p "$port" -s 4096 -n 40 "$IP_A"
+if expect_pair_ok ecn; then
+    marked=$(counter_value "$CLI_ERR" "$B" tx_ce_fault)
+    seen=$(counter_value "$SRV_ERR" "$A" rx_ce_marked)
+    cnps=$(counter_value "$SRV_ERR" "$A" tx_cnps)
+    paced=$(counter_value "$SRV_ERR" "$A" cnps_paced)
+    got=$(counter_value "$CLI_ERR" "$B" rx_cnp)
+    if [[ ${marked:-0} -gt 0 && ${cnps:-0} -gt 0 ]]; then
+        ok "ecn: the client marked SENDs CE ($marked), the server sent CNPs ($cnps, $paced paced)"
+    else
+        not_ok "ecn: the client marked SENDs CE, the server sent CNPs" \
+            "tx_ce_fault ${marked:-none}, tx_cnps ${cnps:-none}"
+    fi
+    expect_eq "ecn: the server saw every mark, answered or paced each, the client got each CNP" \
+        "$marked/$marked/$cnps" "$seen/$((cnps + paced))/$got"
+    for f in "$WORK"/ecn.*.pcap; do
+        n_ce=$(tsh -r "$f" -Y "ip.dsfield.ecn == 3 && infiniband.bth.opcode > 5" -T fields \
+            -e frame.number | wc -l)
+        expect_eq "ecn: ${f##*/}: the CE-marked frames are SENDs (RC opcodes 0-5)" 0 "$n_ce"
+        n_ce=$(tsh -r "$f" -Y "ip.dsfield.ecn == 3" -T fields -e frame.number | wc -l)
+        expect_eq "ecn: ${f##*/}: as many CE-marked frames as the client marked" "$marked" "$n_ce"
+        other=$(tsh -r "$f" -Y "ip.dsfield.ecn != 2 && ip.dsfield.ecn != 3" -T fields -e frame.number | wc -l)
+        expect_eq "ecn: ${f##*/}: every other frame is ECT(0)" 0 "$other"
+        # Wireshark 4.0 names opcode 129 Unknown and shows the CNP's BTH byte 4 (BECN) as
+        # reserved: the byte is checked as such.
+        n_cnp=$(tsh -r "$f" -Y "infiniband.bth.opcode == 129 && udp.payload[4] == 40" \
+            -T fields -e frame.number | wc -l)
+        expect_eq "ecn: ${f##*/}: the server's CNPs, BECN set" "$cnps" "$n_cnp"
+        out=$(tsh -r "$f" -Y "_ws.malformed || _ws.expert")
+        expect_eq "ecn: ${f##*/}: no malformed packets, no expert info of any severity" "" \
+            "$(head -n 10 <<<"$out")"
+        if out=$(python3 "$CHECK_ICRC" "$f" 2>&1); then
+            ok "ecn: ${f##*/}: every ICRC is right ($(tail -n1 <<<"$out"))"
+        else
+            IFS=$'\n' read -r -d '' -a lines <<<"$out"
+            not_ok "ecn: ${f##*/}: every ICRC is right" "${lines[@]}"
+        fi
+    done
+fi
+
 # uroce run --pcap FILE: the file, with the packets of that process.
 port=$(free_tcp_port)
 timeout -k 5 60 "$UROCE" run -- ibv_rc_pingpong -d "$A" -g 0 -p "$port" -s 64 -n 5 \

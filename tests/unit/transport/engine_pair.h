@@ -167,6 +167,8 @@ struct PairOptions {
     uint32_t answer_window_micros = 1000;
     // EngineConfig::adaptive_retransmit of both: off leaves only the local ACK timeout.
     bool adaptive = true;
+    // EngineConfig::ecn_capable of both: every packet leaves ECT(0).
+    bool ecn = false;
     // EngineConfig::resend_burst of both.
     uint32_t resend_burst = ResendBudget::kBurst;
     // EngineConfig::pcap_path of a and b (empty: no capture).
@@ -301,6 +303,7 @@ class Pair {
         config.gro = gro;
         config.inline_progress = inline_progress;
         config.adaptive_retransmit = opt.adaptive;
+        config.ecn_capable = opt.ecn;
         config.hold_posts = opt.hold_posts;
         config.engine_spin = opt.engine_spin;
         config.hold_acks = opt.hold_acks;

@@ -19,6 +19,7 @@
 
 #include "tests/unit/transport/engine_pair.h"
 #include "tests/unit/transport/forged_peer.h"
+#include "tests/unit/transport/net_namespace.h"
 #include "transport/congestion.h"
 #include "transport/send_sockets.h"
 
@@ -134,7 +135,9 @@ TEST_CASE("CnpPacer lets one CNP through per interval", "[congestion]") {
 
 TEST_CASE("A CE-marked packet from the peer is answered with a CNP to the peer's QP",
           "[congestion]") {
-    Pair p;
+    PairOptions opt;
+    opt.ecn = true;  // UROCE_ECN=on: the engine reads the ECN field of what arrives
+    Pair p(opt);
     const uint16_t port = p.a.engine->config().port;
     const IpAddress peer_ip = next_addresses().a;
     MarkingSocket peer(peer_ip, port);
@@ -205,6 +208,28 @@ TEST_CASE("A CE-marked packet from the peer is answered with a CNP to the peer's
         CHECK(c.tx_cnps.load() + c.cnps_paced.load() == 1);
         CHECK(p.a.rcq->depth() == 0);
     }
+}
+
+TEST_CASE("Without UROCE_ECN the ECN field is not read: a marked packet draws no CNP",
+          "[congestion]") {
+    Pair p;
+    const uint16_t port = p.a.engine->config().port;
+    const IpAddress peer_ip = next_addresses().a;
+    MarkingSocket peer(peer_ip, port);
+    QpAttributes attrs = default_attributes();
+    attrs.dst_ip = peer_ip;
+    attrs.dest_qpn = 0x4242;
+    REQUIRE(p.a.qp->modify(attrs, QpState::Reset, QpState::Init) == 0);
+    REQUIRE(p.a.qp->modify(attrs, QpState::Init, QpState::Rtr) == 0);
+    REQUIRE(p.a.qp->post_recv(recv_wqe(1, {p.a.sge(0, 64)})) == 0);
+    const std::vector<uint8_t> data = {8, 7, 6, 5, 4, 3, 2, 1};
+    peer.mark(kEcnCe);
+    peer.send(send_only(p.a.qp->qpn(), attrs.rq_psn), data, p.a.ip);
+    REQUIRE(p.wait_one(*p.a.rcq).status == WcStatus::Success);
+    CHECK(std::equal(data.begin(), data.end(), p.a.at(0)));
+    CHECK_FALSE(peer.next_with_opcode(kCnpOpcode, 200ms));
+    CHECK(p.a.counters().rx_ce_marked.load() == 0);
+    CHECK(p.a.counters().tx_cnps.load() + p.a.counters().cnps_paced.load() == 0);
 }
 
 TEST_CASE("A CNP from the peer halves the RC send window, once per flight", "[congestion]") {
@@ -282,7 +307,15 @@ TEST_CASE("ce=P marks packets on the wire; the receiver's CNPs slow the sender, 
           "[congestion][faults]") {
     PairOptions opt;
     opt.mem_bytes = 1024 * 1024;
+    std::optional<Ipv6Namespace> ns;
+    opt.ecn = true;  // UROCE_ECN=on: the receiver reads the marks
     SECTION("marked on the way out") {
+        opt.faults_a.ce = 1.0;
+        opt.faults_a.op_classes = kOpWrite;
+    }
+    SECTION("over IPv6, marked on the way out (the traffic class)") {
+        ns.emplace();
+        opt.addresses = Ipv6Namespace::addresses();
         opt.faults_a.ce = 1.0;
         opt.faults_a.op_classes = kOpWrite;
     }

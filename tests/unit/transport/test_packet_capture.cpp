@@ -206,6 +206,8 @@ TEST_CASE("UROCE_PCAP: one frame per packet sent and received, ICRC right for it
     CHECK(from(b, ip_b).size() == b_tx);
     same_frames(from(a, ip_a), from(b, ip_a));
     same_frames(from(b, ip_b), from(a, ip_b));
+    // Without UROCE_ECN every packet leaves Not-ECT, as the kernel's rxe sends.
+    for (const Frame& f : a) CHECK(f.ecn == 0);
     // Packets of a train carry identifications 0, 1, 2, ...; without GSO all are 0.
     size_t nonzero = 0;
     for (const Frame& f : a) nonzero += f.id != 0;
@@ -370,6 +372,9 @@ TEST_CASE("UROCE_PCAP: packets marked CE show it on both sides, and so do the CN
     o.pcap_b = dir.file("b.pcap");
     o.faults_a.ce = 0.5;
     o.faults_a.op_classes = kOpWrite;
+    // UROCE_ECN=on: the rest leave, and arrive, ECT(0), and the receiver reads the marks.
+    o.ecn = true;
+    const uint8_t unmarked = 2;
     IpAddress ip_a, ip_b;
     uint64_t marked = 0, cnps = 0;
     {
@@ -399,11 +404,11 @@ TEST_CASE("UROCE_PCAP: packets marked CE show it on both sides, and so do the CN
             CHECK((f.udp_payload[0] & 0x1f) >= 0x06);  // a WRITE (RC opcodes 0x06..0x0b)
             CHECK((f.udp_payload[0] & 0x1f) <= 0x0b);
         } else {
-            CHECK(f.ecn == 0);
+            CHECK(f.ecn == unmarked);
         }
     }
     for (const Frame& f : from(b, ip_b)) {
-        CHECK(f.ecn == 0);
+        CHECK(f.ecn == unmarked);
         if (f.udp_payload[0] == static_cast<uint8_t>(wire::Opcode::Cnp)) ++cnp_frames;
     }
     CHECK(marked_frames == marked);
