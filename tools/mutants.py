@@ -1281,6 +1281,8 @@ MUTANTS = [
            "    const uint8_t ecn = fault.ce ? kEcnCe : tx_ecn();",
            "    const uint8_t ecn = tx_ecn();",
            ("congestion",)),
+    Mutant("congestion: a UC QP ignores CE marks", "transport/uc_qp.cpp",
+           "    notify_congestion(attrs_.dst_ip, attrs_.dest_qpn);\n", "", ("congestion",)),
     Mutant("congestion: CNPs go out without BECN", "transport/congestion.h",
            "    h.bth.becn = true;\n", "", ("congestion",)),
     Mutant("congestion: ECN on without UROCE_ECN (marks read, packets sent ECT(0))",

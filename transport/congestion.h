@@ -37,15 +37,13 @@ class CnpPacer {
 
     // True if a CNP may leave at `now`; the next one may then leave kCnpInterval later.
     bool take(Clock::time_point now) {
-        if (sent_any_ && now < next_) return false;
-        sent_any_ = true;
+        if (now < next_) return false;
         next_ = now + kCnpInterval;
         return true;
     }
 
   private:
-    bool sent_any_ = false;
-    Clock::time_point next_{};
+    Clock::time_point next_ = Clock::time_point::min();  // the first is never held back
 };
 
 // The headers of a CNP to `dest_qp` (its 16 reserved bytes are the payload, zeros).

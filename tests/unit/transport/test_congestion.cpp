@@ -20,6 +20,7 @@
 #include "tests/unit/transport/engine_pair.h"
 #include "tests/unit/transport/forged_peer.h"
 #include "tests/unit/transport/net_namespace.h"
+#include "tests/unit/transport/uc_pair.h"
 #include "transport/congestion.h"
 #include "transport/send_sockets.h"
 
@@ -356,4 +357,34 @@ TEST_CASE("ce=P marks packets on the wire; the receiver's CNPs slow the sender, 
     CHECK(a.tx_cnps.load() == 0);
     CHECK(p.a.qp->state() == QpState::Rts);
     CHECK(p.b.qp->state() == QpState::Rts);
+}
+
+TEST_CASE("UC: CE-marked SENDs draw CNPs, which the UC sender counts and nothing more",
+          "[congestion][uc]") {
+    PairOptions opt;
+    opt.ecn = true;
+    opt.faults_a.ce = 1.0;
+    opt.faults_a.op_classes = kOpSend;
+    Pair p(opt);
+    UcPair uc(p);
+    for (int i = 0; i < 4; ++i) {
+        const uint64_t seed = 70 + static_cast<uint64_t>(i);
+        fill(p.a.at(0), 3 * kMtu, seed);
+        REQUIRE(uc.b->post_recv(recv_wqe(1, {p.b.sge(0, 3 * kMtu)})) == 0);
+        REQUIRE(uc.a->post_send(send_wqe(2, {p.a.sge(0, 3 * kMtu)})) == 0);
+        REQUIRE(p.wait_one(*p.a.scq).status == WcStatus::Success);
+        REQUIRE(p.wait_one(*p.b.rcq).status == WcStatus::Success);
+        CHECK(first_mismatch(p.b.at(0), 3 * kMtu, seed) == 3 * kMtu);
+    }
+    const EngineCounters& a = p.a.counters();
+    const EngineCounters& b = p.b.counters();
+    REQUIRE(p.wait_until([&] {
+        return b.rx_ce_marked.load() == a.tx_ce_fault.load() &&
+               b.tx_cnps.load() + b.cnps_paced.load() == b.rx_ce_marked.load() &&
+               a.rx_cnp.load() == b.tx_cnps.load();
+    }));
+    CHECK(a.tx_ce_fault.load() == 12);
+    CHECK(b.tx_cnps.load() >= 1);
+    CHECK(a.cnp_window_cuts.load() == 0);  // UC has no window
+    CHECK(a.rx_wrong_peer.load() == 0);
 }
