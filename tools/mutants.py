@@ -886,6 +886,20 @@ MUTANTS = [
            "transport/poll_handoff.cpp",
            "    if (gap < period && h->parked_.load(std::memory_order_relaxed)) {",
            "    if (h->parked_.load(std::memory_order_relaxed)) {", ("handoff",)),
+    Mutant("handoff: posts do not count towards a busy poll (a stream's posts go out alone)",
+           "transport/poll_handoff.cpp",
+           "    if (now - before <= kSpinGapNanos) streak_.fetch_add(1, std::memory_order_relaxed);\n",
+           "    if (now - before < 0) streak_.fetch_add(1, std::memory_order_relaxed);\n", ("handoff",)),
+    Mutant("handoff: a post parks the socket (a thread that never polls holds posts)",
+           "transport/poll_handoff.cpp",
+           "    if (now - before <= kSpinGapNanos) streak_.fetch_add(1, std::memory_order_relaxed);\n",
+           "    if (now - before <= kSpinGapNanos) streak_.fetch_add(1, std::memory_order_relaxed);\n"
+           "    if (streak_.load() >= kSpinStreak && !parked_.exchange(true)) {\n"
+           "        bump(counters_.socket_parks);\n"
+           "        parked_at_ns_.store(now);\n"
+           "        event_del_noblock(rx_event_);\n"
+           "        arm_watch();\n"
+           "    }\n", ("handoff",)),
     Mutant("handoff: a poller's deferred timers never given to the loop at the hand-back",
            "transport/rc_completer.cpp",
            "    timer_deferred_ = false;\n    if (closed_ || !timer_armed_) return;\n",

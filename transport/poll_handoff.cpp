@@ -74,7 +74,14 @@ void PollHandoff::on_completions() {
 
 void PollHandoff::on_post() {
     if (!enabled_ || !watch_) return;
-    last_poll_ns_.store(now_ns(), std::memory_order_relaxed);
+    const int64_t now = now_ns();
+    const int64_t before = last_poll_ns_.exchange(now, std::memory_order_relaxed);
+    // A stream posts in bursts and polls between them (perftest's bandwidth tests: up to 128
+    // posts, then a few polls that find their completions): its posts continue the streak,
+    // or a stream that polls a few times per burst would never park, and each of its posts
+    // would go out alone. Only a poll parks: a thread that posts but never polls gives no
+    // sign it will come back to send what is held.
+    if (now - before <= kSpinGapNanos) streak_.fetch_add(1, std::memory_order_relaxed);
 }
 
 void PollHandoff::on_arm() {

@@ -43,7 +43,7 @@ namespace uroce::transport {
 
 class PollHandoff {
   public:
-    // Polls less than kSpinGapNanos apart, kSpinStreak in a row, are a busy poll.
+    // Polls (and posts) less than kSpinGapNanos apart, kSpinStreak in a row, are a busy poll.
     static constexpr int64_t kSpinGapNanos = 50'000;
     static constexpr uint32_t kSpinStreak = 64;
     // The watch period: from kWatchMicros, it halves at each hand-back that finds a datagram
@@ -88,7 +88,8 @@ class PollHandoff {
     // what it waited for and went elsewhere, rather than being held off by the scheduler.
     void on_completions();
     // An application thread posted work: the time it spent posting (a long send, a wait for
-    // a QP's lock) does not count as a gap between its polls.
+    // a QP's lock) does not count as a gap between its polls, and a post soon after a poll
+    // or a post counts towards the streak (it never parks by itself).
     void on_post();
     // An application thread asked for a completion event (ibv_req_notify_cq): it is about
     // to sleep until the engine thread wakes it, and needs a CPU then.

@@ -18,6 +18,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import LogLocator, ScalarFormatter  # noqa: E402
 
 
 def read_results(path):
@@ -110,10 +111,15 @@ def plot_latency(bench, res):
     width = 0.8 / len(series)
     for i, (name, values) in enumerate(series):
         xs = [j + (i - (len(series) - 1) / 2) * width for j in range(len(labels))]
-        ax.bar(xs, values, width, label=name)
+        bars = ax.bar(xs, values, width, label=name)
+        ax.bar_label(bars, fmt="%.1f", fontsize=7)  # a log axis alone is hard to read off
     ax.set_xticks(range(len(labels)))
     ax.set_xticklabels(labels)
     ax.set_yscale("log")
+    ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    ax.yaxis.set_major_formatter(ScalarFormatter())
+    top = max(v for _, values in series for v in values)
+    ax.set_ylim(top=top * 1.5)  # room for the labels over the tallest bars
     ax.set_ylabel("microseconds (log scale)")
     ax.set_title("8-byte latency percentiles, loopback (perftest: one-way; READ: round trip)")
     ax.grid(True, axis="y", which="both", alpha=0.3)
