@@ -10,6 +10,7 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <isa-l/crc.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <netinet/udp.h>
@@ -75,6 +76,10 @@ constexpr const char* kUsage =
     "                application waits for the peer's WRITE by spinning on memory\n"
     "  gso-pingpong  busy-polled ping-pong of a --msg byte message carried both ways as GSO\n"
     "                segments of --seg bytes, received with GRO: microseconds per iteration\n"
+    "  gso-pingpong-rc  the same with what an RC SEND adds per byte and per message: each\n"
+    "                segment copied into a staging buffer and signed (CRC-32, ISA-L, as\n"
+    "                the ICRC), checked and copied out on arrival; a 20-byte datagram (the\n"
+    "                ACK) before each message\n"
     "  tcp           one TCP stream of --write byte writes: goodput, CPU seconds\n"
     "options:\n"
     "  --seconds S       throughput modes: how long the sender sends (default 2)\n"
@@ -168,7 +173,8 @@ Options parse_args(int argc, char** argv) {
     if (args.empty()) usage_error("no mode given");
     o.mode = args[0];
     static constexpr std::string_view kModes[] = {
-        "gso", "gso-write", "sendto", "pps", "rtt", "rtt-ack", "rtt-wake", "gso-pingpong", "tcp"};
+        "gso",      "gso-write",    "sendto",          "pps", "rtt", "rtt-ack",
+        "rtt-wake", "gso-pingpong", "gso-pingpong-rc", "tcp"};
     if (std::find(std::begin(kModes), std::end(kModes), o.mode) == std::end(kModes)) {
         usage_error("unknown mode '" + o.mode + "'");
     }
@@ -217,6 +223,8 @@ Options parse_args(int argc, char** argv) {
     const bool rtt = is_rtt(o);
     if (o.size == 0) o.size = o.mode == "pps" ? 64 : rtt ? 8 : 4096;
     if (rtt && o.size < 8) usage_error(o.mode + ": --size must be at least 8");
+    if (o.mode == "gso-pingpong-rc" && o.seg <= 16)
+        usage_error("gso-pingpong-rc: --seg must exceed 16 bytes (a header and a CRC)");
     if (o.mode == "gso-write" && (o.seg <= 16 || 2 * o.seg + 16 > 65507)) {
         usage_error(
             "gso-write: --seg must leave room for a payload, and two segments "
@@ -577,25 +585,52 @@ void print_tput(const Options& o, const Tput& t, Stream stream) {
 // ICRC 4), sequence number 0, which no message has.
 constexpr std::size_t kAckBytes = 20;
 
+// gso-pingpong-rc's per-byte work (the ICRC's share of it): a segment's last 4 bytes carry the
+// CRC-32 of the bytes before them.
+constexpr std::size_t kCrcBytes = 4;
+// Where a staged message starts: 12 bytes (a BTH) before a cache line, as uroce's staging
+// area puts a train's first payload on one.
+constexpr std::size_t kStageOffset = 64 - 12;
+
 struct Messenger {
     int fd;
     std::size_t msg;
     std::size_t seg;
     std::size_t per_send;
     bool ack_first;
+    bool rc_work;
     Buffer out;
     Buffer in;
     Buffer ack;
+    Buffer stage;      // rc_work: the message as sent, each segment signed
+    Buffer delivered;  // rc_work: where arriving segments are copied out to
 
-    Messenger(int f, std::size_t m, std::size_t s, bool a)
+    Messenger(int f, std::size_t m, std::size_t s, bool a, bool work = false)
         : fd(f),
           msg(m),
           seg(std::min(s, m)),
           per_send(std::max<std::size_t>(1, std::min<std::size_t>(64, 65507 / seg))),
           ack_first(a),
+          rc_work(work),
           out(m, 'p'),
           in(65536 + 4096),
-          ack(kAckBytes, 0) {}
+          ack(kAckBytes, 0),
+          stage(work ? m + kStageOffset : 0),
+          delivered(work ? 65536 + 4096 : 0) {}
+
+    // rc_work: copies each segment of `out` into the staging area and signs it there.
+    const char* staged() {
+        char* base = stage.data() + kStageOffset;
+        for (std::size_t off = 0; off < msg; off += seg) {
+            const std::size_t len = std::min(seg, msg - off);
+            std::memcpy(base + off, out.data() + off, len);
+            if (len <= kCrcBytes) continue;
+            const std::uint32_t crc = crc32_gzip_refl(
+                0, reinterpret_cast<const unsigned char*>(base + off), len - kCrcBytes);
+            std::memcpy(base + off + len - kCrcBytes, &crc, kCrcBytes);
+        }
+        return base;
+    }
 
     // One non-blocking send; false if the kernel refused it for now (counts as a loss).
     bool send_now(const char* data, std::size_t len) const {
@@ -614,10 +649,11 @@ struct Messenger {
         for (std::size_t off = 0; off < msg; off += seg) {
             std::memcpy(out.data() + off, &seq, std::min(sizeof seq, msg - off));
         }
+        const char* from = rc_work ? staged() : out.data();
         bool ok = true;
         for (std::size_t off = 0; off < msg; off += seg * per_send) {
             const std::size_t len = std::min(seg * per_send, msg - off);
-            if (!send_now(out.data() + off, len)) ok = false;
+            if (!send_now(from + off, len)) ok = false;
         }
         return ok;
     }
@@ -643,6 +679,13 @@ struct Messenger {
             std::uint64_t seq = 0;
             std::memcpy(&seq, in.data() + off, sizeof seq);
             if (seq == 0) continue;  // rtt-ack's ACK datagram: no message has number 0
+            if (rc_work && len > kCrcBytes) {
+                const auto* bytes = reinterpret_cast<const unsigned char*>(in.data() + off);
+                std::uint32_t want = 0;
+                std::memcpy(&want, bytes + len - kCrcBytes, kCrcBytes);
+                if (crc32_gzip_refl(0, bytes, len - kCrcBytes) != want) continue;  // as lost
+                std::memcpy(delivered.data() + off, bytes, len - kCrcBytes);
+            }
             on_segment(seq, len);
         }
         return true;
@@ -655,7 +698,8 @@ struct PingResult {
     bool complete = true;
 };
 
-PingResult run_pingpong(const Options& o, std::size_t msg, std::size_t seg, bool ack_first) {
+PingResult run_pingpong(const Options& o, std::size_t msg, std::size_t seg, bool ack_first,
+                        bool rc_work = false) {
     UdpPair p = make_udp_pair(o);
     const bool use_gso = msg > seg;
     if (use_gso) {
@@ -673,7 +717,7 @@ PingResult run_pingpong(const Options& o, std::size_t msg, std::size_t seg, bool
     pin_to(o.cpu_a);
     std::thread pong([&] {
         pin_to(o.cpu_b);
-        Messenger m(p.b.get(), msg, seg, ack_first);
+        Messenger m(p.b.get(), msg, seg, ack_first, rc_work);
         std::uint64_t cur = 0;
         std::size_t got = 0;
         while (!stop.load(std::memory_order_relaxed) && Clock::now() < hard_end) {
@@ -700,7 +744,7 @@ PingResult run_pingpong(const Options& o, std::size_t msg, std::size_t seg, bool
 
     PingResult r;
     r.us.reserve(o.iters);
-    Messenger m(p.a.get(), msg, seg, ack_first);
+    Messenger m(p.a.get(), msg, seg, ack_first, rc_work);
     const std::uint64_t total = o.warmup + o.iters;
     for (std::uint64_t i = 0; i < total; ++i) {
         const std::uint64_t seq = i + 1;  // the pong side starts at 0, waiting for 1
@@ -952,6 +996,8 @@ int main(int argc, char** argv) {
         print_pingpong(o, run_pingpong(o, o.size, o.size, o.mode == "rtt-ack"), o.size, o.size);
     } else if (o.mode == "gso-pingpong") {
         print_pingpong(o, run_pingpong(o, o.msg, o.seg, false), o.msg, o.seg);
+    } else if (o.mode == "gso-pingpong-rc") {
+        print_pingpong(o, run_pingpong(o, o.msg, o.seg, true, true), o.msg, o.seg);
     } else {
         run_tcp(o);
     }
