@@ -5,7 +5,7 @@
 // whole cost of a poll beyond the call itself. Filling in a fresh set of message headers
 // and datagram records for every read took about a quarter of an empty poll (950 ns
 // before, 690 after, against 590 for the system call alone on this VM: uroce-empty-poll,
-// docs/performance.md). Here the headers point at their buffers from the start, and a read
+// docs/performance-log.md). Here the headers point at their buffers from the start, and a read
 // resets only the lengths the kernel wrote in the previous one.
 //
 // Not thread-safe: one reader at a time (the engine's rx_mutex_).
