@@ -72,7 +72,7 @@ else
   rate_n=100000
   rc_n=2000
   rc4k_n=5000
-  sweep_n=200
+  sweep_n=1000    # perftest's own default; 200 showed mostly each size's start
 fi
 loss_rc_n=1000 # ibv_rc_pingpong 4 KiB under loss
 loss_bw_n=2000 # ib_write_bw 64 KiB under loss (and its lossless reference; 300 was mostly set-up)

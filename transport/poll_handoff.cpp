@@ -8,6 +8,17 @@
 
 namespace uroce::transport {
 
+namespace {
+
+// The handoff the calling thread last polled, and when.
+struct ThreadPoll {
+    const PollHandoff* handoff = nullptr;
+    int64_t at_ns = 0;
+};
+thread_local ThreadPoll t_last_poll;
+
+}  // namespace
+
 int64_t PollHandoff::now_ns() {
     return std::chrono::duration_cast<std::chrono::nanoseconds>(
                std::chrono::steady_clock::now().time_since_epoch())
@@ -30,6 +41,7 @@ PollHandoff::~PollHandoff() = default;
 void PollHandoff::on_poll() {
     if (!enabled_ || !watch_) return;
     const int64_t now = now_ns();
+    t_last_poll = {this, now};
     last_poll_found_.store(false, std::memory_order_relaxed);
     const int64_t before = last_poll_ns_.exchange(now, std::memory_order_relaxed);
     if (now - before > kSpinGapNanos) {
@@ -79,9 +91,14 @@ void PollHandoff::on_post() {
     // A stream posts in bursts and polls between them (perftest's bandwidth tests: up to 128
     // posts, then a few polls that find their completions): its posts continue the streak,
     // or a stream that polls a few times per burst would never park, and each of its posts
-    // would go out alone. Only a poll parks: a thread that posts but never polls gives no
-    // sign it will come back to send what is held.
-    if (now - before <= kSpinGapNanos) streak_.fetch_add(1, std::memory_order_relaxed);
+    // would go out alone. Only the posts of a thread that polls (it polled here within
+    // kPosterPollNanos), and only a poll parks: a thread that posts but never polls gives
+    // no sign it will come back to send what is held, and another thread's occasional poll
+    // must not park the socket on its behalf.
+    const ThreadPoll& mine = t_last_poll;
+    if (mine.handoff == this && now - mine.at_ns <= kPosterPollNanos &&
+        now - before <= kSpinGapNanos)
+        streak_.fetch_add(1, std::memory_order_relaxed);
 }
 
 void PollHandoff::on_arm() {

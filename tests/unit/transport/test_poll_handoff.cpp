@@ -679,9 +679,19 @@ TEST_CASE("Posts count towards a busy poll, but only a poll parks the socket", "
     Engine& e = *p.a.engine;
     REQUIRE_FALSE(e.socket_parked());
     const uint64_t parks = p.a.counters().socket_parks.load();
-    // Posts alone, however many: a thread that never polls may never come back to send what
-    // a park would hold.
-    for (int i = 0; i < 4 * static_cast<int>(PollHandoff::kSpinStreak); ++i) e.note_post();
+    const int many = 4 * static_cast<int>(PollHandoff::kSpinStreak);
+    // A thread that posts and never polls: its posts do not count, so another thread's
+    // occasional poll does not park the socket on its behalf (its posts would wait for that
+    // thread's next poll).
+    std::thread poster([&] {
+        for (int i = 0; i < many; ++i) e.note_post();
+    });
+    poster.join();
+    e.on_cq_poll(false);
+    CHECK(p.a.counters().socket_parks.load() == parks);
+    // Posts alone, however many, by a thread that polls: only a poll parks (a thread that
+    // stopped polling may never come back to send what a park would hold).
+    for (int i = 0; i < many; ++i) e.note_post();
     CHECK(p.a.counters().socket_parks.load() == parks);
     // Bursts of posts, one poll after each: parked after a burst or two, far fewer polls than
     // kSpinStreak. A burst the scheduler split (a gap over kSpinGapNanos) starts the streak
