@@ -888,22 +888,22 @@ MUTANTS = [
            "    if (h->parked_.load(std::memory_order_relaxed)) {", ("handoff",)),
     Mutant("handoff: posts do not count towards a busy poll (a stream's posts go out alone)",
            "transport/poll_handoff.cpp",
-           "        now - before <= kSpinGapNanos)\n",
-           "        now - before < 0)\n", ("handoff",)),
-    Mutant("handoff: every thread's posts count towards the streak (another thread's poll parks)",
-           "transport/poll_handoff.cpp",
-           "    if (mine.handoff == this && now - mine.at_ns <= kPosterPollNanos &&\n",
-           "    if (now - mine.at_ns >= 0 &&\n", ("handoff",)),
+           "kSpinGapNanos ? mine.count : 0;", "kSpinGapNanos ? 0 : 0;", ("handoff",)),
     Mutant("handoff: a post parks the socket (a thread that never polls holds posts)",
            "transport/poll_handoff.cpp",
-           "    streak_.fetch_add(1, std::memory_order_relaxed);\n}",
-           "    streak_.fetch_add(1, std::memory_order_relaxed);\n"
-           "    if (streak_.load() >= kSpinStreak && !parked_.exchange(true)) {\n"
+           "    ++mine.count;\n}",
+           "    ++mine.count;\n"
+           "    if (mine.count >= kSpinStreak && !parked_.exchange(true)) {\n"
            "        bump(counters_.socket_parks);\n"
            "        parked_at_ns_.store(now);\n"
            "        event_del_noblock(rx_event_);\n"
            "        arm_watch();\n"
            "    }\n}", ("handoff",)),
+    Mutant("handoff: posts count in the shared streak (another thread's poll parks for them)",
+           "transport/poll_handoff.cpp",
+           "    ++mine.count;\n}",
+           "    ++mine.count;\n    streak_.fetch_add(1, std::memory_order_relaxed);\n}",
+           ("handoff",)),
     Mutant("handoff: a poller's deferred timers never given to the loop at the hand-back",
            "transport/rc_completer.cpp",
            "    timer_deferred_ = false;\n    if (closed_ || !timer_armed_) return;\n",

@@ -10,12 +10,14 @@ namespace uroce::transport {
 
 namespace {
 
-// The handoff the calling thread last polled, and when.
-struct ThreadPoll {
+// The calling thread's posts since its last poll of `handoff`, each within kSpinGapNanos of
+// the one before (`last_ns`: the last post or poll).
+struct ThreadPosts {
     const PollHandoff* handoff = nullptr;
-    int64_t at_ns = 0;
+    int64_t last_ns = 0;
+    uint32_t count = 0;
 };
-thread_local ThreadPoll t_last_poll;
+thread_local ThreadPosts t_posts;
 
 }  // namespace
 
@@ -41,14 +43,24 @@ PollHandoff::~PollHandoff() = default;
 void PollHandoff::on_poll() {
     if (!enabled_ || !watch_) return;
     const int64_t now = now_ns();
-    t_last_poll = {this, now};
+    // The posts this thread made since its last poll count too, if this poll follows them
+    // without a gap: a stream posts in bursts and polls between them (perftest's bandwidth
+    // tests: up to 128 posts, then a few polls that find their completions), and with polls
+    // alone it would park only after dozens of bursts, each post meanwhile its own system
+    // call. A thread that posts and never polls never has its posts counted: it gives no
+    // sign it will come back to send what a park would hold, and another thread's poll now
+    // and then must not park the socket on its behalf.
+    ThreadPosts& mine = t_posts;
+    const uint32_t posts =
+        mine.handoff == this && now - mine.last_ns <= kSpinGapNanos ? mine.count : 0;
+    mine = {this, now, 0};
     last_poll_found_.store(false, std::memory_order_relaxed);
     const int64_t before = last_poll_ns_.exchange(now, std::memory_order_relaxed);
     if (now - before > kSpinGapNanos) {
         streak_.store(0, std::memory_order_relaxed);
         return;
     }
-    if (streak_.fetch_add(1, std::memory_order_relaxed) + 1 < kSpinStreak) return;
+    if (streak_.fetch_add(1 + posts, std::memory_order_relaxed) + 1 + posts < kSpinStreak) return;
     if (parked_.load(std::memory_order_relaxed)) return;
     bool expected = false;
     if (!parked_.compare_exchange_strong(expected, true, std::memory_order_relaxed)) return;
@@ -87,18 +99,12 @@ void PollHandoff::on_completions() {
 void PollHandoff::on_post() {
     if (!enabled_ || !watch_) return;
     const int64_t now = now_ns();
-    const int64_t before = last_poll_ns_.exchange(now, std::memory_order_relaxed);
-    // A stream posts in bursts and polls between them (perftest's bandwidth tests: up to 128
-    // posts, then a few polls that find their completions): its posts continue the streak,
-    // or a stream that polls a few times per burst would never park, and each of its posts
-    // would go out alone. Only the posts of a thread that polls (it polled here within
-    // kPosterPollNanos), and only a poll parks: a thread that posts but never polls gives
-    // no sign it will come back to send what is held, and another thread's occasional poll
-    // must not park the socket on its behalf.
-    const ThreadPoll& mine = t_last_poll;
-    if (mine.handoff == this && now - mine.at_ns <= kPosterPollNanos &&
-        now - before <= kSpinGapNanos)
-        streak_.fetch_add(1, std::memory_order_relaxed);
+    last_poll_ns_.store(now, std::memory_order_relaxed);
+    // Counted at this thread's next poll (on_poll), if it comes without a gap.
+    ThreadPosts& mine = t_posts;
+    if (mine.handoff != this || now - mine.last_ns > kSpinGapNanos) mine = {this, now, 0};
+    mine.last_ns = now;
+    ++mine.count;
 }
 
 void PollHandoff::on_arm() {

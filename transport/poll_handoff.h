@@ -46,10 +46,6 @@ class PollHandoff {
     // Polls (and posts) less than kSpinGapNanos apart, kSpinStreak in a row, are a busy poll.
     static constexpr int64_t kSpinGapNanos = 50'000;
     static constexpr uint32_t kSpinStreak = 64;
-    // A post counts only if its thread polled within this long: a burst of 128 posts, each
-    // its own system call until the socket parks, takes about a millisecond; perftest's 4
-    // QPs post 4 such bursts between polls.
-    static constexpr int64_t kPosterPollNanos = 10'000'000;
     // The watch period: from kWatchMicros, it halves at each hand-back that finds a datagram
     // waiting and doubles at each check that finds the polls going on.
     static constexpr int64_t kWatchMicros = 100;
@@ -92,8 +88,8 @@ class PollHandoff {
     // what it waited for and went elsewhere, rather than being held off by the scheduler.
     void on_completions();
     // An application thread posted work: the time it spent posting (a long send, a wait for
-    // a QP's lock) does not count as a gap between its polls, and a post soon after a poll
-    // or a post counts towards the streak if its thread polls (it never parks by itself).
+    // a QP's lock) does not count as a gap between its polls, and its posts count towards
+    // the streak at its next poll, if that comes without a gap (a post never parks).
     void on_post();
     // An application thread asked for a completion event (ibv_req_notify_cq): it is about
     // to sleep until the engine thread wakes it, and needs a CPU then.
