@@ -147,7 +147,7 @@ Engine::Engine(const EngineConfig& config, std::unique_ptr<DeviceSlot> slot,
       counters_(device_counters_ ? &device_counters_->block() : &own_counters_),
       counters_at_start_(snapshot(*counters_)),
       socket_(config.ip, config.port, steering_ != nullptr),
-      send_sockets_(config.ip, socket_, config.ecn_capable ? kEcnEct0 : 0),
+      send_sockets_(config.ip, socket_, tx_ecn()),
       faults_(config.faults),
       multicast_(config.ip, config.port, &Engine::on_group_readable, this),
       gso_(config.gso) {
@@ -161,7 +161,7 @@ Engine::Engine(const EngineConfig& config, std::unique_ptr<DeviceSlot> slot,
         // then: a report is a control message on every read, 0.1-0.2 us per ib_read_lat
         // round trip (2026-11-30, 3 pairs).
         socket_.enable_ecn_reports();
-        socket_.set_ecn(kEcnEct0);
+        socket_.set_ecn(tx_ecn());
     }
     rx_ = gro ? std::make_unique<ReceiveBatch>(kRxBatchGro, kRxBufferBytesGro)
               : std::make_unique<ReceiveBatch>(kRxBatch, kRxBufferBytes);

@@ -86,8 +86,10 @@ Engine::TransmitResult Engine::send_faulted(const FaultDecision& fault, QpCounte
 Engine::TransmitResult Engine::send_copy(std::span<const uint8_t> packet, const wire::IpFlow& flow,
                                          const UdpSocket& sock, uint8_t ttl, uint8_t ecn) {
     const iovec one{const_cast<uint8_t*>(packet.data()), packet.size()};
-    const TransmitResult r =
-        account_send(sock.send(flow.dst_ip, config_.port, std::span(&one, 1), ttl, 0, ecn), 1);
+    // The socket gives every packet tx_ecn(); a control message only for another field (CE).
+    const uint8_t other_ecn = ecn != tx_ecn() ? ecn : 0;
+    const TransmitResult r = account_send(
+        sock.send(flow.dst_ip, config_.port, std::span(&one, 1), ttl, 0, other_ecn), 1);
     if (capture_ && r == TransmitResult::Sent) {
         capture_->sent(flow, 0, ttl, std::span(&one, 1), ecn);
         capture_->flush();

@@ -48,7 +48,10 @@ void QpCommon::post_async(AsyncEventType type) {
     engine_.post_async(AsyncEvent{type, user_handle_});
 }
 
-void QpCommon::notify_congestion(const IpAddress& peer_ip, uint32_t peer_qpn) {
+void QpCommon::answer_ce_mark(const IpAddress& src_ip, const IpAddress& peer_ip,
+                              uint32_t peer_qpn) {
+    if (closed_ || src_ip != peer_ip) return;
+    if (state_ != QpState::Rtr && state_ != QpState::Rts && state_ != QpState::Sqd) return;
     if (!cnp_pacer_.take(CnpPacer::Clock::now())) {
         bump(engine_.counters().cnps_paced);
         return;

@@ -45,10 +45,11 @@ class QpCommon : public Qp {
     bool count_received(const wire::ParsedPacket& pkt);
     // Queues an affiliated asynchronous event naming this QP.
     void post_async(AsyncEventType type);
-    // The notification point (congestion.h): a packet from `peer_ip` arrived CE-marked, so
-    // peer QP `peer_qpn` gets a CNP, unless this QP sent one less than kCnpInterval ago.
-    // Caller holds mutex_.
-    void notify_congestion(const IpAddress& peer_ip, uint32_t peer_qpn);
+    // The notification point (congestion.h): a packet from `src_ip` arrived CE-marked. If it
+    // came from this QP's peer (`peer_ip`; a spoofed source gets no CNP, so CNPs cannot be
+    // aimed at a third host) and the QP is connected, peer QP `peer_qpn` gets a CNP, unless
+    // this QP sent one less than kCnpInterval ago. Caller holds mutex_.
+    void answer_ce_mark(const IpAddress& src_ip, const IpAddress& peer_ip, uint32_t peer_qpn);
 
     Engine& engine_;
     const UdpSocket& sender_;  // bound to this QP's UDP source port (Engine::sender_for_qpn)

@@ -7,11 +7,7 @@ namespace uroce::transport {
 
 void RcQp::on_ce_marked(const IpAddress& src_ip) {
     std::lock_guard lock(mutex_);
-    // on_packet counted a packet from elsewhere: a spoofed source gets no CNP, so CNPs
-    // cannot be aimed at a third host.
-    if (closed_ || src_ip != attrs_.dst_ip) return;
-    if (state_ != QpState::Rtr && state_ != QpState::Rts && state_ != QpState::Sqd) return;
-    notify_congestion(attrs_.dst_ip, attrs_.dest_qpn);
+    answer_ce_mark(src_ip, attrs_.dst_ip, attrs_.dest_qpn);
 }
 
 void RcQp::on_cnp(const IpAddress& src_ip) {

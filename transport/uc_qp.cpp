@@ -376,10 +376,7 @@ void UcQp::enter_error() {
 
 void UcQp::on_ce_marked(const IpAddress& src_ip) {
     std::lock_guard lock(mutex_);
-    // on_packet counted a packet from elsewhere: a spoofed source gets no CNP.
-    if (closed_ || src_ip != attrs_.dst_ip) return;
-    if (state_ != QpState::Rtr && state_ != QpState::Rts && state_ != QpState::Sqd) return;
-    notify_congestion(attrs_.dst_ip, attrs_.dest_qpn);
+    answer_ce_mark(src_ip, attrs_.dst_ip, attrs_.dest_qpn);
 }
 
 }  // namespace uroce::transport

@@ -15,6 +15,7 @@
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <optional>
+#include <thread>
 #include <vector>
 
 #include "tests/unit/transport/engine_pair.h"
@@ -208,6 +209,15 @@ TEST_CASE("A CE-marked packet from the peer is answered with a CNP to the peer's
         CHECK_FALSE(peer.next_with_opcode(kCnpOpcode, 10ms));
         CHECK(c.tx_cnps.load() + c.cnps_paced.load() == 1);
         CHECK(p.a.rcq->depth() == 0);
+    }
+    SECTION("a QP in ERR answers no mark, even from its peer") {
+        REQUIRE(p.a.qp->modify(p.a.qp->attributes(), QpState::Rtr, QpState::Err) == 0);
+        // Well past the pacing interval: a CNP would not be held back.
+        std::this_thread::sleep_for(10 * CnpPacer::kCnpInterval);
+        peer.send(send_only(qpn, attrs.rq_psn + 1), data, p.a.ip);
+        REQUIRE(p.wait_until([&] { return c.rx_ce_marked.load() == 2; }));
+        CHECK_FALSE(peer.next_with_opcode(kCnpOpcode, 200ms));
+        CHECK(c.tx_cnps.load() + c.cnps_paced.load() == 1);
     }
 }
 
