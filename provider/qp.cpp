@@ -340,6 +340,7 @@ int post_send(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexcept {
     auto& engine = *to_uctx(ibqp->context)->state->engine;
     auto refuse = [&](ibv_send_wr* bad, int err) {
         if (qp->rc) qp->rc->ring();
+        if (qp->uc) qp->uc->ring();
         engine.note_post();
         *bad_wr = bad;
         return err;
@@ -412,7 +413,8 @@ int post_send(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexcept {
             w.rkey = wr->wr.rdma.rkey;
         }
         w.remote_srqn = wr->qp_type.xrc.remote_srqn;
-        if (int e = qp->uc ? qp->uc->post_send(w) : qp->rc->post_send(w, wr->next != nullptr))
+        if (int e = qp->uc ? qp->uc->post_send(w, wr->next != nullptr)
+                           : qp->rc->post_send(w, wr->next != nullptr))
             return refuse(wr, e);
         // The window answers to its new rkey from now on (the bind runs in queue order).
         if (w.opcode == transport::SendOpcode::BindMw) wr->bind_mw.mw->rkey = w.bind.new_rkey;

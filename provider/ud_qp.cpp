@@ -22,6 +22,14 @@ int modify_ud_qp(UroceQp& qp, const ibv_qp_attr& attr, int mask, transport::QpSt
 
 int post_send_ud(UroceQp& qp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexcept {
     ibv_context* ctx = qp.vqp.qp.context;
+    auto& engine = *to_uctx(ctx)->state->engine;
+    // WQEs queued with `more` go out with the last one, or here when a WQE is refused.
+    auto refuse = [&](ibv_send_wr* bad, int err) {
+        qp.ud->ring();
+        engine.note_post();
+        *bad_wr = bad;
+        return err;
+    };
     for (; wr; wr = wr->next) {
         transport::SendWqe w;
         int err = 0;
@@ -41,17 +49,12 @@ int post_send_ud(UroceQp& qp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexcept {
         // Larger than the MTU is refused by the QP (EINVAL).
         uint64_t total = 0;
         if (!err) err = fill_send_wqe(qp, *wr, w, total);
-        if (err) {
-            *bad_wr = wr;
-            return err;
-        }
+        if (err) return refuse(wr, err);
         const transport::UdDestination dest{to_uah(ah)->dst_ip, wr->wr.ud.remote_qpn & 0xffffff,
                                             wr->wr.ud.remote_qkey, to_uah(ah)->hop_limit};
-        if (int e = qp.ud->post_send(w, dest)) {
-            *bad_wr = wr;
-            return e;
-        }
+        if (int e = qp.ud->post_send(w, dest, wr->next != nullptr)) return refuse(wr, e);
     }
+    engine.note_post();
     return 0;
 }
 

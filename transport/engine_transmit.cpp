@@ -39,7 +39,7 @@ Engine::TransmitResult Engine::transmit(const wire::Headers& h, std::span<const 
                                     : FaultDecision{};
     const bool faulted = fault.fault == Fault::Corrupt || fault.fault == Fault::Duplicate ||
                          fault.delay_us != 0 || fault.ce;
-    if (batch && (ttl != 0 || !gso_enabled() || faulted || !batch->usable())) {
+    if (batch && (ttl != 0 || !gso_enabled() || faulted || !batch->usable() || batch->alone_)) {
         // Sent alone, after what the batch holds (whose pin stays: the caller gathered this
         // packet's payload under it).
         if (!batch->empty()) send_batch(*batch);

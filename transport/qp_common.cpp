@@ -65,4 +65,47 @@ void QpCommon::answer_ce_mark(const IpAddress& src_ip, const IpAddress& peer_ip,
     if (sent == Engine::TransmitResult::Sent) bump(engine_.counters().tx_cnps);
 }
 
+bool QpCommon::hold_for_poll() {
+    if (!engine_.hold_posts()) return false;
+    bump(engine_.counters().tx_held_posts);
+    if (held_noted_) return true;
+    held_noted_ = true;
+    engine_.note_held_post(qpn());
+    // The pollers may have left between the two questions: then nobody would send.
+    return engine_.hold_posts();
+}
+
+QpCommon::BatchOutcome QpCommon::send_batched(
+    size_t n, const std::function<WcStatus(size_t i, TransmitBatch& batch)>& build) {
+    BatchOutcome out;
+    TransmitBatch batch(engine_, &qp_counters_);
+    batch.pin(engine_.memory());  // payloads are gathered from registered memory
+    for (; out.sent < n; ++out.sent) {
+        batch.set_tag(static_cast<uint32_t>(out.sent));
+        out.failed = build(out.sent, batch);
+        if (out.failed != WcStatus::Success) break;
+    }
+    engine_.flush(batch);
+    // A packet the kernel refuses for good fails its post; those after it were not sent.
+    if (batch.failed_tag() != TransmitBatch::kNoTag && batch.failed_tag() < out.sent) {
+        out.sent = batch.failed_tag();
+        out.failed = WcStatus::LocQpOpErr;
+    }
+    return out;
+}
+
+void QpCommon::ring() {
+    std::lock_guard lock(mutex_);
+    if (state_ != QpState::Rts) return;
+    if (engine_.hold_posts() && held_noted_) return;
+    send_queued();
+}
+
+void QpCommon::send_held() {
+    std::lock_guard lock(mutex_);
+    held_noted_ = false;
+    if (closed_ || state_ != QpState::Rts) return;
+    send_queued();
+}
+
 }  // namespace uroce::transport

@@ -173,13 +173,7 @@ bool RcQp::may_wait(const SendWqe& wqe, bool more) {
     unpumped_packets_ += std::max<uint32_t>(1, (wqe.length + mtu - 1) / mtu);
     if (unpumped_packets_ >= TransmitBatch::kMaxPackets) return false;  // a train: go now
     if (more) return true;
-    if (!engine_.hold_posts()) return false;
-    bump(engine_.counters().tx_held_posts);
-    if (held_noted_) return true;
-    held_noted_ = true;
-    engine_.note_held_post(qpn());
-    // The pollers may have left between the two questions: then nobody would flush.
-    return engine_.hold_posts();
+    return hold_for_poll();
 }
 
 void RcQp::ring() {

@@ -98,7 +98,7 @@ class RcQp final : public QpCommon {
     // application thread (held_posts.h), unless it fills a GSO train.
     int post_send(const SendWqe& wqe, bool more = false);
     // Sends what posts with `more` left queued: after an ibv_post_send stopped early.
-    void ring();
+    void ring() override;
     int post_recv(const RecvWqe& wqe);
 
     // Stops the QP for good: after this returns no packet, timer or async event reaches it
@@ -320,9 +320,8 @@ class RcQp final : public QpCommon {
     bool timer_deferred_ = false;
     void add_timer_event(std::chrono::steady_clock::time_point deadline);
     // Packets of the posts queued since the last pump (may_wait()): a train's worth goes at
-    // once. held_noted_: the engine knows this QP waits for a poll (HeldPosts::note).
+    // once.
     uint32_t unpumped_packets_ = 0;
-    bool held_noted_ = false;
     std::unique_ptr<TimerQueue::Timer> timer_;
     std::chrono::steady_clock::time_point timer_deadline_{};
     // Two deadlines share the timer: the IBA local ACK timeout, whose expiry counts a retry

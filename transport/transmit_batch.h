@@ -100,6 +100,10 @@ class TransmitBatch {
     // registered memory). Does nothing if it is held already.
     void pin(const MemoryTable& memory);
 
+    // While set, packets leave alone, after what the batch holds (a large message of an
+    // unreliable transport: QpCommon::kUnreliableBatchedBytes says why).
+    void set_alone(bool alone) { alone_ = alone; }
+
   private:
     friend class Engine;
 
@@ -152,6 +156,7 @@ class TransmitBatch {
     IpAddress dst_ip_;
     uint32_t tag_ = kNoTag;
     uint32_t failed_tag_ = kNoTag;
+    bool alone_ = false;
     MemoryTable::ReadLock pin_;
     size_t count_ = 0;
     size_t ntrains_ = 0;

@@ -39,6 +39,9 @@ UcQp::UcQp(Engine& engine, uint32_t qpn, uint32_t pd, const QpCaps& caps,
 
 int UcQp::modify(const QpAttributes& attrs, QpState expected, QpState next) {
     std::lock_guard lock(mutex_);
+    // Queued posts leave under the attributes they were posted under, and before SQD (whose
+    // send queue is drained); a local error there moves the QP to ERR first.
+    if (state_ == QpState::Rts && next != QpState::Reset && next != QpState::Err) send_queued();
     const QpState prev = state_;
     if (prev != expected && next != QpState::Reset && next != QpState::Err) return EINVAL;
     attrs_ = attrs;
@@ -46,6 +49,8 @@ int UcQp::modify(const QpAttributes& attrs, QpState expected, QpState next) {
     switch (next) {
         case QpState::Reset:
             rq_.clear();
+            queued_.clear();  // discarded, as the IBA discards a reset QP's work queues
+            unsent_packets_ = 0;
             recv_.reset();
             in_message_ = InMessage::None;
             got_first_packet_ = false;
@@ -63,7 +68,7 @@ int UcQp::modify(const QpAttributes& attrs, QpState expected, QpState next) {
             break;
     }
     state_ = next;
-    // Messages go out as they are posted: in SQD nothing is left to drain.
+    // What was queued left above: in SQD nothing is left to drain.
     if (next == QpState::Sqd && attrs_.sqd_notify) post_async(AsyncEventType::SqDrained);
     return 0;
 }
@@ -78,23 +83,28 @@ bool UcQp::push(CompletionQueue& cq, const Completion& c) {
     return false;
 }
 
-void UcQp::complete_send(const SendWqe& wqe, WcStatus status) {
-    if (status == WcStatus::Success && !wqe.signaled) return;
+Completion UcQp::send_completion(const SendWqe& wqe, WcStatus status) const {
     Completion c;
     c.wr_id = wqe.wr_id;
     c.status = status;
     c.opcode = is_send(wqe.opcode) ? WcOpcode::Send : WcOpcode::RdmaWrite;
     c.qp_num = qpn();
-    push(*send_cq_, c);
+    return c;
 }
 
-WcStatus UcQp::send_message(const SendWqe& wqe) {
+void UcQp::complete_send(const SendWqe& wqe, WcStatus status) {
+    if (status == WcStatus::Success && !wqe.signaled) return;
+    push(*send_cq_, send_completion(wqe, status));
+}
+
+WcStatus UcQp::send_message(const SendWqe& wqe, TransmitBatch& batch) {
     const bool send = is_send(wqe.opcode);
     const bool with_imm =
         wqe.opcode == SendOpcode::SendWithImm || wqe.opcode == SendOpcode::RdmaWriteWithImm;
     const OpcodeSet& ops = send ? kSendOps : kWriteOps;
     const uint32_t mtu = attrs_.mtu;
     const uint32_t npkts = std::max<uint32_t>(1, (wqe.length + mtu - 1) / mtu);
+    batch.set_alone(!batched(wqe));
     for (uint32_t i = 0; i < npkts; ++i) {
         const bool first = i == 0;
         const bool last = i + 1 == npkts;
@@ -117,15 +127,14 @@ WcStatus UcQp::send_message(const SendWqe& wqe) {
         next_psn_ = psn_add(next_psn_, 1);
         if (first && !send) h.reth = {wqe.remote_addr, wqe.rkey, wqe.length};
         if (last && with_imm) h.imm = wqe.imm;
-        auto guard = engine_.memory().lock_shared();
         iovec iov[kMaxSge];
         size_t niov = 0;
         if (!gather_checked(engine_.memory(), wqe, pd_, offset, len, iov, niov))
             return WcStatus::LocProtErr;
         const auto result = engine_.transmit(h, std::span(iov, niov), len, attrs_.dst_ip, sender_,
-                                             0, nullptr, &qp_counters_);
+                                             0, &batch, &qp_counters_);
         if (result == Engine::TransmitResult::Failed) return WcStatus::LocQpOpErr;
-        if (result == Engine::TransmitResult::Sent) {
+        if (result == Engine::TransmitResult::Sent) {  // alone (the batch counts its own)
             bump(qp_counters_.tx_packets);
             bump(qp_counters_.tx_payload_bytes, len);
         }
@@ -133,7 +142,7 @@ WcStatus UcQp::send_message(const SendWqe& wqe) {
     return WcStatus::Success;  // a lost packet is the unreliable service's to have
 }
 
-int UcQp::post_send(const SendWqe& wqe) {
+int UcQp::post_send(const SendWqe& wqe, bool more) {
     std::lock_guard lock(mutex_);
     switch (wqe.opcode) {
         case SendOpcode::Send:
@@ -153,11 +162,43 @@ int UcQp::post_send(const SendWqe& wqe) {
         default:
             return EINVAL;
     }
-    const WcStatus status = send_message(wqe);
-    complete_send(wqe, status);
-    // A send that failed locally stops the QP, as the IBA has it for RC too.
-    if (status != WcStatus::Success && state_ != QpState::Err) enter_error();
+    queued_.push_back(wqe);
+    if (!may_wait(wqe, more)) send_queued();
     return 0;
+}
+
+bool UcQp::may_wait(const SendWqe& wqe, bool more) {
+    if (!batched(wqe)) return false;  // no flow control: see kUnreliableBatchedBytes
+    const uint32_t mtu = std::max<uint32_t>(attrs_.mtu, 1);
+    unsent_packets_ += std::max<uint32_t>(1, (wqe.length + mtu - 1) / mtu);
+    // A batch's worth of packets (or the whole send queue) leaves at once.
+    if (unsent_packets_ >= TransmitBatch::kMaxPackets ||
+        queued_.size() >= std::max<uint32_t>(caps_.max_send_wr, 1))
+        return false;
+    if (more) return true;
+    return hold_for_poll();
+}
+
+void UcQp::send_queued() {
+    unsent_packets_ = 0;
+    if (queued_.empty()) return;
+    const BatchOutcome out = send_batched(queued_.size(), [this](size_t i, TransmitBatch& batch) {
+        return send_message(queued_[i], batch);
+    });
+    for (size_t i = 0; i < out.sent && !queued_.empty(); ++i) complete_front(WcStatus::Success);
+    if (out.failed == WcStatus::Success || queued_.empty()) return;
+    // A send that failed locally stops the QP, as the IBA has it for RC too; the rest is
+    // flushed.
+    complete_front(out.failed);
+    if (state_ != QpState::Err) enter_error();
+}
+
+void UcQp::complete_front(WcStatus status) {
+    const bool report = status != WcStatus::Success || queued_.front().signaled;
+    const Completion c = send_completion(queued_.front(), status);
+    // Forgotten before the push: an overrun moves the QP to ERR, which flushes the queue.
+    queued_.pop_front();
+    if (report) push(*send_cq_, c);
 }
 
 int UcQp::post_recv(const RecvWqe& wqe) {
@@ -350,9 +391,11 @@ void UcQp::on_request(const wire::ParsedPacket& pkt) {
 }
 
 void UcQp::enter_error() {
-    if (state_ == QpState::Err && rq_.empty() && !recv_) return;
+    if (state_ == QpState::Err && rq_.empty() && !recv_ && queued_.empty()) return;
     state_ = QpState::Err;
     in_message_ = InMessage::None;
+    unsent_packets_ = 0;
+    while (!queued_.empty()) complete_front(WcStatus::WrFlushErr);
     auto flush = [this](uint64_t wr_id) {
         Completion c;
         c.wr_id = wr_id;

@@ -1,8 +1,15 @@
 // An unreliable-connected queue pair (IBA 9.7, UC rows): SEND and RDMA WRITE (with or without
 // immediate data) to one peer QP, in PSN order, with no acknowledgements and no retries.
 //
-// Send: every packet of a message goes out when it is posted (in RTS), and the WQE completes
-// once the socket took its last packet. Receive: packets are taken in PSN order; a gap (a
+// Send: the WQE completes once the socket took its message's last packet. A post in RTS of at
+// most 1 KiB (kUnreliableBatchedBytes) waits if more of its post list follows or an
+// application thread busy-polls (held_posts.h), as an RC post does, for the end of the list
+// or the next poll (a batch's worth leaves at once); the queued posts then leave together
+// in order, as GSO trains. A larger post leaves at once (after those queued), packet by
+// packet: UC has no flow control (qp_common.h). Queued posts leave before SQD or a change of
+// attributes, are flushed in ERR and discarded in RESET.
+//
+// Receive: packets are taken in PSN order; a gap (a
 // lost packet) abandons the message in progress: a SEND's receive WQE is kept for the next
 // message (never completed with part of one), a WRITE stops where it was, and nothing
 // resumes until the first packet of a new message. A message the responder cannot take (no
@@ -44,7 +51,9 @@ class UcQp final : public QpCommon {
     int modify(const QpAttributes& attrs, QpState expected, QpState next);
     // Send, SendWithImm, RdmaWrite, RdmaWriteWithImm; EINVAL for the rest or outside
     // RTS/SQD/ERR, ENOMEM when the send queue is full.
-    int post_send(const SendWqe& wqe);
+    // `more`: another work request of the same post list follows, and this one may wait for
+    // it.
+    int post_send(const SendWqe& wqe, bool more = false);
     int post_recv(const RecvWqe& wqe);
 
     void on_packet(const wire::ParsedPacket& pkt, const IpAddress& src_ip) override;
@@ -52,8 +61,18 @@ class UcQp final : public QpCommon {
     void on_ce_marked(const IpAddress& src_ip) override;
 
   private:
-    WcStatus send_message(const SendWqe& wqe);
+    // Whether a post just queued may wait for more (the rest of its list, the next poll).
+    bool may_wait(const SendWqe& wqe, bool more);
+    // Sends every queued post in order and completes them; a local error completes the
+    // failed post with its status and moves the QP to ERR (which flushes those after it).
+    void send_queued() override;
+    // Completes the oldest queued post with `status` and forgets it.
+    void complete_front(WcStatus status);
+    // Gathers `wqe`'s packets into `batch` (pinned); the status of its completion if it
+    // fails here.
+    WcStatus send_message(const SendWqe& wqe, TransmitBatch& batch);
     bool gather(const SendWqe& wqe, uint32_t offset, uint32_t len, iovec* iov, size_t& niov);
+    Completion send_completion(const SendWqe& wqe, WcStatus status) const;
     void complete_send(const SendWqe& wqe, WcStatus status);
     bool push(CompletionQueue& cq, const Completion& c);
     void on_request(const wire::ParsedPacket& pkt);
@@ -64,6 +83,9 @@ class UcQp final : public QpCommon {
     QpAttributes attrs_;
     uint32_t next_psn_ = 0;
     bool got_first_packet_ = false;
+    // requester: posts not sent yet (may_wait), and their packets
+    std::deque<SendWqe> queued_;
+    uint32_t unsent_packets_ = 0;
 
     // responder
     std::deque<RecvWqe> rq_;

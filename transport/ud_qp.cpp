@@ -85,13 +85,17 @@ UdAttributes UdQp::attributes() const {
 
 int UdQp::modify(const UdAttributes& attrs, QpState expected, QpState next) {
     std::lock_guard lock(mutex_);
+    // Queued posts leave under the attributes they were posted under, and before SQD (whose
+    // send queue is drained); a local error there moves the QP to ERR first.
+    if (state_ == QpState::Rts && next != QpState::Reset && next != QpState::Err) send_queued();
     const QpState prev = state_;
     if (prev != expected && next != QpState::Reset && next != QpState::Err) return EINVAL;
     attrs_ = attrs;
     if (next == prev && next != QpState::Sqd) return 0;
     switch (next) {
         case QpState::Reset:
-            rq_.clear();  // discarded, as the IBA discards a reset QP's receive queue
+            rq_.clear();  // discarded, as the IBA discards a reset QP's work queues
+            queued_.clear();
             break;
         case QpState::Rts:
             if (prev == QpState::Rtr) next_psn_ = attrs_.sq_psn & kPsnMask;
@@ -109,10 +113,10 @@ int UdQp::modify(const UdAttributes& attrs, QpState expected, QpState next) {
     return 0;
 }
 
-void UdQp::complete_send(const SendWqe& wqe, WcStatus status) {
-    if (status == WcStatus::Success && !wqe.signaled) return;
+void UdQp::complete_send(uint64_t wr_id, bool signaled, WcStatus status) {
+    if (status == WcStatus::Success && !signaled) return;
     Completion c;
-    c.wr_id = wqe.wr_id;
+    c.wr_id = wr_id;
     c.status = status;
     c.opcode = WcOpcode::Send;
     c.qp_num = qpn();
@@ -126,8 +130,16 @@ void UdQp::complete_send(const SendWqe& wqe, WcStatus status) {
     }
 }
 
-WcStatus UdQp::send_now(const SendWqe& wqe, const UdDestination& dest) {
+void UdQp::complete_front(WcStatus status) {
+    const uint64_t wr_id = queued_.front().wqe.wr_id;
+    const bool signaled = queued_.front().wqe.signaled;
+    queued_.pop_front();
+    complete_send(wr_id, signaled, status);
+}
+
+WcStatus UdQp::build(const SendWqe& wqe, const UdDestination& dest, TransmitBatch& batch) {
     if (wqe.length > attrs_.mtu) return WcStatus::LocLenErr;
+    batch.set_alone(!batched(wqe));
     const bool with_imm = wqe.opcode == SendOpcode::SendWithImm;
     wire::Headers h;
     h.bth.opcode =
@@ -143,7 +155,6 @@ WcStatus UdQp::send_now(const SendWqe& wqe, const UdDestination& dest) {
     if (with_imm) h.imm = wqe.imm;
     iovec iov[kMaxSge];
     size_t niov = 0;
-    auto guard = engine_.memory().lock_shared();
     if (wqe.is_inline) {
         if (wqe.length) iov[niov++] = {const_cast<uint8_t*>(wqe.inline_data.data()), wqe.length};
     } else {
@@ -159,16 +170,41 @@ WcStatus UdQp::send_now(const SendWqe& wqe, const UdDestination& dest) {
     // multicast packet on the host).
     const uint8_t ttl = multicast ? std::max<uint8_t>(dest.hop_limit, 1) : 0;
     const auto result = engine_.transmit(h, std::span(iov, niov), wqe.length, dest.ip, sender_, ttl,
-                                         nullptr, &qp_counters_);
+                                         &batch, &qp_counters_);
     if (result == Engine::TransmitResult::Failed) return WcStatus::LocQpOpErr;
-    if (result == Engine::TransmitResult::Sent) {
+    if (result == Engine::TransmitResult::Sent) {  // alone (the batch counts its own)
         bump(qp_counters_.tx_packets);
         bump(qp_counters_.tx_payload_bytes, wqe.length);
     }
     return WcStatus::Success;  // a loss on the way is the datagram service's to have
 }
 
-int UdQp::post_send(const SendWqe& wqe, const UdDestination& dest) {
+void UdQp::send_queued() {
+    if (queued_.empty()) return;
+    const BatchOutcome out = send_batched(queued_.size(), [this](size_t i, TransmitBatch& batch) {
+        return build(queued_[i].wqe, queued_[i].dest, batch);
+    });
+    for (size_t i = 0; i < out.sent && !queued_.empty(); ++i) complete_front(WcStatus::Success);
+    if (out.failed == WcStatus::Success || queued_.empty()) return;
+    // The IBA puts a QP whose send failed locally into ERR, as for RC; the rest is flushed.
+    complete_front(out.failed);
+    if (state_ != QpState::Err) {
+        state_ = QpState::Err;
+        flush_all();
+    }
+}
+
+bool UdQp::may_wait(const SendWqe& wqe, bool more) {
+    if (!batched(wqe)) return false;  // no flow control: see kUnreliableBatchedBytes
+    // A batch's worth (or the whole send queue) leaves at once.
+    const size_t full =
+        std::min<size_t>(TransmitBatch::kMaxPackets, std::max<uint32_t>(caps_.max_send_wr, 1));
+    if (queued_.size() >= full) return false;
+    if (more) return true;
+    return hold_for_poll();
+}
+
+int UdQp::post_send(const SendWqe& wqe, const UdDestination& dest, bool more) {
     std::lock_guard lock(mutex_);
     if (wqe.opcode != SendOpcode::Send && wqe.opcode != SendOpcode::SendWithImm) return EINVAL;
     switch (state_) {
@@ -181,21 +217,12 @@ int UdQp::post_send(const SendWqe& wqe, const UdDestination& dest) {
     }
     if (wqe.length > attrs_.mtu) return EINVAL;
     if (state_ == QpState::Err) {
-        complete_send(wqe, WcStatus::WrFlushErr);
+        complete_send(wqe.wr_id, wqe.signaled, WcStatus::WrFlushErr);
         return 0;
     }
     if (state_ == QpState::Sqd) return EINVAL;  // SQD takes no new work (it has none queued)
-    const WcStatus status = send_now(wqe, dest);
-    if (status != WcStatus::Success) {
-        // The IBA puts a QP whose send failed locally into ERR, as for RC.
-        complete_send(wqe, status);
-        if (state_ != QpState::Err) {
-            state_ = QpState::Err;
-            flush_all();
-        }
-        return 0;
-    }
-    complete_send(wqe, WcStatus::Success);
+    queued_.push_back(QueuedSend{wqe, dest});
+    if (!may_wait(wqe, more)) send_queued();
     return 0;
 }
 
@@ -294,6 +321,7 @@ void UdQp::receive(const wire::ParsedPacket& pkt, const IpAddress& src_ip,
 }
 
 void UdQp::flush_all() {
+    while (!queued_.empty()) complete_front(WcStatus::WrFlushErr);
     while (!rq_.empty()) {
         Completion c;
         c.wr_id = rq_.front().wr_id;

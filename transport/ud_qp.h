@@ -2,12 +2,19 @@
 // immediate data) to any QP named per work request, no acknowledgements, no retries.
 //
 // Send: each WQE becomes one UD SEND Only packet with a DETH (the Q_Key, and this QP's number
-// as the source) as soon as it is posted in RTS, and completes once handed to the socket; a
-// packet lost on the way is lost. Receive: a packet whose Q_Key matches takes the next
-// receive WQE (the QP's own or its SRQ's), which gets the 40-byte GRH area first (for RoCEv2
-// over IPv4: 20 zero bytes, then the packet's IPv4 header, as rxe writes it) and the payload
-// after it; with no WQE posted the packet is dropped (rx_ud_no_wqe), with a wrong Q_Key too
-// (rx_bad_qkey). No packet a peer sends can move the QP out of its state.
+// as the source), and completes once handed to the socket; a packet lost on the way is lost.
+// A post in RTS of at most 1 KiB (kUnreliableBatchedBytes) waits if more of the same post
+// list follows or an application thread busy-polls (held_posts.h), as an RC post does, for
+// the end of the list or the next poll; the queued packets then leave together, as GSO
+// trains per destination (transmit_batch.h), in post order. A larger one leaves at once
+// (after those queued), alone: UD has no flow control (qp_common.h). Queued sends leave before the
+// QP moves to SQD or changes its attributes, are flushed in ERR and discarded in RESET.
+//
+// Receive: a packet whose Q_Key matches takes the next receive WQE (the QP's own or its SRQ's),
+// which gets the 40-byte GRH area first (for RoCEv2 over IPv4: 20 zero bytes, then the packet's
+// IPv4 header, as rxe writes it) and the payload after it; with no WQE posted the packet is dropped
+// (rx_ud_no_wqe), with a wrong Q_Key too (rx_bad_qkey). No packet a peer sends can move the QP out
+// of its state.
 //
 // Multicast: a destination that is an IPv4 multicast group gets the packet with BTH
 // destination QP 0xFFFFFF and the destination's hop limit as TTL; the engine hands a
@@ -27,6 +34,7 @@
 #include "transport/qp_counters.h"
 #include "transport/qp_state.h"
 #include "transport/shared_receive_queue.h"
+#include "transport/transmit_batch.h"
 #include "transport/udp_socket.h"
 #include "transport/work_request.h"
 
@@ -68,9 +76,10 @@ class UdQp final : public QpCommon {
     // Applies `attrs` and moves to `next` (the provider checked the transition from
     // `expected`); EINVAL if the QP left `expected` meanwhile.
     int modify(const UdAttributes& attrs, QpState expected, QpState next);
-    // 0 or an errno: EINVAL outside RTS/SQD/ERR or for a message longer than the MTU,
-    // ENOMEM when the send queue is full. Only Send and SendWithImm.
-    int post_send(const SendWqe& wqe, const UdDestination& dest);
+    // 0 or an errno: EINVAL outside RTS/SQD/ERR or for a message longer than the MTU. Only
+    // Send and SendWithImm. `more`: another work request of the same post list follows, and
+    // this one may wait for it.
+    int post_send(const SendWqe& wqe, const UdDestination& dest, bool more = false);
     // EINVAL in RESET or with an SRQ, ENOMEM when full.
     int post_recv(const RecvWqe& wqe);
 
@@ -82,14 +91,27 @@ class UdQp final : public QpCommon {
   private:
     // Takes a packet sent to dst_ip (this device, or a group) into the next receive WQE.
     void receive(const wire::ParsedPacket& pkt, const IpAddress& src_ip, const IpAddress& dst_ip);
-    // Sends `wqe` now; the status its completion carries.
-    WcStatus send_now(const SendWqe& wqe, const UdDestination& dest);
-    void complete_send(const SendWqe& wqe, WcStatus status);
+    struct QueuedSend {
+        SendWqe wqe;
+        UdDestination dest;
+    };
+    // Whether a post just queued may wait for more (the rest of its list, the next poll).
+    bool may_wait(const SendWqe& wqe, bool more);
+    // Sends every queued post in order, completes them, and on a local error completes the
+    // failed one with its status and moves the QP to ERR (which flushes those after it).
+    void send_queued() override;
+    // Builds `wqe`'s packet into `batch` (or sends it alone); the status its completion
+    // carries if it fails here. The batch is pinned.
+    WcStatus build(const SendWqe& wqe, const UdDestination& dest, TransmitBatch& batch);
+    // Completes the oldest queued post with `status` and forgets it.
+    void complete_front(WcStatus status);
+    void complete_send(uint64_t wr_id, bool signaled, WcStatus status);
     void flush_all();
 
     UdAttributes attrs_;
     uint32_t next_psn_ = 0;
     std::deque<RecvWqe> rq_;
+    std::deque<QueuedSend> queued_;
 };
 
 }  // namespace uroce::transport

@@ -1,8 +1,11 @@
 // UC QPs through the real libibverbs: SEND and WRITE with immediate data between two
 // devices, the UC state-change rules, and the verbs UC does not have.
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
+#include <utility>
 
 #include "tests/integration/verbs_fixture.h"
 
@@ -53,16 +56,22 @@ void uc_to_rts(ibv_qp* qp, uint32_t remote_qpn, const ibv_gid& remote_gid) {
     REQUIRE(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_SQ_PSN) == 0);
 }
 
-}  // namespace
-
-TEST_CASE("UC: SEND and RDMA WRITE with immediate between two devices", "[uc]") {
-    Endpoint a(devices().a), b(devices().b);
+// Two UC QPs in RTS, connected to each other.
+std::pair<ibv_qp*, ibv_qp*> connected_uc(Endpoint& a, Endpoint& b) {
     ibv_qp* qa = make_uc_qp(a);
     ibv_qp* qb = make_uc_qp(b);
     REQUIRE(qa);
     REQUIRE(qb);
     uc_to_rts(qa, qb->qp_num, b.gid);
     uc_to_rts(qb, qa->qp_num, a.gid);
+    return {qa, qb};
+}
+
+}  // namespace
+
+TEST_CASE("UC: SEND and RDMA WRITE with immediate between two devices", "[uc]") {
+    Endpoint a(devices().a), b(devices().b);
+    auto [qa, qb] = connected_uc(a, b);
     Buffer src(a.pd, 65536, kAll), dst(b.pd, 65536, kAll);
     fill_pattern(src.bytes.data(), 65536, 9);
     REQUIRE(post_recv_buf(qb, dst, 0, 16384, 1) == 0);
@@ -90,6 +99,67 @@ TEST_CASE("UC: SEND and RDMA WRITE with immediate between two devices", "[uc]") 
     REQUIRE(ibv_query_qp(qa, &qattr, IBV_QP_STATE, &qinit) == 0);
     CHECK(qinit.qp_type == IBV_QPT_UC);
     CHECK(qattr.qp_state == IBV_QPS_RTS);
+    CHECK(ibv_destroy_qp(qa) == 0);
+    CHECK(ibv_destroy_qp(qb) == 0);
+}
+
+TEST_CASE("UC: a post list leaves together, in order; a refused WR stops it there", "[uc]") {
+    Endpoint a(devices().a), b(devices().b);
+    auto [qa, qb] = connected_uc(a, b);
+    constexpr int kList = 12;
+    constexpr uint32_t kLen = 100;
+    Buffer src(a.pd, 2 * kList * kLen, kAll), dst(b.pd, 2 * kList * kLen, kAll);
+    fill_pattern(src.bytes.data(), 2 * kList * kLen, 17);
+    ibv_sge sges[kList];
+    ibv_send_wr wrs[kList];
+    auto make_list = [&](int first) {
+        for (int i = 0; i < kList; ++i) {
+            const uint64_t off = (first + i) * kLen;
+            sges[i] = {src.addr() + off, kLen, src.mr->lkey};
+            wrs[i] = ibv_send_wr{};
+            wrs[i].wr_id = first + i;
+            wrs[i].opcode = IBV_WR_RDMA_WRITE;
+            wrs[i].sg_list = &sges[i];
+            wrs[i].num_sge = 1;
+            wrs[i].send_flags = IBV_SEND_SIGNALED;
+            wrs[i].wr.rdma.remote_addr = dst.addr() + off;
+            wrs[i].wr.rdma.rkey = dst.mr->rkey;
+            wrs[i].next = i + 1 < kList ? &wrs[i + 1] : nullptr;
+        }
+    };
+    // What the first n WRs of list `first` wrote arrived, and they completed in order.
+    auto check_written = [&](int first, int n) {
+        const auto done = wait_completions(a.cq, n);
+        REQUIRE(done.size() == static_cast<size_t>(n));
+        for (int i = 0; i < n; ++i) {
+            CHECK(done[i].status == IBV_WC_SUCCESS);
+            CHECK(done[i].wr_id == static_cast<uint64_t>(first + i));
+        }
+        const size_t at = first * kLen, len = n * kLen;
+        bool arrived = false;
+        for (int i = 0; i < 4000 && !arrived; ++i) {
+            arrived = std::memcmp(dst.bytes.data() + at, src.bytes.data() + at, len) == 0;
+            if (!arrived) wait_completions(b.cq, 1, std::chrono::milliseconds(5));
+        }
+        CHECK(arrived);
+    };
+    const uint64_t trains = counter(a.ctx, "tx_gso_sends");
+    make_list(0);
+    ibv_send_wr* bad = nullptr;
+    REQUIRE(ibv_post_send(qa, wrs, &bad) == 0);
+    check_written(0, kList);
+    CHECK(counter(a.ctx, "tx_gso_sends") - trains == 1);
+
+    // WR 5 of the next list is a READ (UC has none): the five before it are written.
+    make_list(kList);
+    wrs[5].opcode = IBV_WR_RDMA_READ;
+    REQUIRE(ibv_post_send(qa, wrs, &bad) == EINVAL);
+    CHECK(bad == &wrs[5]);
+    check_written(kList, 5);
+    ibv_wc wc{};
+    CHECK(ibv_poll_cq(a.cq, 1, &wc) == 0);
+    const uint8_t* after = dst.bytes.data() + (kList + 5) * kLen;
+    CHECK(std::all_of(after, after + 7 * kLen, [](uint8_t v) { return v == 0; }));
     CHECK(ibv_destroy_qp(qa) == 0);
     CHECK(ibv_destroy_qp(qb) == 0);
 }

@@ -157,6 +157,70 @@ TEST_CASE("UD: a datagram, its GRH, and a reply through an AH made from the comp
     CHECK(qi.qp_type == IBV_QPT_UD);
 }
 
+TEST_CASE("UD: a post list leaves as one train, in order; a refused WR stops it there", "[ud]") {
+    UdEnd a(devices().a), b(devices().b);
+    constexpr uint32_t kLen = 200;
+    constexpr uint32_t kSlot = kGrh + kLen;
+    constexpr int kList = 24;
+    Buffer in_b(b.pd, kSlot * 64, kAccess), out_a(a.pd, kLen * 64, kAccess);
+    for (int i = 0; i < 2 * kList; ++i)
+        REQUIRE(post_recv_buf(b.qp, in_b, i * kSlot, kSlot, 100 + i) == 0);
+    fill_pattern(out_a.bytes.data(), kLen * 64, 41);
+    ibv_ah* ah = a.ah_to(b.gid);
+    REQUIRE(ah);
+    ibv_sge sges[kList];
+    ibv_send_wr wrs[kList];
+    auto make_list = [&](int first) {
+        for (int i = 0; i < kList; ++i) {
+            sges[i] = {out_a.addr() + (first + i) * kLen, kLen, out_a.mr->lkey};
+            wrs[i] = ibv_send_wr{};
+            wrs[i].wr_id = first + i;
+            wrs[i].opcode = IBV_WR_SEND;
+            wrs[i].sg_list = &sges[i];
+            wrs[i].num_sge = 1;
+            wrs[i].send_flags = IBV_SEND_SIGNALED;
+            wrs[i].wr.ud.ah = ah;
+            wrs[i].wr.ud.remote_qpn = b.qp->qp_num;
+            wrs[i].wr.ud.remote_qkey = kQkey;
+            wrs[i].next = i + 1 < kList ? &wrs[i + 1] : nullptr;
+        }
+    };
+    // What arrived at receive i holds message i.
+    auto check_arrived = [&](int first, int n) {
+        const auto sends = wait_completions(a.cq, n);
+        REQUIRE(sends.size() == static_cast<size_t>(n));
+        const auto recvs = wait_completions(b.cq, n);
+        REQUIRE(recvs.size() == static_cast<size_t>(n));
+        for (int i = 0; i < n; ++i) {
+            INFO("message " << first + i);
+            CHECK(sends[i].status == IBV_WC_SUCCESS);
+            CHECK(sends[i].wr_id == static_cast<uint64_t>(first + i));
+            CHECK(recvs[i].status == IBV_WC_SUCCESS);
+            CHECK(recvs[i].wr_id == static_cast<uint64_t>(100 + first + i));
+            CHECK(recvs[i].byte_len == kSlot);
+            CHECK(std::memcmp(in_b.bytes.data() + (first + i) * kSlot + kGrh,
+                              out_a.bytes.data() + (first + i) * kLen, kLen) == 0);
+        }
+    };
+    const uint64_t trains = counter(a.ctx, "tx_gso_sends");
+    make_list(0);
+    ibv_send_wr* bad = nullptr;
+    REQUIRE(ibv_post_send(a.qp, wrs, &bad) == 0);
+    check_arrived(0, kList);
+    CHECK(counter(a.ctx, "tx_gso_sends") - trains == 1);
+
+    // WR 10 of the next list has no AH: the ten before it are sent, nothing from it on.
+    make_list(kList);
+    wrs[10].wr.ud.ah = nullptr;
+    REQUIRE(ibv_post_send(a.qp, wrs, &bad) == EINVAL);
+    CHECK(bad == &wrs[10]);
+    check_arrived(kList, 10);
+    ibv_wc wc{};
+    CHECK(ibv_poll_cq(a.cq, 1, &wc) == 0);
+    CHECK(ibv_poll_cq(b.cq, 1, &wc) == 0);
+    CHECK(ibv_destroy_ah(ah) == 0);
+}
+
 TEST_CASE("UD: a datagram with a wrong Q_Key is dropped and counted", "[ud]") {
     UdEnd a(devices().a), b(devices().b);
     Buffer in_b(b.pd, 4096, kAccess), out_a(a.pd, 4096, kAccess);
