@@ -64,7 +64,7 @@ namespace uroce::transport {
     X(socket_handbacks)  /* times the engine thread took it back: the polls had stopped */       \
     X(watch_wakeups)     /* engine-thread wake-ups to check that the polls go on */              \
     X(rx_spin_packets)   /* packets the engine thread read spinning after a batch, not woken */  \
-    X(tx_held_posts)     /* RC and UD posts that waited for the next CQ poll (held_posts.h) */   \
+    X(tx_held_posts)     /* posts that waited for the next CQ poll (held_posts.h) */             \
     X(deferred_timers)   /* RC timers a poller armed, kept off the loop until the hand-back */   \
     X(tx_held_acks)      /* RC ACKs that waited for their application's answer */                \
     X(held_ack_timeouts) /* ACKs held for an answer that went out after ack_hold_micros  */      \

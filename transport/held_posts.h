@@ -6,10 +6,10 @@
 // posted WQE on its own sends one datagram per message: perftest's message-rate test posts
 // up to 128 WQEs per QP between two polls of its CQ, each a 64-byte SEND. When an
 // application thread busy-polls this context's CQs (the socket is handed to the pollers,
-// poll_handoff.h), an RC or UD post that does not fill a train (TransmitBatch::kMaxPackets) is
-// only queued: the QP is noted here and the next poll of any CQ of the context, a
-// moment later, sends what every noted QP holds, as one GSO train per QP. The receiver then
-// reads one GRO buffer and sends one ACK per train instead of per message.
+// poll_handoff.h), an RC, UC or UD post that does not fill a train (TransmitBatch::kMaxPackets;
+// UC and UD: of at most 1 KiB, qp_common.h) is only queued: the QP is noted here and the next poll
+// of any CQ of the context, a moment later, sends what every noted QP holds, as one GSO train per
+// QP. The receiver then reads one GRO buffer and sends one ACK per train instead of per message.
 //
 // The wait is bounded. A poller that stops polling (it turned to a completion channel,
 // or to spinning on memory) leaves the socket to the engine thread within a watch

@@ -50,9 +50,8 @@ class UcQp final : public QpCommon {
     // The RC attribute set; UC uses access (remote write only), the peer, MTU and PSNs.
     int modify(const QpAttributes& attrs, QpState expected, QpState next);
     // Send, SendWithImm, RdmaWrite, RdmaWriteWithImm; EINVAL for the rest or outside
-    // RTS/SQD/ERR, ENOMEM when the send queue is full.
-    // `more`: another work request of the same post list follows, and this one may wait for
-    // it.
+    // RTS/SQD/ERR. `more`: another work request of the same post list follows, and this one
+    // may wait for it.
     int post_send(const SendWqe& wqe, bool more = false);
     int post_recv(const RecvWqe& wqe);
 

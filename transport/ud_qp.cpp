@@ -101,8 +101,7 @@ int UdQp::modify(const UdAttributes& attrs, QpState expected, QpState next) {
             if (prev == QpState::Rtr) next_psn_ = attrs_.sq_psn & kPsnMask;
             break;
         case QpState::Err:
-            state_ = QpState::Err;
-            flush_all();
+            enter_error();
             return 0;
         default:
             break;
@@ -124,8 +123,7 @@ void UdQp::complete_send(uint64_t wr_id, bool signaled, WcStatus status) {
         bump(engine_.counters().cq_overruns);
         if (state_ != QpState::Err) {
             post_async(AsyncEventType::QpFatal);
-            state_ = QpState::Err;
-            flush_all();
+            enter_error();
         }
     }
 }
@@ -188,10 +186,7 @@ void UdQp::send_queued() {
     if (out.failed == WcStatus::Success || queued_.empty()) return;
     // The IBA puts a QP whose send failed locally into ERR, as for RC; the rest is flushed.
     complete_front(out.failed);
-    if (state_ != QpState::Err) {
-        state_ = QpState::Err;
-        flush_all();
-    }
+    if (state_ != QpState::Err) enter_error();
 }
 
 bool UdQp::may_wait(const SendWqe& wqe, bool more) {
@@ -308,19 +303,18 @@ void UdQp::receive(const wire::ParsedPacket& pkt, const IpAddress& src_ip,
     if (!recv_cq_->push(c)) {
         bump(engine_.counters().cq_overruns);
         post_async(AsyncEventType::QpFatal);
-        state_ = QpState::Err;
-        flush_all();
+        enter_error();
         return;
     }
     if (c.status == WcStatus::LocProtErr) {
         // Our own receive buffer is bad: the QP cannot go on (as for RC).
         post_async(AsyncEventType::QpFatal);
-        state_ = QpState::Err;
-        flush_all();
+        enter_error();
     }
 }
 
-void UdQp::flush_all() {
+void UdQp::enter_error() {
+    state_ = QpState::Err;
     while (!queued_.empty()) complete_front(WcStatus::WrFlushErr);
     while (!rq_.empty()) {
         Completion c;

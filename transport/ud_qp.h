@@ -106,7 +106,8 @@ class UdQp final : public QpCommon {
     // Completes the oldest queued post with `status` and forgets it.
     void complete_front(WcStatus status);
     void complete_send(uint64_t wr_id, bool signaled, WcStatus status);
-    void flush_all();
+    // Moves to ERR and flushes every queued send and receive WQE.
+    void enter_error();
 
     UdAttributes attrs_;
     uint32_t next_psn_ = 0;
