@@ -18,7 +18,7 @@ inline constexpr uint32_t kVendorId = 0xffffff;
 inline constexpr uint32_t kVendorPartId = 0x5552;
 // Objects of each kind one context (one device: a device has one context at a time) may
 // hold at once; creating one more fails with EINVAL, as rxe's object pools do.
-// QPs: the numbers of QpnSpace::kMaxSlots device slots (transport/qpn_space.h).
+// QPs: sixteen device slots' worth of numbers, QpnSpace::kMaxNumbers (transport/qpn_space.h).
 inline constexpr int kMaxQp = static_cast<int>(transport::QpnSpace::kMaxNumbers);
 inline constexpr int kMaxQpWr = 16384;
 inline constexpr int kMaxSge = static_cast<int>(transport::kMaxSge);

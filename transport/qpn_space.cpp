@@ -75,10 +75,10 @@ uint32_t QpnSpace::draw_unslotted(const std::function<bool(uint32_t)>& taken) {
 
 uint32_t QpnSpace::allocate(Kind kind, const std::function<bool(uint32_t)>& taken) {
     const size_t k = kind_index(kind);
+    if (used_[k] >= kMaxNumbers) throw std::bad_alloc();
     if (!slotted_) {
-        if (unslotted_used_[k] >= kMaxNumbers) throw std::bad_alloc();
         const uint32_t n = draw_unslotted(taken);
-        ++unslotted_used_[k];
+        ++used_[k];
         return n;
     }
     unsigned i = 0;
@@ -90,17 +90,21 @@ uint32_t QpnSpace::allocate(Kind kind, const std::function<bool(uint32_t)>& take
     uint32_t low = static_cast<uint32_t>(random_u64() % kPerSlot);
     while (taken(base | low) || (base | low) == kMulticastQpn) low = (low + 1) % kPerSlot;
     ++h.used[k];
+    ++used_[k];
     return base | low;
 }
 
 void QpnSpace::release(Kind kind, uint32_t number) {
     const size_t k = kind_index(kind);
     if (!slotted_) {
-        if (unslotted_used_[k] > 0) --unslotted_used_[k];
+        if (used_[k] > 0) --used_[k];
         return;
     }
     const int i = index_of(static_cast<uint16_t>(DeviceSlots::slot_of(number)));
-    if (i >= 0 && slots_[i].used[k] > 0) --slots_[i].used[k];
+    if (i >= 0 && slots_[i].used[k] > 0) {
+        --slots_[i].used[k];
+        --used_[k];
+    }
 }
 
 }  // namespace uroce::transport

@@ -2,8 +2,11 @@
 //
 // A context's numbers come from its device slots (device_slots.h): QPN = slot << 12 | index,
 // 4096 numbers per slot. The context claims one slot when it opens; when every number of its
-// slots is taken it claims one more, up to kMaxSlots, so one context can hold kMaxSlots × 4096
-// QPs (more than 4096 is what MPI and UCX at scale, and the 10,000-QP benchmark, ask for).
+// slots is taken it claims one more, so one context can hold kMaxNumbers (16 × 4096) QPs
+// (more than 4096 is what MPI and UCX at scale, and the 10,000-QP benchmark, ask for). Slot
+// 4095 has one number less (its last is the multicast QPN): a context that drew it among its
+// sixteen claims a seventeenth for the last number, so the device's max_qp holds whichever
+// slots the context got.
 // Each further slot is routed to the context's socket (QpnSteering::route) before any number
 // of it is handed out, and gets its own QP counter table, so `uroce stats` finds every QP's
 // counters by its QPN alone. Slots are held until the context ends: a slot given back while
@@ -32,10 +35,12 @@ namespace uroce::transport {
 
 class QpnSpace {
   public:
-    static constexpr unsigned kMaxSlots = 16;
     static constexpr uint32_t kPerSlot = 1u << DeviceSlots::kQpnBits;
-    // The most QPs (or XRC SRQs) one context may hold.
-    static constexpr uint32_t kMaxNumbers = kMaxSlots * kPerSlot;
+    // The most QPs (or XRC SRQs) one context may hold: sixteen slots' worth.
+    static constexpr uint32_t kMaxNumbers = 16 * kPerSlot;
+    // The most slots a context holds: one more than kMaxNumbers takes when one of them is the
+    // short slot 4095.
+    static constexpr unsigned kMaxSlots = kMaxNumbers / kPerSlot + 1;
 
     enum class Kind { Qp, XrcSrq };  // two separate number spaces over the same slots
 
@@ -58,7 +63,8 @@ class QpnSpace {
 
     // A free number of `kind`, none for which `taken` is true (and never 0, 1 or the
     // multicast QPN 0xFFFFFF). Claims and routes a further slot when the held ones are full.
-    // Throws std::bad_alloc when no number can be had.
+    // Throws std::bad_alloc when no number can be had: kMaxNumbers of `kind` are out, or no
+    // further slot can be claimed or routed.
     uint32_t allocate(Kind kind, const std::function<bool(uint32_t)>& taken);
     // `number` of `kind` (handed out by allocate()) is free again.
     void release(Kind kind, uint32_t number);
@@ -90,7 +96,7 @@ class QpnSpace {
     std::array<Held, kMaxSlots> slots_;
     // Entries [0, slot_count_) are complete: counters() reads them without the callers' lock.
     std::atomic<unsigned> slot_count_{0};
-    uint32_t unslotted_used_[2] = {0, 0};
+    uint32_t used_[2] = {0, 0};  // numbers handed out, per Kind, over every slot
 };
 
 }  // namespace uroce::transport

@@ -1,6 +1,7 @@
 // A context's QP number space: 4096 numbers per device slot, one more slot claimed (and
-// routed before use) whenever the held ones are full, up to QpnSpace::kMaxSlots; numbers
-// unique, never 0, 1 or the multicast QPN; each slot's QPs counting in that slot's table.
+// routed before use) whenever the held ones are full, until QpnSpace::kMaxNumbers are out
+// whichever slots the context drew; numbers unique, never 0, 1 or the multicast QPN; each
+// slot's QPs counting in that slot's table.
 #include <unistd.h>
 
 #include <algorithm>
@@ -37,11 +38,20 @@ struct Space {
     std::unordered_set<uint32_t> taken;
     std::unique_ptr<QpnSpace> space;
 
-    Space() {
+    // `primary`: the slot to open with (0: whichever the table hands out).
+    explicit Space(uint16_t primary_number = 0) {
         std::string error;
         int err = 0;
         auto primary = DeviceSlots::claim(path, error, err, 0ms);
         REQUIRE(primary);
+        // A slot given back goes behind every slot never used, so each claim draws a new one
+        // (at random): within 4095 claims the wanted one comes.
+        for (unsigned i = 0; primary_number != 0 && primary->number() != primary_number; ++i) {
+            REQUIRE(i < DeviceSlots::kSlots);
+            primary.reset();
+            primary = DeviceSlots::claim(path, error, err, 0ms);
+            REQUIRE(primary);
+        }
         QpnSpace::Hooks h;
         h.claim_slot = [this](std::string& e, int& r) {
             return DeviceSlots::claim(path, e, r, 0ms);
@@ -125,7 +135,7 @@ TEST_CASE("QpnSpace: XRC SRQ numbers are counted apart from QP numbers", "[qpn_s
 }
 
 TEST_CASE(
-    "QpnSpace: at kMaxSlots slots, or when a slot cannot be routed, allocation fails and "
+    "QpnSpace: at kMaxNumbers, or when a slot cannot be routed, allocation fails and "
     "holds nothing more",
     "[qpn_space]") {
     SECTION("route refused") {
@@ -139,25 +149,52 @@ TEST_CASE(
         const uint32_t qpn = s.allocate();
         CHECK(DeviceSlots::slot_of(qpn) != s.space->primary_number());
     }
-    SECTION("every slot full") {
+    SECTION("every number out") {
         Space s;
         std::set<uint32_t> slots;
         // Each new slot is claimed when the last one is full: the sum of the capacities of
         // the slots claimed so far says when the next allocation must claim one more.
         uint32_t room = capacity(s.space->primary_number());
         slots.insert(s.space->primary_number());
-        while (s.taken.size() < room || slots.size() < QpnSpace::kMaxSlots) {
+        while (s.taken.size() < QpnSpace::kMaxNumbers) {
             const uint32_t slot = DeviceSlots::slot_of(s.allocate());
             if (slots.insert(slot).second) room += capacity(slot);
             REQUIRE(s.taken.size() <= room);  // never more numbers than the slots held have
         }
-        CHECK(slots.size() == QpnSpace::kMaxSlots);
-        CHECK(s.taken.size() == room);
-        CHECK(room >= QpnSpace::kMaxNumbers - 1);
+        // Sixteen slots, or seventeen if the short one is among them (1 run in 256).
+        CHECK(slots.size() == (slots.contains(DeviceSlots::slot_of(kMulticastQpn)) ? 17u : 16u));
+        CHECK(s.space->slots_held() == slots.size());
         CHECK(!s.taken.contains(0));
         CHECK(!s.taken.contains(1));
         CHECK(!s.taken.contains(kMulticastQpn));
         CHECK_THROWS_AS(s.allocate(), std::bad_alloc);
-        CHECK(s.space->slots_held() == QpnSpace::kMaxSlots);
+        CHECK(s.space->slots_held() == slots.size());
     }
+}
+
+TEST_CASE(
+    "QpnSpace: a context that drew slot 4095 (one number short) still gets kMaxNumbers QPs, "
+    "through a seventeenth slot",
+    "[qpn_space]") {
+    const uint16_t last = static_cast<uint16_t>(DeviceSlots::slot_of(kMulticastQpn));
+    Space s(last);
+    REQUIRE(s.space->primary_number() == last);
+    for (uint32_t i = 0; i < QpnSpace::kMaxNumbers; ++i) s.allocate();
+    CHECK(s.taken.size() == QpnSpace::kMaxNumbers);
+    CHECK(!s.taken.contains(kMulticastQpn));
+    CHECK(s.space->slots_held() == 17);
+    CHECK(s.routed.size() == 16);
+    // The seventeenth slot holds exactly the one number the short slot lacked.
+    const uint16_t seventeenth = s.routed.back();
+    CHECK(std::count_if(s.taken.begin(), s.taken.end(),
+                        [&](uint32_t q) { return DeviceSlots::slot_of(q) == seventeenth; }) == 1);
+    CHECK_THROWS_AS(s.allocate(), std::bad_alloc);
+    CHECK(s.space->slots_held() == 17);
+
+    // A number given back may be handed out again; the one after it may not.
+    const uint32_t back = *s.taken.begin();
+    s.space->release(QpnSpace::Kind::Qp, back);
+    s.taken.erase(back);
+    s.allocate();
+    CHECK_THROWS_AS(s.allocate(), std::bad_alloc);
 }
