@@ -16,8 +16,8 @@ namespace uroce::provider {
 // special-case), and a part id of our own ("UR"), so that tools see a non-zero pair.
 inline constexpr uint32_t kVendorId = 0xffffff;
 inline constexpr uint32_t kVendorPartId = 0x5552;
-// Objects of each kind one context (one device: a device has one context at a time) may
-// hold at once; creating one more fails with EINVAL, as rxe's object pools do.
+// Objects of each kind one context may hold at once; creating one more fails with EINVAL,
+// as rxe's object pools do.
 // QPs: sixteen device slots' worth of numbers, QpnSpace::kMaxNumbers (transport/qpn_space.h).
 inline constexpr int kMaxQp = static_cast<int>(transport::QpnSpace::kMaxNumbers);
 inline constexpr int kMaxQpWr = 16384;
