@@ -27,6 +27,14 @@ class ProviderCmHost final : public transport::cm::CmHost {
         devices_[name] = NotedDevice{path, cfg};
     }
 
+    std::vector<transport::EngineConfig::HostDevice> engine_peers() const {
+        std::lock_guard lock(mutex_);
+        std::vector<transport::EngineConfig::HostDevice> out;
+        for (const auto& [name, d] : devices_)
+            out.push_back({d.config.ip, d.config.udp_port, d.ibdev_path + "/uroce/slots"});
+        return out;
+    }
+
     std::vector<transport::cm::CmDeviceInfo> devices() const override {
         std::lock_guard lock(mutex_);
         std::vector<transport::cm::CmDeviceInfo> out;
@@ -119,6 +127,14 @@ void cm_host_note_device(const char* name, const char* ibdev_path,
         if (host()) host()->note(name, ibdev_path, config);
     } catch (...) {
     }
+}
+
+std::vector<transport::EngineConfig::HostDevice> host_devices() noexcept {
+    try {
+        if (host()) return host()->engine_peers();
+    } catch (...) {
+    }
+    return {};
 }
 
 transport::cm::CmHost& cm_host() {

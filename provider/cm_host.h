@@ -4,6 +4,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "provider/objects.h"
 #include "transport/cm/rdma_cm.h"
@@ -14,6 +15,10 @@ namespace uroce::provider {
 // address. Never fails (a device that cannot be noted is one the CM does not know).
 void cm_host_note_device(const char* name, const char* ibdev_path,
                          const DeviceConfig& config) noexcept;
+
+// Every uroce device libibverbs listed, as an engine's peers (EngineConfig::host_devices).
+// Empty if that cannot be had.
+std::vector<transport::EngineConfig::HostDevice> host_devices() noexcept;
 
 // The process's CM host (never destroyed: engines it made run until the process exits).
 transport::cm::CmHost& cm_host();

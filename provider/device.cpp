@@ -150,6 +150,7 @@ verbs_context* alloc_context(ibv_device* ibdev, int cmd_fd, void*) {
         // Every context of the device, in any process, shares this table (device_slots.h).
         ec.slot_table = std::string(ibdev->ibdev_path) + "/uroce/slots";
         ec.counters_file = std::string(ibdev->ibdev_path) + "/uroce/counters";
+        ec.host_devices = host_devices();
         if (const char* spec = std::getenv("UROCE_FAULTS"); spec && *spec) {
             std::string why;
             auto faults = transport::parse_fault_plan(spec, why);

@@ -27,6 +27,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 namespace uroce::transport {
@@ -46,6 +47,9 @@ class DeviceSlots {
     static std::unique_ptr<DeviceSlot> claim(
         const std::string& path, std::string& error, int& err,
         std::chrono::milliseconds quarantine = kDefaultQuarantine);
+    // Shared value `index` (DeviceSlot::update_shared_value) of the table at `path`, without
+    // holding a slot there; nullopt if the table cannot be read. A moment's answer.
+    static std::optional<uint32_t> read_shared_value(const std::string& path, unsigned index);
 };
 
 // A claimed slot: held until destroyed.
@@ -61,10 +65,10 @@ class DeviceSlot {
     // answer: another may claim one right after.
     bool alone() const;
 
-    // Device-wide numbers kept beside the table (QPN steering keeps the ids of its BPF maps
-    // there), kSharedValues of them: `update` gets value `index` (0 if none yet) with the
-    // table locked, and what it returns is stored. Returns 0 or an errno (EINVAL for an index
-    // out of range).
+    // Device-wide numbers kept beside the table (0-2: QPN steering's BPF map ids; 3: the
+    // contexts reading without GRO, Engine::kSplitReadersValue), kSharedValues of them: `update`
+    // gets value `index` (0 if none yet) with the table locked, and what it returns is stored.
+    // Returns 0 or an errno (EINVAL for an index out of range).
     static constexpr unsigned kSharedValues = 8;
     int update_shared_value(unsigned index, const std::function<uint32_t(uint32_t)>& update) const;
 

@@ -13,6 +13,7 @@
 #include "transport/app_memory_guard.h"
 #include "transport/congestion.h"
 #include "transport/random_source.h"
+#include "transport/train_order.h"
 #include "transport/ud_qp.h"
 #include "uroce/icrc.h"
 
@@ -156,6 +157,13 @@ Engine::Engine(const EngineConfig& config, std::unique_ptr<DeviceSlot> slot,
     install_app_memory_guard();
     memory_.count_faults_in(&counters_->app_memory_faults);
     const bool gro = config.gro && socket_.enable_gro();
+    reads_whole_ = gro;
+    // Peers of this device must not send us an answer before its ACK (answer_may_lead_ack).
+    // A context that dies without this decrement leaves the count high: its device's peers
+    // then only keep the ACK first.
+    if (const DeviceSlot* own = qpn_space_.primary_slot(); own && !gro)
+        counted_split_ =
+            own->update_shared_value(kSplitReadersValue, [](uint32_t n) { return n + 1; }) == 0;
     if (config.ecn_capable) {
         // Best effort: without the reports no packet is seen CE-marked (congestion.h). Only
         // then: a report is a control message on every read, 0.1-0.2 us per ib_read_lat
@@ -172,6 +180,8 @@ Engine::~Engine() {
         event_active(stop_event_, 0, 0);
         thread_.join();
     }
+    if (const DeviceSlot* slot = qpn_space_.primary_slot(); slot && counted_split_)
+        slot->update_shared_value(kSplitReadersValue, [](uint32_t n) { return n > 0 ? n - 1 : 0; });
     {
         // QPs still attached (an application that did not destroy them) go first: their
         // timers belong to the base.
@@ -462,7 +472,10 @@ void Engine::send_held_posts() {
 
 void Engine::on_cq_poll(bool cq_empty) {
     send_held_posts();
-    flush_held_acks();
+    // A held ACK outlasts one poll that finds completions: the application takes what the
+    // batch that held it delivered (ib_send_lat's requester polls its send CQ, then its
+    // receive CQ, then answers), and its answer takes the ACK along. The next poll sends it.
+    if (cq_empty || !held_ack_spared_.exchange(false, std::memory_order_relaxed)) flush_held_acks();
     if (cq_empty)
         progress();
     else if (config_.inline_progress)
@@ -533,10 +546,19 @@ void Engine::receive_from(const UdpSocket& socket, const IpAddress& group) {
             const size_t step = d.segment_size ? d.segment_size : std::max<size_t>(d.length, 1);
             if (d.segment_size && d.length > d.segment_size) bump(counters_->rx_gro_datagrams);
             rx_ecn_ = d.ecn;
+            // A train of requests closed by an ACK: the ACK first (train_order.h). Each
+            // packet keeps its index, which its ICRC covers.
+            size_t end = d.length;
+            if (const size_t ack = closing_ack_at(std::span(d.data, d.length), step); ack != 0) {
+                receive_read(std::span(d.data + ack, d.length - ack), d.src_ip, d.src_port, group,
+                             static_cast<uint16_t>(ack / step));
+                ++handled;
+                end = ack;
+            }
             uint16_t index = 0;
             // At least once: an empty datagram (or one cut short, length 0) is counted too.
-            for (size_t off = 0; off == 0 || off < d.length; off += step, ++index, ++handled)
-                receive_read(std::span(d.data + off, std::min(step, d.length - off)), d.src_ip,
+            for (size_t off = 0; off == 0 || off < end; off += step, ++index, ++handled)
+                receive_read(std::span(d.data + off, std::min(step, end - off)), d.src_ip,
                              d.src_port, group, index);
         }
         if (got < batch.capacity()) break;

@@ -59,6 +59,14 @@ struct EngineConfig {
     // other contexts through QPN steering where that is available (else it must be alone on
     // ip:port). Empty: a device of its own (unit tests).
     std::string slot_table;
+    // This host's uroce devices (the provider's device list): an RC answer to a peer on one
+    // of them, on this host, may lead its ACK (Engine::answer_may_lead_ack).
+    struct HostDevice {
+        IpAddress ip;
+        uint16_t port = 4791;
+        std::string slot_table;
+    };
+    std::vector<HostDevice> host_devices;
     // The device's counters file (device_counters.h), used with a slot table: this engine
     // counts into its slot's block there, so the device's totals cover every context. Empty,
     // or a file that cannot be used: the engine counts privately.
@@ -191,7 +199,9 @@ class Engine {
     // inline_progress off.
     void progress();
     // What every CQ poll of the provider (ibv_poll_cq, ibv_start_poll) does before it takes
-    // completions: sends the posts held for it, then, if the CQ was empty, progress();
+    // completions: sends the posts held for it and the ACKs held for an answer (all but those
+    // a batch held since the last poll, when this one finds completions: they wait for one
+    // poll more), then, if the CQ was empty, progress();
     // a poll that found completions reads nothing but still counts towards a busy poll
     // (PollHandoff::on_poll).
     void on_cq_poll(bool cq_empty);
@@ -229,6 +239,17 @@ class Engine {
     // ACKs held for the answer (engine_held_acks.cpp). A QP whose ACK waits notes itself
     // once (engine thread only); flush_held_acks() sends what every noted QP holds.
     void note_held_ack(uint32_t qpn);
+    // True if an RC answer to `dst` may leave before the ACK it carries, in one GSO train:
+    // `dst` is a uroce device of this host (EngineConfig::host_devices, and an address of
+    // this network namespace: the kernel hands the train whole to its socket), this engine
+    // sends and reads trains (GSO and GRO on), and no context of that device reads without
+    // GRO (kSplitReadersValue: those get the train cut, and could take the answer before
+    // the ACK, which a requester must see first: train_order.h). Asked at RTR.
+    bool answer_may_lead_ack(const IpAddress& dst) const;
+    // The slot table's shared value that counts a device's contexts reading without GRO.
+    static constexpr unsigned kSplitReadersValue = 3;
+    // A batch held an ACK: the next CQ poll that finds completions leaves it held (on_cq_poll).
+    void spare_held_acks() { held_ack_spared_.store(true, std::memory_order_relaxed); }
     void flush_held_acks();
     // The hold timer's part (engine thread): sends the ACKs held ack_hold_micros or longer
     // by `now`, and sets the timer for the oldest one left.
@@ -439,6 +460,7 @@ class Engine {
     HeldPosts held_posts_;
     HeldPosts deferred_timers_;  // QPs whose timer waits for the hand-back (defer_timers)
     HeldPosts held_acks_;        // QPs whose ACK waits for their application's answer
+    std::atomic<bool> held_ack_spared_{false};            // spare_held_acks() since the last poll
     std::unique_ptr<TimerQueue::Timer> held_acks_timer_;  // ack_hold_micros after the first
     std::vector<uint32_t> young_held_acks_;  // flush_overdue_held_acks' (engine thread only)
     static void on_held_acks_due(void* arg);
@@ -481,7 +503,9 @@ class Engine {
     MulticastGroups multicast_;
 
     std::atomic<bool> gso_;
-    std::mutex rx_mutex_;  // one receiver at a time; guards rx_, touched_, members_
+    bool reads_whole_ = false;    // the socket reads with UDP_GRO
+    bool counted_split_ = false;  // this context counts in kSplitReadersValue
+    std::mutex rx_mutex_;         // one receiver at a time; guards rx_, touched_, members_
     // Buffers of 64 KiB with GRO, of a datagram's worth without.
     std::unique_ptr<ReceiveBatch> rx_;
     std::vector<std::shared_ptr<Qp>> touched_;

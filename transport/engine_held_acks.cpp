@@ -30,6 +30,7 @@
 // the one waiting. While the pollers have the socket (poll_handoff.h) the timer waits for
 // the hand-back, as the QPs' own timers do: a poller's next poll comes first.
 #include "transport/engine.h"
+#include "transport/local_addresses.h"
 
 namespace uroce::transport {
 
@@ -90,6 +91,17 @@ void Engine::flush_overdue_held_acks(std::chrono::steady_clock::time_point now) 
         held_acks_timer_->arm_at(
             std::chrono::duration_cast<std::chrono::nanoseconds>((oldest + hold).time_since_epoch())
                 .count());
+}
+
+bool Engine::answer_may_lead_ack(const IpAddress& dst) const {
+    if (!reads_whole_ || !gso_enabled()) return false;
+    for (const auto& d : config_.host_devices) {
+        if (d.ip != dst || d.port != config_.port) continue;
+        if (!is_local_address(dst)) return false;
+        const auto split = DeviceSlots::read_shared_value(d.slot_table, kSplitReadersValue);
+        return split && *split == 0;
+    }
+    return false;
 }
 
 }  // namespace uroce::transport

@@ -75,6 +75,8 @@ class QpnSpace {
     // The slot the context opened with (CM comm IDs and the device counters' block are its);
     // 0 without a slot table.
     uint16_t primary_number() const { return slots_[0].number; }
+    // The slot the context opened with; null without a slot table.
+    const DeviceSlot* primary_slot() const { return slots_[0].slot.get(); }
     // How many slots the context holds now.
     unsigned slots_held() const { return slot_count_.load(std::memory_order_acquire); }
 

@@ -91,6 +91,7 @@ int RcQp::modify(const QpAttributes& attrs, QpState expected, QpState next) {
             held_.clear();
             break;
         case QpState::Rtr:
+            answer_leads_ack_ = engine_.answer_may_lead_ack(attrs_.dst_ip);
             epsn_ = attrs_.rq_psn & kPsnMask;
             ack_psn_ = psn_add(epsn_, kPsnMask);  // nothing executed yet
             ack_msn_ = msn_;
@@ -146,18 +147,30 @@ int RcQp::post_send(const SendWqe& wqe, bool more) {
     // it goes first, so that the peer, polling for the ACK, has the data in memory when the
     // ACK's completion sends it to watch its memory (ib_write_lat): an ACK read alone leaves
     // the WRITE behind it to the engine thread, which on a busy host waits for a CPU.
-    const bool silent_answer = completes_nothing_at_peer(wqe.opcode);
+    // A SEND answer to a peer that takes a train's closing ACK first leads too (leads_ack).
     const bool go = state_ == QpState::Rts && !may_wait(wqe, more);
+    const bool leads = leads_ack(wqe);
+    const bool silent_answer = completes_nothing_at_peer(wqe.opcode) || leads;
     // This may answer a message whose ACK still waits (for the end of the receive batch, or
     // held for this answer: engine_held_acks.cpp). A post held for the next poll keeps it:
     // both leave from send_held(). Otherwise both leave now, in one system call.
     if (!go && held_noted_ && ack_pending_) return 0;
-    if (go || ack_pending_) send_with_ack(!silent_answer, go);
+    if (go || ack_pending_) send_with_ack(!silent_answer, go, leads);
     return 0;
 }
 
-void RcQp::send_with_ack(bool ack_first, bool pump_too) {
+bool RcQp::leads_ack(const SendWqe& wqe) const {
+    // One packet that the ACK can close a train behind (a SEND of no bytes is shorter than
+    // an ACK), alone in the batch, and GSO on: anything else would put the ACK in a datagram
+    // of its own, after the answer.
+    return answer_leads_ack_ && unpumped_packets_ == 1 && wqe.length <= attrs_.mtu &&
+           (wqe.length > 0 || wqe.opcode != SendOpcode::Send) && engine_.gso_enabled();
+}
+
+void RcQp::send_with_ack(bool ack_first, bool pump_too, bool needs_train) {
     TransmitBatch batch(engine_, &qp_counters_);
+    // Without a staging area the packets leave one by one, the ACK after the answer.
+    if (needs_train && !batch.usable()) ack_first = true;
     tx_batch_ = &batch;
     if (ack_first) send_pending_ack();
     ack_joins_pump_ = pump_too && !ack_first;
@@ -189,9 +202,10 @@ void RcQp::send_held() {
     if (closed_ || state_ != QpState::Rts || unpumped_packets_ == 0) return;
     // With the ACK the post kept (post_send), in one system call, in post_send's order for
     // what goes first.
-    const bool silent_answer =
-        send_index_ < sq_.size() && completes_nothing_at_peer(sq_[send_index_].wqe.opcode);
-    send_with_ack(!silent_answer, true);
+    const bool leads = send_index_ < sq_.size() && leads_ack(sq_[send_index_].wqe);
+    const bool silent_answer = send_index_ < sq_.size() &&
+                               (completes_nothing_at_peer(sq_[send_index_].wqe.opcode) || leads);
+    send_with_ack(!silent_answer, true, leads);
 }
 
 int RcQp::post_recv(const RecvWqe& wqe) {

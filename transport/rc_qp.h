@@ -143,7 +143,12 @@ class RcQp final : public QpCommon {
     void pump();
     // The pending ACK (first, or after what is pumped) and, with `pump_too`, what the window
     // allows, in one transmit batch: an answer and the ACK it answers in one system call.
-    void send_with_ack(bool ack_first, bool pump_too);
+    // `needs_train`: the answer leads its ACK (leads_ack), which only a train may carry.
+    void send_with_ack(bool ack_first, bool pump_too, bool needs_train = false);
+    // True if `wqe`, the one packet waiting, may leave before the ACK it carries: the peer
+    // takes a train's closing ACK first (Engine::answer_may_lead_ack, asked at RTR) and the
+    // two make one train.
+    bool leads_ack(const SendWqe& wqe) const;
     // After a post: true if what is queued may wait (for the rest of the same
     // ibv_post_send, `more`, or for the next poll), false if it must be sent now.
     bool may_wait(const SendWqe& wqe, bool more);
@@ -370,7 +375,8 @@ class RcQp final : public QpCommon {
     uint32_t msn_ = 0;        // message sequence number
     bool nak_sent_ = false;   // a sequence NAK for epsn_ is out
     bool ack_pending_ = false;
-    bool ack_held_noted_ = false;  // the engine knows this QP holds its ACK (note_held_ack)
+    bool ack_held_noted_ = false;    // the engine knows this QP holds its ACK (note_held_ack)
+    bool answer_leads_ack_ = false;  // Engine::answer_may_lead_ack for the peer, at RTR
     // When the pending ACK was first held for the answer (time_point::min(): it is not
     // held). The engine's hold timer sends it ack_hold_micros after that, not sooner: an ACK
     // held a moment ago would leave just before its answer.

@@ -114,6 +114,7 @@ void RcQp::finish_batch(bool may_hold_ack) {
         if (answering(now)) {
             if (ack_held_since_ == std::chrono::steady_clock::time_point::min())
                 ack_held_since_ = now;
+            engine_.spare_held_acks();
             if (!ack_held_noted_) {
                 ack_held_noted_ = true;
                 engine_.note_held_ack(qpn());

@@ -158,6 +158,41 @@ void write_ping_pong(Endpoint& a, Endpoint& b, int iters) {
     CHECK(b_rounds == iters);
 }
 
+// ib_send_lat's loop: a SENDs kSmall bytes to b and spins on its one CQ until both its send
+// completion and b's answer (a SEND back) came, the send completion first (a requester sees
+// the ACK before the answer: train_order.h); b spins for a's message, checks it, answers.
+// `iters` rounds, every message checked; returns the rounds a finished in order.
+int send_ping_pong(Endpoint& a, Endpoint& b, int iters) {
+    Buffer ma(a.pd, 2 * kSmall, kAccess), mb(b.pd, 2 * kSmall, kAccess);
+    // [0, kSmall): the receive buffer; [kSmall, 2 kSmall): what this side sends.
+    int b_rounds = 0;
+    std::thread tb([&] {
+        for (; b_rounds < iters; ++b_rounds) {
+            if (post_recv_buf(b.qp, mb, 0, kSmall, 1) != 0 || !completes(b.cq, 1)) return;
+            uint8_t want[kSmall];
+            fill_pattern(want, kSmall, 10'000 + b_rounds);
+            if (std::memcmp(mb.bytes.data(), want, kSmall) != 0) return;
+            fill_pattern(mb.bytes.data() + kSmall, kSmall, 20'000 + b_rounds);
+            if (post_send_msg(b.qp, mb, kSmall, kSmall, 2) != 0 || !completes(b.cq, 2)) return;
+        }
+    });
+    int in_order = 0;
+    for (int i = 0; i < iters; ++i) {
+        if (post_recv_buf(a.qp, ma, 0, kSmall, 3) != 0) break;
+        fill_pattern(ma.bytes.data() + kSmall, kSmall, 10'000 + i);
+        if (post_send_msg(a.qp, ma, kSmall, kSmall, 4) != 0) break;
+        const auto got = spin_for(a.cq, 2);
+        if (got.size() != 2 || got[0].status != IBV_WC_SUCCESS || got[1].status != IBV_WC_SUCCESS)
+            break;
+        uint8_t want[kSmall];
+        fill_pattern(want, kSmall, 20'000 + i);
+        if (std::memcmp(ma.bytes.data(), want, kSmall) != 0) break;
+        if (got[0].wr_id == 4 && got[1].wr_id == 3) ++in_order;
+    }
+    tb.join();
+    CHECK(b_rounds == iters);
+    return in_order;
+}
 }  // namespace
 
 TEST_CASE("Fast paths on (the default): trains, GRO reads, reads by the polling thread",
@@ -241,6 +276,33 @@ TEST_CASE("In a WRITE ping-pong the ACKs wait for the answer, and every byte arr
     CHECK(counter(a.ctx, "tx_held_acks") + counter(b.ctx, "tx_held_acks") > 0);
     CHECK(counter(a.ctx, "held_ack_timeouts") + counter(b.ctx, "held_ack_timeouts") <
           counter(a.ctx, "tx_held_acks") + counter(b.ctx, "tx_held_acks"));
+}
+
+// Between devices of this host the answer leads its ACK in one train, which the requester
+// takes ACK first: every send completion still comes before the answer's.
+TEST_CASE("A SEND answer to a device of this host leads its ACK in one train",
+          "[fast_paths][answer_first]") {
+    Endpoint a(devices().a), b(devices().b);
+    connect(a, b);
+    CHECK(send_ping_pong(a, b, 2000) == 2000);
+    // A SEND of 64 bytes is one packet: only an answer and the ACK behind it make a train.
+    INFO("trains " << counter(a.ctx, "tx_gso_sends") << " + " << counter(b.ctx, "tx_gso_sends")
+                   << ", held ACKs " << counter(a.ctx, "tx_held_acks") << " + "
+                   << counter(b.ctx, "tx_held_acks"));
+    CHECK(counter(a.ctx, "tx_gso_sends") + counter(b.ctx, "tx_gso_sends") > 0);
+}
+
+TEST_CASE("A SEND answer to a context that reads without GRO keeps its ACK first",
+          "[fast_paths][answer_first]") {
+    ::setenv("UROCE_GRO", "off", 1);
+    Endpoint b(devices().b);
+    ::unsetenv("UROCE_GRO");
+    Endpoint a(devices().a);
+    connect(a, b);
+    CHECK(send_ping_pong(a, b, 1000) == 1000);
+    // Neither leads: b reads without GRO, and a's peer device counts b as such.
+    CHECK(counter(a.ctx, "tx_gso_sends") == 0);
+    CHECK(counter(b.ctx, "tx_gso_sends") == 0);
 }
 
 TEST_CASE("UROCE_HOLD_ACKS=off: every ACK leaves at the end of its batch", "[fast_paths]") {

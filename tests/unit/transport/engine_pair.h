@@ -25,6 +25,7 @@
 #include <thread>
 #include <vector>
 
+#include "tests/unit/transport/scratch_dir.h"
 #include "transport/completion_queue.h"
 #include "transport/engine.h"
 #include "transport/psn.h"
@@ -173,6 +174,10 @@ struct PairOptions {
     uint32_t resend_burst = ResendBudget::kBurst;
     // EngineConfig::pcap_path of a and b (empty: no capture).
     std::string pcap_a, pcap_b;
+    // a and b each a device of its own (a slot table in a scratch directory), both listed as
+    // this host's devices (EngineConfig::host_devices): an RC answer from one to the other
+    // may lead its ACK (Engine::answer_may_lead_ack).
+    bool host_peers = false;
 };
 
 inline QpAttributes default_attributes() {
@@ -193,10 +198,16 @@ class Pair {
   public:
     explicit Pair(const PairOptions& opt = {}) {
         const Addresses addrs = opt.addresses ? *opt.addresses : next_addresses();
+        std::vector<EngineConfig::HostDevice> host;
+        if (opt.host_peers) {
+            const auto dir = scratch_dir("uroce-pair");
+            host = {{addrs.a, addrs.port, (dir / "a-slots").string()},
+                    {addrs.b, addrs.port, (dir / "b-slots").string()}};
+        }
         setup(a, addrs.a, addrs.port, opt.faults_a, opt.rules_a, opt, 0x100000000000ull, opt.gso_a,
-              opt.gro_a, opt.inline_a, opt.pcap_a);
+              opt.gro_a, opt.inline_a, opt.pcap_a, host);
         setup(b, addrs.b, addrs.port, opt.faults_b, opt.rules_b, opt, 0x200000000000ull, opt.gso_b,
-              opt.gro_b, opt.inline_b, opt.pcap_b);
+              opt.gro_b, opt.inline_b, opt.pcap_b, host);
     }
 
     ~Pair() {
@@ -291,9 +302,13 @@ class Pair {
     static void setup(Side& s, const IpAddress& ip, uint16_t port, const FaultConfig& faults,
                       const std::vector<FaultConfig>& more_faults, const PairOptions& opt,
                       uint64_t iova, bool gso, bool gro, bool inline_progress,
-                      const std::string& pcap) {
+                      const std::string& pcap,
+                      const std::vector<EngineConfig::HostDevice>& host_devices) {
         s.ip = ip;
         EngineConfig config;
+        config.host_devices = host_devices;
+        for (const auto& d : host_devices)
+            if (d.ip == ip) config.slot_table = d.slot_table;
         config.ip = ip;
         config.port = port;
         config.mtu = kMtu;
@@ -380,6 +395,17 @@ bool busy_poll(Engine& e, Done done, std::chrono::milliseconds limit = kWait) {
         if ((i & 255) == 0 && std::chrono::steady_clock::now() > deadline) return false;
     }
     return done();
+}
+
+// True once `pred` holds, within `timeout`; polls nothing (the engine threads read).
+inline bool eventually(const std::function<bool()>& pred,
+                       std::chrono::milliseconds timeout = kWait) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (!pred()) {
+        if (std::chrono::steady_clock::now() > deadline) return false;
+        std::this_thread::sleep_for(50us);
+    }
+    return true;
 }
 
 // An engine for `config`; fails the test if it cannot be made.

@@ -33,16 +33,6 @@ std::optional<Completion> poll_side(Side& s, CompletionQueue& cq,
     return std::nullopt;
 }
 
-// True once `pred` holds, within `timeout`; polls nothing (the engine threads read).
-bool eventually(const std::function<bool()>& pred, std::chrono::milliseconds timeout = kWait) {
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
-    while (!pred()) {
-        if (std::chrono::steady_clock::now() > deadline) return false;
-        std::this_thread::sleep_for(50us);
-    }
-    return true;
-}
-
 // QP attributes whose local ACK timeout (`timeout` 31: 2.4 hours) allows any hold here.
 QpAttributes patient(uint8_t timeout = 31) {
     QpAttributes a = default_attributes();

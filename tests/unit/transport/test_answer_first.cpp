@@ -1,0 +1,344 @@
+// An RC answer that leads the ACK it carries (Engine::answer_may_lead_ack, RcQp::leads_ack):
+// to a uroce device of this host whose contexts all read with GRO, a SEND answer goes first
+// and its held ACK closes the same GSO train; the requester takes the train's closing ACK
+// first (train_order.h), so its send completion still comes before the answer's receive
+// completion. Anything that would put the ACK in a datagram of its own keeps it first.
+#include <sys/socket.h>
+
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <functional>
+#include <thread>
+
+#include "tests/unit/transport/engine_pair.h"
+#include "tests/unit/transport/forged_peer.h"
+#include "tests/unit/transport/scratch_dir.h"
+#include "transport/device_slots.h"
+
+using namespace uroce::transport;
+using namespace uroce::transport::test;
+using namespace std::chrono_literals;
+namespace wire = uroce::wire;
+
+namespace {
+
+constexpr uint32_t kLen = 64;
+constexpr uint32_t kForever = 60'000'000;  // micros no test waits out
+
+// ACKs held until the answer (never by time), b's QP in the answer window for the whole
+// test, nothing resent: only the answer sends b's ACK.
+PairOptions holding(bool host_peers = true) {
+    PairOptions o;
+    o.ack_hold_micros = kForever;
+    o.answer_window_micros = kForever;
+    o.adaptive = false;
+    o.host_peers = host_peers;
+    return o;
+}
+
+// a and b connected, a's QP completing sends and receives on one CQ (a.scq), so that the
+// order a takes an ACK and an answer in shows; b has answered once (a WRITE), so b holds the
+// ACKs of a's requests for its application's answer.
+struct AnsweringPair {
+    Pair p;
+    explicit AnsweringPair(const PairOptions& o) : p(o) {
+        p.a.engine->detach(p.a.qp->qpn());
+        p.a.qp = std::make_shared<RcQp>(*p.a.engine, p.a.engine->allocate_qpn(), kPd,
+                                        QpCaps{512, 512, kMaxSge, kMaxSge, kMaxInlineData}, p.a.scq,
+                                        p.a.scq, &p.a);
+        p.a.engine->attach(p.a.qp);
+        QpAttributes attrs = default_attributes();
+        attrs.timeout = 31;  // hours: no resend while b holds an ACK
+        p.connect(attrs, attrs);
+        fill(p.b.at(0), kLen, 1);
+        REQUIRE(p.b.qp->post_send(rdma_wqe(SendOpcode::RdmaWrite, 1, {p.b.sge(0, kLen)},
+                                           p.a.iova + 32768, p.a.keys.rkey)) == 0);
+        REQUIRE(p.wait_one(*p.b.scq).status == WcStatus::Success);
+    }
+    // a SENDs `seed` to b; b's engine thread reads it and holds the ACK (tx_held_acks
+    // counts a QP's notes, not each ACK it holds: no use here). The request's completion is
+    // taken from b's CQ directly, not through a poll of b's engine, which would send the ACK.
+    void request(uint64_t seed) {
+        REQUIRE(p.b.qp->post_recv(recv_wqe(seed, {p.b.sge(4096, kLen)})) == 0);
+        fill(p.a.at(0), kLen, seed);
+        REQUIRE(p.a.qp->post_send(send_wqe(seed, {p.a.sge(0, kLen)})) == 0);
+        Completion c;
+        REQUIRE(eventually([&] { return p.b.rcq->poll(std::span(&c, 1)) == 1; }));
+        CHECK(c.wr_id == seed);
+        CHECK(c.status == WcStatus::Success);
+        CHECK(first_mismatch(p.b.at(4096), kLen, seed) == kLen);
+    }
+    // a's completions, in order, until `n` or kWait.
+    std::vector<Completion> a_completions(size_t n) { return p.wait(*p.a.scq, n); }
+};
+
+size_t index_of(const std::vector<SentPacket>& sent, wire::Opcode op) {
+    for (size_t i = 0; i < sent.size(); ++i)
+        if (sent[i].opcode() == static_cast<uint8_t>(op)) return i;
+    return sent.size();
+}
+
+// b answers a's request `seed` with `answer` (a receives it at 8192); returns what b sent.
+std::vector<SentPacket> answer_with(AnsweringPair& ap, uint64_t seed, const SendWqe& answer) {
+    Pair& p = ap.p;
+    REQUIRE(p.a.qp->post_recv(recv_wqe(answer.wr_id, {p.a.sge(8192, 2 * kMtu)})) == 0);
+    ap.request(seed);
+    TxRecorder b_out(*p.b.engine);
+    REQUIRE(p.b.qp->post_send(answer) == 0);
+    const auto got = ap.a_completions(2);
+    REQUIRE(got.size() == 2);
+    // Whatever went first on the wire, a completes its request before the answer.
+    CHECK(got[0].wr_id == seed);
+    CHECK(got[0].status == WcStatus::Success);
+    CHECK(got[1].wr_id == answer.wr_id);
+    CHECK(got[1].status == WcStatus::Success);
+    CHECK(got[1].byte_len == answer.length);
+    CHECK(first_mismatch(p.a.at(8192), answer.length, answer.wr_id) == answer.length);
+    CHECK(p.b.counters().held_ack_timeouts.load() == 0);
+    return b_out.packets();
+}
+
+// b's SEND answer of `len` bytes, from b's memory at 0, filled with pattern `wr_id`.
+SendWqe send_answer(Pair& p, uint64_t wr_id, uint32_t len) {
+    fill(p.b.at(0), len, wr_id);
+    SendWqe w = len ? send_wqe(wr_id, {p.b.sge(0, len)}) : send_wqe(wr_id, {});
+    return w;
+}
+
+}  // namespace
+
+TEST_CASE("A SEND answer to a device of this host leads its ACK in one train", "[answer_first]") {
+    AnsweringPair ap(holding());
+    Pair& p = ap.p;
+    const uint64_t trains0 = p.b.counters().tx_gso_sends.load();
+    const auto sent = answer_with(ap, 11, send_answer(p, 12, kLen));
+    REQUIRE(sent.size() == 2);
+    CHECK(index_of(sent, wire::Opcode::RcSendOnly) == 0);
+    CHECK(index_of(sent, wire::Opcode::RcAcknowledge) == 1);
+    CHECK(p.b.counters().tx_gso_sends.load() == trains0 + 1);
+    // a took the train's closing ACK first (its request completed before the answer).
+    CHECK(p.a.counters().rx_gro_datagrams.load() >= 1);
+}
+
+TEST_CASE("A SEND answer leads its ACK again and again", "[answer_first]") {
+    AnsweringPair ap(holding());
+    Pair& p = ap.p;
+    const uint64_t trains0 = p.b.counters().tx_gso_sends.load();
+    for (uint64_t i = 0; i < 20; ++i) {
+        const auto sent = answer_with(ap, 100 + 2 * i, send_answer(p, 101 + 2 * i, kLen + i));
+        REQUIRE(sent.size() == 2);
+        CHECK(index_of(sent, wire::Opcode::RcAcknowledge) == 1);
+    }
+    CHECK(p.b.counters().tx_gso_sends.load() == trains0 + 20);
+}
+
+TEST_CASE("A SEND answer of no bytes keeps its ACK first", "[answer_first]") {
+    // Shorter than the ACK: the ACK could not close its train.
+    AnsweringPair ap(holding());
+    Pair& p = ap.p;
+    const auto sent = answer_with(ap, 21, send_answer(p, 22, 0));
+    REQUIRE(sent.size() == 2);
+    CHECK(index_of(sent, wire::Opcode::RcAcknowledge) == 0);
+    CHECK(index_of(sent, wire::Opcode::RcSendOnly) == 1);
+}
+
+TEST_CASE("A SEND answer of two packets keeps its ACK first", "[answer_first]") {
+    AnsweringPair ap(holding());
+    Pair& p = ap.p;
+    const auto sent = answer_with(ap, 31, send_answer(p, 32, kMtu + 100));
+    REQUIRE(sent.size() == 3);
+    CHECK(index_of(sent, wire::Opcode::RcAcknowledge) == 0);
+    CHECK(index_of(sent, wire::Opcode::RcSendFirst) == 1);
+}
+
+TEST_CASE("A SEND answer to a device that is not this host's keeps its ACK first",
+          "[answer_first]") {
+    AnsweringPair ap(holding(false));
+    Pair& p = ap.p;
+    const auto sent = answer_with(ap, 41, send_answer(p, 42, kLen));
+    REQUIRE(sent.size() == 2);
+    CHECK(index_of(sent, wire::Opcode::RcAcknowledge) == 0);
+}
+
+TEST_CASE("A SEND answer to a context that reads without GRO keeps its ACK first",
+          "[answer_first]") {
+    PairOptions o = holding();
+    o.gro_a = false;  // a counts itself in its device's table: b sees it at RTR
+    AnsweringPair ap(o);
+    Pair& p = ap.p;
+    const auto sent = answer_with(ap, 51, send_answer(p, 52, kLen));
+    REQUIRE(sent.size() == 2);
+    CHECK(index_of(sent, wire::Opcode::RcAcknowledge) == 0);
+}
+
+TEST_CASE("A SEND answer from a context without GSO keeps its ACK first", "[answer_first]") {
+    PairOptions o = holding();
+    o.gso_b = false;
+    AnsweringPair ap(o);
+    Pair& p = ap.p;
+    const auto sent = answer_with(ap, 61, send_answer(p, 62, kLen));
+    REQUIRE(sent.size() == 2);
+    CHECK(index_of(sent, wire::Opcode::RcAcknowledge) == 0);
+}
+
+TEST_CASE("A SEND answer keeps its ACK first once the path refused GSO", "[answer_first]") {
+    AnsweringPair ap(holding());
+    Pair& p = ap.p;
+    // No UDP checksum: the kernel refuses a GSO train (EINVAL), and b's engine sends packet
+    // by packet from then on, which would put its ACK after the answer.
+    const int fd = p.b.engine->sender_for_qpn(p.b.qp->qpn()).fd();
+    const int one = 1;
+    REQUIRE(::setsockopt(fd, SOL_SOCKET, SO_NO_CHECK, &one, sizeof one) == 0);
+    fill(p.b.at(0), 3 * kMtu, 65);
+    REQUIRE(p.b.qp->post_send(rdma_wqe(SendOpcode::RdmaWrite, 65, {p.b.sge(0, 3 * kMtu)},
+                                       p.a.iova + 32768, p.a.keys.rkey)) == 0);
+    REQUIRE(p.wait_one(*p.b.scq).status == WcStatus::Success);
+    CHECK(first_mismatch(p.a.at(32768), 3 * kMtu, 65) == 3 * kMtu);
+    REQUIRE_FALSE(p.b.engine->gso_enabled());
+
+    const auto sent = answer_with(ap, 66, send_answer(p, 67, kLen));
+    REQUIRE(sent.size() == 2);
+    CHECK(index_of(sent, wire::Opcode::RcAcknowledge) == 0);
+}
+
+TEST_CASE("A busy poller's SEND answer leads its ACK; two answers of two sizes do not",
+          "[answer_first]") {
+    AnsweringPair ap(holding());
+    Pair& p = ap.p;
+    // One answer, held for the poll (held_posts.h): it leads the ACK from send_held().
+    REQUIRE(p.a.qp->post_recv(recv_wqe(72, {p.a.sge(8192, kLen)})) == 0);
+    parked_and_gated(*p.b.engine, [&] {
+        REQUIRE(p.b.qp->post_recv(recv_wqe(71, {p.b.sge(4096, kLen)})) == 0);
+        fill(p.a.at(0), kLen, 71);
+        REQUIRE(p.a.qp->post_send(send_wqe(71, {p.a.sge(0, kLen)})) == 0);
+        Completion c;
+        REQUIRE(busy_poll(*p.b.engine, [&] { return p.b.rcq->poll(std::span(&c, 1)) == 1; }));
+        TxRecorder b_out(*p.b.engine);
+        REQUIRE(p.b.qp->post_send(send_answer(p, 72, kLen)) == 0);
+        CHECK(b_out.packets().empty());
+        p.b.engine->on_cq_poll(false);
+        const auto sent = b_out.packets();
+        REQUIRE(sent.size() == 2);
+        CHECK(index_of(sent, wire::Opcode::RcSendOnly) == 0);
+        CHECK(index_of(sent, wire::Opcode::RcAcknowledge) == 1);
+    });
+    auto got = ap.a_completions(2);
+    REQUIRE(got.size() == 2);
+    CHECK(got[0].wr_id == 71);
+    CHECK(got[1].wr_id == 72);
+    CHECK(first_mismatch(p.a.at(8192), kLen, 72) == kLen);
+
+    // Two answers of two sizes in one poll's batch: the second would close a train of its
+    // own, the first alone before it, so the ACK goes first.
+    REQUIRE(p.a.qp->post_recv(recv_wqe(74, {p.a.sge(8192, kLen)})) == 0);
+    REQUIRE(p.a.qp->post_recv(recv_wqe(75, {p.a.sge(12288, kLen)})) == 0);
+    parked_and_gated(*p.b.engine, [&] {
+        REQUIRE(p.b.qp->post_recv(recv_wqe(73, {p.b.sge(4096, kLen)})) == 0);
+        fill(p.a.at(0), kLen, 73);
+        REQUIRE(p.a.qp->post_send(send_wqe(73, {p.a.sge(0, kLen)})) == 0);
+        Completion c;
+        REQUIRE(busy_poll(*p.b.engine, [&] { return p.b.rcq->poll(std::span(&c, 1)) == 1; }));
+        TxRecorder b_out(*p.b.engine);
+        fill(p.b.at(0), kLen, 74);
+        fill(p.b.at(1024), kLen / 2, 75);
+        REQUIRE(p.b.qp->post_send(send_wqe(74, {p.b.sge(0, kLen)})) == 0);
+        REQUIRE(p.b.qp->post_send(send_wqe(75, {p.b.sge(1024, kLen / 2)})) == 0);
+        CHECK(b_out.packets().empty());  // both held for the poll, with the ACK
+        p.b.engine->on_cq_poll(false);
+        const auto sent = b_out.packets();
+        REQUIRE(sent.size() == 3);
+        CHECK(index_of(sent, wire::Opcode::RcAcknowledge) == 0);
+    });
+    got = ap.a_completions(3);
+    REQUIRE(got.size() == 3);
+    CHECK(got[0].wr_id == 73);
+    CHECK(got[1].wr_id == 74);
+    CHECK(got[2].wr_id == 75);
+    CHECK(first_mismatch(p.a.at(8192), kLen, 74) == kLen);
+    CHECK(first_mismatch(p.a.at(12288), kLen / 2, 75) == kLen / 2);
+}
+
+TEST_CASE("A busy poller's held ACK outlasts one poll that finds completions, not two",
+          "[answer_first]") {
+    // ib_send_lat's requester polls its send CQ, then its receive CQ, then answers: the
+    // poll that takes the batch's completion must not send the ACK the answer will carry.
+    AnsweringPair ap(holding());
+    Pair& p = ap.p;
+    parked_and_gated(*p.b.engine, [&] {
+        REQUIRE(p.b.qp->post_recv(recv_wqe(81, {p.b.sge(4096, kLen)})) == 0);
+        fill(p.a.at(0), kLen, 81);
+        REQUIRE(p.a.qp->post_send(send_wqe(81, {p.a.sge(0, kLen)})) == 0);
+        Completion c;
+        REQUIRE(busy_poll(*p.b.engine, [&] { return p.b.rcq->poll(std::span(&c, 1)) == 1; }));
+        CHECK(first_mismatch(p.b.at(4096), kLen, 81) == kLen);
+        const uint64_t acks0 = p.b.counters().tx_acks.load();
+        p.b.engine->on_cq_poll(false);
+        CHECK(p.b.counters().tx_acks.load() == acks0);  // held on
+        p.b.engine->on_cq_poll(false);
+        CHECK(p.b.counters().tx_acks.load() == acks0 + 1);
+    });
+    const auto got = ap.a_completions(1);
+    REQUIRE(got.size() == 1);
+    CHECK(got[0].wr_id == 81);
+    CHECK(got[0].status == WcStatus::Success);
+}
+
+TEST_CASE("Whether an answer may lead its ACK: a device of this host, all reading with GRO",
+          "[answer_first]") {
+    const auto dir = scratch_dir("uroce-answer");
+    const std::string table = (dir / "slots").string();
+    const Addresses self = next_addresses();
+    const Addresses peer = next_addresses();
+    const Addresses more = next_addresses();
+    const uroce::IpAddress elsewhere = ipv4(192, 0, 2, 1);  // TEST-NET-1: no address of this host
+    EngineConfig config;
+    config.ip = self.a;
+    config.port = self.port;
+    config.host_devices = {{peer.a, self.port, table},
+                           {elsewhere, self.port, table},
+                           {peer.b, static_cast<uint16_t>(self.port + 1), table},
+                           {more.a, self.port, (dir / "never-opened").string()}};
+    auto engine = make_engine(config);
+    CHECK_FALSE(engine->answer_may_lead_ack(peer.a));  // no context opened the device yet
+
+    EngineConfig device;
+    device.ip = peer.a;
+    device.port = self.port;
+    device.slot_table = table;
+    auto reader = make_engine(device);
+    CHECK(engine->answer_may_lead_ack(peer.a));
+    CHECK_FALSE(engine->answer_may_lead_ack(peer.b));     // another port
+    CHECK_FALSE(engine->answer_may_lead_ack(elsewhere));  // not of this network namespace
+    CHECK_FALSE(engine->answer_may_lead_ack(self.b));     // not a device of this host
+    CHECK_FALSE(engine->answer_may_lead_ack(more.a));     // its table cannot be read
+
+    // Contexts of the device that read without GRO (their own addresses: a count in the
+    // table is all that matters), counted up at open and down at close.
+    EngineConfig split = device;
+    split.gro = false;
+    split.ip = more.b;
+    auto split1 = make_engine(split);
+    CHECK(DeviceSlots::read_shared_value(table, Engine::kSplitReadersValue) == 1u);
+    CHECK_FALSE(engine->answer_may_lead_ack(peer.a));
+    split.ip = self.b;
+    auto split2 = make_engine(split);
+    CHECK(DeviceSlots::read_shared_value(table, Engine::kSplitReadersValue) == 2u);
+    split1.reset();
+    CHECK(DeviceSlots::read_shared_value(table, Engine::kSplitReadersValue) == 1u);
+    CHECK_FALSE(engine->answer_may_lead_ack(peer.a));
+    split2.reset();
+    CHECK(DeviceSlots::read_shared_value(table, Engine::kSplitReadersValue) == 0u);
+    CHECK(engine->answer_may_lead_ack(peer.a));
+
+    // This engine must send and read trains itself.
+    engine.reset();
+    config.gro = false;
+    engine = make_engine(config);
+    CHECK_FALSE(engine->answer_may_lead_ack(peer.a));
+    engine.reset();
+    config.gro = true;
+    config.gso = false;
+    engine = make_engine(config);
+    CHECK_FALSE(engine->answer_may_lead_ack(peer.a));
+}
