@@ -176,15 +176,18 @@ std::unique_ptr<DeviceSlot> DeviceSlots::claim(const std::string& path, std::str
         new DeviceSlot(fd, static_cast<uint16_t>(chosen), static_cast<int>(::getpid())));
 }
 
-std::optional<uint32_t> DeviceSlots::read_shared_value(const std::string& path, unsigned index) {
+SharedValueReader::~SharedValueReader() {
+    if (fd_ >= 0) ::close(fd_);
+}
+
+std::optional<uint32_t> SharedValueReader::read(unsigned index) {
     if (index >= DeviceSlot::kSharedValues) return std::nullopt;
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return std::nullopt;
+    if (fd_ < 0) fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd_ < 0) return std::nullopt;
     // No table lock (it needs a writable file): an aligned four-byte value is read whole.
     uint32_t value = 0;
     const off_t at = kSharedValueAt + static_cast<off_t>(index * sizeof(uint32_t));
-    const ssize_t n = ::pread(fd, &value, sizeof value, at);
-    ::close(fd);
+    const ssize_t n = ::pread(fd_, &value, sizeof value, at);
     if (n < 0) return std::nullopt;
     return n == static_cast<ssize_t>(sizeof value) ? value : 0;
 }

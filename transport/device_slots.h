@@ -29,6 +29,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 
 namespace uroce::transport {
 
@@ -47,9 +48,29 @@ class DeviceSlots {
     static std::unique_ptr<DeviceSlot> claim(
         const std::string& path, std::string& error, int& err,
         std::chrono::milliseconds quarantine = kDefaultQuarantine);
-    // Shared value `index` (DeviceSlot::update_shared_value) of the table at `path`, without
-    // holding a slot there; nullopt if the table cannot be read. A moment's answer.
-    static std::optional<uint32_t> read_shared_value(const std::string& path, unsigned index);
+};
+
+// Reads the shared values (DeviceSlot::update_shared_value) of a device's table without
+// holding a slot there: another device's (Engine::answer_may_lead_ack asks at every RTR).
+// The file is opened at the first read that finds it and kept open, so each later read is
+// one pread. Not thread-safe.
+class SharedValueReader {
+  public:
+    explicit SharedValueReader(std::string path) : path_(std::move(path)) {}
+    ~SharedValueReader();
+    SharedValueReader(SharedValueReader&& other) noexcept
+        : path_(std::move(other.path_)), fd_(std::exchange(other.fd_, -1)) {}
+    SharedValueReader(const SharedValueReader&) = delete;
+    SharedValueReader& operator=(const SharedValueReader&) = delete;
+    SharedValueReader& operator=(SharedValueReader&&) = delete;
+
+    // Value `index` now (a moment's answer); nullopt if the table cannot be read (no context
+    // opened the device yet) or `index` is out of range.
+    std::optional<uint32_t> read(unsigned index);
+
+  private:
+    std::string path_;
+    int fd_ = -1;
 };
 
 // A claimed slot: held until destroyed.

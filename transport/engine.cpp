@@ -158,6 +158,9 @@ Engine::Engine(const EngineConfig& config, std::unique_ptr<DeviceSlot> slot,
     memory_.count_faults_in(&counters_->app_memory_faults);
     const bool gro = config.gro && socket_.enable_gro();
     reads_whole_ = gro;
+    host_peers_.reserve(config.host_devices.size());
+    for (const auto& d : config.host_devices)
+        host_peers_.push_back({d.ip, d.port, std::nullopt, SharedValueReader(d.slot_table)});
     // Peers of this device must not send us an answer before its ACK (answer_may_lead_ack).
     // A context that dies without this decrement leaves the count high: its device's peers
     // then only keep the ACK first.

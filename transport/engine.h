@@ -15,6 +15,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <shared_mutex>
 #include <string>
 #include <thread>
@@ -245,7 +246,9 @@ class Engine {
     // sends and reads trains (GSO and GRO on), and no context of that device reads without
     // GRO (kSplitReadersValue: those get the train cut, and could take the answer before
     // the ACK, which a requester must see first: train_order.h). Asked at RTR.
-    bool answer_may_lead_ack(const IpAddress& dst) const;
+    // Asked at RTR: one pread of the peer's table (the first time for a device, also its
+    // opening and an address check).
+    bool answer_may_lead_ack(const IpAddress& dst);
     // The slot table's shared value that counts a device's contexts reading without GRO.
     static constexpr unsigned kSplitReadersValue = 3;
     // A batch held an ACK: the next CQ poll that finds completions leaves it held (on_cq_poll).
@@ -505,7 +508,17 @@ class Engine {
     std::atomic<bool> gso_;
     bool reads_whole_ = false;    // the socket reads with UDP_GRO
     bool counted_split_ = false;  // this context counts in kSplitReadersValue
-    std::mutex rx_mutex_;         // one receiver at a time; guards rx_, touched_, members_
+    // config_.host_devices, as answer_may_lead_ack asks about them: whether the address is
+    // this namespace's (asked once), and the device's table, kept open.
+    struct HostPeer {
+        IpAddress ip;
+        uint16_t port;
+        std::optional<bool> local;
+        SharedValueReader table;
+    };
+    std::mutex host_peers_mutex_;
+    std::vector<HostPeer> host_peers_;  // guarded by host_peers_mutex_
+    std::mutex rx_mutex_;               // one receiver at a time; guards rx_, touched_, members_
     // Buffers of 64 KiB with GRO, of a datagram's worth without.
     std::unique_ptr<ReceiveBatch> rx_;
     std::vector<std::shared_ptr<Qp>> touched_;

@@ -93,12 +93,14 @@ void Engine::flush_overdue_held_acks(std::chrono::steady_clock::time_point now) 
                 .count());
 }
 
-bool Engine::answer_may_lead_ack(const IpAddress& dst) const {
+bool Engine::answer_may_lead_ack(const IpAddress& dst) {
     if (!reads_whole_ || !gso_enabled()) return false;
-    for (const auto& d : config_.host_devices) {
+    std::lock_guard lock(host_peers_mutex_);
+    for (HostPeer& d : host_peers_) {
         if (d.ip != dst || d.port != config_.port) continue;
-        if (!is_local_address(dst)) return false;
-        const auto split = DeviceSlots::read_shared_value(d.slot_table, kSplitReadersValue);
+        if (!d.local) d.local = is_local_address(dst);
+        if (!*d.local) return false;
+        const auto split = d.table.read(kSplitReadersValue);
         return split && *split == 0;
     }
     return false;

@@ -315,20 +315,21 @@ TEST_CASE("Whether an answer may lead its ACK: a device of this host, all readin
 
     // Contexts of the device that read without GRO (their own addresses: a count in the
     // table is all that matters), counted up at open and down at close.
+    SharedValueReader split_readers(table);
     EngineConfig split = device;
     split.gro = false;
     split.ip = more.b;
     auto split1 = make_engine(split);
-    CHECK(DeviceSlots::read_shared_value(table, Engine::kSplitReadersValue) == 1u);
+    CHECK(split_readers.read(Engine::kSplitReadersValue) == 1u);
     CHECK_FALSE(engine->answer_may_lead_ack(peer.a));
     split.ip = self.b;
     auto split2 = make_engine(split);
-    CHECK(DeviceSlots::read_shared_value(table, Engine::kSplitReadersValue) == 2u);
+    CHECK(split_readers.read(Engine::kSplitReadersValue) == 2u);
     split1.reset();
-    CHECK(DeviceSlots::read_shared_value(table, Engine::kSplitReadersValue) == 1u);
+    CHECK(split_readers.read(Engine::kSplitReadersValue) == 1u);
     CHECK_FALSE(engine->answer_may_lead_ack(peer.a));
     split2.reset();
-    CHECK(DeviceSlots::read_shared_value(table, Engine::kSplitReadersValue) == 0u);
+    CHECK(split_readers.read(Engine::kSplitReadersValue) == 0u);
     CHECK(engine->answer_may_lead_ack(peer.a));
 
     // This engine must send and read trains itself.

@@ -211,14 +211,16 @@ TEST_CASE("Device slots: a holder knows whether another context holds a slot", "
 
 TEST_CASE("Device slots: a shared value is read without claiming a slot", "[device_slots]") {
     const std::string path = table_path();
-    CHECK_FALSE(DeviceSlots::read_shared_value(path, 0));  // no table yet
+    SharedValueReader reader(path);
+    CHECK_FALSE(reader.read(0));  // no table yet
     auto a = claim(path);
-    CHECK(DeviceSlots::read_shared_value(path, 5) == 0u);
+    CHECK(reader.read(5) == 0u);  // found now
     REQUIRE(a->update_shared_value(5, [](uint32_t n) { return n + 7; }) == 0);
     REQUIRE(a->update_shared_value(6, [](uint32_t n) { return n + 9; }) == 0);
-    CHECK(DeviceSlots::read_shared_value(path, 5) == 7u);
-    CHECK(DeviceSlots::read_shared_value(path, 6) == 9u);
-    CHECK_FALSE(DeviceSlots::read_shared_value(path, DeviceSlot::kSharedValues));
+    CHECK(reader.read(5) == 7u);  // through the file it keeps open
+    CHECK(reader.read(6) == 9u);
+    CHECK(SharedValueReader(path).read(5) == 7u);
+    CHECK_FALSE(reader.read(DeviceSlot::kSharedValues));
     CHECK(a->update_shared_value(DeviceSlot::kSharedValues, [](uint32_t n) { return n; }) ==
           EINVAL);
     CHECK(a->alone());  // the readings claimed nothing
