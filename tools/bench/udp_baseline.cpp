@@ -4,9 +4,9 @@
 //
 //   uroce-udp-baseline MODE [options]
 //
-// MODE: gso, gso-write, sendto, pps, rtt, rtt-ack, rtt-wake, gso-pingpong, tcp (see kUsage). Every
-// loop is bounded in count and in time: receivers use socket timeouts or deadlines, so a lost
-// datagram never hangs a mode.
+// MODE: gso, gso-write, sendto, pps, rtt, rtt-ack, rtt-train, rtt-wake, gso-pingpong, tcp (see
+// kUsage). Every loop is bounded in count and in time: receivers use socket timeouts or deadlines,
+// so a lost datagram never hangs a mode.
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -57,6 +57,10 @@ struct Buffer {
 
 using Clock = std::chrono::steady_clock;
 
+// The datagram rtt-ack sends before each message, and rtt-train behind it: the size of an RC
+// ACK (BTH 12, AETH 4, ICRC 4), sequence number 0, which no message has.
+constexpr std::size_t kAckBytes = 20;
+
 constexpr const char* kUsage =
     "usage: uroce-udp-baseline MODE [options]\n"
     "modes (each prints one line of key=value pairs on stdout):\n"
@@ -70,6 +74,9 @@ constexpr const char* kUsage =
     "  rtt           busy-polled ping-pong of --size bytes: RTT p50/p99, half RTT p50\n"
     "  rtt-ack       the same, each message preceded by a 20-byte datagram, as an RC\n"
     "                responder's ACK precedes its answer\n"
+    "  rtt-train     the same, each message (--size 20 or more, default 24) with a 20-byte\n"
+    "                datagram behind it in one GSO train, read with GRO: an RC answer that\n"
+    "                leads its ACK, as between uroce devices of one host\n"
     "  rtt-wake      the same ping-pong, but each side's application thread spins on memory\n"
     "                and a second thread of its own, blocked in recv, stores what came: what\n"
     "                a user-space provider's engine thread does for ib_write_lat, whose\n"
@@ -156,9 +163,9 @@ double parse_seconds(const std::string& opt, const std::string& text) {
     return v;
 }
 
-// rtt, rtt-ack and rtt-wake: ping-pongs of --size byte messages.
+// rtt, rtt-ack, rtt-train and rtt-wake: ping-pongs of --size byte messages.
 bool is_rtt(const Options& o) {
-    return o.mode == "rtt" || o.mode == "rtt-ack" || o.mode == "rtt-wake";
+    return o.mode == "rtt" || o.mode == "rtt-ack" || o.mode == "rtt-train" || o.mode == "rtt-wake";
 }
 
 Options parse_args(int argc, char** argv) {
@@ -173,8 +180,8 @@ Options parse_args(int argc, char** argv) {
     if (args.empty()) usage_error("no mode given");
     o.mode = args[0];
     static constexpr std::string_view kModes[] = {
-        "gso",      "gso-write",    "sendto",          "pps", "rtt", "rtt-ack",
-        "rtt-wake", "gso-pingpong", "gso-pingpong-rc", "tcp"};
+        "gso",       "gso-write",    "sendto",          "pps", "rtt",     "rtt-ack",
+        "rtt-train", "gso-pingpong", "gso-pingpong-rc", "tcp", "rtt-wake"};
     if (std::find(std::begin(kModes), std::end(kModes), o.mode) == std::end(kModes)) {
         usage_error("unknown mode '" + o.mode + "'");
     }
@@ -221,8 +228,11 @@ Options parse_args(int argc, char** argv) {
         }
     }
     const bool rtt = is_rtt(o);
-    if (o.size == 0) o.size = o.mode == "pps" ? 64 : rtt ? 8 : 4096;
+    if (o.size == 0) o.size = o.mode == "pps" ? 64 : o.mode == "rtt-train" ? 24 : rtt ? 8 : 4096;
     if (rtt && o.size < 8) usage_error(o.mode + ": --size must be at least 8");
+    // GSO lets only the last segment of a train differ, and only by being shorter.
+    if (o.mode == "rtt-train" && (o.size < kAckBytes || o.size + kAckBytes > 65507))
+        usage_error("rtt-train: --size must be 20 (the ACK's size) to 65487 bytes");
     if (o.mode == "gso-pingpong-rc" && o.seg <= 16)
         usage_error("gso-pingpong-rc: --seg must exceed 16 bytes (a header and a CRC)");
     if (o.mode == "gso-write" && (o.seg <= 16 || 2 * o.seg + 16 > 65507)) {
@@ -581,10 +591,6 @@ void print_tput(const Options& o, const Tput& t, Stream stream) {
 // starts with the 8-byte sequence number of its message, so that a late segment of an earlier
 // message is never counted for the current one.
 
-// The datagram rtt-ack sends before each message: the size of an RC ACK (BTH 12, AETH 4,
-// ICRC 4), sequence number 0, which no message has.
-constexpr std::size_t kAckBytes = 20;
-
 // gso-pingpong-rc's per-byte work (the ICRC's share of it): a segment's last 4 bytes carry the
 // CRC-32 of the bytes before them.
 constexpr std::size_t kCrcBytes = 4;
@@ -592,12 +598,16 @@ constexpr std::size_t kCrcBytes = 4;
 // area puts a train's first payload on one.
 constexpr std::size_t kStageOffset = 64 - 12;
 
+// Where a ping-pong sends a 20-byte datagram (the ACK) with each message.
+enum class AckDatagram { None, Before, Behind };
+
 struct Messenger {
     int fd;
     std::size_t msg;
     std::size_t seg;
     std::size_t per_send;
     bool ack_first;
+    bool ack_behind;  // in the message's GSO train (msg == seg >= kAckBytes)
     bool rc_work;
     Buffer out;
     Buffer in;
@@ -605,14 +615,15 @@ struct Messenger {
     Buffer stage;      // rc_work: the message as sent, each segment signed
     Buffer delivered;  // rc_work: where arriving segments are copied out to
 
-    Messenger(int f, std::size_t m, std::size_t s, bool a, bool work = false)
+    Messenger(int f, std::size_t m, std::size_t s, AckDatagram a, bool work = false)
         : fd(f),
           msg(m),
           seg(std::min(s, m)),
           per_send(std::max<std::size_t>(1, std::min<std::size_t>(64, 65507 / seg))),
-          ack_first(a),
+          ack_first(a == AckDatagram::Before),
+          ack_behind(a == AckDatagram::Behind),
           rc_work(work),
-          out(m, 'p'),
+          out(m + (ack_behind ? kAckBytes : 0), 'p'),
           in(65536 + 4096),
           ack(kAckBytes, 0),
           stage(work ? m + kStageOffset : 0),
@@ -649,6 +660,10 @@ struct Messenger {
         for (std::size_t off = 0; off < msg; off += seg) {
             std::memcpy(out.data() + off, &seq, std::min(sizeof seq, msg - off));
         }
+        if (ack_behind) {
+            std::memset(out.data() + msg, 0, kAckBytes);   // sequence number 0: the ACK
+            return send_now(out.data(), msg + kAckBytes);  // one train: UDP_SEGMENT is msg
+        }
         const char* from = rc_work ? staged() : out.data();
         bool ok = true;
         for (std::size_t off = 0; off < msg; off += seg * per_send) {
@@ -678,7 +693,7 @@ struct Messenger {
             if (len < sizeof(std::uint64_t)) continue;  // too short to carry a sequence number
             std::uint64_t seq = 0;
             std::memcpy(&seq, in.data() + off, sizeof seq);
-            if (seq == 0) continue;  // rtt-ack's ACK datagram: no message has number 0
+            if (seq == 0) continue;  // an ACK datagram: no message has number 0
             if (rc_work && len > kCrcBytes) {
                 const auto* bytes = reinterpret_cast<const unsigned char*>(in.data() + off);
                 std::uint32_t want = 0;
@@ -698,10 +713,10 @@ struct PingResult {
     bool complete = true;
 };
 
-PingResult run_pingpong(const Options& o, std::size_t msg, std::size_t seg, bool ack_first,
+PingResult run_pingpong(const Options& o, std::size_t msg, std::size_t seg, AckDatagram ack,
                         bool rc_work = false) {
     UdpPair p = make_udp_pair(o);
-    const bool use_gso = msg > seg;
+    const bool use_gso = msg > seg || ack == AckDatagram::Behind;
     if (use_gso) {
         for (int fd : {p.a.get(), p.b.get()}) {
             set_int(fd, IPPROTO_UDP, UDP_SEGMENT, static_cast<int>(seg), "setsockopt UDP_SEGMENT");
@@ -717,7 +732,7 @@ PingResult run_pingpong(const Options& o, std::size_t msg, std::size_t seg, bool
     pin_to(o.cpu_a);
     std::thread pong([&] {
         pin_to(o.cpu_b);
-        Messenger m(p.b.get(), msg, seg, ack_first, rc_work);
+        Messenger m(p.b.get(), msg, seg, ack, rc_work);
         std::uint64_t cur = 0;
         std::size_t got = 0;
         while (!stop.load(std::memory_order_relaxed) && Clock::now() < hard_end) {
@@ -744,7 +759,7 @@ PingResult run_pingpong(const Options& o, std::size_t msg, std::size_t seg, bool
 
     PingResult r;
     r.us.reserve(o.iters);
-    Messenger m(p.a.get(), msg, seg, ack_first, rc_work);
+    Messenger m(p.a.get(), msg, seg, ack, rc_work);
     const std::uint64_t total = o.warmup + o.iters;
     for (std::uint64_t i = 0; i < total; ++i) {
         const std::uint64_t seq = i + 1;  // the pong side starts at 0, waiting for 1
@@ -993,11 +1008,14 @@ int main(int argc, char** argv) {
     } else if (o.mode == "rtt-wake") {
         print_pingpong(o, run_wake_pingpong(o), o.size, o.size);
     } else if (is_rtt(o)) {
-        print_pingpong(o, run_pingpong(o, o.size, o.size, o.mode == "rtt-ack"), o.size, o.size);
+        const AckDatagram ack = o.mode == "rtt-ack"     ? AckDatagram::Before
+                                : o.mode == "rtt-train" ? AckDatagram::Behind
+                                                        : AckDatagram::None;
+        print_pingpong(o, run_pingpong(o, o.size, o.size, ack), o.size, o.size);
     } else if (o.mode == "gso-pingpong") {
-        print_pingpong(o, run_pingpong(o, o.msg, o.seg, false), o.msg, o.seg);
+        print_pingpong(o, run_pingpong(o, o.msg, o.seg, AckDatagram::None), o.msg, o.seg);
     } else if (o.mode == "gso-pingpong-rc") {
-        print_pingpong(o, run_pingpong(o, o.msg, o.seg, true, true), o.msg, o.seg);
+        print_pingpong(o, run_pingpong(o, o.msg, o.seg, AckDatagram::Before, true), o.msg, o.seg);
     } else {
         run_tcp(o);
     }
