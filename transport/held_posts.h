@@ -10,6 +10,9 @@
 // UC and UD: of at most 1 KiB, qp_common.h) is only queued: the QP is noted here and the next poll
 // of any CQ of the context, a moment later, sends what every noted QP holds, as one GSO train per
 // QP. The receiver then reads one GRO buffer and sends one ACK per train instead of per message.
+// An answer does not wait: an RC post to a QP that owes its peer an ACK and has nothing of its
+// own in flight answers a request the peer waits on, and leaves at once with the ACK
+// (RcQp::may_wait).
 //
 // The wait is bounded. A poller that stops polling (it turned to a completion channel,
 // or to spinning on memory) leaves the socket to the engine thread within a watch

@@ -434,6 +434,21 @@ void parked_and_gated(Engine& e, Body body) {
     FAIL("the socket was handed back before the fork gate was taken, 100 times");
 }
 
+// Inside parked_and_gated(b): b posts a WRITE of `len` bytes (its memory at `from`, pattern
+// `wr_id`) to a's memory at offset `to`, which b's next poll sends; with a's engine thread
+// held still by its fork gate, a reads nothing, so the WRITE stays in flight while `body`
+// runs. b's posts then wait for b's next poll even where they answer a request of a's (an
+// answer with nothing in flight leaves at once: RcQp::may_wait).
+template <class Body>
+void with_b_write_in_flight(Pair& p, uint64_t wr_id, uint32_t from, uint32_t to, uint32_t len,
+                            Body body) {
+    const auto a_gate = p.a.engine->fork_gate().pass();
+    fill(p.b.at(from), len, wr_id);
+    REQUIRE(p.b.qp->post_send(rdma_wqe(SendOpcode::RdmaWrite, wr_id, {p.b.sge(from, len)},
+                                       p.a.iova + to, p.a.keys.rkey)) == 0);
+    body();
+}
+
 inline bool has_event(Side& s, AsyncEventType type) {
     for (const AsyncEvent& e : s.async_events())
         if (e.type == type && e.qp_handle == &s) return true;

@@ -206,18 +206,16 @@ TEST_CASE("A busy poller's SEND answer leads its ACK; two answers of two sizes d
           "[answer_first]") {
     AnsweringPair ap(holding());
     Pair& p = ap.p;
-    // One answer, held for the poll (held_posts.h): it leads the ACK from send_held().
-    REQUIRE(p.a.qp->post_recv(recv_wqe(72, {p.a.sge(8192, kLen)})) == 0);
+    // One answer, at once (nothing of b's in flight: RcQp::may_wait): it leads the ACK.
+    REQUIRE(p.a.qp->post_recv(recv_wqe(70, {p.a.sge(8192, kLen)})) == 0);
     parked_and_gated(*p.b.engine, [&] {
-        REQUIRE(p.b.qp->post_recv(recv_wqe(71, {p.b.sge(4096, kLen)})) == 0);
-        fill(p.a.at(0), kLen, 71);
-        REQUIRE(p.a.qp->post_send(send_wqe(71, {p.a.sge(0, kLen)})) == 0);
+        REQUIRE(p.b.qp->post_recv(recv_wqe(69, {p.b.sge(4096, kLen)})) == 0);
+        fill(p.a.at(0), kLen, 69);
+        REQUIRE(p.a.qp->post_send(send_wqe(69, {p.a.sge(0, kLen)})) == 0);
         Completion c;
         REQUIRE(busy_poll(*p.b.engine, [&] { return p.b.rcq->poll(std::span(&c, 1)) == 1; }));
         TxRecorder b_out(*p.b.engine);
-        REQUIRE(p.b.qp->post_send(send_answer(p, 72, kLen)) == 0);
-        CHECK(b_out.packets().empty());
-        p.b.engine->on_cq_poll(false);
+        REQUIRE(p.b.qp->post_send(send_answer(p, 70, kLen)) == 0);
         const auto sent = b_out.packets();
         REQUIRE(sent.size() == 2);
         CHECK(index_of(sent, wire::Opcode::RcSendOnly) == 0);
@@ -225,30 +223,59 @@ TEST_CASE("A busy poller's SEND answer leads its ACK; two answers of two sizes d
     });
     auto got = ap.a_completions(2);
     REQUIRE(got.size() == 2);
+    CHECK(got[0].wr_id == 69);
+    CHECK(got[1].wr_id == 70);
+    CHECK(first_mismatch(p.a.at(8192), kLen, 70) == kLen);
+
+    // One answer held for the poll (held_posts.h; a WRITE of b's is in flight): it leads the
+    // ACK from send_held().
+    REQUIRE(p.a.qp->post_recv(recv_wqe(72, {p.a.sge(8192, kLen)})) == 0);
+    parked_and_gated(*p.b.engine, [&] {
+        with_b_write_in_flight(p, 76, 2048, 40960, kLen, [&] {
+            REQUIRE(p.b.qp->post_recv(recv_wqe(71, {p.b.sge(4096, kLen)})) == 0);
+            fill(p.a.at(0), kLen, 71);
+            REQUIRE(p.a.qp->post_send(send_wqe(71, {p.a.sge(0, kLen)})) == 0);
+            Completion c;
+            REQUIRE(busy_poll(*p.b.engine, [&] { return p.b.rcq->poll(std::span(&c, 1)) == 1; }));
+            TxRecorder b_out(*p.b.engine);
+            REQUIRE(p.b.qp->post_send(send_answer(p, 72, kLen)) == 0);
+            CHECK(b_out.packets().empty());
+            p.b.engine->on_cq_poll(false);
+            const auto sent = b_out.packets();
+            REQUIRE(sent.size() == 2);
+            CHECK(index_of(sent, wire::Opcode::RcSendOnly) == 0);
+            CHECK(index_of(sent, wire::Opcode::RcAcknowledge) == 1);
+        });
+    });
+    got = ap.a_completions(2);
+    REQUIRE(got.size() == 2);
     CHECK(got[0].wr_id == 71);
     CHECK(got[1].wr_id == 72);
     CHECK(first_mismatch(p.a.at(8192), kLen, 72) == kLen);
+    CHECK(first_mismatch(p.a.at(40960), kLen, 76) == kLen);
 
     // Two answers of two sizes in one poll's batch: the second would close a train of its
     // own, the first alone before it, so the ACK goes first.
     REQUIRE(p.a.qp->post_recv(recv_wqe(74, {p.a.sge(8192, kLen)})) == 0);
     REQUIRE(p.a.qp->post_recv(recv_wqe(75, {p.a.sge(12288, kLen)})) == 0);
     parked_and_gated(*p.b.engine, [&] {
-        REQUIRE(p.b.qp->post_recv(recv_wqe(73, {p.b.sge(4096, kLen)})) == 0);
-        fill(p.a.at(0), kLen, 73);
-        REQUIRE(p.a.qp->post_send(send_wqe(73, {p.a.sge(0, kLen)})) == 0);
-        Completion c;
-        REQUIRE(busy_poll(*p.b.engine, [&] { return p.b.rcq->poll(std::span(&c, 1)) == 1; }));
-        TxRecorder b_out(*p.b.engine);
-        fill(p.b.at(0), kLen, 74);
-        fill(p.b.at(1024), kLen / 2, 75);
-        REQUIRE(p.b.qp->post_send(send_wqe(74, {p.b.sge(0, kLen)})) == 0);
-        REQUIRE(p.b.qp->post_send(send_wqe(75, {p.b.sge(1024, kLen / 2)})) == 0);
-        CHECK(b_out.packets().empty());  // both held for the poll, with the ACK
-        p.b.engine->on_cq_poll(false);
-        const auto sent = b_out.packets();
-        REQUIRE(sent.size() == 3);
-        CHECK(index_of(sent, wire::Opcode::RcAcknowledge) == 0);
+        with_b_write_in_flight(p, 77, 2048, 40960, kLen, [&] {
+            REQUIRE(p.b.qp->post_recv(recv_wqe(73, {p.b.sge(4096, kLen)})) == 0);
+            fill(p.a.at(0), kLen, 73);
+            REQUIRE(p.a.qp->post_send(send_wqe(73, {p.a.sge(0, kLen)})) == 0);
+            Completion c;
+            REQUIRE(busy_poll(*p.b.engine, [&] { return p.b.rcq->poll(std::span(&c, 1)) == 1; }));
+            TxRecorder b_out(*p.b.engine);
+            fill(p.b.at(0), kLen, 74);
+            fill(p.b.at(1024), kLen / 2, 75);
+            REQUIRE(p.b.qp->post_send(send_wqe(74, {p.b.sge(0, kLen)})) == 0);
+            REQUIRE(p.b.qp->post_send(send_wqe(75, {p.b.sge(1024, kLen / 2)})) == 0);
+            CHECK(b_out.packets().empty());  // both held for the poll, with the ACK
+            p.b.engine->on_cq_poll(false);
+            const auto sent = b_out.packets();
+            REQUIRE(sent.size() == 3);
+            CHECK(index_of(sent, wire::Opcode::RcAcknowledge) == 0);
+        });
     });
     got = ap.a_completions(3);
     REQUIRE(got.size() == 3);

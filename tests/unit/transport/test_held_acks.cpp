@@ -494,11 +494,9 @@ TEST_CASE("A busy poller's ACK waits for its application's answer: one system ca
         CHECK(p.b.counters().tx_acks.load() == acks0);
         CHECK(b_out.packets().empty());
 
-        // The answer waits for the next poll (held_posts.h), and keeps the ACK with it.
+        // The answer (nothing of b's in flight) leaves at once, and takes the ACK along.
         fill(p.b.at(0), kLen, 202);
         REQUIRE(p.b.qp->post_send(send_wqe(202, {p.b.sge(0, kLen)})) == 0);
-        CHECK(b_out.packets().empty());
-        p.b.engine->on_cq_poll(false);
         CHECK(p.b.counters().tx_acks.load() == acks0 + 1);
         CHECK(p.b.counters().tx_multi_sends.load() == multi0 + 1);  // ACK and SEND: one call
         const auto sent = b_out.packets();
@@ -515,6 +513,43 @@ TEST_CASE("A busy poller's ACK waits for its application's answer: one system ca
     CHECK(got->wr_id == 202);
     CHECK(first_mismatch(p.a.at(8192), kLen, 202) == kLen);
     CHECK(p.a.counters().retransmit_timeouts.load() == 0);
+    CHECK(p.b.counters().held_ack_timeouts.load() == 0);
+}
+
+TEST_CASE("A busy poller's answer held for its poll keeps the ACK: one system call for both",
+          "[held_acks]") {
+    // A WRITE of b's in flight: b's answer waits for b's next poll (held_posts.h), and so
+    // does the ACK it answers.
+    AnsweringPair ap(holding(kForever));
+    Pair& p = ap.p;
+    REQUIRE(p.a.qp->post_recv(recv_wqe(232, {p.a.sge(8192, kLen)})) == 0);
+    parked_and_gated(*p.b.engine, [&] {
+        with_b_write_in_flight(p, 233, 2048, 40960, kLen, [&] {
+            const uint64_t acks0 = p.b.counters().tx_acks.load();
+            polled_request(p, 231);  // its poll sends the WRITE
+            TxRecorder b_out(*p.b.engine);
+            const uint64_t multi0 = p.b.counters().tx_multi_sends.load();
+            fill(p.b.at(0), kLen, 232);
+            REQUIRE(p.b.qp->post_send(send_wqe(232, {p.b.sge(0, kLen)})) == 0);
+            CHECK(b_out.packets().empty());
+            CHECK(p.b.counters().tx_acks.load() == acks0);
+            p.b.engine->on_cq_poll(false);
+            CHECK(p.b.counters().tx_acks.load() == acks0 + 1);
+            CHECK(p.b.counters().tx_multi_sends.load() == multi0 + 1);
+            const auto sent = b_out.packets();
+            REQUIRE(sent.size() == 2);
+            CHECK(index_of(sent, wire::Opcode::RcAcknowledge) == 0);
+            CHECK(index_of(sent, wire::Opcode::RcSendOnly) == 1);
+        });
+    });
+    const auto done = poll_side(p.a, *p.a.scq);
+    REQUIRE(done);
+    CHECK(done->wr_id == 231);
+    const auto got = poll_side(p.a, *p.a.rcq);
+    REQUIRE(got);
+    CHECK(got->wr_id == 232);
+    CHECK(first_mismatch(p.a.at(8192), kLen, 232) == kLen);
+    CHECK(first_mismatch(p.a.at(40960), kLen, 233) == kLen);
     CHECK(p.b.counters().held_ack_timeouts.load() == 0);
 }
 
@@ -547,30 +582,48 @@ TEST_CASE("With hold_acks off a busy poller's ACK leaves at the end of its batch
     });
 }
 
-TEST_CASE("A busy poller's held WRITE answer leaves before its ACK, in one train", "[held_acks]") {
+TEST_CASE("A busy poller's WRITE answer leaves before its ACK, in one train", "[held_acks]") {
+    // At once (nothing of b's in flight), and held for the poll (a WRITE of b's in flight).
     AnsweringPair ap(holding(kForever));
     Pair& p = ap.p;
-    parked_and_gated(*p.b.engine, [&] {
+    const auto answer = [&](uint64_t wr_id, bool held) {
         TxRecorder b_out(*p.b.engine);
-        polled_request(p, 241);
-        CHECK(b_out.packets().empty());
         const uint64_t trains0 = p.b.counters().tx_gso_sends.load();
-        fill(p.b.at(0), kLen, 242);
-        REQUIRE(p.b.qp->post_send(rdma_wqe(SendOpcode::RdmaWrite, 242, {p.b.sge(0, kLen)}, p.a.iova,
-                                           p.a.keys.rkey)) == 0);
-        CHECK(b_out.packets().empty());  // held for the next poll, with the ACK
-        p.b.engine->on_cq_poll(false);
+        fill(p.b.at(0), kLen, wr_id);
+        REQUIRE(p.b.qp->post_send(rdma_wqe(SendOpcode::RdmaWrite, wr_id, {p.b.sge(0, kLen)},
+                                           p.a.iova + 1024 * (wr_id - 240), p.a.keys.rkey)) == 0);
+        if (held) {
+            CHECK(b_out.packets().empty());  // held for the next poll, with the ACK
+            p.b.engine->on_cq_poll(false);
+        }
         const auto sent = b_out.packets();
         REQUIRE(sent.size() == 2);
         CHECK(index_of(sent, wire::Opcode::RcWriteOnly) == 0);
         CHECK(index_of(sent, wire::Opcode::RcAcknowledge) == 1);
         CHECK(p.b.counters().tx_gso_sends.load() == trains0 + 1);
+    };
+    parked_and_gated(*p.b.engine, [&] {
+        polled_request(p, 241);
+        answer(242, false);
     });
-    const auto done = poll_side(p.a, *p.a.scq);
+    auto done = poll_side(p.a, *p.a.scq);
     REQUIRE(done);
     CHECK(done->status == WcStatus::Success);
     CHECK(done->wr_id == 241);
-    CHECK(first_mismatch(p.a.at(0), kLen, 242) == kLen);
+    CHECK(first_mismatch(p.a.at(1024 * 2), kLen, 242) == kLen);
+
+    parked_and_gated(*p.b.engine, [&] {
+        with_b_write_in_flight(p, 245, 2048, 40960, kLen, [&] {
+            polled_request(p, 243);
+            answer(244, true);
+        });
+    });
+    done = poll_side(p.a, *p.a.scq);
+    REQUIRE(done);
+    CHECK(done->status == WcStatus::Success);
+    CHECK(done->wr_id == 243);
+    CHECK(first_mismatch(p.a.at(1024 * 4), kLen, 244) == kLen);
+    CHECK(first_mismatch(p.a.at(40960), kLen, 245) == kLen);
 }
 
 TEST_CASE("A poller's ACK waits for the answer before the socket is parked", "[held_acks]") {

@@ -177,3 +177,107 @@ TEST_CASE("The WQEs of one post leave together, a refused one's before it too", 
     for (uint32_t i = 0; i < 4; ++i)
         CHECK(first_mismatch(p.b.at(12288 + i * kSmall), kSmall, 950 + i) == kSmall);
 }
+
+namespace {
+
+PairOptions answering() {
+    PairOptions o;
+    o.ack_hold_micros = 60'000'000;  // b's ACK waits for the answer, never for time
+    o.answer_window_micros = 60'000'000;
+    o.adaptive = false;
+    return o;
+}
+
+// Connects p: b has posted before (its ACKs wait for its answers from then on) and owes
+// nothing; a request from a and two answers from b each find a receive posted.
+void prepare_answering(Pair& p) {
+    QpAttributes attrs = default_attributes();
+    attrs.timeout = 31;  // hours: nothing is resent meanwhile
+    p.connect(attrs, attrs);
+    fill(p.b.at(0), kSmall, 1);
+    REQUIRE(p.b.qp->post_send(rdma_wqe(SendOpcode::RdmaWrite, 1, {p.b.sge(0, kSmall)},
+                                       p.a.iova + 16384, p.a.keys.rkey)) == 0);
+    REQUIRE(p.wait_one(*p.b.scq).status == WcStatus::Success);
+    REQUIRE(p.b.qp->post_recv(recv_wqe(1000, {p.b.sge(4096, kSmall)})) == 0);
+    REQUIRE(p.a.qp->post_recv(recv_wqe(2000, {p.a.sge(8192, kSmall)})) == 0);
+    REQUIRE(p.a.qp->post_recv(recv_wqe(2001, {p.a.sge(8192 + kSmall, kSmall)})) == 0);
+}
+
+// a SENDs request 1000; b, the busy poller, reads it (its ACK held for the answer).
+void request_read_by_b(Pair& p) {
+    fill(p.a.at(0), kSmall, 1000);
+    REQUIRE(p.a.qp->post_send(send_wqe(1000, {p.a.sge(0, kSmall)})) == 0);
+    Completion c;
+    REQUIRE(busy_poll(*p.b.engine, [&] { return p.b.rcq->poll(std::span(&c, 1)) == 1; }));
+    CHECK(c.wr_id == 1000);
+    CHECK(first_mismatch(p.b.at(4096), kSmall, 1000) == kSmall);
+}
+
+void post_answer(Pair& p, uint64_t wr_id, uint32_t offset) {
+    fill(p.b.at(offset), kSmall, wr_id);
+    REQUIRE(p.b.qp->post_send(send_wqe(wr_id, {p.b.sge(offset, kSmall)})) == 0);
+}
+
+// a's request completed and the answers `first`.. arrived intact at a, in order.
+void check_answers(Pair& p, uint64_t first, uint32_t n) {
+    REQUIRE(p.wait_one(*p.a.scq).wr_id == 1000);
+    const auto answers = p.wait(*p.a.rcq, n);
+    REQUIRE(answers.size() == n);
+    for (uint32_t i = 0; i < n; ++i) {
+        CHECK(answers[i].wr_id == first + i);
+        CHECK(first_mismatch(p.a.at(8192 + i * kSmall), kSmall, first + i) == kSmall);
+    }
+}
+
+}  // namespace
+
+TEST_CASE("An answer with nothing of its own in flight leaves at once, with its ACK",
+          "[held_posts]") {
+    // b owes a the ACK of a's SEND and has nothing in flight: its answer is a ping-pong's,
+    // and leaves at once with the ACK rather than at b's next poll. A second answer, posted
+    // while the first is in flight (and owing nothing), waits for that poll as any post does.
+    Pair p(answering());
+    prepare_answering(p);
+    parked_and_gated(*p.b.engine, [&] {
+        request_read_by_b(p);
+        const uint64_t held = p.b.counters().tx_held_posts.load();
+        const uint64_t sent = p.b.counters().tx_packets.load();
+        post_answer(p, 2000, 0);
+        CHECK(p.b.counters().tx_packets.load() - sent == 2);  // the answer and the ACK
+        CHECK(p.b.counters().tx_held_posts.load() == held);
+
+        post_answer(p, 2001, kSmall);
+        CHECK(p.b.counters().tx_held_posts.load() - held == 1);
+        CHECK(p.b.counters().tx_packets.load() - sent == 2);
+        p.b.engine->on_cq_poll(false);  // a poll that found completions: it sends the post
+        CHECK(p.b.counters().tx_packets.load() - sent == 3);
+    });
+    check_answers(p, 2000, 2);
+    const auto done = p.wait(*p.b.scq, 2);
+    REQUIRE(done.size() == 2);
+    for (const Completion& one : done) CHECK(one.status == WcStatus::Success);
+}
+
+TEST_CASE("An answer waits for the poll while a request of its QP is in flight", "[held_posts]") {
+    // b's WRITE is in flight (a's engine thread, gated, reads nothing: no ACK comes back)
+    // when b answers a's request: the answer is not a ping-pong's, and waits for b's poll.
+    Pair p(answering());
+    prepare_answering(p);
+    parked_and_gated(*p.b.engine, [&] {
+        with_b_write_in_flight(p, 3000, 2 * kSmall, 20480, kSmall, [&] {
+            request_read_by_b(p);  // its poll sends the WRITE, held until then
+            const uint64_t held = p.b.counters().tx_held_posts.load();
+            const uint64_t sent = p.b.counters().tx_packets.load();
+            post_answer(p, 2000, 0);
+            CHECK(p.b.counters().tx_held_posts.load() - held == 1);
+            CHECK(p.b.counters().tx_packets.load() == sent);
+            p.b.engine->on_cq_poll(false);
+            CHECK(p.b.counters().tx_packets.load() - sent == 2);  // the answer and the ACK
+        });
+    });
+    check_answers(p, 2000, 1);
+    CHECK(first_mismatch(p.a.at(20480), kSmall, 3000) == kSmall);
+    const auto done = p.wait(*p.b.scq, 2);
+    REQUIRE(done.size() == 2);
+    for (const Completion& one : done) CHECK(one.status == WcStatus::Success);
+}
