@@ -481,75 +481,51 @@ void polled_request(Pair& p, uint64_t seed) {
 
 TEST_CASE("A busy poller's ACK waits for its application's answer: one system call for both",
           "[held_acks]") {
+    // The answer leaves at once when nothing of b's is in flight, and waits for b's next poll
+    // (held_posts.h) when a WRITE of b's is: either way it takes the held ACK along.
     AnsweringPair ap(holding(kForever));
     Pair& p = ap.p;
-    REQUIRE(p.a.qp->post_recv(recv_wqe(202, {p.a.sge(8192, kLen)})) == 0);
-    parked_and_gated(*p.b.engine, [&] {
-        TxRecorder b_out(*p.b.engine);
+    const auto request_and_answer = [&](uint64_t seed, bool held) {
+        REQUIRE(p.a.qp->post_recv(recv_wqe(seed + 1, {p.a.sge(8192, kLen)})) == 0);
         const uint64_t held0 = p.b.counters().tx_held_acks.load();
         const uint64_t acks0 = p.b.counters().tx_acks.load();
-        const uint64_t multi0 = p.b.counters().tx_multi_sends.load();
-        polled_request(p, 201);
+        polled_request(p, seed);  // its poll sends what b held
         CHECK(p.b.counters().tx_held_acks.load() == held0 + 1);
         CHECK(p.b.counters().tx_acks.load() == acks0);
-        CHECK(b_out.packets().empty());
-
-        // The answer (nothing of b's in flight) leaves at once, and takes the ACK along.
-        fill(p.b.at(0), kLen, 202);
-        REQUIRE(p.b.qp->post_send(send_wqe(202, {p.b.sge(0, kLen)})) == 0);
+        TxRecorder b_out(*p.b.engine);
+        const uint64_t multi0 = p.b.counters().tx_multi_sends.load();
+        fill(p.b.at(0), kLen, seed + 1);
+        REQUIRE(p.b.qp->post_send(send_wqe(seed + 1, {p.b.sge(0, kLen)})) == 0);
+        if (held) {
+            CHECK(b_out.packets().empty());
+            CHECK(p.b.counters().tx_acks.load() == acks0);
+            p.b.engine->on_cq_poll(false);
+        }
         CHECK(p.b.counters().tx_acks.load() == acks0 + 1);
         CHECK(p.b.counters().tx_multi_sends.load() == multi0 + 1);  // ACK and SEND: one call
         const auto sent = b_out.packets();
         REQUIRE(sent.size() == 2);
         CHECK(index_of(sent, wire::Opcode::RcAcknowledge) == 0);
         CHECK(index_of(sent, wire::Opcode::RcSendOnly) == 1);
-    });
-    const auto done = poll_side(p.a, *p.a.scq);
-    REQUIRE(done);
-    CHECK(done->status == WcStatus::Success);
-    CHECK(done->wr_id == 201);
-    const auto got = poll_side(p.a, *p.a.rcq);
-    REQUIRE(got);
-    CHECK(got->wr_id == 202);
-    CHECK(first_mismatch(p.a.at(8192), kLen, 202) == kLen);
-    CHECK(p.a.counters().retransmit_timeouts.load() == 0);
-    CHECK(p.b.counters().held_ack_timeouts.load() == 0);
-}
-
-TEST_CASE("A busy poller's answer held for its poll keeps the ACK: one system call for both",
-          "[held_acks]") {
-    // A WRITE of b's in flight: b's answer waits for b's next poll (held_posts.h), and so
-    // does the ACK it answers.
-    AnsweringPair ap(holding(kForever));
-    Pair& p = ap.p;
-    REQUIRE(p.a.qp->post_recv(recv_wqe(232, {p.a.sge(8192, kLen)})) == 0);
+    };
+    const auto check_a = [&](uint64_t seed) {
+        const auto done = poll_side(p.a, *p.a.scq);
+        REQUIRE(done);
+        CHECK(done->status == WcStatus::Success);
+        CHECK(done->wr_id == seed);
+        const auto got = poll_side(p.a, *p.a.rcq);
+        REQUIRE(got);
+        CHECK(got->wr_id == seed + 1);
+        CHECK(first_mismatch(p.a.at(8192), kLen, seed + 1) == kLen);
+    };
+    parked_and_gated(*p.b.engine, [&] { request_and_answer(201, false); });
+    check_a(201);
     parked_and_gated(*p.b.engine, [&] {
-        with_b_write_in_flight(p, 233, 2048, 40960, kLen, [&] {
-            const uint64_t acks0 = p.b.counters().tx_acks.load();
-            polled_request(p, 231);  // its poll sends the WRITE
-            TxRecorder b_out(*p.b.engine);
-            const uint64_t multi0 = p.b.counters().tx_multi_sends.load();
-            fill(p.b.at(0), kLen, 232);
-            REQUIRE(p.b.qp->post_send(send_wqe(232, {p.b.sge(0, kLen)})) == 0);
-            CHECK(b_out.packets().empty());
-            CHECK(p.b.counters().tx_acks.load() == acks0);
-            p.b.engine->on_cq_poll(false);
-            CHECK(p.b.counters().tx_acks.load() == acks0 + 1);
-            CHECK(p.b.counters().tx_multi_sends.load() == multi0 + 1);
-            const auto sent = b_out.packets();
-            REQUIRE(sent.size() == 2);
-            CHECK(index_of(sent, wire::Opcode::RcAcknowledge) == 0);
-            CHECK(index_of(sent, wire::Opcode::RcSendOnly) == 1);
-        });
+        with_b_write_in_flight(p, 233, 2048, 40960, kLen, [&] { request_and_answer(231, true); });
     });
-    const auto done = poll_side(p.a, *p.a.scq);
-    REQUIRE(done);
-    CHECK(done->wr_id == 231);
-    const auto got = poll_side(p.a, *p.a.rcq);
-    REQUIRE(got);
-    CHECK(got->wr_id == 232);
-    CHECK(first_mismatch(p.a.at(8192), kLen, 232) == kLen);
+    check_a(231);
     CHECK(first_mismatch(p.a.at(40960), kLen, 233) == kLen);
+    CHECK(p.a.counters().retransmit_timeouts.load() == 0);
     CHECK(p.b.counters().held_ack_timeouts.load() == 0);
 }
 
