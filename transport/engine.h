@@ -245,9 +245,8 @@ class Engine {
     // this network namespace: the kernel hands the train whole to its socket), this engine
     // sends and reads trains (GSO and GRO on), and no context of that device reads without
     // GRO (kSplitReadersValue: those get the train cut, and could take the answer before
-    // the ACK, which a requester must see first: train_order.h). Asked at RTR.
-    // Asked at RTR: one pread of the peer's table (the first time for a device, also its
-    // opening and an address check).
+    // the ACK, which a requester must see first: train_order.h). Asked at RTR: one pread of
+    // the peer's table (the first time for a device, also its opening and an address check).
     bool answer_may_lead_ack(const IpAddress& dst);
     // The slot table's shared value that counts a device's contexts reading without GRO.
     static constexpr unsigned kSplitReadersValue = 3;

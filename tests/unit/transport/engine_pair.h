@@ -434,6 +434,32 @@ void parked_and_gated(Engine& e, Body body) {
     FAIL("the socket was handed back before the fork gate was taken, 100 times");
 }
 
+// ACKs held for the application's answer up to `hold_micros` (by default never released by
+// time), the QPs within the answer window for the whole test however slow the machine, and
+// no adaptive retransmission: only what a test does releases a held ACK.
+inline PairOptions holding_acks(uint32_t hold_micros = 60'000'000) {
+    PairOptions o;
+    o.ack_hold_micros = hold_micros;
+    o.answer_window_micros = 60'000'000;
+    o.adaptive = false;
+    return o;
+}
+
+// Inside parked_and_gated(b): a SENDs `len` bytes of pattern `seed` (from a's memory at 0)
+// into a receive posted on b at offset `at`; b's polls read it (its ACK may then be held for
+// b's answer). Checks the completion and the data.
+inline void polled_request(Pair& p, uint64_t seed, uint32_t at = 4096, uint32_t len = 64) {
+    REQUIRE(p.b.engine->socket_parked());
+    REQUIRE(p.b.qp->post_recv(recv_wqe(seed, {p.b.sge(at, len)})) == 0);
+    fill(p.a.at(0), len, seed);
+    REQUIRE(p.a.qp->post_send(send_wqe(seed, {p.a.sge(0, len)})) == 0);
+    Completion c;
+    REQUIRE(busy_poll(*p.b.engine, [&] { return p.b.rcq->poll(std::span(&c, 1)) == 1; }));
+    CHECK(c.wr_id == seed);
+    CHECK(c.status == WcStatus::Success);
+    CHECK(first_mismatch(p.b.at(at), len, seed) == len);
+}
+
 // Inside parked_and_gated(b): b posts a WRITE of `len` bytes (its memory at `from`, pattern
 // `wr_id`) to a's memory at offset `to`, which b's next poll sends; with a's engine thread
 // held still by its fork gate, a reads nothing, so the WRITE stays in flight while `body`

@@ -24,15 +24,11 @@ namespace wire = uroce::wire;
 namespace {
 
 constexpr uint32_t kLen = 64;
-constexpr uint32_t kForever = 60'000'000;  // micros no test waits out
 
-// ACKs held until the answer (never by time), b's QP in the answer window for the whole
-// test, nothing resent: only the answer sends b's ACK.
+// ACKs held until the answer (never by time; holding_acks), the engines each other's host
+// devices unless `host_peers` is false.
 PairOptions holding(bool host_peers = true) {
-    PairOptions o;
-    o.ack_hold_micros = kForever;
-    o.answer_window_micros = kForever;
-    o.adaptive = false;
+    PairOptions o = holding_acks();
     o.host_peers = host_peers;
     return o;
 }
@@ -206,52 +202,36 @@ TEST_CASE("A busy poller's SEND answer leads its ACK; two answers of two sizes d
           "[answer_first]") {
     AnsweringPair ap(holding());
     Pair& p = ap.p;
-    // One answer, at once (nothing of b's in flight: RcQp::may_wait): it leads the ACK.
-    REQUIRE(p.a.qp->post_recv(recv_wqe(70, {p.a.sge(8192, kLen)})) == 0);
-    parked_and_gated(*p.b.engine, [&] {
-        REQUIRE(p.b.qp->post_recv(recv_wqe(69, {p.b.sge(4096, kLen)})) == 0);
-        fill(p.a.at(0), kLen, 69);
-        REQUIRE(p.a.qp->post_send(send_wqe(69, {p.a.sge(0, kLen)})) == 0);
-        Completion c;
-        REQUIRE(busy_poll(*p.b.engine, [&] { return p.b.rcq->poll(std::span(&c, 1)) == 1; }));
+    // One answer, at once (nothing of b's in flight: RcQp::may_wait), and one held for the
+    // poll (held_posts.h; a WRITE of b's in flight) that leaves from send_held(): each leads
+    // the ACK.
+    const auto request_and_answer = [&](uint64_t seed, bool held) {
+        REQUIRE(p.a.qp->post_recv(recv_wqe(seed + 1, {p.a.sge(8192, kLen)})) == 0);
+        polled_request(p, seed);
         TxRecorder b_out(*p.b.engine);
-        REQUIRE(p.b.qp->post_send(send_answer(p, 70, kLen)) == 0);
+        REQUIRE(p.b.qp->post_send(send_answer(p, seed + 1, kLen)) == 0);
+        if (held) {
+            CHECK(b_out.packets().empty());
+            p.b.engine->on_cq_poll(false);
+        }
         const auto sent = b_out.packets();
         REQUIRE(sent.size() == 2);
         CHECK(index_of(sent, wire::Opcode::RcSendOnly) == 0);
         CHECK(index_of(sent, wire::Opcode::RcAcknowledge) == 1);
-    });
-    auto got = ap.a_completions(2);
-    REQUIRE(got.size() == 2);
-    CHECK(got[0].wr_id == 69);
-    CHECK(got[1].wr_id == 70);
-    CHECK(first_mismatch(p.a.at(8192), kLen, 70) == kLen);
-
-    // One answer held for the poll (held_posts.h; a WRITE of b's is in flight): it leads the
-    // ACK from send_held().
-    REQUIRE(p.a.qp->post_recv(recv_wqe(72, {p.a.sge(8192, kLen)})) == 0);
+    };
+    const auto check_a = [&](uint64_t seed) {
+        const auto got = ap.a_completions(2);
+        REQUIRE(got.size() == 2);
+        CHECK(got[0].wr_id == seed);
+        CHECK(got[1].wr_id == seed + 1);
+        CHECK(first_mismatch(p.a.at(8192), kLen, seed + 1) == kLen);
+    };
+    parked_and_gated(*p.b.engine, [&] { request_and_answer(69, false); });
+    check_a(69);
     parked_and_gated(*p.b.engine, [&] {
-        with_b_write_in_flight(p, 76, 2048, 40960, kLen, [&] {
-            REQUIRE(p.b.qp->post_recv(recv_wqe(71, {p.b.sge(4096, kLen)})) == 0);
-            fill(p.a.at(0), kLen, 71);
-            REQUIRE(p.a.qp->post_send(send_wqe(71, {p.a.sge(0, kLen)})) == 0);
-            Completion c;
-            REQUIRE(busy_poll(*p.b.engine, [&] { return p.b.rcq->poll(std::span(&c, 1)) == 1; }));
-            TxRecorder b_out(*p.b.engine);
-            REQUIRE(p.b.qp->post_send(send_answer(p, 72, kLen)) == 0);
-            CHECK(b_out.packets().empty());
-            p.b.engine->on_cq_poll(false);
-            const auto sent = b_out.packets();
-            REQUIRE(sent.size() == 2);
-            CHECK(index_of(sent, wire::Opcode::RcSendOnly) == 0);
-            CHECK(index_of(sent, wire::Opcode::RcAcknowledge) == 1);
-        });
+        with_b_write_in_flight(p, 76, 2048, 40960, kLen, [&] { request_and_answer(71, true); });
     });
-    got = ap.a_completions(2);
-    REQUIRE(got.size() == 2);
-    CHECK(got[0].wr_id == 71);
-    CHECK(got[1].wr_id == 72);
-    CHECK(first_mismatch(p.a.at(8192), kLen, 72) == kLen);
+    check_a(71);
     CHECK(first_mismatch(p.a.at(40960), kLen, 76) == kLen);
 
     // Two answers of two sizes in one poll's batch: the second would close a train of its
@@ -260,11 +240,7 @@ TEST_CASE("A busy poller's SEND answer leads its ACK; two answers of two sizes d
     REQUIRE(p.a.qp->post_recv(recv_wqe(75, {p.a.sge(12288, kLen)})) == 0);
     parked_and_gated(*p.b.engine, [&] {
         with_b_write_in_flight(p, 77, 2048, 40960, kLen, [&] {
-            REQUIRE(p.b.qp->post_recv(recv_wqe(73, {p.b.sge(4096, kLen)})) == 0);
-            fill(p.a.at(0), kLen, 73);
-            REQUIRE(p.a.qp->post_send(send_wqe(73, {p.a.sge(0, kLen)})) == 0);
-            Completion c;
-            REQUIRE(busy_poll(*p.b.engine, [&] { return p.b.rcq->poll(std::span(&c, 1)) == 1; }));
+            polled_request(p, 73);
             TxRecorder b_out(*p.b.engine);
             fill(p.b.at(0), kLen, 74);
             fill(p.b.at(1024), kLen / 2, 75);
@@ -277,7 +253,7 @@ TEST_CASE("A busy poller's SEND answer leads its ACK; two answers of two sizes d
             CHECK(index_of(sent, wire::Opcode::RcAcknowledge) == 0);
         });
     });
-    got = ap.a_completions(3);
+    const auto got = ap.a_completions(3);
     REQUIRE(got.size() == 3);
     CHECK(got[0].wr_id == 73);
     CHECK(got[1].wr_id == 74);
@@ -293,11 +269,7 @@ TEST_CASE("A busy poller's held ACK outlasts one poll that finds completions, no
     AnsweringPair ap(holding());
     Pair& p = ap.p;
     parked_and_gated(*p.b.engine, [&] {
-        REQUIRE(p.b.qp->post_recv(recv_wqe(81, {p.b.sge(4096, kLen)})) == 0);
-        fill(p.a.at(0), kLen, 81);
-        REQUIRE(p.a.qp->post_send(send_wqe(81, {p.a.sge(0, kLen)})) == 0);
-        Completion c;
-        REQUIRE(busy_poll(*p.b.engine, [&] { return p.b.rcq->poll(std::span(&c, 1)) == 1; }));
+        polled_request(p, 81);
         CHECK(first_mismatch(p.b.at(4096), kLen, 81) == kLen);
         const uint64_t acks0 = p.b.counters().tx_acks.load();
         p.b.engine->on_cq_poll(false);

@@ -21,7 +21,6 @@ namespace wire = uroce::wire;
 namespace {
 
 constexpr uint32_t kLen = 64;
-constexpr uint32_t kForever = 60'000'000;  // ack_hold_micros no test waits out
 
 // Polls `cq` through `s`'s engine only (busy_poll), until a completion or `timeout`.
 std::optional<Completion> poll_side(Side& s, CompletionQueue& cq,
@@ -68,17 +67,6 @@ struct AnsweringPair {
     }
 };
 
-// ACKs held up to `micros`; b's one answer keeps it in the answer window for the whole test
-// (however slow the machine), and a resends nothing (no adaptive retransmission, a local ACK
-// timeout of hours): only what the test does releases b's ACK.
-PairOptions holding(uint32_t micros) {
-    PairOptions o;
-    o.ack_hold_micros = micros;
-    o.answer_window_micros = kForever;
-    o.adaptive = false;
-    return o;
-}
-
 // a's WRITE `seed` completes with no answer from b, and b held no ACK.
 void check_acked_at_once(Pair& p, uint64_t seed) {
     const auto done = poll_side(p.a, *p.a.scq);
@@ -90,7 +78,7 @@ void check_acked_at_once(Pair& p, uint64_t seed) {
 
 // b holds the ACK of a's WRITE `seed` until `release` (not an answer) sends it.
 void check_released_by(uint64_t seed, const std::function<void(Engine&)>& release) {
-    AnsweringPair ap(holding(kForever));
+    AnsweringPair ap(holding_acks());
     Pair& p = ap.p;
     ap.request(seed);
     REQUIRE(eventually([&] { return p.b.counters().tx_held_acks.load() >= 1; }));
@@ -122,7 +110,7 @@ size_t index_of(const std::vector<SentPacket>& sent, wire::Opcode op) {
 
 TEST_CASE("A WRITE's ACK waits for the application's WRITE answer and leaves behind it",
           "[held_acks]") {
-    AnsweringPair ap(holding(kForever));
+    AnsweringPair ap(holding_acks());
     Pair& p = ap.p;
     TxRecorder b_out(*p.b.engine);
     ap.request(21);
@@ -147,7 +135,7 @@ TEST_CASE("A WRITE's ACK waits for the application's WRITE answer and leaves beh
 }
 
 TEST_CASE("A SEND answer leaves behind the ACK it answers", "[held_acks]") {
-    AnsweringPair ap(holding(kForever));
+    AnsweringPair ap(holding_acks());
     Pair& p = ap.p;
     TxRecorder b_out(*p.b.engine);
     ap.request(31);
@@ -171,7 +159,7 @@ TEST_CASE("A SEND answer leaves behind the ACK it answers", "[held_acks]") {
 }
 
 TEST_CASE("A responder whose application never posted keeps no ACK", "[held_acks]") {
-    Pair p(holding(kForever));
+    Pair p(holding_acks());
     p.connect(patient(), patient());
     fill(p.a.at(0), kLen, 41);
     REQUIRE(p.a.qp->post_send(rdma_wqe(SendOpcode::RdmaWrite, 41, {p.a.sge(0, kLen)}, p.b.iova,
@@ -181,7 +169,7 @@ TEST_CASE("A responder whose application never posted keeps no ACK", "[held_acks
 }
 
 TEST_CASE("A held ACK leaves after ack_hold_micros when no answer comes", "[held_acks]") {
-    AnsweringPair ap(holding(2000));
+    AnsweringPair ap(holding_acks(2000));
     Pair& p = ap.p;
     ap.request(51);
     const auto done = poll_side(p.a, *p.a.scq);
@@ -200,7 +188,7 @@ TEST_CASE("An ACK held after the hold timer was set waits its own ack_hold_micro
     // machine only makes longer (a test thread held off past 161's timer leaves nothing to
     // tell apart, and passes).
     constexpr uint32_t kHoldMicros = 400'000;
-    AnsweringPair ap(holding(kHoldMicros));
+    AnsweringPair ap(holding_acks(kHoldMicros));
     Pair& p = ap.p;
     ap.request(161);
     REQUIRE(eventually([&] { return p.b.counters().tx_held_acks.load() >= 1; }));
@@ -226,7 +214,7 @@ TEST_CASE("An ACK a poller holds while it has the socket sets no timer until the
     // b's poll reads a's request and holds its ACK, then b stops polling. While the socket
     // is parked the timer stays unset (its timerfd_settime and expiry would cost the
     // pollers' CPUs); the hand-back that follows sets it, and the ACK leaves.
-    AnsweringPair ap(holding(20'000));
+    AnsweringPair ap(holding_acks(20'000));
     Pair& p = ap.p;
     bool held = false;
     parked_and_gated(*p.b.engine, [&] {
@@ -257,7 +245,7 @@ TEST_CASE("Arming the responder's CQ sends the ACK it holds", "[held_acks]") {
 }
 
 TEST_CASE("A responder with several requests in flight (a stream) keeps no ACK", "[held_acks]") {
-    AnsweringPair ap(holding(kForever));
+    AnsweringPair ap(holding_acks());
     Pair& p = ap.p;
     // b's next two WRITEs never arrive: they stay in flight while a's request comes.
     TxRecorder b_out(*p.b.engine, [](const wire::ParsedPacket& pkt) {
@@ -272,7 +260,7 @@ TEST_CASE("A responder with several requests in flight (a stream) keeps no ACK",
 }
 
 TEST_CASE("A responder whose application answered too long ago keeps no ACK", "[held_acks]") {
-    PairOptions o = holding(kForever);
+    PairOptions o = holding_acks();
     o.answer_window_micros = 1;
     AnsweringPair ap(o);
     Pair& p = ap.p;
@@ -282,7 +270,7 @@ TEST_CASE("A responder whose application answered too long ago keeps no ACK", "[
 
 TEST_CASE("A QP whose local ACK timeout is short keeps no ACK", "[held_acks]") {
     // `timeout` 14: 67 ms, less than 4 x the hold.
-    AnsweringPair ap(holding(kForever), 14);
+    AnsweringPair ap(holding_acks(), 14);
     Pair& p = ap.p;
     ap.request(111);
     check_acked_at_once(p, 111);
@@ -294,7 +282,7 @@ TEST_CASE("A duplicate of a request whose ACK is held leaves the ACK held for th
     // the first copy. That ACK was never sent, so nothing was lost: what a resends is a
     // probe (its tail-loss probe comes after two round trips, an answer may take longer),
     // and the answer will carry the ACK.
-    AnsweringPair ap(holding(kForever), 31, 14);
+    AnsweringPair ap(holding_acks(), 31, 14);
     Pair& p = ap.p;
     TxRecorder b_out(*p.b.engine);
     ap.request(121);
@@ -317,7 +305,7 @@ TEST_CASE("A second duplicate while the ACK is held sends it: the answer is not 
     // a resends after its local ACK timeout (`timeout` 14: 67 ms), then again after twice
     // that. b holds "forever" and its application never answers: the first resend changes
     // nothing, the second gets the ACK.
-    AnsweringPair ap(holding(kForever), 31, 14);
+    AnsweringPair ap(holding_acks(), 31, 14);
     Pair& p = ap.p;
     TxRecorder b_out(*p.b.engine);
     ap.request(141);
@@ -341,7 +329,7 @@ TEST_CASE("Each held ACK absorbs its own first duplicate, also after an error an
     // otherwise b's answer sends the first ACK.
     const bool error = GENERATE(false, true);
     CAPTURE(error);
-    AnsweringPair ap(holding(kForever), 31, 14);
+    AnsweringPair ap(holding_acks(), 31, 14);
     Pair& p = ap.p;
     TxRecorder b_out(*p.b.engine);
     ap.request(151);
@@ -402,7 +390,7 @@ TEST_CASE("A QP that fails its own request sends the ACK it holds first", "[held
     // once (rnr_retry 1). Meanwhile a WRITEs to b, which executes it and holds the ACK for its
     // application. b's resend is refused again: b's QP fails (RNR retries exceeded), and the
     // ACK of a's WRITE, executed, must still reach a: a's WRITE succeeded.
-    Pair p(holding(kForever));
+    Pair p(holding_acks());
     QpAttributes pa = patient();
     QpAttributes pb = patient();
     pa.min_rnr_timer = 30;
@@ -436,7 +424,7 @@ TEST_CASE("A duplicate of a request whose ACK went out is acknowledged at once",
     // b holds the ACK of a's request; a poll of b's CQ sends it, and it is lost. a's resend
     // (after its local ACK timeout, 67 ms) finds the request executed: a is waiting for that
     // ACK, and gets it at once, not held again for an answer.
-    AnsweringPair ap(holding(kForever), 31, 14);
+    AnsweringPair ap(holding_acks(), 31, 14);
     Pair& p = ap.p;
     TxRecorder b_out(*p.b.engine, [n = 0](const wire::ParsedPacket& pkt) mutable {
         return pkt.h.bth.opcode == static_cast<uint8_t>(wire::Opcode::RcAcknowledge) && n++ == 0;
@@ -456,7 +444,7 @@ TEST_CASE("A duplicate of a request whose ACK went out is acknowledged at once",
 }
 
 TEST_CASE("With hold_acks off the ACK leaves at the end of its batch", "[held_acks]") {
-    PairOptions o = holding(kForever);
+    PairOptions o = holding_acks();
     o.hold_acks = false;
     AnsweringPair ap(o);
     Pair& p = ap.p;
@@ -464,26 +452,13 @@ TEST_CASE("With hold_acks off the ACK leaves at the end of its batch", "[held_ac
     check_acked_at_once(p, 81);
 }
 
-namespace {
-// b's polls (b's engine thread held still by its fork gate, the socket parked) read a's
-// SEND `seed` into b's buffer at 4096, and report its completion.
-void polled_request(Pair& p, uint64_t seed) {
-    REQUIRE(p.b.engine->socket_parked());
-    REQUIRE(p.b.qp->post_recv(recv_wqe(seed, {p.b.sge(4096, kLen)})) == 0);
-    fill(p.a.at(0), kLen, seed);
-    REQUIRE(p.a.qp->post_send(send_wqe(seed, {p.a.sge(0, kLen)})) == 0);
-    Completion c;
-    REQUIRE(busy_poll(*p.b.engine, [&] { return p.b.rcq->poll(std::span(&c, 1)) == 1; }));
-    CHECK(c.status == WcStatus::Success);
-    CHECK(first_mismatch(p.b.at(4096), kLen, seed) == kLen);
-}
-}  // namespace
+namespace {}  // namespace
 
 TEST_CASE("A busy poller's ACK waits for its application's answer: one system call for both",
           "[held_acks]") {
     // The answer leaves at once when nothing of b's is in flight, and waits for b's next poll
     // (held_posts.h) when a WRITE of b's is: either way it takes the held ACK along.
-    AnsweringPair ap(holding(kForever));
+    AnsweringPair ap(holding_acks());
     Pair& p = ap.p;
     const auto request_and_answer = [&](uint64_t seed, bool held) {
         REQUIRE(p.a.qp->post_recv(recv_wqe(seed + 1, {p.a.sge(8192, kLen)})) == 0);
@@ -530,7 +505,7 @@ TEST_CASE("A busy poller's ACK waits for its application's answer: one system ca
 }
 
 TEST_CASE("A busy poller's held ACK leaves at its next poll when no answer comes", "[held_acks]") {
-    AnsweringPair ap(holding(kForever));
+    AnsweringPair ap(holding_acks());
     Pair& p = ap.p;
     parked_and_gated(*p.b.engine, [&] {
         const uint64_t acks0 = p.b.counters().tx_acks.load();
@@ -546,7 +521,7 @@ TEST_CASE("A busy poller's held ACK leaves at its next poll when no answer comes
 }
 
 TEST_CASE("With hold_acks off a busy poller's ACK leaves at the end of its batch", "[held_acks]") {
-    PairOptions o = holding(kForever);
+    PairOptions o = holding_acks();
     o.hold_acks = false;
     AnsweringPair ap(o);
     Pair& p = ap.p;
@@ -560,7 +535,7 @@ TEST_CASE("With hold_acks off a busy poller's ACK leaves at the end of its batch
 
 TEST_CASE("A busy poller's WRITE answer leaves before its ACK, in one train", "[held_acks]") {
     // At once (nothing of b's in flight), and held for the poll (a WRITE of b's in flight).
-    AnsweringPair ap(holding(kForever));
+    AnsweringPair ap(holding_acks());
     Pair& p = ap.p;
     const auto answer = [&](uint64_t wr_id, bool held) {
         TxRecorder b_out(*p.b.engine);
@@ -605,7 +580,7 @@ TEST_CASE("A busy poller's WRITE answer leaves before its ACK, in one train", "[
 TEST_CASE("A poller's ACK waits for the answer before the socket is parked", "[held_acks]") {
     // ib_write_lat polls its CQ only between its post and the ACK: often too few polls in a
     // row to park the socket. Its batches hold the ACK all the same.
-    AnsweringPair ap(holding(kForever));
+    AnsweringPair ap(holding_acks());
     Pair& p = ap.p;
     {
         const auto gate = p.b.engine->fork_gate().pass();  // b's engine thread stands still
