@@ -348,6 +348,8 @@ class Engine {
     TransmitResult flush(TransmitBatch& batch);
     // GSO on: the configuration asked for it and no path has refused it yet.
     bool gso_enabled() const { return gso_.load(std::memory_order_relaxed); }
+    // Some UROCE_FAULTS rule may fault packets travelling `direction`.
+    bool faults_on(FaultDirection direction) const { return faults_.enabled(direction); }
 
   private:
     // Asks the transmit filter about the packet gathered from `iov`.

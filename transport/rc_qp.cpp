@@ -160,11 +160,23 @@ int RcQp::post_send(const SendWqe& wqe, bool more) {
 }
 
 bool RcQp::leads_ack(const SendWqe& wqe) const {
-    // One packet that the ACK can close a train behind (a SEND of no bytes is shorter than
-    // an ACK), alone in the batch, and GSO on: anything else would put the ACK in a datagram
-    // of its own, after the answer.
-    return answer_leads_ack_ && unpumped_packets_ == 1 && wqe.length <= attrs_.mtu &&
-           (wqe.length > 0 || wqe.opcode != SendOpcode::Send) && engine_.gso_enabled();
+    // Never with faults on the way out: a faulted packet leaves alone, and the ACK would
+    // follow the answer in a datagram of its own.
+    if (!answer_leads_ack_ || !engine_.gso_enabled() || engine_.faults_on(FaultDirection::Tx))
+        return false;
+    // The answer alone in the batch (nothing else to send or send again: a packet that
+    // completes something at the peer in an earlier train would be taken before the ACK),
+    // all of it, with the ACK, in one system call.
+    const uint32_t mtu = std::max<uint32_t>(attrs_.mtu, 1);
+    const uint32_t npkts = std::max<uint32_t>(1, (wqe.length + mtu - 1) / mtu);
+    if (send_index_ + 1 != sq_.size() || npkts >= TransmitBatch::kMaxPackets) return false;
+    // The ACK must close the train of the answer's last packet, the one that completes a
+    // receive at the peer: that packet must be no shorter than the ACK (a SEND of no bytes
+    // is shorter) and, after full ones, full itself, or it closes their train (a last packet
+    // with an immediate or an invalidated key is then longer than they: it starts a train).
+    // The batch's limits always leave the ACK room behind fewer than kMaxPackets packets.
+    if (npkts == 1) return wqe.length > 0 || wqe.opcode != SendOpcode::Send;
+    return wqe.length % mtu == 0;
 }
 
 void RcQp::send_with_ack(bool ack_first, bool pump_too, bool needs_train) {

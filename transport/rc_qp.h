@@ -145,9 +145,10 @@ class RcQp final : public QpCommon {
     // allows, in one transmit batch: an answer and the ACK it answers in one system call.
     // `needs_train`: the answer leads its ACK (leads_ack), which only a train may carry.
     void send_with_ack(bool ack_first, bool pump_too, bool needs_train = false);
-    // True if `wqe`, the one packet waiting, may leave before the ACK it carries: the peer
-    // takes a train's closing ACK first (Engine::answer_may_lead_ack, asked at RTR) and the
-    // two make one train.
+    // True if `wqe`, the one request waiting to be sent (of one packet or of several), may
+    // leave before the ACK it carries: the peer takes a train's closing ACK first
+    // (Engine::answer_may_lead_ack, asked at RTR), and the ACK can close the train of the
+    // answer's last packet, the one that completes a receive at the peer.
     bool leads_ack(const SendWqe& wqe) const;
     // After a post: true if what is queued may wait (for the rest of the same
     // ibv_post_send, `more`, or for the next poll), false if it must be sent now.

@@ -1,6 +1,6 @@
 // An RC answer that leads the ACK it carries (Engine::answer_may_lead_ack, RcQp::leads_ack):
 // to a uroce device of this host whose contexts all read with GRO, a SEND answer goes first
-// and its held ACK closes the same GSO train; the requester takes the train's closing ACK
+// and its held ACK closes the GSO train of its last packet; the requester takes that ACK
 // first (train_order.h), so its send completion still comes before the answer's receive
 // completion. Anything that would put the ACK in a datagram of its own keeps it first.
 #include <sys/socket.h>
@@ -75,10 +75,12 @@ size_t index_of(const std::vector<SentPacket>& sent, wire::Opcode op) {
     return sent.size();
 }
 
-// b answers a's request `seed` with `answer` (a receives it at 8192); returns what b sent.
-std::vector<SentPacket> answer_with(AnsweringPair& ap, uint64_t seed, const SendWqe& answer) {
+// b answers a's request `seed` with `answer` (a receives it at 8192, at most `recv_len`
+// bytes); returns what b sent.
+std::vector<SentPacket> answer_with(AnsweringPair& ap, uint64_t seed, const SendWqe& answer,
+                                    uint32_t recv_len = 2 * kMtu) {
     Pair& p = ap.p;
-    REQUIRE(p.a.qp->post_recv(recv_wqe(answer.wr_id, {p.a.sge(8192, 2 * kMtu)})) == 0);
+    REQUIRE(p.a.qp->post_recv(recv_wqe(answer.wr_id, {p.a.sge(8192, recv_len)})) == 0);
     ap.request(seed);
     TxRecorder b_out(*p.b.engine);
     REQUIRE(p.b.qp->post_send(answer) == 0);
@@ -90,15 +92,17 @@ std::vector<SentPacket> answer_with(AnsweringPair& ap, uint64_t seed, const Send
     CHECK(got[1].wr_id == answer.wr_id);
     CHECK(got[1].status == WcStatus::Success);
     CHECK(got[1].byte_len == answer.length);
+    CHECK(got[1].imm == answer.imm);
     CHECK(first_mismatch(p.a.at(8192), answer.length, answer.wr_id) == answer.length);
     CHECK(p.b.counters().held_ack_timeouts.load() == 0);
     return b_out.packets();
 }
 
-// b's SEND answer of `len` bytes, from b's memory at 0, filled with pattern `wr_id`.
-SendWqe send_answer(Pair& p, uint64_t wr_id, uint32_t len) {
-    fill(p.b.at(0), len, wr_id);
-    SendWqe w = len ? send_wqe(wr_id, {p.b.sge(0, len)}) : send_wqe(wr_id, {});
+// b's SEND answer of `len` bytes, from b's memory at `from` (not 4096, where b takes a's
+// requests), filled with pattern `wr_id`.
+SendWqe send_answer(Pair& p, uint64_t wr_id, uint32_t len, uint32_t from = 0) {
+    fill(p.b.at(from), len, wr_id);
+    SendWqe w = len ? send_wqe(wr_id, {p.b.sge(from, len)}) : send_wqe(wr_id, {});
     return w;
 }
 
@@ -139,13 +143,69 @@ TEST_CASE("A SEND answer of no bytes keeps its ACK first", "[answer_first]") {
     CHECK(index_of(sent, wire::Opcode::RcSendOnly) == 1);
 }
 
-TEST_CASE("A SEND answer of two packets keeps its ACK first", "[answer_first]") {
+TEST_CASE("A SEND answer whose last packet is short keeps its ACK first", "[answer_first]") {
+    // The short last packet closes the train of the full one: the ACK could not follow it.
     AnsweringPair ap(holding());
     Pair& p = ap.p;
     const auto sent = answer_with(ap, 31, send_answer(p, 32, kMtu + 100));
     REQUIRE(sent.size() == 3);
     CHECK(index_of(sent, wire::Opcode::RcAcknowledge) == 0);
     CHECK(index_of(sent, wire::Opcode::RcSendFirst) == 1);
+}
+
+TEST_CASE("A SEND answer of whole packets leads its ACK, which closes the last train",
+          "[answer_first]") {
+    AnsweringPair ap(holding());
+    Pair& p = ap.p;
+    uint64_t seed = 33;
+    for (const uint32_t npkts : {2u, 20u}) {
+        const uint64_t trains0 = p.b.counters().tx_gso_sends.load();
+        const uint32_t len = npkts * kMtu;
+        const auto sent = answer_with(ap, seed, send_answer(p, seed + 1, len, 16384), len);
+        seed += 2;
+        REQUIRE(sent.size() == npkts + 1);
+        CHECK(index_of(sent, wire::Opcode::RcSendFirst) == 0);
+        CHECK(index_of(sent, wire::Opcode::RcSendLast) == npkts - 1);
+        CHECK(index_of(sent, wire::Opcode::RcAcknowledge) == npkts);
+        CHECK(p.b.counters().tx_gso_sends.load() == trains0 + 1);  // one train, ACK last
+    }
+}
+
+TEST_CASE("A SEND answer with an immediate leads its ACK in its last packet's train",
+          "[answer_first]") {
+    // The last packet carries the ImmDt: longer than the full ones, it starts a train.
+    AnsweringPair ap(holding());
+    Pair& p = ap.p;
+    SendWqe answer = send_answer(p, 38, 2 * kMtu, 16384);
+    answer.opcode = SendOpcode::SendWithImm;
+    answer.imm = 0x5eed;
+    const auto sent = answer_with(ap, 37, answer);
+    REQUIRE(sent.size() == 3);
+    CHECK(index_of(sent, wire::Opcode::RcSendFirst) == 0);
+    CHECK(index_of(sent, wire::Opcode::RcSendLastImm) == 1);
+    CHECK(index_of(sent, wire::Opcode::RcAcknowledge) == 2);
+}
+
+TEST_CASE("A SEND answer of a batch's packets or more keeps its ACK first", "[answer_first]") {
+    PairOptions o = holding();
+    o.mem_bytes = 256 * 1024;
+    AnsweringPair ap(o);
+    Pair& p = ap.p;
+    const uint32_t len = TransmitBatch::kMaxPackets * kMtu;
+    const auto sent = answer_with(ap, 39, send_answer(p, 40, len, 131072), len);
+    REQUIRE(sent.size() == TransmitBatch::kMaxPackets + 1);
+    CHECK(index_of(sent, wire::Opcode::RcAcknowledge) == 0);
+}
+
+TEST_CASE("A SEND answer keeps its ACK first while packets may be faulted", "[answer_first]") {
+    // A faulted packet leaves alone (here: each marked CE), so no train carries the ACK.
+    PairOptions o = holding();
+    o.faults_b.ce = 1.0;
+    AnsweringPair ap(o);
+    Pair& p = ap.p;
+    const auto sent = answer_with(ap, 45, send_answer(p, 46, kLen));
+    REQUIRE(sent.size() == 2);
+    CHECK(index_of(sent, wire::Opcode::RcAcknowledge) == 0);
 }
 
 TEST_CASE("A SEND answer to a device that is not this host's keeps its ACK first",
