@@ -58,6 +58,8 @@ TESTS = {
                                              "--test-args", " ".join(["[atomic]"] + JUNIT)]),
     "ud": ("release", "tests/unit/transport/test_transport",
            ["tests/unit/transport/test_transport", "[ud]"] + JUNIT),
+    "filters": ("release", "tests/unit/transport/test_transport",
+                ["tests/unit/transport/test_transport", "[filters]"] + JUNIT),
     "uc": ("release", "tests/unit/transport/test_transport",
            ["tests/unit/transport/test_transport", "[uc]"] + JUNIT),
     "cq": ("release", "tests/unit/transport/test_transport",
@@ -211,6 +213,9 @@ MUTANTS = [
     Mutant("engine: packets of another transport reach a QP", "transport/engine.cpp",
            "(qp && (pkt.h.bth.opcode >> 5) != static_cast<uint8_t>(qp->transport()))",
            "false", ("ud",)),
+    Mutant("engine: a packet goes to the QP of the packet before it, whatever its QPN",
+           "transport/engine.cpp", "touched_.back()->qpn() == pkt.h.bth.dest_qp",
+           "true", ("filters",)),
     # --- UD multicast (transport/engine.cpp, ud_qp.cpp, multicast_groups.cpp, udp_socket.cpp) ---
     Mutant("mcast: a group's datagram for a QP's own number delivered", "transport/engine.cpp",
            "if (pkt.h.bth.dest_qp != kMulticastQpn) {", "if (false) {", ("ud",)),

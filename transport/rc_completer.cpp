@@ -57,30 +57,36 @@ WcStatus status_for_nak(uint8_t code) {
 
 }  // namespace
 
-void RcQp::complete_send(const SqEntry& e, WcStatus status) {
+bool RcQp::send_completion(const SqEntry& e, WcStatus status, Completion& c) const {
     // Unsignaled requests complete silently unless they fail.
-    if (status == WcStatus::Success && !e.wqe.signaled) return;
-    Completion c;
+    if (status == WcStatus::Success && !e.wqe.signaled) return false;
     c.wr_id = e.wqe.wr_id;
     c.status = status;
     c.opcode = wc_opcode_for(e.wqe.opcode);
     // READs and atomics report the bytes that came back (8 for an atomic, as rxe does).
     c.byte_len = takes_responder_resource(e.wqe.opcode) ? e.wqe.length : 0;
     c.qp_num = qpn_;
-    push_completion(*send_cq_, c);
+    return true;
+}
+
+void RcQp::complete_send(const SqEntry& e, WcStatus status) {
+    Completion c;
+    if (send_completion(e, status, c)) push_completion(*send_cq_, c);
 }
 
 void RcQp::retire_front(WcStatus status) {
     // Off the queue before its completion: a full CQ moves the QP to ERR, which flushes sq_.
-    const SqEntry e = std::move(sq_.front());
-    sq_.pop_front();
+    const SqEntry& e = sq_.front();
+    Completion c;
+    const bool reported = send_completion(e, status, c);
     if (e.assigned && takes_responder_resource(e.wqe.opcode) && reads_outstanding_ > 0)
         --reads_outstanding_;
+    sq_.pop_front();
     if (send_index_ > 0)
         --send_index_;
     else
         send_pkt_ = 0;
-    complete_send(e, status);
+    if (reported) push_completion(*send_cq_, c);
 }
 
 bool RcQp::has_outstanding() const {

@@ -139,7 +139,7 @@ int RcQp::post_send(const SendWqe& wqe, bool more) {
         return 0;
     }
     last_post_ = std::chrono::steady_clock::now();
-    sq_.push_back(SqEntry{wqe});
+    sq_.emplace_back().wqe = wqe;  // one copy of the WQE, not two
     // An answer that completes something at the peer (a SEND, a WRITE with immediate) goes
     // after the ACK: a peer that waits for its send completion before the answer
     // (ib_send_lat -e: one event per wait, a send CQ of one entry) would take the answer's

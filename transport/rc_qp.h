@@ -184,6 +184,8 @@ class RcQp final : public QpCommon {
     void ack_through(uint32_t psn);
     void retire_front(WcStatus status);
     void complete_send(const SqEntry& e, WcStatus status);
+    // The completion `e` ends with, in `c`; false for a success that is not signaled.
+    bool send_completion(const SqEntry& e, WcStatus status, Completion& c) const;
     void on_timer();
     // What the timer does when it is due at `now` (mutex_ held), on whichever thread.
     void fire_timer(std::chrono::steady_clock::time_point now);

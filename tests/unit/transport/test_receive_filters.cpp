@@ -124,3 +124,60 @@ TEST_CASE(
         CHECK(t.p.a.counters().rx_bad_icrc.load() == 1);
     }
 }
+
+TEST_CASE("Receive filters: each datagram of one read reaches its own QP", "[filters]") {
+    // The engine looks a packet's QP up once per run of packets for the same QP (a train):
+    // datagrams for two QPs, interleaved in one read, must not follow the QP before them.
+    Pair p;
+    p.connect();
+    const auto extra_qp = [](Side& s) {
+        auto qp = std::make_shared<RcQp>(*s.engine, s.engine->allocate_qpn(), kPd,
+                                         QpCaps{64, 64, kMaxSge, kMaxSge, kMaxInlineData}, s.scq,
+                                         s.rcq, nullptr);
+        s.engine->attach(qp);
+        return qp;
+    };
+    auto a2 = extra_qp(p.a);
+    auto b2 = extra_qp(p.b);
+    QpAttributes pa = default_attributes(), pb = default_attributes();
+    pa.dst_ip = p.b.ip;
+    pa.dest_qpn = b2->qpn();
+    pb.dst_ip = p.a.ip;
+    pb.dest_qpn = a2->qpn();
+    pa.sq_psn = pb.rq_psn = 5000;  // not the first pair's PSNs
+    pb.sq_psn = pa.rq_psn = 7000;
+    for (auto [qp, attrs] : {std::pair{a2, pa}, std::pair{b2, pb}}) {
+        REQUIRE(qp->modify(attrs, QpState::Reset, QpState::Init) == 0);
+        REQUIRE(qp->modify(attrs, QpState::Init, QpState::Rtr) == 0);
+    }
+    for (auto [qp, attrs] : {std::pair{a2, pa}, std::pair{b2, pb}})
+        REQUIRE(qp->modify(attrs, QpState::Rtr, QpState::Rts) == 0);
+
+    QpCounters& q1 = p.b.engine->qp_counters(p.b.qp->qpn());
+    QpCounters& q2 = p.b.engine->qp_counters(b2->qpn());
+    const uint64_t rx1 = q1.rx_packets.load(), rx2 = q2.rx_packets.load();
+    const uint64_t reads = p.b.counters().rx_packets.load();
+    {
+        // b's engine thread held still: the three WRITEs wait in its socket, read at once.
+        const auto gate = p.b.engine->fork_gate().pass();
+        const std::shared_ptr<RcQp> via[] = {p.a.qp, a2, p.a.qp};
+        for (uint32_t i = 0; i < 3; ++i) {
+            fill(p.a.at(1024 * i), 256, 40 + i);
+            REQUIRE(
+                via[i]->post_send(rdma_wqe(SendOpcode::RdmaWrite, 40 + i, {p.a.sge(1024 * i, 256)},
+                                           p.b.iova + 8192 + 1024 * i, p.b.keys.rkey)) == 0);
+        }
+    }
+    const auto done = p.wait(*p.a.scq, 3);
+    REQUIRE(done.size() == 3);
+    for (const Completion& c : done) CHECK(c.status == WcStatus::Success);
+    for (uint32_t i = 0; i < 3; ++i)
+        CHECK(first_mismatch(p.b.at(8192 + 1024 * i), 256, 40 + i) == 256);
+    CHECK(p.b.counters().rx_packets.load() == reads + 3);
+    CHECK(q1.rx_packets.load() == rx1 + 2);
+    CHECK(q2.rx_packets.load() == rx2 + 1);
+    CHECK(p.b.counters().rx_out_of_sequence.load() == 0);
+    CHECK(p.b.counters().rx_duplicate.load() == 0);
+    p.a.engine->detach(a2->qpn());
+    p.b.engine->detach(b2->qpn());
+}
