@@ -85,8 +85,9 @@ constexpr const char* kUsage =
     "                segments of --seg bytes, received with GRO: microseconds per iteration\n"
     "  gso-pingpong-rc  the same with what an RC SEND adds per byte and per message: each\n"
     "                segment copied into a staging buffer and signed (CRC-32, ISA-L, as\n"
-    "                the ICRC), checked and copied out on arrival; a 20-byte datagram (the\n"
-    "                ACK) before each message\n"
+    "                the ICRC), checked and copied out on arrival; a 20-byte segment (the\n"
+    "                ACK) closing each message's last train, as between uroce devices of\n"
+    "                one host\n"
     "  tcp           one TCP stream of --write byte writes: goodput, CPU seconds\n"
     "options:\n"
     "  --seconds S       throughput modes: how long the sender sends (default 2)\n"
@@ -607,7 +608,7 @@ struct Messenger {
     std::size_t seg;
     std::size_t per_send;
     bool ack_first;
-    bool ack_behind;  // in the message's GSO train (msg == seg >= kAckBytes)
+    bool ack_behind;  // in the message's (last) GSO train
     bool rc_work;
     Buffer out;
     Buffer in;
@@ -626,7 +627,7 @@ struct Messenger {
           out(m + (ack_behind ? kAckBytes : 0), 'p'),
           in(65536 + 4096),
           ack(kAckBytes, 0),
-          stage(work ? m + kStageOffset : 0),
+          stage(work ? m + kStageOffset + kAckBytes : 0),
           delivered(work ? 65536 + 4096 : 0) {}
 
     // rc_work: copies each segment of `out` into the staging area and signs it there.
@@ -643,9 +644,24 @@ struct Messenger {
         return base;
     }
 
-    // One non-blocking send; false if the kernel refused it for now (counts as a loss).
-    bool send_now(const char* data, std::size_t len) const {
-        if (::send(fd, data, len, MSG_DONTWAIT) >= 0) return true;
+    // One non-blocking send (as GSO segments of `gso` bytes when not 0, else of the socket's
+    // UDP_SEGMENT); false if the kernel refused it for now (counts as a loss).
+    bool send_now(const char* data, std::size_t len, std::uint16_t gso = 0) const {
+        iovec iov{const_cast<char*>(data), len};
+        alignas(cmsghdr) char control[CMSG_SPACE(sizeof(std::uint16_t))] = {};
+        msghdr m{};
+        m.msg_iov = &iov;
+        m.msg_iovlen = 1;
+        if (gso != 0) {
+            m.msg_control = control;
+            m.msg_controllen = sizeof control;
+            cmsghdr* c = CMSG_FIRSTHDR(&m);
+            c->cmsg_level = SOL_UDP;
+            c->cmsg_type = UDP_SEGMENT;
+            c->cmsg_len = CMSG_LEN(sizeof gso);
+            std::memcpy(CMSG_DATA(c), &gso, sizeof gso);
+        }
+        if (::sendmsg(fd, &m, MSG_DONTWAIT) >= 0) return true;
         if (errno != EAGAIN && errno != EWOULDBLOCK && errno != ENOBUFS && errno != ECONNREFUSED &&
             errno != EINTR) {
             die("send");
@@ -660,7 +676,7 @@ struct Messenger {
         for (std::size_t off = 0; off < msg; off += seg) {
             std::memcpy(out.data() + off, &seq, std::min(sizeof seq, msg - off));
         }
-        if (ack_behind) {
+        if (ack_behind && !rc_work) {                      // rtt-train: msg == seg >= kAckBytes
             std::memset(out.data() + msg, 0, kAckBytes);   // sequence number 0: the ACK
             return send_now(out.data(), msg + kAckBytes);  // one train: UDP_SEGMENT is msg
         }
@@ -668,6 +684,19 @@ struct Messenger {
         bool ok = true;
         for (std::size_t off = 0; off < msg; off += seg * per_send) {
             const std::size_t len = std::min(seg * per_send, msg - off);
+            if (rc_work && ack_behind && off + len == msg) {
+                // The last train, the ACK as its closing segment: behind full segments, or
+                // behind a last one alone in its train (its size the train's segment size);
+                // after a short one (which must end its train) it goes first, alone.
+                const std::size_t last = msg - (msg - 1) / seg * seg;
+                if (last == seg || len == last) {
+                    std::memset(stage.data() + kStageOffset + msg, 0, kAckBytes);
+                    if (!send_now(from + off, len + kAckBytes, static_cast<std::uint16_t>(last)))
+                        ok = false;
+                    continue;
+                }
+                if (!send_now(ack.data(), ack.size())) ok = false;
+            }
             if (!send_now(from + off, len)) ok = false;
         }
         return ok;
@@ -1015,7 +1044,7 @@ int main(int argc, char** argv) {
     } else if (o.mode == "gso-pingpong") {
         print_pingpong(o, run_pingpong(o, o.msg, o.seg, AckDatagram::None), o.msg, o.seg);
     } else if (o.mode == "gso-pingpong-rc") {
-        print_pingpong(o, run_pingpong(o, o.msg, o.seg, AckDatagram::Before, true), o.msg, o.seg);
+        print_pingpong(o, run_pingpong(o, o.msg, o.seg, AckDatagram::Behind, true), o.msg, o.seg);
     } else {
         run_tcp(o);
     }
