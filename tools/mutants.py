@@ -486,7 +486,8 @@ MUTANTS = [
            "transport/rc_qp.h", "    static constexpr unsigned kMaxTailProbes = 2;",
            "    static constexpr unsigned kMaxTailProbes = 1;", ("transport",)),
     Mutant("handoff: a busy poller leaves the QPs' timers to the engine thread",
-           "transport/engine.cpp", "    if (handoff_->parked()) run_due_timers();\n", "",
+           "transport/engine.cpp", "    if (handoff_->parked()) run_due_timers(polled_ns);\n",
+           "    (void)polled_ns;\n",
            ("transport",)),
     Mutant("qpn space: a context's further slot is not routed to its socket (its QPs' packets go astray)",
            "transport/engine.cpp",
@@ -918,6 +919,10 @@ MUTANTS = [
            "        event_del_noblock(rx_event_);\n"
            "        arm_watch();\n"
            "    }\n}", ("handoff",)),
+    Mutant("handoff: a parked poller runs no timer (the poll's clock reading taken as never due)",
+           "transport/engine.cpp",
+           "if (polled_ns != 0 && polled_ns < next_timer_ns_.load(std::memory_order_relaxed)) return;",
+           "if (polled_ns != 0) return;", ("handoff",)),
     Mutant("handoff: posts count in the shared streak (another thread's poll parks for them)",
            "transport/poll_handoff.cpp",
            "    ++mine.count;\n}",
@@ -1015,9 +1020,9 @@ MUTANTS = [
            ("handoff",)),
     Mutant("socket_parks misses the parks of a busy poll (counted only from the loop)",
            "transport/poll_handoff.cpp",
-           "    if (!parked_.compare_exchange_strong(expected, true, std::memory_order_relaxed)) return;\n"
+           "    if (!parked_.compare_exchange_strong(expected, true, std::memory_order_relaxed)) return now;\n"
            "    bump(counters_.socket_parks);\n",
-           "    if (!parked_.compare_exchange_strong(expected, true, std::memory_order_relaxed)) return;\n",
+           "    if (!parked_.compare_exchange_strong(expected, true, std::memory_order_relaxed)) return now;\n",
            ("fast-paths-integration",)),
     Mutant("socket_handbacks not counted", "transport/poll_handoff.cpp",
            "    bump(h->counters_.socket_handbacks);\n", "", ("fast-paths-integration",)),

@@ -487,10 +487,11 @@ void Engine::on_cq_poll(bool cq_empty) {
 
 void Engine::progress() {
     if (!config_.inline_progress) return;
-    handoff_->on_poll();  // before the lock: parking may wait for nothing under it
+    // Before the lock: parking may wait for nothing under it.
+    const int64_t polled_ns = handoff_->on_poll();
     std::unique_lock lock(rx_mutex_, std::try_to_lock);
     if (!lock.owns_lock()) return;
-    if (handoff_->parked()) run_due_timers();
+    if (handoff_->parked()) run_due_timers(polled_ns);
     // Only holders of rx_mutex_ count rx_packets: the difference is what this thread read.
     const uint64_t before = counters_->rx_packets.load(std::memory_order_relaxed);
     // A poller polls again within microseconds: an ACK its batch holds for the answer
@@ -501,8 +502,8 @@ void Engine::progress() {
     batch_may_hold_acks_ = config_.hold_acks;
     receive_batch();
     batch_may_hold_acks_ = false;
-    bump(counters_->rx_polled_packets,
-         counters_->rx_packets.load(std::memory_order_relaxed) - before);
+    if (const uint64_t read = counters_->rx_packets.load(std::memory_order_relaxed) - before)
+        bump(counters_->rx_polled_packets, read);
 }
 
 void Engine::note_timer_deadline(std::chrono::steady_clock::time_point deadline) {
@@ -513,7 +514,10 @@ void Engine::note_timer_deadline(std::chrono::steady_clock::time_point deadline)
     }
 }
 
-void Engine::run_due_timers() {
+void Engine::run_due_timers(int64_t polled_ns) {
+    // The poll's own clock reading, a moment old, says whether anything is due: most polls
+    // then read the clock once, not twice.
+    if (polled_ns != 0 && polled_ns < next_timer_ns_.load(std::memory_order_relaxed)) return;
     const auto now = std::chrono::steady_clock::now();
     const int64_t now_ns =
         std::chrono::duration_cast<std::chrono::nanoseconds>(now.time_since_epoch()).count();

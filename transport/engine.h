@@ -478,7 +478,8 @@ class Engine {
 
     // Runs the timers that are due, on a polling thread (progress(), with rx_mutex_ held:
     // one scanning thread at a time, and QP mutexes taken under it as the receive path does).
-    void run_due_timers();
+    // `polled_ns`: the time the poll read (PollHandoff::on_poll), or 0.
+    void run_due_timers(int64_t polled_ns);
     // No deadline earlier than this is armed (it may be earlier than every armed one: a
     // stale hint costs one scan). Nanoseconds of steady_clock.
     static constexpr int64_t kNoTimer = INT64_MAX;

@@ -17,7 +17,9 @@ struct ThreadPosts {
     int64_t last_ns = 0;
     uint32_t count = 0;
 };
-thread_local ThreadPosts t_posts;
+// Initial-exec: read at every poll and post, it must not cost a __tls_get_addr call (the
+// provider is loaded with dlopen); it takes 24 of the bytes glibc keeps for such libraries.
+__attribute__((tls_model("initial-exec"))) thread_local ThreadPosts t_posts;
 
 }  // namespace
 
@@ -40,8 +42,8 @@ PollHandoff::PollHandoff(TimerQueue& timers, event* rx_event, ForkGate& gate,
 
 PollHandoff::~PollHandoff() = default;
 
-void PollHandoff::on_poll() {
-    if (!enabled_ || !watch_) return;
+int64_t PollHandoff::on_poll() {
+    if (!enabled_ || !watch_) return 0;
     const int64_t now = now_ns();
     // The posts this thread made since its last poll count too, if this poll follows them
     // without a gap: a stream posts in bursts and polls between them (perftest's bandwidth
@@ -54,22 +56,29 @@ void PollHandoff::on_poll() {
     const uint32_t posts =
         mine.handoff == this && now - mine.last_ns <= kSpinGapNanos ? mine.count : 0;
     mine = {this, now, 0};
-    last_poll_found_.store(false, std::memory_order_relaxed);
-    const int64_t before = last_poll_ns_.exchange(now, std::memory_order_relaxed);
+    // Plain loads and stores where they do (no locked instruction): a busy poller makes
+    // millions of these calls a second. Two pollers racing here at worst miscount a poll.
+    if (last_poll_found_.load(std::memory_order_relaxed))
+        last_poll_found_.store(false, std::memory_order_relaxed);
+    const int64_t before = last_poll_ns_.load(std::memory_order_relaxed);
+    last_poll_ns_.store(now, std::memory_order_relaxed);
     if (now - before > kSpinGapNanos) {
         streak_.store(0, std::memory_order_relaxed);
-        return;
+        return now;
     }
-    if (streak_.fetch_add(1 + posts, std::memory_order_relaxed) + 1 + posts < kSpinStreak) return;
-    if (parked_.load(std::memory_order_relaxed)) return;
+    // Parked already: the streak has done its work (a gap resets it for the next park).
+    if (parked_.load(std::memory_order_relaxed)) return now;
+    if (streak_.fetch_add(1 + posts, std::memory_order_relaxed) + 1 + posts < kSpinStreak)
+        return now;
     bool expected = false;
-    if (!parked_.compare_exchange_strong(expected, true, std::memory_order_relaxed)) return;
+    if (!parked_.compare_exchange_strong(expected, true, std::memory_order_relaxed)) return now;
     bump(counters_.socket_parks);
     parked_at_ns_.store(now, std::memory_order_relaxed);
     // Not waiting for a read callback that is running: it finishes its batch, and the next
     // read is this thread's.
     event_del_noblock(rx_event_);
     arm_watch();
+    return now;
 }
 
 bool PollHandoff::park_from_loop() {

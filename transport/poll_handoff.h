@@ -77,8 +77,9 @@ class PollHandoff {
 
     // An application thread found its CQ empty and is about to read the socket itself.
     // Must be called without the engine's receive lock: parking removes the socket's event,
-    // which the engine thread may be handling under that lock.
-    void on_poll();
+    // which the engine thread may be handling under that lock. Returns the time it read
+    // (now_ns()), or 0 if it read none (the handoff off).
+    int64_t on_poll();
     // On the engine thread: the socket became readable while an application thread holds
     // the receive lock, so a poller reads it right now. Parks the socket (as a streak of
     // polls would) rather than wait for the lock; the watch gives it back once the polls

@@ -16,7 +16,8 @@ struct StagingArea {
     std::unique_ptr<PageAlignedBuffer> buffer;
     bool taken = false;
 };
-thread_local StagingArea t_staging;
+// Initial-exec, as poll_handoff.cpp's t_posts: taken for every batch sent.
+__attribute__((tls_model("initial-exec"))) thread_local StagingArea t_staging;
 
 }  // namespace
 
