@@ -167,8 +167,7 @@ bool RcQp::leads_ack(const SendWqe& wqe) const {
     // The answer alone in the batch (nothing else to send or send again: a packet that
     // completes something at the peer in an earlier train would be taken before the ACK),
     // all of it, with the ACK, in one system call.
-    const uint32_t mtu = std::max<uint32_t>(attrs_.mtu, 1);
-    const uint32_t npkts = std::max<uint32_t>(1, (wqe.length + mtu - 1) / mtu);
+    const uint32_t npkts = packets_for(wqe);
     if (send_index_ + 1 != sq_.size() || npkts >= TransmitBatch::kMaxPackets) return false;
     // The ACK must close the train of the answer's last packet, the one that completes a
     // receive at the peer: that packet must be no shorter than the ACK (a SEND of no bytes
@@ -176,7 +175,7 @@ bool RcQp::leads_ack(const SendWqe& wqe) const {
     // with an immediate or an invalidated key is then longer than they: it starts a train).
     // The batch's limits always leave the ACK room behind fewer than kMaxPackets packets.
     if (npkts == 1) return wqe.length > 0 || wqe.opcode != SendOpcode::Send;
-    return wqe.length % mtu == 0;
+    return wqe.length % std::max<uint32_t>(attrs_.mtu, 1) == 0;
 }
 
 void RcQp::send_with_ack(bool ack_first, bool pump_too, bool needs_train) {
@@ -194,8 +193,7 @@ void RcQp::send_with_ack(bool ack_first, bool pump_too, bool needs_train) {
 }
 
 bool RcQp::may_wait(const SendWqe& wqe, bool more) {
-    const uint32_t mtu = std::max<uint32_t>(attrs_.mtu, 1);
-    unpumped_packets_ += std::max<uint32_t>(1, (wqe.length + mtu - 1) / mtu);
+    unpumped_packets_ += packets_for(wqe);
     if (unpumped_packets_ >= TransmitBatch::kMaxPackets) return false;  // a train: go now
     if (more) return true;
     // An answer goes now: a QP that owes its peer an ACK and has nothing of its own in

@@ -167,7 +167,9 @@ class RcQp final : public QpCommon {
     bool local_buffer_writable(const SqEntry& e) const;
     // The atomic's AtomicAckETH has come: the original value goes to the local buffer.
     void on_atomic_ack(const wire::ParsedPacket& pkt);
-    uint32_t packets_for(const SqEntry& e) const;
+    // The PSNs `wqe` takes: its packets at the path MTU (a READ's, its responses), at least
+    // one; an atomic one.
+    uint32_t packets_for(const SendWqe& wqe) const;
     // Why the requester goes back: a loss a NAK, an RNR NAK or a timeout revealed, or a
     // tail-loss probe. The poll handoff counts only the first as loss (Engine::note_loss):
     // on a busy host most probes are spurious (the ACK was late, not lost), and each one

@@ -49,10 +49,10 @@ bool RcQp::goes_on_after_current() const {
     return false;
 }
 
-uint32_t RcQp::packets_for(const SqEntry& e) const {
-    if (is_atomic(e.wqe.opcode)) return 1;
-    const uint32_t mtu = attrs_.mtu;
-    return std::max<uint32_t>(1, (e.wqe.length + mtu - 1) / mtu);
+uint32_t RcQp::packets_for(const SendWqe& wqe) const {
+    if (is_atomic(wqe.opcode)) return 1;
+    const uint32_t mtu = std::max<uint32_t>(attrs_.mtu, 1);
+    return std::max<uint32_t>(1, (wqe.length + mtu - 1) / mtu);
 }
 
 bool RcQp::gather(const SqEntry& e, uint32_t offset, uint32_t len, std::span<iovec> iov,
@@ -194,7 +194,7 @@ void RcQp::pump_window() {
             if (psn_diff(next_psn_, una_psn_) >= window) break;
             e.assigned = true;
             e.psn = next_psn_;
-            e.npkts = packets_for(e);
+            e.npkts = packets_for(e.wqe);
             next_psn_ = psn_add(next_psn_, e.npkts);
             if (takes_responder_resource(e.wqe.opcode)) ++reads_outstanding_;
             send_pkt_ = 0;

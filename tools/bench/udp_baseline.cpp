@@ -444,25 +444,33 @@ std::size_t write_packets(const Options& o) {
     return std::max<std::size_t>(2, (o.msg + payload - 1) / payload);
 }
 
+// One send of `len` bytes cut into GSO segments of `gso` bytes, given for this call (0: the
+// socket's UDP_SEGMENT, if any).
+ssize_t send_segments(int fd, const char* data, std::size_t len, std::uint16_t gso, int flags) {
+    iovec iov{const_cast<char*>(data), len};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(std::uint16_t))] = {};
+    msghdr m{};
+    m.msg_iov = &iov;
+    m.msg_iovlen = 1;
+    if (gso != 0) {
+        m.msg_control = control;
+        m.msg_controllen = sizeof control;
+        cmsghdr* c = CMSG_FIRSTHDR(&m);
+        c->cmsg_level = SOL_UDP;
+        c->cmsg_type = UDP_SEGMENT;
+        c->cmsg_len = CMSG_LEN(sizeof gso);
+        std::memcpy(CMSG_DATA(c), &gso, sizeof gso);
+    }
+    return ::sendmsg(fd, &m, flags);
+}
+
 ssize_t send_write_pattern(int fd, const Buffer& buf, const Options& o) {
     const std::size_t packets = write_packets(o);
     const std::size_t per_train =
         std::max<std::size_t>(1, std::min<std::size_t>(64, 65507 / o.seg));
     // The first train, its segment size given per call (the socket's UDP_SEGMENT is --seg).
-    iovec iov{const_cast<char*>(buf.data()), 2 * o.seg + 16};
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(std::uint16_t))] = {};
-    msghdr m{};
-    m.msg_iov = &iov;
-    m.msg_iovlen = 1;
-    m.msg_control = control;
-    m.msg_controllen = sizeof control;
-    cmsghdr* c = CMSG_FIRSTHDR(&m);
-    c->cmsg_level = SOL_UDP;
-    c->cmsg_type = UDP_SEGMENT;
-    c->cmsg_len = CMSG_LEN(sizeof(std::uint16_t));
-    const std::uint16_t first_seg = static_cast<std::uint16_t>(o.seg + 16);
-    std::memcpy(CMSG_DATA(c), &first_seg, sizeof first_seg);
-    ssize_t total = ::sendmsg(fd, &m, 0);
+    ssize_t total =
+        send_segments(fd, buf.data(), 2 * o.seg + 16, static_cast<std::uint16_t>(o.seg + 16), 0);
     if (total < 0) return -1;
     for (std::size_t left = packets - 2; left > 0;) {
         const std::size_t n = std::min(left, per_train);
@@ -647,21 +655,7 @@ struct Messenger {
     // One non-blocking send (as GSO segments of `gso` bytes when not 0, else of the socket's
     // UDP_SEGMENT); false if the kernel refused it for now (counts as a loss).
     bool send_now(const char* data, std::size_t len, std::uint16_t gso = 0) const {
-        iovec iov{const_cast<char*>(data), len};
-        alignas(cmsghdr) char control[CMSG_SPACE(sizeof(std::uint16_t))] = {};
-        msghdr m{};
-        m.msg_iov = &iov;
-        m.msg_iovlen = 1;
-        if (gso != 0) {
-            m.msg_control = control;
-            m.msg_controllen = sizeof control;
-            cmsghdr* c = CMSG_FIRSTHDR(&m);
-            c->cmsg_level = SOL_UDP;
-            c->cmsg_type = UDP_SEGMENT;
-            c->cmsg_len = CMSG_LEN(sizeof gso);
-            std::memcpy(CMSG_DATA(c), &gso, sizeof gso);
-        }
-        if (::sendmsg(fd, &m, MSG_DONTWAIT) >= 0) return true;
+        if (send_segments(fd, data, len, gso, MSG_DONTWAIT) >= 0) return true;
         if (errno != EAGAIN && errno != EWOULDBLOCK && errno != ENOBUFS && errno != ECONNREFUSED &&
             errno != EINTR) {
             die("send");
