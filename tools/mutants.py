@@ -459,6 +459,9 @@ MUTANTS = [
     Mutant("qp: a connection may name a multicast group as its peer", "provider/qp_modify.cpp",
            "!gid_to_ip(attr.ah_attr.grh.dgid, family, ip) || ip.is_multicast())",
            "!gid_to_ip(attr.ah_attr.grh.dgid, family, ip))", ("rereg-integration",)),
+    Mutant("crc32: ISA-L's AVX-512 CRC leaves the vector registers' upper halves dirty",
+           "transport/wire/crc32.cpp", "    if (kCpuHasAvx) clear_upper_vector_state();",
+           "    if (!kCpuHasAvx) clear_upper_vector_state();", ("wire",)),
     # --- IPv6 (transport/wire/icrc.cpp, packet_capture.cpp, ud_qp.cpp, provider) ---
     Mutant("ipv6: the ICRC over IPv6 uses the IPv4 pseudo-header", "transport/wire/icrc.cpp",
            "    if (flow.dst_ip.is_v4()) {\n        fill_pseudo_header(", "    if (true) {\n        fill_pseudo_header(",

@@ -10,7 +10,6 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
-#include <isa-l/crc.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <netinet/udp.h>
@@ -30,12 +29,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <span>
 #include <string>
 #include <string_view>
 #include <thread>
 #include <vector>
 
 #include "transport/page_aligned_buffer.h"
+#include "uroce/crc32.h"
 
 namespace {
 
@@ -645,8 +646,8 @@ struct Messenger {
             const std::size_t len = std::min(seg, msg - off);
             std::memcpy(base + off, out.data() + off, len);
             if (len <= kCrcBytes) continue;
-            const std::uint32_t crc = crc32_gzip_refl(
-                0, reinterpret_cast<const unsigned char*>(base + off), len - kCrcBytes);
+            const std::uint32_t crc = uroce::wire::crc32(
+                0, std::span(reinterpret_cast<const std::uint8_t*>(base + off), len - kCrcBytes));
             std::memcpy(base + off + len - kCrcBytes, &crc, kCrcBytes);
         }
         return base;
@@ -721,7 +722,8 @@ struct Messenger {
                 const auto* bytes = reinterpret_cast<const unsigned char*>(in.data() + off);
                 std::uint32_t want = 0;
                 std::memcpy(&want, bytes + len - kCrcBytes, kCrcBytes);
-                if (crc32_gzip_refl(0, bytes, len - kCrcBytes) != want) continue;  // as lost
+                if (uroce::wire::crc32(0, std::span(bytes, len - kCrcBytes)) != want)
+                    continue;  // as lost
                 std::memcpy(delivered.data() + off, bytes, len - kCrcBytes);
             }
             on_segment(seq, len);

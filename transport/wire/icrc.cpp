@@ -3,11 +3,10 @@
 // identification).
 #include "uroce/icrc.h"
 
-#include <isa-l/crc.h>
-
 #include <algorithm>
 #include <array>
 
+#include "uroce/crc32.h"
 #include "uroce/wire.h"
 
 namespace uroce::wire {
@@ -216,12 +215,12 @@ uint32_t icrc(const IpFlow& flow, const Ipv4Unseen& unseen,
     }
     if (bth_len > kBthReservedByte) head[pseudo + kBthReservedByte] = 0xff;
 
-    uint32_t crc = crc32_gzip_refl(0, head.data(), pseudo + bth_len);
+    uint32_t crc = crc32(0, std::span(head).first(pseudo + bth_len));
     size_t skip = bth_len;
     for (const auto& piece : pieces) {
         const size_t n = std::min(piece.size(), skip);
         skip -= n;
-        if (piece.size() > n) crc = crc32_gzip_refl(crc, piece.data() + n, piece.size() - n);
+        if (piece.size() > n) crc = crc32(crc, piece.subspan(n));
     }
     return crc;
 }
