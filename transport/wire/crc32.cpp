@@ -13,8 +13,12 @@ __attribute__((target("avx"))) void clear_upper_vector_state() {
     _mm256_zeroupper();
 }
 
-// Without AVX there are no upper halves to leave dirty (and no VZEROUPPER to run).
-const bool kCpuHasAvx = __builtin_cpu_supports("avx");
+// Without AVX there are no upper halves to leave dirty (and no VZEROUPPER to run). Read in a
+// static initializer, which may run before libgcc's own: hence the explicit detection first.
+const bool kCpuHasAvx = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx") != 0;
+}();
 
 }  // namespace
 
