@@ -9,23 +9,15 @@
 #include <random>
 #include <vector>
 
+#include "crc32_reference.h"
 #include "uroce/crc32.h"
 #include "uroce/icrc.h"
 
 using uroce::IpAddress;
 using namespace uroce::wire;
+using wiretest::crc32_bitwise;
 
 namespace {
-
-// CRC-32 as zlib's crc32() computes it, one bit at a time.
-uint32_t crc32_bitwise(std::span<const uint8_t> data) {
-    uint32_t c = 0xffffffff;
-    for (uint8_t b : data) {
-        c ^= b;
-        for (int i = 0; i < 8; ++i) c = (c & 1) ? (c >> 1) ^ 0xedb88320 : c >> 1;
-    }
-    return ~c;
-}
 
 std::vector<uint8_t> random_bytes(size_t n, uint32_t seed) {
     std::mt19937 rng(seed);

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "captures.h"
+#include "crc32_reference.h"
 #include "uroce/icrc.h"
 #include "uroce/wire.h"
 
@@ -21,6 +22,7 @@ using namespace uroce::wire;
 using uroce::IpAddress;
 using wiretest::all_packets;
 using wiretest::CapturedPacket;
+using wiretest::crc32_bitwise;
 
 namespace {
 
@@ -37,16 +39,6 @@ void store_icrc(std::vector<uint8_t>& udp, uint32_t icrc) {
 
 std::span<const uint8_t> roce_of(const std::vector<uint8_t>& udp) {
     return std::span(udp).first(udp.size() - 4);
-}
-
-// CRC-32 as zlib's crc32() computes it, one bit at a time.
-uint32_t crc32_bitwise(const std::vector<uint8_t>& data) {
-    uint32_t c = 0xffffffff;
-    for (uint8_t b : data) {
-        c ^= b;
-        for (int i = 0; i < 8; ++i) c = (c & 1) ? (c >> 1) ^ 0xedb88320 : c >> 1;
-    }
-    return ~c;
 }
 
 // The ICRC spelled out from the README's description, with any IPv4 flags word.
