@@ -5,16 +5,6 @@
 
 namespace uroce::transport {
 
-namespace {
-
-// A WRITE or READ answer completes nothing at the peer: it may go before the ACK it carries
-// (post_send).
-bool completes_nothing_at_peer(SendOpcode op) {
-    return op == SendOpcode::RdmaWrite || op == SendOpcode::RdmaRead;
-}
-
-}  // namespace
-
 RcQp::RcQp(Engine& engine, uint32_t qpn, uint32_t pd, const QpCaps& caps,
            std::shared_ptr<CompletionQueue> send_cq, std::shared_ptr<CompletionQueue> recv_cq,
            void* user_handle, std::shared_ptr<SharedReceiveQueue> srq, XrcRole xrc_role,
@@ -140,22 +130,13 @@ int RcQp::post_send(const SendWqe& wqe, bool more) {
     }
     last_post_ = std::chrono::steady_clock::now();
     sq_.emplace_back().wqe = wqe;  // one copy of the WQE, not two
-    // An answer that completes something at the peer (a SEND, a WRITE with immediate) goes
-    // after the ACK: a peer that waits for its send completion before the answer
-    // (ib_send_lat -e: one event per wait, a send CQ of one entry) would take the answer's
-    // event instead and later overrun its send CQ. A WRITE or READ completes nothing there:
-    // it goes first, so that the peer, polling for the ACK, has the data in memory when the
-    // ACK's completion sends it to watch its memory (ib_write_lat): an ACK read alone leaves
-    // the WRITE behind it to the engine thread, which on a busy host waits for a CPU.
-    // A SEND answer to a peer that takes a train's closing ACK first leads too (leads_ack).
-    const bool go = state_ == QpState::Rts && !may_wait(wqe, more);
-    const bool leads = leads_ack(wqe);
-    const bool silent_answer = completes_nothing_at_peer(wqe.opcode) || leads;
     // This may answer a message whose ACK still waits (for the end of the receive batch, or
     // held for this answer: engine_held_acks.cpp). A post held for the next poll keeps it:
-    // both leave from send_held(). Otherwise both leave now, in one system call.
+    // both leave from send_held(). Otherwise both leave now, in one system call, in the
+    // order send_with_ack() explains.
+    const bool go = state_ == QpState::Rts && !may_wait(wqe, more);
     if (!go && held_noted_ && ack_pending_) return 0;
-    if (go || ack_pending_) send_with_ack(!silent_answer, go, leads);
+    if (go || ack_pending_) send_with_ack(go, go && leads_ack(wqe));
     return 0;
 }
 
@@ -178,15 +159,18 @@ bool RcQp::leads_ack(const SendWqe& wqe) const {
     return wqe.length % std::max<uint32_t>(attrs_.mtu, 1) == 0;
 }
 
-void RcQp::send_with_ack(bool ack_first, bool pump_too, bool needs_train) {
+void RcQp::send_with_ack(bool pump_too, bool answer_leads) {
     TransmitBatch batch(engine_, &qp_counters_);
-    // Without a staging area the packets leave one by one, the ACK after the answer.
-    if (needs_train && !batch.usable()) ack_first = true;
     tx_batch_ = &batch;
-    if (ack_first) send_pending_ack();
-    ack_joins_pump_ = pump_too && !ack_first;
-    if (pump_too) pump();  // joins the batch, and the ACK joins it before its flush
-    ack_joins_pump_ = false;
+    if (pump_too) {
+        // Without a staging area the packets leave one by one: no train could carry the ACK
+        // behind a leading answer.
+        ack_in_pump_ =
+            answer_leads && batch.usable() ? AckInPump::AtEnd : AckInPump::BeforeCompletion;
+        pump();  // joins the batch, and so does the ACK, where ack_in_pump_ says
+        ack_in_pump_ = AckInPump::No;
+    }
+    // The ACK, if the pump did not send it (or did not run).
     send_pending_ack();
     if (!flush_tx_batch()) enter_error();  // a packet this host can never send
     tx_batch_ = nullptr;
@@ -215,12 +199,8 @@ void RcQp::send_held() {
     std::lock_guard lock(mutex_);
     held_noted_ = false;
     if (closed_ || state_ != QpState::Rts || unpumped_packets_ == 0) return;
-    // With the ACK the post kept (post_send), in one system call, in post_send's order for
-    // what goes first.
-    const bool leads = send_index_ < sq_.size() && leads_ack(sq_[send_index_].wqe);
-    const bool silent_answer = send_index_ < sq_.size() &&
-                               (completes_nothing_at_peer(sq_[send_index_].wqe.opcode) || leads);
-    send_with_ack(!silent_answer, true, leads);
+    // With the ACK the post kept (post_send), in one system call.
+    send_with_ack(true, send_index_ < sq_.size() && leads_ack(sq_[send_index_].wqe));
 }
 
 int RcQp::post_recv(const RecvWqe& wqe) {

@@ -141,10 +141,21 @@ class RcQp final : public QpCommon {
     // requester (rc_requester.cpp)
     // Sends what the window allows, in one transmit batch; pump_window() does the work.
     void pump();
-    // The pending ACK (first, or after what is pumped) and, with `pump_too`, what the window
-    // allows, in one transmit batch: an answer and the ACK it answers in one system call.
-    // `needs_train`: the answer leads its ACK (leads_ack), which only a train may carry.
-    void send_with_ack(bool ack_first, bool pump_too, bool needs_train = false);
+    // The pending ACK and, with `pump_too`, what the window allows, in one transmit batch: an
+    // answer and the ACK it answers in one system call. The ACK goes right before the first
+    // packet that completes something at the peer (the last of a SEND or of a WRITE with
+    // immediate): a peer that waits for its send completion before the answer (ib_send_lat
+    // -e: one event per wait, a send CQ of one entry) would otherwise take the answer's
+    // event first, and later overrun its send CQ. The packets before that one complete
+    // nothing and go first: a multi-packet answer's first train then carries the ACK as its
+    // closing segment, and a receiver reads the ACK and the rest of the answer together,
+    // not the ACK alone and then the answer (2026-12-01: a 64 KiB ping-pong between network
+    // namespaces, 3 datagrams each way -> 2). A WRITE or READ answer completes nothing at
+    // the peer and leads its ACK: the peer, polling for the ACK, has the data in memory when
+    // the ACK's completion sends it to watch its memory (ib_write_lat). `answer_leads`
+    // (leads_ack): the ACK goes after the whole answer, closing its last train, which only a
+    // batch with a staging area can build.
+    void send_with_ack(bool pump_too, bool answer_leads = false);
     // True if `wqe`, the one request waiting to be sent (of one packet or of several), may
     // leave before the ACK it carries: the peer takes a train's closing ACK first
     // (Engine::answer_may_lead_ack, asked at RTR), and the ACK can close the train of the
@@ -279,10 +290,11 @@ class RcQp final : public QpCommon {
     // The batch the requester or the responder is filling (on its stack), or nullptr:
     // packets sent meanwhile go out together (transmit_batch.h).
     TransmitBatch* tx_batch_ = nullptr;
-    // Set by send_with_ack for an ACK that follows the pumped answer: pump_window() adds it
-    // before its flush, so that both leave in one system call (one GSO train, which a
-    // receiver with UDP_GRO reads in one piece: never the answer without its ACK).
-    bool ack_joins_pump_ = false;
+    // Where pump_window() puts a pending ACK among the packets it pumps (send_with_ack):
+    // right before the first one that completes something at the peer, or after them all
+    // (then before the batch's flush, in the train of the last one).
+    enum class AckInPump : uint8_t { No, BeforeCompletion, AtEnd };
+    AckInPump ack_in_pump_ = AckInPump::No;
     // Sends what tx_batch_ holds. The requester's packets carry the index of their sq_
     // entry as tag: one that can never be sent marks that entry failed; false then.
     bool flush_tx_batch();

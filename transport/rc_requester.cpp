@@ -201,6 +201,11 @@ void RcQp::pump_window() {
         }
         const uint32_t psn = psn_add(e.psn, send_pkt_);
         if (psn_diff(psn, una_psn_) >= window) break;
+        if (ack_in_pump_ == AckInPump::BeforeCompletion && send_pkt_ + 1 >= e.npkts &&
+            may_complete_at_peer(e.wqe.opcode)) {
+            ack_in_pump_ = AckInPump::No;
+            send_pending_ack();
+        }
         WcStatus status;
         if (tx_batch_) tx_batch_->set_tag(static_cast<uint32_t>(send_index_));
         if (e.wqe.opcode == SendOpcode::RdmaRead) {
@@ -239,8 +244,8 @@ void RcQp::pump_window() {
         }
     }
     if (sent) arm_timer();
-    if (ack_joins_pump_) {
-        ack_joins_pump_ = false;
+    if (ack_in_pump_ != AckInPump::No) {
+        ack_in_pump_ = AckInPump::No;
         send_pending_ack();
     }
     // The batch leaves before anything is retired: its tags are sq_ indices.

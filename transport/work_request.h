@@ -45,6 +45,13 @@ inline bool is_local_op(SendOpcode op) {
     return op == SendOpcode::BindMw || op == SendOpcode::LocalInv;
 }
 
+// False for a WRITE and a READ, which complete nothing at the responder; true for every
+// other request (a SEND or a WRITE with immediate completes a receive there; an atomic is
+// counted too, to be safe).
+inline bool may_complete_at_peer(SendOpcode op) {
+    return op != SendOpcode::RdmaWrite && op != SendOpcode::RdmaRead;
+}
+
 // What a memory window bind asks for (IBV_WR_BIND_MW, ibv_bind_mw).
 struct MwBind {
     uint32_t mw_rkey = 0;   // the window's current rkey

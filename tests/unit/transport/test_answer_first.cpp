@@ -2,7 +2,9 @@
 // to a uroce device of this host whose contexts all read with GRO, a SEND answer goes first
 // and its held ACK closes the GSO train of its last packet; the requester takes that ACK
 // first (train_order.h), so its send completion still comes before the answer's receive
-// completion. Anything that would put the ACK in a datagram of its own keeps it first.
+// completion. Anything that would put the ACK in a datagram of its own keeps it ahead of the
+// answer's last packet, the one that completes a receive at the requester (RcQp::
+// send_with_ack): the packets before that one go first, and the ACK closes their train.
 #include <sys/socket.h>
 
 #include <catch2/catch.hpp>
@@ -143,14 +145,19 @@ TEST_CASE("A SEND answer of no bytes keeps its ACK first", "[answer_first]") {
     CHECK(index_of(sent, wire::Opcode::RcSendOnly) == 1);
 }
 
-TEST_CASE("A SEND answer whose last packet is short keeps its ACK first", "[answer_first]") {
+TEST_CASE("A SEND answer whose last packet is short keeps its ACK ahead of that packet",
+          "[answer_first]") {
     // The short last packet closes the train of the full one: the ACK could not follow it.
+    // It closes the full packet's train instead.
     AnsweringPair ap(holding());
     Pair& p = ap.p;
+    const uint64_t trains0 = p.b.counters().tx_gso_sends.load();
     const auto sent = answer_with(ap, 31, send_answer(p, 32, kMtu + 100));
     REQUIRE(sent.size() == 3);
-    CHECK(index_of(sent, wire::Opcode::RcAcknowledge) == 0);
-    CHECK(index_of(sent, wire::Opcode::RcSendFirst) == 1);
+    CHECK(index_of(sent, wire::Opcode::RcSendFirst) == 0);
+    CHECK(index_of(sent, wire::Opcode::RcAcknowledge) == 1);
+    CHECK(index_of(sent, wire::Opcode::RcSendLast) == 2);
+    CHECK(p.b.counters().tx_gso_sends.load() == trains0 + 1);  // FIRST and the ACK
 }
 
 TEST_CASE("A SEND answer of whole packets leads its ACK, which closes the last train",
@@ -186,7 +193,8 @@ TEST_CASE("A SEND answer with an immediate leads its ACK in its last packet's tr
     CHECK(index_of(sent, wire::Opcode::RcAcknowledge) == 2);
 }
 
-TEST_CASE("A SEND answer of a batch's packets or more keeps its ACK first", "[answer_first]") {
+TEST_CASE("A SEND answer of a batch's packets or more keeps its ACK ahead of its last packet",
+          "[answer_first]") {
     PairOptions o = holding();
     o.mem_bytes = 256 * 1024;
     AnsweringPair ap(o);
@@ -194,7 +202,8 @@ TEST_CASE("A SEND answer of a batch's packets or more keeps its ACK first", "[an
     const uint32_t len = TransmitBatch::kMaxPackets * kMtu;
     const auto sent = answer_with(ap, 39, send_answer(p, 40, len, 131072), len);
     REQUIRE(sent.size() == TransmitBatch::kMaxPackets + 1);
-    CHECK(index_of(sent, wire::Opcode::RcAcknowledge) == 0);
+    CHECK(index_of(sent, wire::Opcode::RcAcknowledge) == TransmitBatch::kMaxPackets - 1);
+    CHECK(index_of(sent, wire::Opcode::RcSendLast) == TransmitBatch::kMaxPackets);
 }
 
 TEST_CASE("A SEND answer keeps its ACK first while packets may be faulted", "[answer_first]") {
@@ -215,6 +224,52 @@ TEST_CASE("A SEND answer to a device that is not this host's keeps its ACK first
     const auto sent = answer_with(ap, 41, send_answer(p, 42, kLen));
     REQUIRE(sent.size() == 2);
     CHECK(index_of(sent, wire::Opcode::RcAcknowledge) == 0);
+}
+
+TEST_CASE("A long SEND answer to another host's device: the ACK closes its first train",
+          "[answer_first]") {
+    // What a 64 KiB answer does between network namespaces or to another host: the packets
+    // that complete nothing at a go first, the ACK closes their train, the last packet
+    // follows alone. Two datagrams, not the ACK alone and then the answer.
+    AnsweringPair ap(holding(false));
+    Pair& p = ap.p;
+    uint64_t seed = 43;
+    for (const uint32_t npkts : {2u, 20u}) {
+        const uint64_t trains0 = p.b.counters().tx_gso_sends.load();
+        const uint32_t len = npkts * kMtu;
+        const auto sent = answer_with(ap, seed, send_answer(p, seed + 1, len, 16384), len);
+        seed += 2;
+        REQUIRE(sent.size() == npkts + 1);
+        CHECK(index_of(sent, wire::Opcode::RcSendFirst) == 0);
+        CHECK(index_of(sent, wire::Opcode::RcAcknowledge) == npkts - 1);
+        CHECK(index_of(sent, wire::Opcode::RcSendLast) == npkts);
+        // The ACK closes the first train; the last packet, alone, is no train.
+        CHECK(p.b.counters().tx_gso_sends.load() == trains0 + 1);
+    }
+}
+
+TEST_CASE("A SEND answer to a context that reads without GRO completes after the request",
+          "[answer_first]") {
+    // a reads datagram by datagram, in wire order, as the kernel's rxe or a NIC would: the
+    // ACK must be on the wire before the packet that completes a's receive (answer_with
+    // checks a's completion order).
+    PairOptions o = holding();
+    o.gro_a = false;
+    AnsweringPair ap(o);
+    Pair& p = ap.p;
+    uint64_t seed = 47;
+    for (const uint32_t npkts : {1u, 2u, 7u}) {
+        const uint32_t len = npkts * kMtu;
+        SendWqe answer = send_answer(p, seed + 1, len, 16384);
+        if (npkts == 7) {  // the last packet with an immediate
+            answer.opcode = SendOpcode::SendWithImm;
+            answer.imm = 0x4747;
+        }
+        const auto sent = answer_with(ap, seed, answer, len);
+        seed += 2;
+        REQUIRE(sent.size() == npkts + 1);
+        CHECK(index_of(sent, wire::Opcode::RcAcknowledge) == npkts - 1);
+    }
 }
 
 TEST_CASE("A SEND answer to a context that reads without GRO keeps its ACK first",
