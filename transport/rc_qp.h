@@ -71,6 +71,11 @@ enum class XrcRole : uint8_t { None, Initiator, Target };
 
 class RcQp final : public QpCommon {
   public:
+    // READ response packets sent per step, before the QP's lock is let go (rc_responder.cpp):
+    // one transmit batch's worth, one system call (16, one 64 KiB READ per call, until
+    // 2026-12-01: ib_read_bw 6% slower). A longer READ goes on from the engine thread.
+    static constexpr uint32_t kResponseBurst = TransmitBatch::kMaxPackets;
+
     // With `srq`, receive WQEs come from that shared receive queue (the QP has no receive
     // queue of its own, and post_recv fails with EINVAL). An XRC initiator has no receive
     // side, an XRC target no send queue and no CQs (its SRQs have theirs); `xrcd` is the

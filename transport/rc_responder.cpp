@@ -24,8 +24,6 @@ namespace uroce::transport {
 
 namespace {
 
-// READ response packets sent per step, before the lock is let go.
-constexpr uint32_t kResponseBurst = 16;
 // Held requests executed per step on the engine thread.
 constexpr uint32_t kHeldBurst = 64;
 // Requests held per QP at most: more are not accepted (not even their PSN), so the

@@ -62,7 +62,8 @@ inline size_t naks(const TxRecorder& rec, wire::NakCode code, uint32_t psn) {
 // A hostile-peer setup: a's QP is the responder under test; b is silent and the test speaks
 // for it. What a sends is recorded, not sent.
 struct Hostile {
-    explicit Hostile(QpAttributes a_attrs = default_attributes()) {
+    explicit Hostile(QpAttributes a_attrs = default_attributes(), const PairOptions& options = {})
+        : p(options) {
         p.connect(a_attrs, default_attributes());
         fill(p.a.at(0), p.a.mem.size(), 1);
     }

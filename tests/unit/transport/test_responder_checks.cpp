@@ -18,6 +18,17 @@ namespace wire = uroce::wire;
 
 namespace {
 
+// A READ of kLong packets goes out in four bursts of RcQp::kResponseBurst, from a region of
+// kLong packets (PairOptions::mem_bytes).
+constexpr uint32_t kBurst = RcQp::kResponseBurst;
+constexpr uint32_t kLong = 4 * kBurst;
+
+PairOptions long_reads() {
+    PairOptions o;
+    o.mem_bytes = size_t{kLong} * kMtu;
+    return o;
+}
+
 // Keeps an engine's thread inside a callback until released (or 20 s have passed), so that
 // whatever the engine would continue on that thread (receiving, timers, paced READ
 // responses) waits, and the test sees the state between two steps.
@@ -175,12 +186,12 @@ TEST_CASE("Responder: more READs outstanding than max_dest_rd_atomic get an inva
           "[responder][resources]") {
     QpAttributes attrs = default_attributes();
     attrs.max_dest_rd_atomic = 1;
-    Hostile t(attrs);
+    Hostile t(attrs, long_reads());
     EngineThreadBlocker hold(*t.p.a.engine);
-    t.peer.inject(t.read(0, 0, 64 * kMtu));  // PSNs 0..63; responses not all out yet
-    REQUIRE(read_responses(t.a_out) < 64);
-    t.peer.inject(t.read(64, 0, kMtu));
-    t.check_refused(wire::NakCode::InvalidRequest, 64, AsyncEventType::QpRequestError);
+    t.peer.inject(t.read(0, 0, kLong * kMtu));  // PSNs 0..kLong-1; responses not all out yet
+    REQUIRE(read_responses(t.a_out) < kLong);
+    t.peer.inject(t.read(kLong, 0, kMtu));
+    t.check_refused(wire::NakCode::InvalidRequest, kLong, AsyncEventType::QpRequestError);
 }
 
 TEST_CASE("Responder: max_dest_rd_atomic READs may be outstanding", "[responder][resources]") {
@@ -201,23 +212,22 @@ TEST_CASE("Responder: max_dest_rd_atomic READs may be outstanding", "[responder]
 
 TEST_CASE("Responder: a large READ goes out in bursts, continued from the engine thread",
           "[responder][paced]") {
-    Hostile t;
+    Hostile t(default_attributes(), long_reads());
     {
         EngineThreadBlocker hold(*t.p.a.engine);
-        t.peer.inject(t.read(0, 0, 64 * kMtu));
-        // The receive path sent a first burst only.
-        CHECK(read_responses(t.a_out) > 0);
-        CHECK(read_responses(t.a_out) <= 16);
+        t.peer.inject(t.read(0, 0, kLong * kMtu));
+        // The receive path sent a first burst only, a whole one.
+        CHECK(read_responses(t.a_out) == kBurst);
     }
-    REQUIRE(t.p.wait_until([&] { return read_responses(t.a_out) == 64; }));
+    REQUIRE(t.p.wait_until([&] { return read_responses(t.a_out) == kLong; }));
     const auto out = sent(t.a_out);
-    REQUIRE(out.size() == 64);
-    for (uint32_t i = 0; i < 64; ++i) {
+    REQUIRE(out.size() == kLong);
+    for (uint32_t i = 0; i < kLong; ++i) {
         CAPTURE(i);
         CHECK(out[i].psn == i);
-        CHECK(out[i].is(i == 0    ? wire::Opcode::RcReadResponseFirst
-                        : i == 63 ? wire::Opcode::RcReadResponseLast
-                                  : wire::Opcode::RcReadResponseMiddle));
+        CHECK(out[i].is(i == 0           ? wire::Opcode::RcReadResponseFirst
+                        : i == kLong - 1 ? wire::Opcode::RcReadResponseLast
+                                         : wire::Opcode::RcReadResponseMiddle));
         REQUIRE(out[i].payload.size() == kMtu);
         CHECK(std::memcmp(out[i].payload.data(), t.p.a.at(i * kMtu), kMtu) == 0);
     }
@@ -225,12 +235,12 @@ TEST_CASE("Responder: a large READ goes out in bursts, continued from the engine
 
 TEST_CASE("Responder: a duplicate READ restarts its responses instead of adding a copy",
           "[responder][paced][duplicate]") {
-    Hostile t;
+    Hostile t(default_attributes(), long_reads());
     {
         EngineThreadBlocker hold(*t.p.a.engine);
-        t.peer.inject(t.read(0, 0, 64 * kMtu));
-        t.peer.inject(t.read(0, 0, 64 * kMtu));
-        t.peer.inject(t.read(0, 0, 64 * kMtu));
+        t.peer.inject(t.read(0, 0, kLong * kMtu));
+        t.peer.inject(t.read(0, 0, kLong * kMtu));
+        t.peer.inject(t.read(0, 0, kLong * kMtu));
     }
     REQUIRE(t.p.wait_until([&] {
         const auto out = sent(t.a_out);
@@ -239,30 +249,31 @@ TEST_CASE("Responder: a duplicate READ restarts its responses instead of adding 
     t.p.wait_until([] { return false; }, 50ms);
     // A first burst for the request and for each duplicate (each restarting at PSN 0),
     // then the rest once: not three copies of the READ.
-    CHECK(read_responses(t.a_out) == 3 * 16 + 48);
+    CHECK(read_responses(t.a_out) == 3 * kBurst + (kLong - kBurst));
     CHECK(t.p.a.counters().rx_duplicate.load() == 2);
 }
 
 TEST_CASE("Responder: requests after a READ are executed after its responses have gone out",
           "[responder][paced]") {
-    Hostile t;
+    constexpr uint32_t kRead = 2 * kBurst;  // PSNs 0..kRead-1; the WRITE's is kRead
+    Hostile t(default_attributes(), long_reads());
     const auto fresh = bytes(kMtu, 77);
     const GuardedBytes old = t.p.a.mem;
     {
         EngineThreadBlocker hold(*t.p.a.engine);
-        t.peer.inject(t.read(0, 0, 32 * kMtu));  // PSNs 0..31
-        t.peer.inject(t.write(wire::Opcode::RcWriteOnly, 32, 0, kMtu), fresh);
+        t.peer.inject(t.read(0, 0, kRead * kMtu));
+        t.peer.inject(t.write(wire::Opcode::RcWriteOnly, kRead, 0, kMtu), fresh);
         // Accepted but waiting: the bytes the READ is returning are still there.
         CHECK(t.p.a.mem == old);
     }
     REQUIRE(t.p.wait_until([&] {
         for (const Sent& s : sent(t.a_out))
-            if (s.is_plain_ack() && s.psn == 32) return true;
+            if (s.is_plain_ack() && s.psn == kRead) return true;
         return false;
     }));
     const auto out = sent(t.a_out);
-    REQUIRE(out.size() == 33);
-    for (uint32_t i = 0; i < 32; ++i) {
+    REQUIRE(out.size() == kRead + 1);
+    for (uint32_t i = 0; i < kRead; ++i) {
         CAPTURE(i);
         CHECK(out[i].psn == i);
         CHECK(out[i].is_read_response());
@@ -270,19 +281,19 @@ TEST_CASE("Responder: requests after a READ are executed after its responses hav
         REQUIRE(out[i].payload.size() == kMtu);
         CHECK(std::memcmp(out[i].payload.data(), old.data() + i * kMtu, kMtu) == 0);
     }
-    CHECK(out[32].is_plain_ack());
+    CHECK(out[kRead].is_plain_ack());
     CHECK(std::memcmp(t.p.a.at(0), fresh.data(), kMtu) == 0);
     CHECK(std::memcmp(t.p.a.at(kMtu), old.data() + kMtu, old.size() - kMtu) == 0);
 }
 
 TEST_CASE("Responder: deregistration in the middle of a READ stops it at once",
           "[responder][paced][keys]") {
-    Hostile t;
+    Hostile t(default_attributes(), long_reads());
     {
         EngineThreadBlocker hold(*t.p.a.engine);
-        t.peer.inject(t.read(0, 0, 64 * kMtu));
+        t.peer.inject(t.read(0, 0, kLong * kMtu));
         const size_t before = read_responses(t.a_out);
-        REQUIRE(before < 64);
+        REQUIRE(before < kLong);
         REQUIRE(t.p.a.engine->memory().remove(t.p.a.keys.lkey));
         hold.release();
         REQUIRE(t.p.wait_until([&] { return t.p.a.qp->state() == QpState::Err; }));
@@ -330,18 +341,18 @@ TEST_CASE(
 TEST_CASE(
     "Responder: a replay cut short by a deregistration NAKs the PSN it reached; the QP stays up",
     "[responder][paced][duplicate][keys]") {
-    Hostile t;
-    t.peer.inject(t.read(0, 0, 64 * kMtu));
-    REQUIRE(t.p.wait_until([&] { return read_responses(t.a_out) == 64; }));
+    Hostile t(default_attributes(), long_reads());
+    t.peer.inject(t.read(0, 0, kLong * kMtu));
+    REQUIRE(t.p.wait_until([&] { return read_responses(t.a_out) == kLong; }));
     t.a_out.clear();
     {
         // The requester lost responses from PSN 10 on and asks for them again; the region
         // goes while the replay is under way.
         EngineThreadBlocker hold(*t.p.a.engine);
-        t.peer.inject(t.read(10, 10 * kMtu, 54 * kMtu));
+        t.peer.inject(t.read(10, 10 * kMtu, (kLong - 10) * kMtu));
         const size_t before = read_responses(t.a_out);
         REQUIRE(before > 0);
-        REQUIRE(before < 54);
+        REQUIRE(before < kLong - 10);
         REQUIRE(t.p.a.engine->memory().remove(t.p.a.keys.lkey));
         hold.release();
         const uint32_t at = 10 + static_cast<uint32_t>(before);
