@@ -108,6 +108,26 @@ SendWqe send_answer(Pair& p, uint64_t wr_id, uint32_t len, uint32_t from = 0) {
     return w;
 }
 
+// b answers with SENDs of 2 and 20 whole packets, from seed on. To a device of this host
+// (`host_peer`) the answer leads and the ACK closes its train; to another, the ACK closes the
+// train of the packets before the LAST, which follows alone. One GSO train either way.
+void answer_whole_packets(bool host_peer, uint64_t seed) {
+    AnsweringPair ap(holding(host_peer));
+    Pair& p = ap.p;
+    for (const uint32_t npkts : {2u, 20u}) {
+        CAPTURE(npkts);
+        const uint64_t trains0 = p.b.counters().tx_gso_sends.load();
+        const uint32_t len = npkts * kMtu;
+        const auto sent = answer_with(ap, seed, send_answer(p, seed + 1, len, 16384), len);
+        seed += 2;
+        REQUIRE(sent.size() == npkts + 1);
+        CHECK(index_of(sent, wire::Opcode::RcSendFirst) == 0);
+        CHECK(index_of(sent, wire::Opcode::RcSendLast) == (host_peer ? npkts - 1 : npkts));
+        CHECK(index_of(sent, wire::Opcode::RcAcknowledge) == (host_peer ? npkts : npkts - 1));
+        CHECK(p.b.counters().tx_gso_sends.load() == trains0 + 1);
+    }
+}
+
 }  // namespace
 
 TEST_CASE("A SEND answer to a device of this host leads its ACK in one train", "[answer_first]") {
@@ -162,20 +182,7 @@ TEST_CASE("A SEND answer whose last packet is short keeps its ACK ahead of that 
 
 TEST_CASE("A SEND answer of whole packets leads its ACK, which closes the last train",
           "[answer_first]") {
-    AnsweringPair ap(holding());
-    Pair& p = ap.p;
-    uint64_t seed = 33;
-    for (const uint32_t npkts : {2u, 20u}) {
-        const uint64_t trains0 = p.b.counters().tx_gso_sends.load();
-        const uint32_t len = npkts * kMtu;
-        const auto sent = answer_with(ap, seed, send_answer(p, seed + 1, len, 16384), len);
-        seed += 2;
-        REQUIRE(sent.size() == npkts + 1);
-        CHECK(index_of(sent, wire::Opcode::RcSendFirst) == 0);
-        CHECK(index_of(sent, wire::Opcode::RcSendLast) == npkts - 1);
-        CHECK(index_of(sent, wire::Opcode::RcAcknowledge) == npkts);
-        CHECK(p.b.counters().tx_gso_sends.load() == trains0 + 1);  // one train, ACK last
-    }
+    answer_whole_packets(true, 33);
 }
 
 TEST_CASE("A SEND answer with an immediate leads its ACK in its last packet's train",
@@ -231,21 +238,7 @@ TEST_CASE("A long SEND answer to another host's device: the ACK closes its first
     // What a 64 KiB answer does between network namespaces or to another host: the packets
     // that complete nothing at a go first, the ACK closes their train, the last packet
     // follows alone. Two datagrams, not the ACK alone and then the answer.
-    AnsweringPair ap(holding(false));
-    Pair& p = ap.p;
-    uint64_t seed = 43;
-    for (const uint32_t npkts : {2u, 20u}) {
-        const uint64_t trains0 = p.b.counters().tx_gso_sends.load();
-        const uint32_t len = npkts * kMtu;
-        const auto sent = answer_with(ap, seed, send_answer(p, seed + 1, len, 16384), len);
-        seed += 2;
-        REQUIRE(sent.size() == npkts + 1);
-        CHECK(index_of(sent, wire::Opcode::RcSendFirst) == 0);
-        CHECK(index_of(sent, wire::Opcode::RcAcknowledge) == npkts - 1);
-        CHECK(index_of(sent, wire::Opcode::RcSendLast) == npkts);
-        // The ACK closes the first train; the last packet, alone, is no train.
-        CHECK(p.b.counters().tx_gso_sends.load() == trains0 + 1);
-    }
+    answer_whole_packets(false, 43);
 }
 
 TEST_CASE("A SEND answer to a context that reads without GRO completes after the request",
