@@ -170,7 +170,8 @@ bool RcQp::response_in_window(uint32_t psn) const {
 }
 
 RcQp::SqEntry* RcQp::entry_for_psn(uint32_t psn) {
-    for (SqEntry& e : sq_) {
+    for (size_t i = 0; i < sq_.size(); ++i) {
+        SqEntry& e = sq_[i];
         if (!e.assigned) break;
         const int32_t d = psn_diff(psn, e.psn);
         if (d >= 0 && d < static_cast<int32_t>(e.npkts)) return &e;

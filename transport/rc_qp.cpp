@@ -129,7 +129,7 @@ int RcQp::post_send(const SendWqe& wqe, bool more) {
         return 0;
     }
     last_post_ = std::chrono::steady_clock::now();
-    sq_.emplace_back().wqe = wqe;  // one copy of the WQE, not two
+    sq_.emplace_back(wqe);  // built in place: one copy of the WQE
     // This may answer a message whose ACK still waits (for the end of the receive batch, or
     // held for this answer: engine_held_acks.cpp). A post held for the next poll keeps it:
     // both leave from send_held(). Otherwise both leave now, in one system call, in the

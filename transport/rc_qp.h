@@ -33,6 +33,7 @@
 #include "transport/qp_counters.h"
 #include "transport/qp_state.h"
 #include "transport/responder_resources.h"
+#include "transport/ring_queue.h"
 #include "transport/rtt_estimator.h"
 #include "transport/send_window.h"
 #include "transport/shared_receive_queue.h"
@@ -318,7 +319,7 @@ class RcQp final : public QpCommon {
     QpAttributes attrs_;
 
     // requester / completer
-    std::deque<SqEntry> sq_;
+    RingQueue<SqEntry> sq_;   // no reference into it across post_send()
     size_t send_index_ = 0;   // sq_ entry being transmitted
     uint32_t send_pkt_ = 0;   // its next packet
     uint32_t next_psn_ = 0;   // PSN the next new request gets
@@ -392,10 +393,10 @@ class RcQp final : public QpCommon {
     void take_rtt_sample(uint32_t psn);  // a response for `psn` arrived
 
     // responder
-    std::deque<RecvWqe> rq_;  // the QP's own receive queue (unused with an SRQ)
-    uint32_t epsn_ = 0;       // expected request PSN
-    uint32_t msn_ = 0;        // message sequence number
-    bool nak_sent_ = false;   // a sequence NAK for epsn_ is out
+    RingQueue<RecvWqe> rq_;  // the QP's own receive queue (unused with an SRQ)
+    uint32_t epsn_ = 0;      // expected request PSN
+    uint32_t msn_ = 0;       // message sequence number
+    bool nak_sent_ = false;  // a sequence NAK for epsn_ is out
     bool ack_pending_ = false;
     bool ack_held_noted_ = false;    // the engine knows this QP holds its ACK (note_held_ack)
     bool answer_leads_ack_ = false;  // Engine::answer_may_lead_ack for the peer, at RTR

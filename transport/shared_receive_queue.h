@@ -7,12 +7,12 @@
 #pragma once
 
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
 
+#include "transport/ring_queue.h"
 #include "transport/work_request.h"
 
 namespace uroce::transport {
@@ -67,7 +67,7 @@ class SharedReceiveQueue {
     const uint32_t max_sge_;
     std::function<void()> on_limit_;
     mutable std::mutex mutex_;
-    std::deque<RecvWqe> queue_;
+    RingQueue<RecvWqe> queue_;
     uint32_t limit_ = 0;  // 0: not armed
     bool closed_ = false;
     std::mutex callback_mutex_;   // held while on_limit_ runs

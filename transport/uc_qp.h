@@ -20,7 +20,6 @@
 #include <sys/uio.h>
 
 #include <cstdint>
-#include <deque>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -31,6 +30,7 @@
 #include "transport/qp_counters.h"
 #include "transport/qp_state.h"
 #include "transport/rc_qp.h"
+#include "transport/ring_queue.h"
 #include "transport/shared_receive_queue.h"
 #include "transport/udp_socket.h"
 #include "transport/work_request.h"
@@ -83,11 +83,11 @@ class UcQp final : public QpCommon {
     uint32_t next_psn_ = 0;
     bool got_first_packet_ = false;
     // requester: posts not sent yet (may_wait), and their packets
-    std::deque<SendWqe> queued_;
+    RingQueue<SendWqe> queued_;
     uint32_t unsent_packets_ = 0;
 
     // responder
-    std::deque<RecvWqe> rq_;
+    RingQueue<RecvWqe> rq_;
     std::optional<RecvWqe> recv_;  // the WQE of the SEND in progress
     uint32_t epsn_ = 0;
     enum class InMessage { None, Send, Write } in_message_ = InMessage::None;

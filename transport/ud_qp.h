@@ -24,7 +24,6 @@
 #include <sys/uio.h>
 
 #include <cstdint>
-#include <deque>
 #include <memory>
 #include <mutex>
 
@@ -33,6 +32,7 @@
 #include "transport/qp_common.h"
 #include "transport/qp_counters.h"
 #include "transport/qp_state.h"
+#include "transport/ring_queue.h"
 #include "transport/shared_receive_queue.h"
 #include "transport/transmit_batch.h"
 #include "transport/udp_socket.h"
@@ -111,8 +111,8 @@ class UdQp final : public QpCommon {
 
     UdAttributes attrs_;
     uint32_t next_psn_ = 0;
-    std::deque<RecvWqe> rq_;
-    std::deque<QueuedSend> queued_;
+    RingQueue<RecvWqe> rq_;
+    RingQueue<QueuedSend> queued_;
 };
 
 }  // namespace uroce::transport

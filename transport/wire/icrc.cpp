@@ -189,6 +189,12 @@ constexpr uint32_t kUnseenWindowMask = 0xffffu << 8;
 constexpr size_t kWindowEndOffset = kFlagsOffset + 1;
 static_assert(kFlagsOffset == kIdOffset + 2, "the window is three consecutive bytes");
 
+// A packet up to this long (an ACK, a READ request, a short SEND or WRITE) is copied behind
+// the pseudo-header and takes one CRC call. ISA-L's CRC costs about as much for 16 bytes as
+// for 100 (15-28 ns here), so the two or more calls of the pieces cost more than the copy:
+// 45 -> 28 ns for a 36-byte packet (2026-12-02).
+constexpr size_t kOneCallBytes = 256;
+
 }  // namespace
 
 uint32_t icrc(const IpFlow& flow, const Ipv4Unseen& unseen,
@@ -197,14 +203,23 @@ uint32_t icrc(const IpFlow& flow, const Ipv4Unseen& unseen,
     for (const auto& piece : pieces) roce_len += piece.size();
 
     // The pseudo-header and the BTH go through one buffer, so the BTH reserved byte can be
-    // masked even when the BTH is split across pieces.
-    std::array<uint8_t, kPseudoBytesV6 + kBthBytes> head;
+    // masked even when the BTH is split across pieces; a short packet goes there whole.
+    std::array<uint8_t, kPseudoBytesV6 + kOneCallBytes> head;
     size_t pseudo = kPseudoBytes;
     if (flow.dst_ip.is_v4()) {
         fill_pseudo_header(head.data(), flow, unseen, roce_len + kIcrcBytes);
     } else {
         fill_pseudo_header_v6(head.data(), flow, roce_len + kIcrcBytes);
         pseudo = kPseudoBytesV6;
+    }
+    if (roce_len <= kOneCallBytes) {
+        size_t at = pseudo;
+        for (const auto& piece : pieces) {
+            std::copy_n(piece.data(), piece.size(), head.data() + at);
+            at += piece.size();
+        }
+        if (roce_len > kBthReservedByte) head[pseudo + kBthReservedByte] = 0xff;
+        return crc32(0, std::span(head).first(at));
     }
     size_t bth_len = 0;
     for (const auto& piece : pieces) {

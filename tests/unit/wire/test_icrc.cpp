@@ -744,3 +744,26 @@ TEST_CASE("IPv6: the kernel's packets verify Exact and follow the pseudo-header 
         CHECK(parse_packet(cp.udp, p) == ParseError::None);
     }
 }
+
+TEST_CASE("icrc follows the definition at every length around its one-call limit", "[icrc][ipv6]") {
+    // Up to 256 bytes a packet is copied behind the pseudo-header and takes one CRC call;
+    // longer ones are CRC'd piece by piece. Both ways, whole and cut, IPv4 and IPv6.
+    std::mt19937 rng(256);
+    const IpFlow flow4{IpAddress::v4(0x0a000001), IpAddress::v4(0x0a000002), 0xc0de, 4791};
+    const IpFlow flow6{v6("fd00::1"), v6("fd00::2"), 0xc0df, 4791};
+    for (size_t n = 0; n <= 300; ++n) {
+        CAPTURE(n);
+        std::vector<uint8_t> roce(n);
+        for (auto& b : roce) b = static_cast<uint8_t>(rng());
+        const auto whole = std::span<const uint8_t>(roce);
+        const Ipv4Unseen u{static_cast<uint16_t>(rng()), true};
+        const uint32_t want4 = icrc_by_hand(flow4, u.identification, 0x4000, whole);
+        const uint32_t want6 = icrc_v6_by_hand(flow6, whole);
+        CHECK(icrc(flow4, u, whole) == want4);
+        CHECK(icrc(flow6, u, whole) == want6);
+        const size_t cut = n / 3;
+        const std::span<const uint8_t> pieces[] = {whole.first(cut), {}, whole.subspan(cut)};
+        CHECK(icrc(flow4, u, pieces) == want4);
+        CHECK(icrc(flow6, u, pieces) == want6);
+    }
+}
