@@ -78,12 +78,26 @@ size_t ReceiveBatch::read(int fd) {
         msgs_[i].msg_hdr.msg_controllen = sizeof controls_[i].bytes;
     }
     last_got_ = 0;
+    const size_t width = read_width(fd);
+    if (fd != width_fd_) {
+        width_fd_ = fd;
+        narrow_ = false;
+        last_found_ = false;
+    }
     int got;
     do {
-        got = ::recvmmsg(fd, msgs_.get(), static_cast<unsigned>(count_), MSG_DONTWAIT, nullptr);
+        got = ::recvmmsg(fd, msgs_.get(), static_cast<unsigned>(width), MSG_DONTWAIT, nullptr);
     } while (got < 0 && errno == EINTR);
-    if (got <= 0) return 0;
+    if (got <= 0) {
+        last_found_ = false;
+        return 0;
+    }
     last_got_ = static_cast<size_t>(got);
+    // One short datagram alone: ask for one next time. Several, or data again at once: a
+    // backlog. A long one (a train of full packets) is a stream's, or a long message's whose
+    // next train may already be on its way.
+    narrow_ = last_got_ == 1 && msgs_[0].msg_len <= kNarrowBytes && !(narrow_ && last_found_);
+    last_found_ = true;
     for (size_t i = 0; i < last_got_; ++i) {
         msghdr& h = msgs_[i].msg_hdr;
         Datagram& d = got_[i];

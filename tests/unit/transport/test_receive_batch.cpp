@@ -183,3 +183,70 @@ TEST_CASE("ReceiveBatch: one batch reads sockets of both families in turn", "[re
         check_datagram(batch[0], pattern(60, 6), 0, tx6.port(), v6_loopback);
     }
 }
+
+TEST_CASE("ReceiveBatch: one datagram found makes the next read ask for one, a backlog for all",
+          "[receive_batch]") {
+    Socket rx, tx, other;
+    ReceiveBatch batch(4, 2048);
+    CHECK(batch.read_width(rx.fd()) == 4);
+    // A ping-pong's read: one datagram waits, and is all a read finds.
+    tx.send_to(rx.port(), pattern(50, 1));
+    REQUIRE(read_when_ready(batch, rx.fd()) == 1);
+    check_datagram(batch[0], pattern(50, 1), 0, tx.port());
+    CHECK(batch.read_width(rx.fd()) == 1);
+    CHECK(batch.read(rx.fd()) == 0);  // an empty read changes nothing
+    CHECK(batch.read_width(rx.fd()) == 1);
+
+    // Three arrive at once: the narrow read takes the first, and leaves the others waiting,
+    // in order; finding data again right away, the reads widen and take both.
+    for (uint8_t i = 2; i <= 4; ++i) tx.send_to(rx.port(), pattern(50 + i, i));
+    REQUIRE(read_when_ready(batch, rx.fd()) == 1);
+    check_datagram(batch[0], pattern(52, 2), 0, tx.port());
+    CHECK(batch.read_width(rx.fd()) == 1);  // one found after an empty read: still narrow
+    REQUIRE(batch.read(rx.fd()) == 1);      // found again at once: a backlog
+    check_datagram(batch[0], pattern(53, 3), 0, tx.port());
+    CHECK(batch.read_width(rx.fd()) == 4);
+    REQUIRE(batch.read(rx.fd()) == 1);
+    check_datagram(batch[0], pattern(54, 4), 0, tx.port());
+    CHECK(batch.read_width(rx.fd()) == 1);  // a wide read that found one
+    CHECK(batch.read(rx.fd()) == 0);
+
+    // Several found by one read keep it wide.
+    CHECK(batch.read_width(rx.fd()) == 1);
+    tx.send_to(rx.port(), pattern(60, 5));
+    REQUIRE(read_when_ready(batch, rx.fd()) == 1);
+    tx.send_to(rx.port(), pattern(61, 6));
+    tx.send_to(rx.port(), pattern(62, 7));
+    REQUIRE(batch.read(rx.fd()) == 1);  // data right after data: the next read is wide
+    check_datagram(batch[0], pattern(61, 6), 0, tx.port());
+    CHECK(batch.read_width(rx.fd()) == 4);
+    tx.send_to(rx.port(), pattern(63, 8));
+    REQUIRE(batch.read(rx.fd()) == 2);
+    check_datagram(batch[0], pattern(62, 7), 0, tx.port());
+    check_datagram(batch[1], pattern(63, 8), 0, tx.port());
+    CHECK(batch.read_width(rx.fd()) == 4);
+
+    // A long datagram found alone keeps reads wide: a stream's, or the first train of a long
+    // message whose next one is on its way. One of kNarrowBytes is still short.
+    tx.send_to(rx.port(), pattern(ReceiveBatch::kNarrowBytes + 1, 12));
+    REQUIRE(read_when_ready(batch, rx.fd()) == 1);
+    CHECK(batch.read_width(rx.fd()) == 4);
+    CHECK(batch.read(rx.fd()) == 0);
+    tx.send_to(rx.port(), pattern(ReceiveBatch::kNarrowBytes, 13));
+    REQUIRE(read_when_ready(batch, rx.fd()) == 1);
+    check_datagram(batch[0], pattern(ReceiveBatch::kNarrowBytes, 13), 0, tx.port());
+    CHECK(batch.read_width(rx.fd()) == 1);
+    CHECK(batch.read(rx.fd()) == 0);
+
+    // Another socket starts wide (both its datagrams in one read while this one is
+    // narrow), and so does this one after it.
+    tx.send_to(rx.port(), pattern(70, 9));
+    REQUIRE(read_when_ready(batch, rx.fd()) == 1);
+    CHECK(batch.read_width(rx.fd()) == 1);
+    CHECK(batch.read_width(other.fd()) == 4);
+    tx.send_to(other.port(), pattern(71, 10));
+    tx.send_to(other.port(), pattern(72, 11));
+    REQUIRE(read_when_ready(batch, other.fd()) == 2);
+    check_datagram(batch[1], pattern(72, 11), 0, tx.port());
+    CHECK(batch.read_width(rx.fd()) == 4);
+}
