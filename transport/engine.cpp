@@ -376,8 +376,10 @@ void Engine::receive_datagram(std::span<const uint8_t> udp_payload, const IpAddr
         deliver_multicast(udp_payload, src_ip, src_port, group);
         return;
     }
-    auto qp = deliver(udp_payload, src_ip, src_port);
+    Qp* qp = deliver(udp_payload, src_ip, src_port);
+    finish_run();
     if (qp && send_acks) qp->flush_ack();
+    touched_.clear();
 }
 
 void Engine::on_readable(evutil_socket_t, short, void* arg) {
@@ -545,6 +547,7 @@ void Engine::receive_from(const UdpSocket& socket, const IpAddress& group) {
     ReceiveBatch& batch = *rx_;
     size_t handled = 0;
     while (handled < kRxBudget) {
+        finish_run();  // its payloads are in the buffers the read overwrites
         const size_t got = socket.receive(batch);
         if (got == 0) break;
         for (size_t i = 0; i < got; ++i) {
@@ -570,6 +573,7 @@ void Engine::receive_from(const UdpSocket& socket, const IpAddress& group) {
         }
         if (got < batch.capacity()) break;
     }
+    finish_run();
     rx_ecn_ = 0;
     // ACK coalescing: one ACK per QP for everything this batch delivered (or held for the
     // answer: engine_held_acks.cpp).
@@ -585,12 +589,11 @@ void Engine::receive_one(std::span<const uint8_t> one, const IpAddress& src_ip, 
                                         src_port, config_.port},
                            one, index, rx_ecn_);
     if (!group.is_unspecified()) {
+        finish_run();
         deliver_multicast(one, src_ip, src_port, group);
         return;
     }
-    auto qp = deliver(one, src_ip, src_port, index);
-    if (qp && std::find(touched_.begin(), touched_.end(), qp) == touched_.end())
-        touched_.push_back(std::move(qp));
+    deliver(one, src_ip, src_port, index);
 }
 
 bool Engine::accept(std::span<const uint8_t> datagram, const IpAddress& src_ip,
@@ -620,8 +623,8 @@ bool Engine::accept(std::span<const uint8_t> datagram, const IpAddress& src_ip,
     return true;
 }
 
-std::shared_ptr<Qp> Engine::deliver(std::span<const uint8_t> datagram, const IpAddress& src_ip,
-                                    uint16_t src_port, uint16_t expected_id) {
+Qp* Engine::deliver(std::span<const uint8_t> datagram, const IpAddress& src_ip, uint16_t src_port,
+                    uint16_t expected_id) {
     wire::ParsedPacket pkt;
     if (!accept(datagram, src_ip, config_.ip, src_port, pkt, expected_id)) return nullptr;
     // The multicast QPN arrives only through a group's socket.
@@ -629,19 +632,23 @@ std::shared_ptr<Qp> Engine::deliver(std::span<const uint8_t> datagram, const IpA
         bump(counters_->rx_bad_mcast_qpn);
         return nullptr;
     }
-    std::shared_ptr<Qp> qp;
+    Qp* qp = nullptr;
+    std::shared_ptr<Qp> found;
     if (!touched_.empty() && touched_.back()->qpn() == pkt.h.bth.dest_qp) {
-        // The QP of the packet before (a train's packets share one): no table lookup. One
-        // detached since is closed, and ignores the packet as it would a moment earlier.
-        qp = touched_.back();
+        // The QP of the packet before (a train's packets share one): no table lookup, no
+        // reference taken. One detached since is closed, and ignores the packet as it would
+        // a moment earlier.
+        qp = touched_.back().get();
     } else {
         std::shared_lock lock(qps_mutex_);
         auto it = qps_.find(pkt.h.bth.dest_qp);
-        if (it != qps_.end()) qp = it->second;
+        if (it != qps_.end()) found = it->second;
+        qp = found.get();
     }
     if (pkt.info->flags & wire::kCnp) {
         // Congestion notification: for the QP whose packets were marked (congestion.h).
         // It belongs to no transport, and to no receive batch's acknowledgements.
+        finish_run();  // after the packets that came before it
         bump(counters_->rx_cnp);
         if (qp)
             qp->on_cnp(src_ip);
@@ -660,9 +667,14 @@ std::shared_ptr<Qp> Engine::deliver(std::span<const uint8_t> datagram, const IpA
         bump(counters_->rx_unknown_qp);
         return nullptr;
     }
-    qp->on_packet(pkt, src_ip);
+    // Remembered for the batch's ACK, and kept alive while run_ names it.
+    if (found && std::find(touched_.begin(), touched_.end(), found) == touched_.end())
+        touched_.push_back(std::move(found));
+    if (!run_.joins(qp, src_ip)) finish_run();
+    run_.add(*qp, src_ip, pkt);
     if (rx_ecn_ == kEcnCe) {
         // After the packet: the notification is a packet of its own, not on its path.
+        finish_run();
         bump(counters_->rx_ce_marked);
         qp->on_ce_marked(src_ip);
     }

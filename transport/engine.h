@@ -33,6 +33,7 @@
 #include "transport/memory_table.h"
 #include "transport/multicast_groups.h"
 #include "transport/packet_capture.h"
+#include "transport/packet_run.h"
 #include "transport/poll_handoff.h"
 #include "transport/qp_counters.h"
 #include "transport/qpn_space.h"
@@ -369,11 +370,14 @@ class Engine {
     // send_train() when GSO failed: each packet of train `t` alone, its ICRC recomputed for
     // identification 0; `sent` counts those that went out.
     TransmitResult send_one_by_one(TransmitBatch& batch, size_t t, size_t& sent);
-    // Checks one received UDP payload and hands it to its QP; returns that QP.
-    // `expected_id`: the IPv4 identification its ICRC most likely covers (the segment's
-    // index in a GRO train, icrc_verify).
-    std::shared_ptr<Qp> deliver(std::span<const uint8_t> datagram, const IpAddress& src_ip,
-                                uint16_t src_port, uint16_t expected_id = 0);
+    // Checks one received UDP payload and adds it to run_ for its QP (handing over what
+    // run_ held for another); returns that QP, which touched_ keeps alive until the batch
+    // ends. `expected_id`: the IPv4 identification its ICRC most likely covers (the
+    // segment's index in a GRO train, icrc_verify). The caller ends with finish_run().
+    Qp* deliver(std::span<const uint8_t> datagram, const IpAddress& src_ip, uint16_t src_port,
+                uint16_t expected_id = 0);
+    // Hands what run_ holds to its QP (packet_run.h).
+    void finish_run() { run_.hand_over(); }
     // Checks one datagram the socket of multicast `group` received and hands it to every
     // QP attached to the group.
     void deliver_multicast(std::span<const uint8_t> datagram, const IpAddress& src_ip,
@@ -524,6 +528,7 @@ class Engine {
     // Buffers of 64 KiB with GRO, of a datagram's worth without.
     std::unique_ptr<ReceiveBatch> rx_;
     std::vector<std::shared_ptr<Qp>> touched_;
+    PacketRun run_;  // packets deliver() gathered for one QP; under rx_mutex_
     std::vector<std::shared_ptr<UdQp>> members_;  // of the group being delivered to
     // The ECN field of the datagram being delivered (congestion.h); under rx_mutex_.
     uint8_t rx_ecn_ = 0;

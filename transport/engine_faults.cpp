@@ -191,6 +191,7 @@ void Engine::release_delayed() {
             rx_ecn_ = p.ecn;
             receive_one(p.bytes, p.peer_ip, p.peer_port, p.group, p.id);
         }
+        finish_run();
         rx_ecn_ = 0;
         for (auto& qp : touched_) qp->flush_ack();
         touched_.clear();

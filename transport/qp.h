@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <span>
 
 #include "uroce/ip_address.h"
 #include "uroce/wire.h"
@@ -43,6 +44,12 @@ class Qp {
     // --- called by the engine thread (or a polling application thread) ---
     // One packet that passed the engine's checks (parse, ICRC, P_Key, transport, QPN).
     virtual void on_packet(const wire::ParsedPacket& pkt, const IpAddress& src_ip) = 0;
+    // Consecutive packets for this QP from one source, as on_packet() one after the other.
+    // A GRO train's packets come this way (packet_run.h): an implementation that takes a
+    // lock per packet takes it once here.
+    virtual void on_packets(std::span<const wire::ParsedPacket> pkts, const IpAddress& src_ip) {
+        for (const wire::ParsedPacket& pkt : pkts) on_packet(pkt, src_ip);
+    }
     // The packet on_packet() just took came marked ECN Congestion Experienced: the
     // notification point's cue (congestion.h). RC and UC answer with a CNP.
     virtual void on_ce_marked(const IpAddress& src_ip) { static_cast<void>(src_ip); }

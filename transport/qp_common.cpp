@@ -35,12 +35,18 @@ void QpCommon::close() {
 }
 
 bool QpCommon::count_received(const wire::ParsedPacket& pkt) {
+    return count_received(std::span(&pkt, 1));
+}
+
+bool QpCommon::count_received(std::span<const wire::ParsedPacket> pkts) {
     if (closed_) {
-        bump(engine_.counters().rx_unknown_qp);
+        bump(engine_.counters().rx_unknown_qp, pkts.size());
         return false;
     }
-    bump(qp_counters_.rx_packets);
-    bump(qp_counters_.rx_payload_bytes, pkt.payload.size());
+    uint64_t bytes = 0;
+    for (const wire::ParsedPacket& pkt : pkts) bytes += pkt.payload.size();
+    bump(qp_counters_.rx_packets, pkts.size());
+    bump(qp_counters_.rx_payload_bytes, bytes);
     return true;
 }
 

@@ -8,6 +8,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <span>
 
 #include "transport/completion_queue.h"
 #include "transport/congestion.h"
@@ -51,6 +52,8 @@ class QpCommon : public Qp {
     // Counts a packet delivered to the QP; false (counted as for no QP) once it is closed.
     // Caller holds mutex_.
     bool count_received(const wire::ParsedPacket& pkt);
+    // The same for several, with one update of each counter.
+    bool count_received(std::span<const wire::ParsedPacket> pkts);
     // Queues an affiliated asynchronous event naming this QP.
     void post_async(AsyncEventType type);
     // The notification point (congestion.h): a packet from `src_ip` arrived CE-marked. If it

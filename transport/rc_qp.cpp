@@ -221,8 +221,17 @@ int RcQp::post_recv(const RecvWqe& wqe) {
 }
 
 void RcQp::on_packet(const wire::ParsedPacket& pkt, const IpAddress& src_ip) {
+    on_packets(std::span(&pkt, 1), src_ip);
+}
+
+void RcQp::on_packets(std::span<const wire::ParsedPacket> pkts, const IpAddress& src_ip) {
+    // One lock and one update of each counter for a train's packets (docs/performance-log.md).
     std::lock_guard lock(mutex_);
-    if (!count_received(pkt)) return;
+    if (!count_received(pkts)) return;
+    for (const wire::ParsedPacket& pkt : pkts) take_packet(pkt, src_ip);
+}
+
+void RcQp::take_packet(const wire::ParsedPacket& pkt, const IpAddress& src_ip) {
     if (src_ip != attrs_.dst_ip) {
         bump(engine_.counters().rx_wrong_peer);
         bump(qp_counters_.rx_wrong_peer);

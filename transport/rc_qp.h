@@ -114,6 +114,7 @@ class RcQp final : public QpCommon {
 
     // --- called by the engine thread ---
     void on_packet(const wire::ParsedPacket& pkt, const IpAddress& src_ip) override;
+    void on_packets(std::span<const wire::ParsedPacket> pkts, const IpAddress& src_ip) override;
     // Congestion notification, both ends (congestion.h, rc_congestion.cpp).
     void on_ce_marked(const IpAddress& src_ip) override;
     void on_cnp(const IpAddress& src_ip) override;
@@ -196,6 +197,9 @@ class RcQp final : public QpCommon {
     void rewind_to(uint32_t psn, Resend why = Resend::Loss);
     bool gather(const SqEntry& e, uint32_t offset, uint32_t len, std::span<iovec> iov,
                 size_t& niov) const;
+
+    // One packet on_packets() counted, mutex_ held: to the responder or the completer.
+    void take_packet(const wire::ParsedPacket& pkt, const IpAddress& src_ip);
 
     // completer (rc_completer.cpp)
     void on_response(const wire::ParsedPacket& pkt);

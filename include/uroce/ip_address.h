@@ -16,9 +16,11 @@
 #include <compare>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <type_traits>
 
 namespace uroce {
 
@@ -72,6 +74,16 @@ class IpAddress {
     socklen_t to_sockaddr(uint16_t port, sockaddr_storage& out) const;
 
     constexpr auto operator<=>(const IpAddress&) const = default;
+    // Two 8-byte compares, not a call to memcmp: every received packet's source is compared
+    // with its QP's peer.
+    constexpr bool operator==(const IpAddress& other) const {
+        if (std::is_constant_evaluated()) return bytes_ == other.bytes_;
+        uint64_t a[2];
+        uint64_t b[2];
+        std::memcpy(a, bytes_.data(), sizeof a);
+        std::memcpy(b, other.bytes_.data(), sizeof b);
+        return ((a[0] ^ b[0]) | (a[1] ^ b[1])) == 0;
+    }
 
   private:
     Bytes bytes_{};

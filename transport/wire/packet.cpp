@@ -151,13 +151,15 @@ const char* to_string(ParseError e) {
     return "invalid ParseError";
 }
 
-ParseError parse_packet(std::span<const uint8_t> udp_payload, ParsedPacket& out) {
-    out = ParsedPacket{};
+namespace {
+
+ParseError parse_into(std::span<const uint8_t> udp_payload, ParsedPacket& out) {
     const size_t len = udp_payload.size();
     const uint8_t* p = udp_payload.data();
     if (len < kBthBytes + kIcrcBytes) return ParseError::TooShort;
 
-    Headers h;
+    // Straight into `out`, which starts zeroed: no second Headers to clear and copy.
+    Headers& h = out.h;
     read_bth(p, h.bth);
     // A different version may lay out even the opcode differently, so check it first.
     if (h.bth.tver != 0) return ParseError::BadVersion;
@@ -179,12 +181,20 @@ ParseError parse_packet(std::span<const uint8_t> udp_payload, ParsedPacket& out)
     if (h.bth.pad > rest) return ParseError::PadTooLarge;
 
     const uint8_t* icrc = p + len - kIcrcBytes;
-    out.h = h;
     out.info = info;
     out.payload = udp_payload.subspan(off, rest - h.bth.pad);
     out.icrc = uint32_t{icrc[0]} | uint32_t{icrc[1]} << 8 | uint32_t{icrc[2]} << 16 |
                uint32_t{icrc[3]} << 24;
     return ParseError::None;
+}
+
+}  // namespace
+
+ParseError parse_packet(std::span<const uint8_t> udp_payload, ParsedPacket& out) {
+    out = ParsedPacket{};
+    const ParseError e = parse_into(udp_payload, out);
+    if (e != ParseError::None) out = ParsedPacket{};  // nothing half-parsed is left
+    return e;
 }
 
 size_t build_headers(const Headers& h, uint8_t* out) {

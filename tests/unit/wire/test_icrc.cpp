@@ -730,6 +730,30 @@ TEST_CASE("IpAddress: IPv4-mapped form, parsing and the GID bytes", "[ipv6]") {
     CHECK_FALSE(IpAddress::from_sockaddr(reinterpret_cast<sockaddr*>(&ss), 4));
 }
 
+TEST_CASE("IpAddress: equal only when all 16 bytes are", "[ipv6]") {
+    // Every received packet's source is compared with its QP's peer: a difference in any
+    // byte, in either half, makes another address.
+    const IpAddress base = v6("fd00:1122:3344:5566:7788:99aa:bbcc:ddee");
+    CHECK(base == IpAddress::from_bytes(base.bytes().data()));
+    CHECK_FALSE(base != IpAddress::from_bytes(base.bytes().data()));
+    for (size_t i = 0; i < 16; ++i) {
+        for (uint8_t bit : {uint8_t{0x01}, uint8_t{0x80}}) {
+            auto bytes = base.bytes();
+            bytes[i] ^= bit;
+            const IpAddress other = IpAddress::from_bytes(bytes.data());
+            CAPTURE(i, static_cast<int>(bit));
+            CHECK_FALSE(base == other);
+            CHECK(base != other);
+            CHECK((base < other) != (other < base));  // the order agrees
+        }
+    }
+    CHECK(IpAddress::v4(0x7f000001) == IpAddress::v4(0x7f000001));
+    CHECK(IpAddress::v4(0x7f000001) != IpAddress::v4(0x7f000002));
+    CHECK(IpAddress::v4(0x7f000001) != v6("::7f00:1"));  // not IPv4-mapped
+    static_assert(IpAddress::v4(1) == IpAddress::v4(1));
+    static_assert(IpAddress::v4(1) != IpAddress::v4(2));
+}
+
 TEST_CASE("IPv6: the kernel's packets verify Exact and follow the pseudo-header by hand",
           "[icrc][ipv6][captures]") {
     const auto& packets = wiretest::ipv6_packets();

@@ -831,13 +831,18 @@ TEST_CASE("every ParseError is produced by some input", "[wire][parse][errors]")
     const auto parse = [&](std::span<const uint8_t> buf) {
         ParsedPacket p;
         p.info = opcode_info(0);  // must be reset on error
+        p.h.reth.rkey = 0x5eed;   // and whatever the caller left in it
         const ParseError e = parse_packet(buf, p);
         ++produced[e];
         if (e == ParseError::None) {
             check_consistent(buf, p);
         } else {
+            // Nothing half-parsed is left: not the BTH read before the error was found.
             CHECK(p.info == nullptr);
             CHECK(p.payload.empty());
+            CHECK(p.h.bth.opcode == 0);
+            CHECK(p.h.bth.dest_qp == 0);
+            CHECK(p.h.reth.rkey == 0);
         }
         return e;
     };
