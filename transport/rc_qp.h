@@ -440,6 +440,15 @@ class RcQp final : public QpCommon {
     event* responder_event_ = nullptr;  // continues responses/held requests on the engine thread
     uint32_t ack_psn_ = 0;  // newest executed SEND/WRITE PSN: the only PSN an ACK may name
     uint32_t ack_msn_ = 0;  // MSN after that packet
+    // The newest SEND/WRITE packet that came again since the last ACK, while no new packet
+    // came (kNoResentPsn: none): the pending ACK names it instead of ack_psn_. A requester
+    // that goes back N resends in order; acknowledging what it has not resent yet completes
+    // a request while it is still resending it. The kernel's rxe (Debian 12's 6.1) then
+    // stops: the rest of that request never goes out, its timer is not re-armed, and the
+    // next request never leaves (ibv_rc_pingpong -s 65536 against rxe in QEMU, 1 run in 6;
+    // docs/performance-log.md). The MSN stays ack_msn_: the messages this QP has completed.
+    static constexpr uint32_t kNoResentPsn = 0xffffffff;
+    uint32_t resent_high_ = kNoResentPsn;
 };
 
 }  // namespace uroce::transport

@@ -52,6 +52,7 @@ void RcQp::forget_pending_ack() {
     ack_pending_ = false;
     ack_now_ = false;
     probe_absorbed_ = false;
+    resent_high_ = kNoResentPsn;
     ack_held_since_ = std::chrono::steady_clock::time_point::min();
 }
 
@@ -59,15 +60,18 @@ void RcQp::send_pending_ack(bool by_hold_timer) {
     if (closed_ || !ack_pending_ || state_ == QpState::Err || state_ == QpState::Reset) return;
     if (by_hold_timer && ack_held_since_ != std::chrono::steady_clock::time_point::min())
         bump(engine_.counters().held_ack_timeouts);
-    forget_pending_ack();
-    bump(engine_.counters().tx_acks);
     // The ACK names the newest executed SEND/WRITE packet, never a PSN of a READ's
     // responses (IBA ch. 9.7): to the requester that would say the response with that
     // PSN arrived. READ responses acknowledge what came before them themselves.
+    // An ACK for resent requests alone names the newest of them, not ack_psn_: see
+    // resent_high_.
+    const uint32_t psn = resent_high_ != kNoResentPsn ? resent_high_ : ack_psn_;
+    forget_pending_ack();
+    bump(engine_.counters().tx_acks);
     wire::Headers h;
     h.bth.opcode = opcode(wire::Opcode::RcAcknowledge);
     h.bth.dest_qp = attrs_.dest_qpn;
-    h.bth.psn = ack_psn_;
+    h.bth.psn = psn;
     h.aeth.syndrome = wire::Aeth::make(wire::AckType::Ack, wire::kAethInvalidCredits);
     h.aeth.msn = ack_msn_ & kPsnMask;
     transmit(h, {}, 0);
@@ -390,6 +394,10 @@ void RcQp::on_duplicate(const wire::ParsedPacket& pkt) {
             bump(engine_.counters().rx_duplicate_ack_pending);
             return;
         }
+        // Acknowledged up to the newest resent packet, not beyond (resent_high_).
+        if (!ack_pending_ || resent_high_ != kNoResentPsn) {
+            if (resent_high_ == kNoResentPsn || psn_after(psn, resent_high_)) resent_high_ = psn;
+        }
         ack_pending_ = true;
         ack_now_ = true;
         return;
@@ -625,6 +633,8 @@ void RcQp::execute_one(const wire::ParsedPacket& pkt) {
     }
     ack_psn_ = psn;
     ack_msn_ = msn_;
+    // A new packet: the requester has sent past everything it resent.
+    resent_high_ = kNoResentPsn;
     if (pkt.h.bth.ack_req) ack_pending_ = true;
 }
 

@@ -193,6 +193,13 @@ inline QpAttributes default_attributes() {
     return a;
 }
 
+// Takes `qp` from RESET through INIT and RTR to RTS with `attrs`.
+inline void bring_up(RcQp& qp, const QpAttributes& attrs) {
+    REQUIRE(qp.modify(attrs, QpState::Reset, QpState::Init) == 0);
+    REQUIRE(qp.modify(attrs, QpState::Init, QpState::Rtr) == 0);
+    REQUIRE(qp.modify(attrs, QpState::Rtr, QpState::Rts) == 0);
+}
+
 // Two engines, one QP each, not yet connected.
 class Pair {
   public:

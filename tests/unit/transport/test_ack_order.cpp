@@ -60,9 +60,7 @@ std::shared_ptr<RcQp> silent_qp(Side& s, const IpAddress& peer_ip) {
     attrs.dst_ip = peer_ip;
     attrs.dest_qpn = 0xabcde;
     attrs.timeout = 0;
-    REQUIRE(qp->modify(attrs, QpState::Reset, QpState::Init) == 0);
-    REQUIRE(qp->modify(attrs, QpState::Init, QpState::Rtr) == 0);
-    REQUIRE(qp->modify(attrs, QpState::Rtr, QpState::Rts) == 0);
+    bring_up(*qp, attrs);
     return qp;
 }
 

@@ -33,9 +33,7 @@ std::shared_ptr<RcQp> connected_qp(Side& s, const IpAddress& peer_ip, uint32_t p
     attrs.dest_qpn = peer_qpn;
     attrs.timeout = timeout;
     attrs.retry_cnt = 7;
-    REQUIRE(qp->modify(attrs, QpState::Reset, QpState::Init) == 0);
-    REQUIRE(qp->modify(attrs, QpState::Init, QpState::Rtr) == 0);
-    REQUIRE(qp->modify(attrs, QpState::Rtr, QpState::Rts) == 0);
+    bring_up(*qp, attrs);
     return qp;
 }
 

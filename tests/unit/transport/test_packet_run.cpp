@@ -12,6 +12,7 @@
 
 #include "tests/unit/transport/engine_pair.h"
 #include "tests/unit/transport/forged_peer.h"
+#include "tests/unit/transport/udp_send.h"
 #include "transport/packet_run.h"
 
 using namespace uroce;
@@ -153,22 +154,7 @@ class TrainSender {
         }
         sockaddr_storage dst{};
         const socklen_t dlen = to.config().ip.to_sockaddr(to.config().port, dst);
-        iovec iov{train.data(), train.size()};
-        msghdr m{};
-        m.msg_name = &dst;
-        m.msg_namelen = dlen;
-        m.msg_iov = &iov;
-        m.msg_iovlen = 1;
-        alignas(cmsghdr) uint8_t control[CMSG_SPACE(sizeof(uint16_t))] = {};
-        m.msg_control = control;
-        m.msg_controllen = sizeof control;
-        cmsghdr* c = CMSG_FIRSTHDR(&m);
-        c->cmsg_level = IPPROTO_UDP;
-        c->cmsg_type = UDP_SEGMENT;
-        c->cmsg_len = CMSG_LEN(sizeof(uint16_t));
-        const auto seg = static_cast<uint16_t>(segment);
-        std::memcpy(CMSG_DATA(c), &seg, sizeof seg);
-        REQUIRE(::sendmsg(fd_, &m, 0) == static_cast<ssize_t>(train.size()));
+        send_udp(fd_, dst, dlen, train, static_cast<uint16_t>(segment));
     }
 
   private:
@@ -211,9 +197,7 @@ TEST_CASE("A train's packets for two QPs each reach their own QP, in order", "[p
         attrs.dst_ip = peer;
         attrs.dest_qpn = remote_qpn;
         attrs.rq_psn = 0;
-        REQUIRE(qp->modify(attrs, QpState::Reset, QpState::Init) == 0);
-        REQUIRE(qp->modify(attrs, QpState::Init, QpState::Rtr) == 0);
-        REQUIRE(qp->modify(attrs, QpState::Rtr, QpState::Rts) == 0);
+        bring_up(*qp, attrs);
     }
     REQUIRE(p.b.qp->post_recv(recv_wqe(1, {p.b.sge(0, 3 * kMtu)})) == 0);
     REQUIRE(qp2->post_recv(recv_wqe(2, {p.b.sge(8192, 2 * kMtu)})) == 0);

@@ -3,8 +3,8 @@
 // read would lose the GRO segment size (a train taken for one datagram) or the sender's
 // address.
 #include <arpa/inet.h>
-#include <linux/udp.h>
 #include <netinet/in.h>
+#include <netinet/udp.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -13,10 +13,12 @@
 #include <cstring>
 #include <vector>
 
+#include "tests/unit/transport/udp_send.h"
 #include "transport/receive_batch.h"
 
 using namespace uroce::transport;
 using uroce::IpAddress;
+using uroce::transport::test::send_udp;
 
 namespace {
 
@@ -65,23 +67,7 @@ class Socket {
     // `segment` makes it a GSO train of such segments.
     void send_to(uint16_t port, const std::vector<uint8_t>& bytes, uint16_t segment = 0) const {
         sockaddr_storage a = loopback(port);
-        iovec iov{const_cast<uint8_t*>(bytes.data()), bytes.size()};
-        msghdr m{};
-        m.msg_name = &a;
-        m.msg_namelen = address_length();
-        m.msg_iov = &iov;
-        m.msg_iovlen = 1;
-        alignas(cmsghdr) uint8_t control[CMSG_SPACE(sizeof(uint16_t))] = {};
-        if (segment != 0) {
-            m.msg_control = control;
-            m.msg_controllen = sizeof control;
-            cmsghdr* c = CMSG_FIRSTHDR(&m);
-            c->cmsg_level = IPPROTO_UDP;
-            c->cmsg_type = UDP_SEGMENT;
-            c->cmsg_len = CMSG_LEN(sizeof(uint16_t));
-            std::memcpy(CMSG_DATA(c), &segment, sizeof segment);
-        }
-        REQUIRE(::sendmsg(fd_, &m, 0) == static_cast<ssize_t>(bytes.size()));
+        send_udp(fd_, a, address_length(), bytes, segment);
     }
 
   private:
