@@ -79,7 +79,8 @@ namespace uroce::transport {
     X(cnps_paced)               /* CE-marked packets answered by no CNP: one had just gone */    \
     X(cnp_window_cuts)          /* RC send windows halved by a CNP (congestion.h) */             \
     X(tx_ce_fault)              /* sent marked ECN CE by UROCE_FAULTS' ce */                     \
-    X(rx_ce_fault)              /* received, taken as ECN CE by UROCE_FAULTS' ce (dir=rx) */
+    X(rx_ce_fault)              /* received, taken as ECN CE by UROCE_FAULTS' ce (dir=rx) */     \
+    X(spurious_retransmits)     /* RC timer resends a duplicate's ACK proved needless (undone) */
 
 struct EngineCounters {
 #define UROCE_COUNTER_FIELD(name) std::atomic<uint64_t> name{0};

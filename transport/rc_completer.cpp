@@ -154,6 +154,7 @@ void RcQp::ack_through(uint32_t psn) {
     }
     if (!has_outstanding()) una_psn_ = sq_.empty() || !sq_.front().assigned ? next_psn_ : una_psn_;
     if (progress) {
+        if (spurious_.armed()) spurious_.on_progress(una_psn_, std::chrono::steady_clock::now());
         rnr_retries_left_ = attrs_.rnr_retry;
         note_progress();
         restart_timer();
@@ -182,6 +183,9 @@ RcQp::SqEntry* RcQp::entry_for_psn(uint32_t psn) {
 void RcQp::on_response(const wire::ParsedPacket& pkt) {
     const uint16_t flags = pkt.info->flags;
     if (!response_in_window(pkt.h.bth.psn)) {
+        if ((flags & wire::kAck) && !(flags & wire::kAtomic) &&
+            pkt.h.aeth.type() == wire::AckType::Ack)
+            on_stale_ack(pkt.h.bth.psn);
         bump(engine_.counters().rx_response_out_of_window);
         return;
     }
@@ -241,6 +245,7 @@ void RcQp::on_response(const wire::ParsedPacket& pkt) {
             if (sequence_error) {
                 // Resend from the PSN the responder expects, once per PSN: the NAKs for
                 // a burst of out-of-order packets all name the same one.
+                spurious_.on_loss();
                 if (has_outstanding() && psn != last_rewind_psn_) {
                     last_rewind_psn_ = psn;
                     note_window_loss(psn);
@@ -414,8 +419,11 @@ void RcQp::fire_timer(std::chrono::steady_clock::time_point now) {
             ++probes_sent_;  // skipped: the next wait is the second probe's, or the resend's
             bump(engine_.counters().resends_held_back);
         } else if (probes_sent_ == 0 && !nak_resent_) {
+            note_timer_resend(psn_add(sent_high_, kPsnMask), now);
             send_tail_probe();
         } else {
+            // After a sequence NAK's rewind the loss was real: nothing to prove needless.
+            if (!nak_resent_) note_timer_resend(oldest_unacked(), now);
             resend_unacknowledged();
         }
         arm_timer();
@@ -446,7 +454,9 @@ void RcQp::fire_timer(std::chrono::steady_clock::time_point now) {
     ++rto_backoff_;
     last_rewind_psn_ = 0xffffffff;
     sq_.front().read_gap_retried = false;
-    note_window_loss(oldest_unacked());
+    note_timer_resend(oldest_unacked(), now);
+    const uint32_t window_before = window_.packets();
+    if (note_window_loss(oldest_unacked())) spurious_.on_window_cut(window_before);
     rewind_to(oldest_unacked());
     pump();
     arm_timer();
@@ -481,10 +491,28 @@ void RcQp::arm_timer() {
     start_timer(us, now);
 }
 
-void RcQp::note_window_loss(uint32_t lost_psn) {
-    if (!window_.on_loss(lost_psn, next_psn_)) return;
+bool RcQp::note_window_loss(uint32_t lost_psn) {
+    if (!window_.on_loss(lost_psn, next_psn_)) return false;
     bump(engine_.counters().send_window_cuts);
     bump(qp_counters_.send_window_cuts);
+    return true;
+}
+
+void RcQp::note_timer_resend(uint32_t from, std::chrono::steady_clock::time_point now) {
+    const auto waited = std::chrono::duration_cast<std::chrono::microseconds>(now - timer_started_);
+    spurious_.on_timer_resend(from, sent_high_, una_psn_,
+                              static_cast<uint64_t>(std::max<int64_t>(0, waited.count())), now);
+}
+
+void RcQp::on_stale_ack(uint32_t psn) {
+    const auto verdict = spurious_.on_stale_ack(psn, una_psn_);
+    if (!verdict) return;
+    bump(engine_.counters().spurious_retransmits);
+    bump(qp_counters_.spurious_retransmits);
+    if (verdict->window_before != 0) window_.undo_cut(verdict->window_before);
+    // The ACK for the first transmission took this long: a sample Karn's rule would refuse
+    // (the packet was resent), but the duplicate's ACK says which transmission it answered.
+    rtt_.sample(verdict->late_rtt_us);
 }
 
 void RcQp::note_progress() {
@@ -549,6 +577,7 @@ void RcQp::take_rtt_sample(uint32_t psn) {
 }
 
 void RcQp::start_timer(uint64_t us, std::chrono::steady_clock::time_point now) {
+    timer_started_ = now;
     timer_deadline_ = now + std::chrono::microseconds(us);
     engine_.note_timer_deadline(timer_deadline_);
     timer_armed_ = true;

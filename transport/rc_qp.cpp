@@ -71,6 +71,7 @@ int RcQp::modify(const QpAttributes& attrs, QpState expected, QpState next) {
             send_pkt_ = 0;
             reads_outstanding_ = 0;
             window_.reset();
+            spurious_.reset();
             unrequested_ = 0;
             in_message_ = InMessage::None;
             forget_pending_ack();

@@ -37,6 +37,7 @@
 #include "transport/rtt_estimator.h"
 #include "transport/send_window.h"
 #include "transport/shared_receive_queue.h"
+#include "transport/spurious_resend.h"
 #include "transport/timer_queue.h"
 #include "transport/transmit_batch.h"
 #include "transport/udp_socket.h"
@@ -339,8 +340,8 @@ class RcQp final : public QpCommon {
     // Whether pump_window() goes on after the last packet of sq_[send_index_] (or would
     // wait: the packet must ask for an ACK).
     bool goes_on_after_current() const;
-    // A loss shown by a NAK or a timeout: the window shrinks (once per flight).
-    void note_window_loss(uint32_t lost_psn);
+    // A loss shown by a NAK or a timeout: the window shrinks (once per flight). True if it did.
+    bool note_window_loss(uint32_t lost_psn);
     int retries_left_ = 7;
     int rnr_retries_left_ = 7;
     bool rnr_wait_ = false;  // the timer is an RNR back-off, not a retransmission timeout
@@ -390,6 +391,16 @@ class RcQp final : public QpCommon {
     // Something was acknowledged: retries, backoff and the probe start afresh.
     void note_progress();
     void send_tail_probe();
+    // Resends the timer made that the responder's duplicate ACKs may prove needless
+    // (spurious_resend.h); when the timer's current wait began.
+    SpuriousResendCheck spurious_;
+    std::chrono::steady_clock::time_point timer_started_{};
+    // The timer resends from `from` at `now` (a probe, the probe that goes back N, a
+    // timeout): the resend may turn out needless.
+    void note_timer_resend(uint32_t from, std::chrono::steady_clock::time_point now);
+    // An ACK for `psn` that acknowledged nothing new: if it proves the timer's resends
+    // needless, the window cut and the short wait are undone.
+    void on_stale_ack(uint32_t psn);
     bool rtt_timing_ = false;  // a packet sent once is being timed (Karn: never a resent one)
     uint32_t rtt_psn_ = 0;
     std::chrono::steady_clock::time_point rtt_sent_{};

@@ -43,6 +43,12 @@ bool SendWindow::on_loss(uint32_t lost_psn, uint32_t next_psn) {
     return true;
 }
 
+void SendWindow::undo_cut(uint32_t packets_before) {
+    packets_ = std::max(packets_, std::min(packets_before, ceiling_));
+    credit_ = 0;
+    recovering_ = false;
+}
+
 void SendWindow::reset() {
     *this = SendWindow{};
 }

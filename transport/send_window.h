@@ -45,6 +45,10 @@ class SendWindow {
     // is the PSN the next new packet will get. Returns true if the window was cut (false:
     // the packet was sent before the last cut, whose flight is still being repaired).
     bool on_loss(uint32_t lost_psn, uint32_t next_psn);
+    // The loss that cut the window from `packets_before` was none after all (the resend it
+    // answered proved needless, spurious_resend.h): the window is that size again (never
+    // above the ceiling, never smaller than now) and the cut's flight is over.
+    void undo_cut(uint32_t packets_before);
     // Back to the state of a new QP (a QP moved to RESET).
     void reset();
 

@@ -131,6 +131,8 @@ TEST_CASE("A lost last packet is sent again alone, asking for an ACK (tail-loss 
         CHECK(probe.h.bth.psn == lost.h.bth.psn);
         CHECK(probe.h.bth.ack_req);
         CHECK(m.probes() == 1);
+        // The probe repaired a loss: nothing to undo (spurious_resend.h).
+        CHECK(p.a.counters().spurious_retransmits.load() == 0);
         return true;
     });
 }
@@ -153,6 +155,8 @@ TEST_CASE("A probe whose ACK was what got lost is answered as a duplicate", "[rc
     CHECK(p.a.counters().tail_probes.load() >= 1);
     CHECK(p.b.rcq->depth() == 0);
     CHECK(p.a.counters().retransmit_timeouts.load() == 0);
+    // The duplicate's ACK was the first news of the SEND: the probe was needed.
+    CHECK(p.a.counters().spurious_retransmits.load() == 0);
 }
 
 TEST_CASE("A READ is never probed: its request would be executed again", "[rc][retransmit]") {
@@ -379,6 +383,7 @@ TEST_CASE("A lost tail-loss probe is followed by a resend of everything unacknow
         CHECK(a_out.packets().size() == 2 * kBurst + 1);
         check_probe_then_burst_again(a_out.packets());
         CHECK(m.probes() == 2);
+        CHECK(p.a.counters().spurious_retransmits.load() == 0);
         return true;
     });
 }
@@ -425,6 +430,7 @@ TEST_CASE("A lost sequence NAK is repaired by the second probe", "[rc][retransmi
         check_probe_then_burst_again(a_out.packets());
         CHECK(p.a.counters().rx_naks.load() == 0);
         CHECK(m.probes() == 2);
+        CHECK(p.a.counters().spurious_retransmits.load() == 0);
         return true;
     });
 }
