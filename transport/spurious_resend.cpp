@@ -1,5 +1,7 @@
 #include "transport/spurious_resend.h"
 
+#include <algorithm>
+
 #include "transport/psn.h"
 
 namespace uroce::transport {
@@ -24,7 +26,8 @@ void SpuriousResendCheck::on_timer_resend(uint32_t from, uint32_t to, uint32_t u
     armed_ = true;
     from_ = from;
     to_ = to;
-    waited_us_ = waited_us;
+    // Clamped at 71 minutes: only a local ACK timeout of `timeout` 30 or 31 waits longer.
+    waited_us_ = static_cast<uint32_t>(std::min<uint64_t>(waited_us, UINT32_MAX));
     resent_at_ = now;
     acked_ = false;
     window_before_ = 0;

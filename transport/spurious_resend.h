@@ -62,14 +62,14 @@ class SpuriousResendCheck {
     void reset() { *this = SpuriousResendCheck{}; }
 
   private:
-    bool armed_ = false;
-    uint32_t from_ = 0;  // the resent PSNs: [from_, to_)
-    uint32_t to_ = 0;
-    uint64_t waited_us_ = 0;         // the first resend's expired wait
     Clock::time_point resent_at_{};  // the first resend
-    bool acked_ = false;             // an ACK acknowledged something after the first resend
-    Clock::time_point acked_at_{};
+    Clock::time_point acked_at_{};   // the first ACK that acknowledged something after it
+    uint32_t waited_us_ = 0;         // the first resend's expired wait
+    uint32_t from_ = 0;              // the resent PSNs: [from_, to_)
+    uint32_t to_ = 0;
     uint32_t window_before_ = 0;
+    bool armed_ = false;
+    bool acked_ = false;
 };
 
 }  // namespace uroce::transport
