@@ -419,11 +419,11 @@ void RcQp::fire_timer(std::chrono::steady_clock::time_point now) {
             ++probes_sent_;  // skipped: the next wait is the second probe's, or the resend's
             bump(engine_.counters().resends_held_back);
         } else if (probes_sent_ == 0 && !nak_resent_) {
-            note_timer_resend(psn_add(sent_high_, kPsnMask), now);
+            note_timer_resend(now);
             send_tail_probe();
         } else {
             // After a sequence NAK's rewind the loss was real: nothing to prove needless.
-            if (!nak_resent_) note_timer_resend(oldest_unacked(), now);
+            if (!nak_resent_) note_timer_resend(now);
             resend_unacknowledged();
         }
         arm_timer();
@@ -454,7 +454,7 @@ void RcQp::fire_timer(std::chrono::steady_clock::time_point now) {
     ++rto_backoff_;
     last_rewind_psn_ = 0xffffffff;
     sq_.front().read_gap_retried = false;
-    note_timer_resend(oldest_unacked(), now);
+    note_timer_resend(now);
     const uint32_t window_before = window_.packets();
     if (note_window_loss(oldest_unacked())) spurious_.on_window_cut(window_before);
     rewind_to(oldest_unacked());
@@ -498,9 +498,9 @@ bool RcQp::note_window_loss(uint32_t lost_psn) {
     return true;
 }
 
-void RcQp::note_timer_resend(uint32_t from, std::chrono::steady_clock::time_point now) {
+void RcQp::note_timer_resend(std::chrono::steady_clock::time_point now) {
     const auto waited = std::chrono::duration_cast<std::chrono::microseconds>(now - timer_started_);
-    spurious_.on_timer_resend(from, sent_high_, una_psn_,
+    spurious_.on_timer_resend(sent_high_, una_psn_,
                               static_cast<uint64_t>(std::max<int64_t>(0, waited.count())), now);
 }
 

@@ -395,9 +395,9 @@ class RcQp final : public QpCommon {
     // (spurious_resend.h); when the timer's current wait began.
     SpuriousResendCheck spurious_;
     std::chrono::steady_clock::time_point timer_started_{};
-    // The timer resends from `from` at `now` (a probe, the probe that goes back N, a
-    // timeout): the resend may turn out needless.
-    void note_timer_resend(uint32_t from, std::chrono::steady_clock::time_point now);
+    // The timer resends at `now` (a probe, the probe that goes back N, a timeout), up to
+    // the newest packet sent: the resend may turn out needless.
+    void note_timer_resend(std::chrono::steady_clock::time_point now);
     // An ACK for `psn` that acknowledged nothing new: if it proves the timer's resends
     // needless, the window cut and the short wait are undone.
     void on_stale_ack(uint32_t psn);

@@ -15,16 +15,14 @@ constexpr int32_t kHorizonPackets = 1 << 22;
 
 }  // namespace
 
-void SpuriousResendCheck::on_timer_resend(uint32_t from, uint32_t to, uint32_t una,
-                                          uint64_t waited_us, Clock::time_point now) {
+void SpuriousResendCheck::on_timer_resend(uint32_t to, uint32_t una, uint64_t waited_us,
+                                          Clock::time_point now) {
     if (armed_ && psn_before(una, to_)) {
         // The same stall: what was resent before is not all acknowledged yet.
-        if (psn_before(from, from_)) from_ = from;
         if (psn_after(to, to_)) to_ = to;
         return;
     }
     armed_ = true;
-    from_ = from;
     to_ = to;
     // Clamped at 71 minutes: only a local ACK timeout of `timeout` 30 or 31 waits longer.
     waited_us_ = static_cast<uint32_t>(std::min<uint64_t>(waited_us, UINT32_MAX));

@@ -42,11 +42,10 @@ class SpuriousResendCheck {
 
     bool armed() const { return armed_; }
 
-    // The timer resent PSNs [from, to) at `now` after waiting `waited_us` without an ACK
-    // (`una` is the oldest unacknowledged PSN). The first resend of a stall starts an
-    // episode; later ones while nothing new was acknowledged widen it.
-    void on_timer_resend(uint32_t from, uint32_t to, uint32_t una, uint64_t waited_us,
-                         Clock::time_point now);
+    // The timer resent packets up to PSN `to` - 1, the newest sent, at `now` after waiting
+    // `waited_us` without an ACK (`una` is the oldest unacknowledged PSN). The first resend
+    // of a stall starts an episode; later ones while nothing new was acknowledged join it.
+    void on_timer_resend(uint32_t to, uint32_t una, uint64_t waited_us, Clock::time_point now);
     // The timer's resend halved the send window, which held `window_before` packets: the
     // first cut of the episode is the one undone.
     void on_window_cut(uint32_t window_before);
@@ -65,8 +64,7 @@ class SpuriousResendCheck {
     Clock::time_point resent_at_{};  // the first resend
     Clock::time_point acked_at_{};   // the first ACK that acknowledged something after it
     uint32_t waited_us_ = 0;         // the first resend's expired wait
-    uint32_t from_ = 0;              // the resent PSNs: [from_, to_)
-    uint32_t to_ = 0;
+    uint32_t to_ = 0;                // the PSN after the newest resent
     uint32_t window_before_ = 0;
     bool armed_ = false;
     bool acked_ = false;

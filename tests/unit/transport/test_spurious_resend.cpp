@@ -33,7 +33,7 @@ TEST_CASE("Spurious resends: a duplicate's ACK for a resent PSN proves the resen
     CHECK_FALSE(c.armed());
     // The probe of PSN 9 (100 us after the last progress); the late ACK for the first
     // transmission comes 700 us after the probe, the duplicate's ACK after it.
-    c.on_timer_resend(9, 10, 0, 100, t0);
+    c.on_timer_resend(10, 0, 100, t0);
     CHECK(c.armed());
     CHECK_FALSE(c.on_stale_ack(9, 0));  // 9 is not acknowledged yet: nothing stale
     c.on_progress(10, t0 + 700us);
@@ -50,11 +50,11 @@ TEST_CASE("Spurious resends: a duplicate's ACK for a resent PSN proves the resen
 TEST_CASE("Spurious resends: the resends of one stall make one episode, its first cut undone",
           "[spurious]") {
     SpuriousResendCheck c;
-    c.on_timer_resend(99, 100, 40, 200, t0);            // probe of the last packet
-    c.on_timer_resend(40, 100, 40, 400, t0 + 400us);    // the probe that goes back N
-    c.on_timer_resend(40, 100, 40, 1000, t0 + 1400us);  // the adaptive timeout ...
-    c.on_window_cut(256);                               // ... which halved the window
-    c.on_window_cut(128);                               // a later cut of the same stall
+    c.on_timer_resend(100, 40, 200, t0);            // probe of the last packet
+    c.on_timer_resend(100, 40, 400, t0 + 400us);    // the probe that goes back N
+    c.on_timer_resend(100, 40, 1000, t0 + 1400us);  // the adaptive timeout ...
+    c.on_window_cut(256);                           // ... which halved the window
+    c.on_window_cut(128);                           // a later cut of the same stall
     c.on_progress(100, t0 + 2000us);
     // A duplicate of an older PSN proves only part of the resend needless.
     CHECK_FALSE(c.on_stale_ack(45, 100));
@@ -69,16 +69,16 @@ TEST_CASE("Spurious resends: a real loss, a stall over, PSNs beyond the range pr
           "[spurious]") {
     SECTION("a sequence NAK in the episode") {
         SpuriousResendCheck c;
-        c.on_timer_resend(0, 10, 0, 100, t0);
+        c.on_timer_resend(10, 0, 100, t0);
         c.on_loss();
         c.on_progress(10, t0 + 1ms);
         CHECK_FALSE(c.on_stale_ack(9, 10));
     }
     SECTION("a new stall after the last one was all acknowledged starts a new episode") {
         SpuriousResendCheck c;
-        c.on_timer_resend(0, 10, 0, 100, t0);
+        c.on_timer_resend(10, 0, 100, t0);
         c.on_progress(10, t0 + 1ms);
-        c.on_timer_resend(10, 20, 10, 100, t0 + 2ms);
+        c.on_timer_resend(20, 10, 100, t0 + 2ms);
         c.on_progress(20, t0 + 3ms);
         CHECK_FALSE(c.on_stale_ack(9, 20));  // the old episode's PSN
         const auto v = c.on_stale_ack(19, 20);
@@ -87,31 +87,31 @@ TEST_CASE("Spurious resends: a real loss, a stall over, PSNs beyond the range pr
     }
     SECTION("an ACK before any progress, or for a PSN not resent") {
         SpuriousResendCheck c;
-        c.on_timer_resend(50, 60, 50, 100, t0);
-        CHECK_FALSE(c.on_stale_ack(49, 50));  // before the range
+        c.on_timer_resend(60, 50, 100, t0);
+        CHECK_FALSE(c.on_stale_ack(49, 50));  // never resent
         c.on_progress(55, t0 + 500us);
         CHECK_FALSE(c.on_stale_ack(59, 55));  // not acknowledged yet
         c.on_progress(70, t0 + 1ms);
-        CHECK_FALSE(c.on_stale_ack(60, 70));  // after it
+        CHECK_FALSE(c.on_stale_ack(60, 70));  // beyond the newest resent
         CHECK(c.on_stale_ack(59, 70));
     }
     SECTION("PSNs wrap") {
         SpuriousResendCheck c;
-        c.on_timer_resend(kPsnMask - 1, 2, kPsnMask - 1, 100, t0);
+        c.on_timer_resend(2, kPsnMask - 1, 100, t0);
         c.on_progress(5, t0 + 1ms);
         CHECK_FALSE(c.on_stale_ack(kPsnMask, 5));
         CHECK(c.on_stale_ack(1, 5));
     }
     SECTION("long after the episode") {
         SpuriousResendCheck c;
-        c.on_timer_resend(0, 10, 0, 100, t0);
+        c.on_timer_resend(10, 0, 100, t0);
         c.on_progress(10, t0 + 1ms);
         c.on_progress(psn_add(10, (1u << 22) + 1), t0 + 2ms);
         CHECK_FALSE(c.armed());
     }
     SECTION("reset") {
         SpuriousResendCheck c;
-        c.on_timer_resend(0, 10, 0, 100, t0);
+        c.on_timer_resend(10, 0, 100, t0);
         c.reset();
         c.on_progress(10, t0 + 1ms);
         CHECK_FALSE(c.on_stale_ack(9, 10));
