@@ -72,24 +72,35 @@ Engine::TransmitResult Engine::transmit(const wire::Headers& h, std::span<const 
     }
     // The ICRC covers the UDP source port: it is the port of the socket that sends.
     const wire::IpFlow flow{config_.ip, dst_ip, sock.port(), config_.port};
+    // What the ICRC covers after the pseudo-header: the header, the payload where it is
+    // (application memory), the pad.
+    static const uint8_t kZeros[4] = {0, 0, 0, 0};
+    std::span<const uint8_t> pieces[kMaxSge + 2];
+    size_t npieces = 0;
+    pieces[npieces++] = {local_hdr, hlen};
+    for (const iovec& v : payload)
+        if (v.iov_len != 0)
+            pieces[npieces++] = {static_cast<const uint8_t*>(v.iov_base), v.iov_len};
+    if (out.bth.pad) pieces[npieces++] = {kZeros, out.bth.pad};
+    const std::span<const std::span<const uint8_t>> covered(pieces, npieces);
     iovec local_iov[kMaxSge + 3];
     std::span<const iovec> packet;
     uint8_t local_icrc[4];
     uint32_t crc = 0;
     if (batch) {
-        // Built whole in the staging area (transmit_batch.h), the ICRC over the copy.
+        // Built whole in the staging area (transmit_batch.h). The ICRC is taken from the
+        // payload where it is, before the copy: a CRC over the copy waits for the copy's
+        // stores (docs/performance-log.md, 2026-12-02). An application that changes its
+        // buffer while the send is in flight gets a packet its peer drops for its ICRC, and
+        // a resend, rather than a torn packet that passes.
         uint8_t* const at = batch->at(slot);
-        std::memcpy(at, local_hdr, hlen);
-        auto build = [&crc, &flow, index, &payload, at, hlen, bytes] {
-            uint8_t* to = at + hlen;
-            for (const iovec& v : payload) {
-                if (v.iov_len == 0) continue;
-                std::memcpy(to, v.iov_base, v.iov_len);
-                to += v.iov_len;
+        auto build = [&crc, &flow, index, covered, at] {
+            crc = wire::icrc(flow, wire::Ipv4Unseen{index, true}, covered);
+            uint8_t* to = at;
+            for (const auto& piece : covered) {
+                std::memcpy(to, piece.data(), piece.size());
+                to += piece.size();
             }
-            std::memset(to, 0, static_cast<size_t>(at + bytes - 4 - to));  // the pad
-            crc = wire::icrc(flow, wire::Ipv4Unseen{index, true},
-                             std::span<const uint8_t>(at, bytes - 4));
         };
         // The payload is application memory: its pages may be gone (app_memory_guard.h).
         if (!guarded(build)) {
@@ -101,22 +112,10 @@ Engine::TransmitResult Engine::transmit(const wire::Headers& h, std::span<const 
         packet = std::span(local_iov, 1);
     } else {
         // Alone: header, payload where it is, pad, ICRC, an iovec each.
-        static const uint8_t kZeros[4] = {0, 0, 0, 0};
-        std::span<const uint8_t> pieces[kMaxSge + 3];
-        size_t n = 0;
-        local_iov[n] = {local_hdr, hlen};
-        pieces[n++] = {local_hdr, hlen};
-        for (const iovec& v : payload) {
-            if (v.iov_len == 0) continue;
-            local_iov[n] = v;
-            pieces[n++] = {static_cast<const uint8_t*>(v.iov_base), v.iov_len};
-        }
-        if (out.bth.pad) {
-            local_iov[n] = {const_cast<uint8_t*>(kZeros), out.bth.pad};
-            pieces[n++] = {kZeros, out.bth.pad};
-        }
-        auto compute = [&crc, &flow, &pieces, n] {
-            crc = wire::icrc(flow, wire::Ipv4Unseen{0, true}, std::span(pieces, n));
+        for (size_t i = 0; i < npieces; ++i)
+            local_iov[i] = {const_cast<uint8_t*>(pieces[i].data()), pieces[i].size()};
+        auto compute = [&crc, &flow, covered] {
+            crc = wire::icrc(flow, wire::Ipv4Unseen{0, true}, covered);
         };
         // The payload is application memory: its pages may be gone (app_memory_guard.h).
         if (!guarded(compute)) {
@@ -124,8 +123,8 @@ Engine::TransmitResult Engine::transmit(const wire::Headers& h, std::span<const 
             return TransmitResult::Failed;
         }
         store_icrc(local_icrc, crc);
-        local_iov[n++] = {local_icrc, 4};
-        packet = std::span(local_iov, n);
+        local_iov[npieces] = {local_icrc, 4};
+        packet = std::span(local_iov, npieces + 1);
     }
     if (fault.fault == Fault::Drop) {
         bump(counters_->tx_dropped_fault);

@@ -26,7 +26,8 @@
 // buffer, registered memory and an ICRC buffer they are, differently for every packet (a
 // 4112-byte packet shifts the next payload by 16 bytes): a 15-packet train took 9.6-10.3 us
 // to send that way, 5.4-6.0 from one buffer, 7.8 counting the copy into it
-// (docs/performance-log.md). The ICRC is computed over the copy, which is then in cache.
+// (docs/performance-log.md). The ICRC is computed from the payload where it is, before the
+// copy: a CRC over the copy waits for the copy's stores.
 //
 // A batch opened while the thread's staging area is taken (one batch inside another), or
 // when it cannot be allocated, is not used: Engine::transmit() sends each packet alone.
