@@ -48,6 +48,11 @@ QpAttributes RcQp::attributes() const {
     return attrs_;
 }
 
+uint64_t RcQp::smoothed_rtt_us() const {
+    std::lock_guard lock(mutex_);
+    return rtt_.measured() ? rtt_.smoothed_us() : 0;
+}
+
 int RcQp::modify(const QpAttributes& attrs, QpState expected, QpState next) {
     std::lock_guard lock(mutex_);
     const QpState prev = state_;

@@ -96,6 +96,9 @@ class RcQp final : public QpCommon {
 
     // --- called by the provider (application threads) ---
     QpAttributes attributes() const;
+    // The requester's smoothed round trip (rtt_estimator.h), 0 before any sample: for
+    // diagnostics and tests.
+    uint64_t smoothed_rtt_us() const;
     // Applies `attrs` and moves to `next` (the provider has checked the transition from
     // `expected`). EINVAL if the QP left `expected` meanwhile (the transport moved it to ERR).
     int modify(const QpAttributes& attrs, QpState expected, QpState next);

@@ -200,6 +200,8 @@ TEST_CASE("Late ACKs, not lost ones: the timer's resends are found needless and 
         }
         EngineCounters& k = p.a.counters();
         if (k.early_retransmits.load() + k.tail_probes.load() != 0) continue;  // a busy machine
+        const uint64_t srtt_before = p.a.qp->smoothed_rtt_us();
+        REQUIRE(srtt_before > 0);
 
         auto stall = std::make_unique<StalledPeer>(p);
         TxRecorder a_out(*p.a.engine);
@@ -215,6 +217,10 @@ TEST_CASE("Late ACKs, not lost ones: the timer's resends are found needless and 
         REQUIRE(p.wait_until([&] { return k.spurious_retransmits.load() >= 1; }));
         CHECK(k.spurious_retransmits.load() == 1);
         CHECK(p.a.engine->qp_counters(p.a.qp->qpn()).spurious_retransmits.load() == 1);
+        // The first transmission's ACK came after both timeouts (3 ms; 2 ms allowed for the
+        // timers' resolution): one sample of that, and no other (every packet since was
+        // resent: Karn), moves the smoothed round trip by an eighth of it.
+        CHECK(p.a.qp->smoothed_rtt_us() >= srtt_before * 7 / 8 + 2000 / 8);
         // Nothing was lost: b took every packet, and only duplicates came again.
         CHECK(p.b.counters().tx_seq_naks.load() == 0);
 
