@@ -941,6 +941,11 @@ void print_pingpong(const Options& o, PingResult r, std::size_t msg, std::size_t
                 r.us.size(), static_cast<unsigned long long>(r.lost), r.complete ? 1 : 0, what,
                 r.us.empty() ? 0.0 : r.us.front(), what, p50, what, percentile(r.us, 0.99));
     std::printf(" %s_p999_us=%.2f", what, percentile(r.us, 0.999));
+    // The mean, as ibv_rc_pingpong reports its time per iteration: outliers count in full.
+    double sum = 0;
+    for (double v : r.us) sum += v;
+    std::printf(" %s_mean_us=%.2f", what,
+                r.us.empty() ? 0.0 : sum / static_cast<double>(r.us.size()));
     if (rtt) std::printf(" half_rtt_p50_us=%.3f", p50 / 2);
     std::printf("\n");
 }
