@@ -429,7 +429,8 @@ void RcQp::fire_timer(std::chrono::steady_clock::time_point now) {
         arm_timer();
         return;
     }
-    if (!ack_deadline_set_ || now >= ack_deadline_) {
+    const bool ack_timeout = !ack_deadline_set_ || now >= ack_deadline_;
+    if (ack_timeout) {
         // The local ACK timeout: a retry, counted against retry_cnt.
         bump(engine_.counters().retransmit_timeouts);
         bump(qp_counters_.retransmit_timeouts);
@@ -446,6 +447,18 @@ void RcQp::fire_timer(std::chrono::steady_clock::time_point now) {
         ++rto_backoff_;
         arm_timer();
         return;
+    } else if (!rtt_.measured() && probes_sent_ == 0 && !nak_resent_ && tail_probe_possible()) {
+        // No round trip measured yet: the wait was a guess, and a peer that has not run
+        // since (a process still starting up, busy on a small host) is likelier than a loss.
+        // The last packet goes alone first, as a tail probe, and the peer's ACK of the
+        // duplicate proves the wait needless (spurious_resend.h) and teaches the estimate;
+        // the next expiry, as long again, goes back N. Going back N at once resent a whole
+        // window of 256 packets 1-3 times per lossless ib_write_bw -n 2000 whose server was
+        // still busy starting up (docs/performance-log.md, 2026-12-02).
+        note_timer_resend(now);
+        send_tail_probe();
+        arm_timer();
+        return;
     } else {
         // The adaptive timeout: resend early, keep the local ACK timeout running.
         bump(engine_.counters().early_retransmits);
@@ -456,7 +469,14 @@ void RcQp::fire_timer(std::chrono::steady_clock::time_point now) {
     sq_.front().read_gap_retried = false;
     note_timer_resend(now);
     const uint32_t window_before = window_.packets();
-    if (note_window_loss(oldest_unacked())) spurious_.on_window_cut(window_before);
+    // An early resend before any round trip was measured proves no loss (its wait was a
+    // guess, and such resends came with a peer still starting up, not with loss): the window
+    // stays whole. A sequence NAK, the local ACK timeout, or an early resend once the
+    // estimate exists cuts it. Those first resends halved it for the rest of a lossless
+    // ib_write_bw -n 2000, 1-3 times, where the needless-resend check rarely undoes it: the
+    // duplicate's ACK names a new packet sent after the resend.
+    if ((ack_timeout || rtt_.measured()) && note_window_loss(oldest_unacked()))
+        spurious_.on_window_cut(window_before);
     rewind_to(oldest_unacked());
     pump();
     arm_timer();

@@ -186,9 +186,16 @@ TEST_CASE("Before any round trip is measured, a loss waits the initial guess, no
                      [&lose_left](const wire::ParsedPacket&) { return lose_left-- > 0; });
     send_one(p, 64, 3);
     CHECK(a_out.lost() == 1);
-    CHECK(p.a.counters().early_retransmits.load() >= 1);
-    CHECK(p.a.counters().tail_probes.load() == 0);  // a probe needs a measured round trip
+    // The first expiry sends the last packet alone (here the lost one itself) and cuts no
+    // window: before any sample the wait is a guess. Only if that probe's answer took
+    // another guess's wait (a slow machine) would the requester go back N.
+    CHECK(p.a.counters().tail_probes.load() == 1);
     CHECK(p.a.counters().retransmit_timeouts.load() == 0);
+    const std::vector<SentPacket> sent = a_out.packets();
+    REQUIRE(sent.size() >= 2);
+    CHECK(sent[1].psn() == sent[0].psn());
+    if (p.a.counters().early_retransmits.load() == 0)
+        CHECK(p.a.counters().send_window_cuts.load() == 0);
 }
 
 TEST_CASE("A sequence NAK measures the round trip when nothing else can", "[rc][retransmit]") {

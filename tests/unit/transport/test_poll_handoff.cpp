@@ -616,16 +616,19 @@ TEST_CASE("A resend during a long park brings the watch period back", "[poll_han
         return p.a.engine->socket_watch_micros() >= PollHandoff::kLongWatchMicros;
     }));
     const uint64_t resent = p.a.counters().retransmitted_packets.load();
-    fill(p.a.at(0), 64, 70);
+    fill(p.a.at(0), 2 * kMtu, 70);
     drop.arm();
-    REQUIRE(p.a.qp->post_send(rdma_wqe(SendOpcode::RdmaWrite, 70, {p.a.sge(0, 64)}, p.b.iova + 8192,
-                                       p.b.keys.rkey)) == 0);
-    // a's poller sends it, loses it, resends it when its timer is due, and reads the ACK.
+    REQUIRE(p.a.qp->post_send(rdma_wqe(SendOpcode::RdmaWrite, 70, {p.a.sge(0, 2 * kMtu)},
+                                       p.b.iova + 8192, p.b.keys.rkey)) == 0);
+    // a's poller sends it and loses its first packet; b NAKs the second (a loss shown, not
+    // a probe's guess: a timer's first expiry before any round trip only probes); a goes
+    // back N and reads the ACK.
     Completion c;
     REQUIRE(busy_poll(*p.a.engine, [&] { return p.a.scq->poll(std::span(&c, 1)) == 1; }));
     CHECK(c.status == WcStatus::Success);
-    CHECK(first_mismatch(p.b.at(8192), 64, 70) == 64);
+    CHECK(first_mismatch(p.b.at(8192), 2 * kMtu, 70) == 2 * kMtu);
     CHECK(p.a.counters().retransmitted_packets.load() > resent);
+    CHECK(p.b.counters().tx_seq_naks.load() == 1);
     CHECK(p.a.engine->socket_watch_micros() <= PollHandoff::kWatchMicros);
 }
 

@@ -278,3 +278,65 @@ TEST_CASE("Late ACKs, not lost ones: the timer's resends are found needless and 
     }
     CHECK(clean);
 }
+
+// Before any round trip is measured, the adaptive wait is a guess (1 ms), and a peer that has
+// not run yet (a process still starting up) is likelier than a loss: the first expiry sends
+// the last packet alone, as a tail probe; the next goes back N; neither cuts the window.
+TEST_CASE("Before the first round trip, a silent peer gets the last packet alone first",
+          "[rc][retransmit][spurious]") {
+    Pair p;
+    p.connect();
+    StalledPeer stall(p);
+    TxRecorder a_out(*p.a.engine);
+    EngineCounters& k = p.a.counters();
+    write_once(p, kWritePackets * kMtu, 10);
+    // The early resend is counted before its packets leave: wait for the first of them too.
+    REQUIRE(p.wait_until([&] {
+        return k.early_retransmits.load() >= 1 && a_out.packets().size() >= kWritePackets + 2;
+    }));
+    const std::vector<SentPacket> sent = a_out.packets();
+    // The WRITE as first sent, then its last packet alone, then everything from the first.
+    for (uint32_t i = 1; i < kWritePackets; ++i) CHECK(sent[i].psn() == psn_add(sent[0].psn(), i));
+    CHECK(sent[kWritePackets].psn() == sent[kWritePackets - 1].psn());
+    CHECK(sent[kWritePackets].parsed().h.bth.ack_req);
+    CHECK(sent[kWritePackets + 1].psn() == sent[0].psn());
+    CHECK(k.tail_probes.load() == 1);
+    // Neither halved the window: no round trip is known, no loss was shown.
+    CHECK(k.send_window_cuts.load() == 0);
+    stall.release();
+    CHECK(p.wait_one(*p.a.scq).status == WcStatus::Success);
+    CHECK(first_mismatch(p.b.at(0), kWritePackets * kMtu, 10) == kWritePackets * kMtu);
+    CHECK(p.b.counters().tx_seq_naks.load() == 0);
+}
+
+// The peer answers within the second wait: the probe's duplicate drew the ACK that proves it
+// needless, nothing went back N, the window was never cut, and the late round trip (at least
+// the 1 ms waited) is the estimate's first sample.
+TEST_CASE("Before the first round trip, a peer late by one wait costs one packet",
+          "[rc][retransmit][spurious]") {
+    bool clean = false;
+    for (int attempt = 0; attempt < 5 && !clean; ++attempt) {
+        INFO("attempt " << attempt);
+        Pair p;
+        p.connect();
+        auto stall = std::make_unique<StalledPeer>(p);
+        TxRecorder a_out(*p.a.engine);
+        EngineCounters& k = p.a.counters();
+        write_once(p, kWritePackets * kMtu, 10);
+        REQUIRE(p.wait_until([&] { return k.tail_probes.load() >= 1; }));
+        stall->release();
+        REQUIRE(p.wait_one(*p.a.scq).status == WcStatus::Success);
+        REQUIRE(p.wait_until(
+            [&] { return k.spurious_retransmits.load() >= 1 || k.early_retransmits.load() >= 1; }));
+        // The release came after the second wait (a machine busy for a millisecond): the
+        // go-back-N went out; try again.
+        if (k.early_retransmits.load() != 0) continue;
+        CHECK(k.spurious_retransmits.load() == 1);
+        CHECK(k.send_window_cuts.load() == 0);
+        CHECK(a_out.packets().size() == kWritePackets + 1);
+        CHECK(p.a.qp->smoothed_rtt_us() >= 1000);
+        CHECK(first_mismatch(p.b.at(0), kWritePackets * kMtu, 10) == kWritePackets * kMtu);
+        clean = true;
+    }
+    CHECK(clean);
+}
