@@ -3,8 +3,9 @@
 // host such as the kernel's rxe under QEMU), rather than lost.
 //
 // The timer resends when no ACK comes for a while: a tail-loss probe, the probe that goes
-// back N, an adaptive timeout (which also halves the send window). A late ACK then arrives
-// for the packets as first sent, and the responder, which now gets them a second time,
+// back N, an adaptive timeout (which also halves the send window, once a round trip has been
+// measured: before, its wait is only a guess). A late ACK then arrives for the packets as
+// first sent, and the responder, which now gets them a second time,
 // answers the duplicates with ACKs of their own (uroce names the newest duplicate, rxe its
 // newest packet). An ACK that names the newest PSN resent after the requester has already
 // seen it acknowledged can only have been drawn by a duplicate of it, and a responder that
