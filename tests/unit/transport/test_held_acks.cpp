@@ -49,6 +49,11 @@ struct AnsweringPair {
         REQUIRE(p.b.qp->post_send(rdma_wqe(SendOpcode::RdmaWrite, 1, {p.b.sge(0, kLen)},
                                            p.a.iova + 4096, p.a.keys.rkey)) == 0);
         REQUIRE(p.wait_one(*p.b.scq).status == WcStatus::Success);
+        // The ACK that completed it may have woken b's engine thread while this thread's
+        // poll held b's receive lock: the socket is then parked (park_from_loop) until the
+        // watch sees the polls stopped. A test that stops b's engine thread at its gate right
+        // away would keep it parked throughout (1 of about 600 setups here, two runs side by side).
+        REQUIRE(eventually([&] { return !p.b.engine->socket_parked(); }));
     }
     // b's application answers with a WRITE `seed` into a.at(0); what a's engine, polling
     // a's send CQ alone, completes first.
