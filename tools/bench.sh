@@ -319,6 +319,11 @@ idle_pct() {
     t = y[2] - x[2]; printf "%d", (t > 0 ? 100 * (y[1] - x[1]) / t : 0)}'
 }
 idle_start=$(idle_pct)
+# steal_mark: the CPUs' time the hypervisor gave to others (steal) and all time, in ticks. A VM
+# whose host is busy loses CPU to it unseen by the idle figures above; the header says how
+# much of the run went that way.
+steal_mark() { awk '/^cpu / {print $9, $2 + $3 + $4 + $5 + $6 + $7 + $8 + $9}' /proc/stat; }
+steal_start=$(steal_mark)
 commit=$(timeout 10 git -C "$top" rev-parse --short HEAD 2>/dev/null || echo unknown)
 if ! timeout 10 git -C "$top" diff --quiet HEAD 2>/dev/null; then commit="$commit (modified)"; fi
 note "bench: $( ((quick)) && echo quick || echo full) run, logs in $out"
@@ -647,11 +652,16 @@ if [[ -n $py ]]; then
   done
 fi
 idle_end=$(idle_pct)
+steal_pct=$(awk -v a="$steal_start" -v b="$(steal_mark)" 'BEGIN {split(a, x, " "); split(b, y, " ");
+  t = y[2] - x[2]; printf "%.1f", (t > 0 ? 100 * (y[1] - x[1]) / t : 0)}')
 
 # ---- the table ----
-header="uroce bench, $start_date, commit $commit, $( ((quick)) && echo quick || echo full) run; CPU idle in the second before: $idle_start%, after: $idle_end% ($(nproc) CPUs)"
+header="uroce bench, $start_date, commit $commit, $( ((quick)) && echo quick || echo full) run; CPU idle in the second before: $idle_start%, after: $idle_end% ($(nproc) CPUs); CPU time taken by the host during the run (steal): $steal_pct%"
 if ((idle_start < 80 || idle_end < 80)); then
   header="$header"$'\n'"WARNING: the machine was busy during this run (other processes): busy-polling figures suffer most; rerun on a quiet machine"
+fi
+if awk -v s="$steal_pct" 'BEGIN {exit !(s >= 5)}'; then
+  header="$header"$'\n'"WARNING: the host took $steal_pct% of this VM's CPU time during the run (steal): uroce and its baselines lost CPU at different moments; rerun"
 fi
 cols=$'figure\turoce\tbaseline\tbaseline value\tratio\ttarget\tmet'
 {
