@@ -4,9 +4,11 @@
 // hand (ForgedPeer) and read what the responder sent (TxRecorder).
 #include <event2/event.h>
 
+#include <atomic>
 #include <catch2/catch.hpp>
 #include <condition_variable>
 #include <mutex>
+#include <thread>
 
 #include "tests/unit/transport/engine_pair.h"
 #include "tests/unit/transport/forged_peer.h"
@@ -484,6 +486,52 @@ TEST_CASE("Responder: a WRITE running off its region changes no byte of it", "[r
     const Completion c = p.wait_one(*p.a.scq);
     CHECK(c.status == WcStatus::RemAccessErr);
     CHECK(all_bytes(p.b.at(0), p.b.mem.size(), kUntouched));
+    CHECK(p.b.qp->state() == QpState::Err);
+    CHECK(has_event(p.b, AsyncEventType::QpAccessError));
+}
+
+// Deregistration takes effect at once (memory_table.h), in the middle of a WRITE too: it does
+// not wait for the message to end, and no packet after it writes a byte. (The READ's case is
+// above.) b gets the first packets, then nothing until the region is gone.
+TEST_CASE("Responder: a region deregistered in the middle of a WRITE takes no byte more",
+          "[responder][keys]") {
+    constexpr uint32_t kPackets = 24;
+    constexpr uint32_t kArrive = 8;  // packets that arrive before the deregistration
+    PairOptions o;
+    o.mem_bytes = size_t{kPackets} * kMtu;
+    Pair p(o);
+    p.connect();
+    std::atomic<bool> losing{true};
+    std::atomic<bool> silent{false};
+    std::atomic<int64_t> first_psn{-1};
+    TxRecorder a_out(*p.a.engine, [&](const wire::ParsedPacket& pkt) {
+        if (pkt.h.bth.opcode == static_cast<uint8_t>(wire::Opcode::RcWriteFirst))
+            first_psn = pkt.h.bth.psn;
+        if (silent) return true;  // nothing reaches b while it deregisters
+        const int64_t first = first_psn.load();
+        if (!losing || first < 0 || !(pkt.info->flags & wire::kWrite)) return false;
+        return psn_diff(pkt.h.bth.psn, static_cast<uint32_t>(first)) >= int32_t{kArrive};
+    });
+    fill(p.a.at(0), p.a.mem.size(), 6);
+    REQUIRE(p.a.qp->post_send(rdma_wqe(SendOpcode::RdmaWrite, 1, {p.a.sge(0, kPackets * kMtu)},
+                                       p.b.iova, p.b.keys.rkey)) == 0);
+    const size_t arrived = size_t{kArrive} * kMtu;
+    // The last byte of a packet is written last.
+    REQUIRE(eventually([&] { return p.b.mem[arrived - 1] == p.a.mem[arrived - 1]; }));
+    silent = true;  // b gets nothing more until the region is gone
+    // From another thread: a read lock the engine kept would hold it for ever.
+    auto removed = std::make_shared<std::atomic<int>>(-1);
+    std::thread([removed, &memory = p.b.engine->memory(), lkey = p.b.keys.lkey] {
+        removed->store(memory.remove(lkey) ? 1 : 0);
+    }).detach();
+    REQUIRE(eventually([&] { return removed->load() >= 0; }));
+    CHECK(removed->load() == 1);
+    losing = false;
+    silent = false;
+    const Completion c = p.wait_one(*p.a.scq);
+    CHECK(c.status == WcStatus::RemAccessErr);
+    CHECK(std::memcmp(p.b.at(0), p.a.at(0), arrived) == 0);
+    CHECK(all_bytes(p.b.at(arrived), p.b.mem.size() - arrived, kUntouched));
     CHECK(p.b.qp->state() == QpState::Err);
     CHECK(has_event(p.b, AsyncEventType::QpAccessError));
 }
