@@ -343,6 +343,7 @@ base() { # base NAME TIMEOUT ARGS...: one baseline mode into $out/base-NAME.log
 }
 base gso 30 gso --seconds "$secs"
 base gso-write 30 gso-write --seconds "$secs"
+base gso-write-rc 30 gso-write-rc --seconds "$secs"
 base sendto 30 sendto --seconds "$secs"
 base pps 30 pps --seconds "$secs"
 base tcp 30 tcp --seconds "$secs"
@@ -352,6 +353,7 @@ base tcp 30 tcp --seconds "$secs"
 b_gso=$(kv "$out/base-gso.log" goodput_Bps)
 b_gso_cpu=$(kv "$out/base-gso.log" cpu_s_per_gb)
 b_gsow=$(kv "$out/base-gso-write.log" goodput_Bps)
+b_gsowrc=$(kv "$out/base-gso-write-rc.log" goodput_Bps)
 b_tcp=$(kv "$out/base-tcp.log" goodput_Bps)
 b_pps=$(kv "$out/base-pps.log" rx_dgrams_per_s)
 for k in goodput_Bps loss_pct cpu_s_per_gb rx_dgrams_per_s; do
@@ -359,6 +361,7 @@ for k in goodput_Bps loss_pct cpu_s_per_gb rx_dgrams_per_s; do
   put "base_sendto_$k" "$(kv "$out/base-sendto.log" "$k")"
 done
 put base_gso_write_goodput_Bps "$b_gsow"
+put base_gso_write_rc_goodput_Bps "$b_gsowrc"
 put base_pps "$b_pps"
 put base_tcp_goodput_Bps "$b_tcp"
 put base_tcp_cpu_s_per_gb "$(kv "$out/base-tcp.log" cpu_s_per_gb)"
@@ -370,7 +373,7 @@ bw_rows() { # bw_rows TOOL: ib_*_bw 64 KiB: bandwidth against GSO+GRO and TCP, C
   # one perftest run of a build moved between 0.7 and 2.6 GB/s within an hour (2026-12-03): each
   # of $bw_rounds rounds measures the row's UDP figures again right before its uroce run, and
   # the row takes the medians (every run in results.txt as KEY_runs); its ratios use those.
-  local r rl gso_runs=() gsow_runs=() gbs_runs=() cpu_runs=() v mib s c
+  local r rl gso_runs=() gsow_runs=() gsowrc_runs=() gbs_runs=() cpu_runs=() v mib s c
   for ((r = 1; r <= bw_rounds; r++)); do
     rl=$label.r$r
     base "gso-$rl" 30 gso --seconds "$secs"
@@ -380,6 +383,9 @@ bw_rows() { # bw_rows TOOL: ib_*_bw 64 KiB: bandwidth against GSO+GRO and TCP, C
       base "gso-write-$rl" 30 gso-write --seconds "$secs"
       v=$(kv "$out/base-gso-write-$rl.log" goodput_Bps)
       if num "$v"; then gsow_runs+=("$v"); fi
+      base "gso-write-rc-$rl" 30 gso-write-rc --seconds "$secs"
+      v=$(kv "$out/base-gso-write-rc-$rl.log" goodput_Bps)
+      if num "$v"; then gsowrc_runs+=("$v"); fi
     fi
     note "bench: $tool -s 65536 -n $bw_n (round $r of $bw_rounds)"
     lo_pair "$rl" "$tmo" "" "$tool" -x 0 -s 65536 -n "$bw_n"
@@ -395,9 +401,10 @@ bw_rows() { # bw_rows TOOL: ib_*_bw 64 KiB: bandwidth against GSO+GRO and TCP, C
       gbs_runs+=("$pair_rc")
     fi
   done
-  local row_gso=$b_gso row_gsow=$b_gsow gbs cpu=""
+  local row_gso=$b_gso row_gsow=$b_gsow row_gsowrc=$b_gsowrc gbs cpu=""
   if ((${#gso_runs[@]})); then row_gso=$(median_of "${gso_runs[@]}"); fi
   if ((${#gsow_runs[@]})); then row_gsow=$(median_of "${gsow_runs[@]}"); fi
+  if ((${#gsowrc_runs[@]})); then row_gsowrc=$(median_of "${gsowrc_runs[@]}"); fi
   gbs=$(median_of "${gbs_runs[@]}")
   if ((${#cpu_runs[@]})); then cpu=$(median_of "${cpu_runs[@]}"); fi
   put "${label}_base_gso_goodput_Bps" "$row_gso"
@@ -410,8 +417,14 @@ bw_rows() { # bw_rows TOOL: ib_*_bw 64 KiB: bandwidth against GSO+GRO and TCP, C
   row "$tool -s 65536 (GB/s)" "$gbs" "TCP, 1 stream" "$(gbs_of_bytes "$b_tcp")" / ">=" 1.5
   # No target: how close uroce comes to UDP carrying the same trains (a WRITE's FIRST and a
   # READ's first and last responses are larger than the rest, so each message takes two sends).
-  [[ $tool == ib_send_bw ]] ||
+  if [[ $tool != ib_send_bw ]]; then
+    put "${label}_base_gso_write_rc_goodput_Bps_runs" "$(IFS=,; echo "${gsowrc_runs[*]}")"
     row "$tool -s 65536 (GB/s)" "$gbs" "UDP GSO, WRITE's trains" "$(gbs_of_bytes "$row_gsow")" / "" ""
+    # No target either: the same trains with only the per-byte work any RoCE in user space
+    # does (a copy and a CRC at each end, no protocol): the ceiling such a provider has here.
+    row "$tool -s 65536 (GB/s)" "$gbs" "UDP GSO, WRITE's trains, copies, CRC" \
+      "$(gbs_of_bytes "$row_gsowrc")" / "" ""
+  fi
   row "$tool -s 65536: CPU s per GB" "${cpu:-n/a}" "UDP GSO+GRO" "$b_gso_cpu" / "" ""
 }
 row_baselines=""
@@ -681,9 +694,9 @@ cols=$'figure\turoce\tbaseline\tbaseline value\tratio\ttarget\tmet'
       }
     }'
   echo
-  printf 'baseline: UDP GSO+GRO %s GB/s (loss %s%%, %s CPU s/GB; in WRITE'"'"'s trains %s GB/s); ' \
+  printf 'baseline: UDP GSO+GRO %s GB/s (loss %s%%, %s CPU s/GB; in WRITE'"'"'s trains %s GB/s, with copies and CRC %s); ' \
     "$(gbs_of_bytes "$b_gso")" "$(kv "$out/base-gso.log" loss_pct)" "$b_gso_cpu" \
-    "$(gbs_of_bytes "$b_gsow")"
+    "$(gbs_of_bytes "$b_gsow")" "$(gbs_of_bytes "$b_gsowrc")"
   printf 'again before each bandwidth row (its ratios use it): %s GB/s; ' "$row_baselines"
   printf 'UDP sendto 4096 B %s GB/s; ' "$(gbs_of_bytes "$(kv "$out/base-sendto.log" goodput_Bps)")"
   printf 'UDP 64 B %s pps; TCP %s GB/s (%s CPU s/GB); UDP RTT 8 B p50 %s us, p99 %s us\n' \

@@ -4,9 +4,9 @@
 //
 //   uroce-udp-baseline MODE [options]
 //
-// MODE: gso, gso-write, sendto, pps, rtt, rtt-ack, rtt-train, rtt-wake, gso-pingpong, tcp (see
-// kUsage). Every loop is bounded in count and in time: receivers use socket timeouts or deadlines,
-// so a lost datagram never hangs a mode.
+// MODE: gso, gso-write, gso-write-rc, sendto, pps, rtt, rtt-ack, rtt-train, rtt-wake, gso-pingpong,
+// tcp (see kUsage). Every loop is bounded in count and in time: receivers use socket timeouts or
+// deadlines, so a lost datagram never hangs a mode.
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -29,6 +29,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -37,6 +38,7 @@
 
 #include "transport/page_aligned_buffer.h"
 #include "uroce/crc32.h"
+#include "write_stream_work.h"
 
 namespace {
 
@@ -70,6 +72,10 @@ constexpr const char* kUsage =
     "  gso-write     the same, in the trains a stream of --msg byte RDMA WRITEs takes: per\n"
     "                message a FIRST of --seg + 16 bytes (its RETH) with one --seg segment,\n"
     "                then the other --seg segments (a larger FIRST cannot join a train)\n"
+    "  gso-write-rc  gso-write with the per-byte work of RoCE in user space: each message\n"
+    "                copied into its packets and each signed (CRC-32, ISA-L, as the ICRC) by\n"
+    "                the sender, each checked and its payload copied into a region by the\n"
+    "                receiver; goodput counts delivered payload only\n"
     "  sendto        plain sendto/recv of --size byte datagrams: goodput, datagrams/s, CPU\n"
     "  pps           plain sendto/recv of 64-byte datagrams: packets/s received\n"
     "  rtt           busy-polled ping-pong of --size bytes: RTT p50/p99, half RTT p50\n"
@@ -182,8 +188,8 @@ Options parse_args(int argc, char** argv) {
     if (args.empty()) usage_error("no mode given");
     o.mode = args[0];
     static constexpr std::string_view kModes[] = {
-        "gso",       "gso-write",    "sendto",          "pps", "rtt",     "rtt-ack",
-        "rtt-train", "gso-pingpong", "gso-pingpong-rc", "tcp", "rtt-wake"};
+        "gso",     "gso-write", "gso-write-rc", "sendto",          "pps", "rtt",
+        "rtt-ack", "rtt-train", "gso-pingpong", "gso-pingpong-rc", "tcp", "rtt-wake"};
     if (std::find(std::begin(kModes), std::end(kModes), o.mode) == std::end(kModes)) {
         usage_error("unknown mode '" + o.mode + "'");
     }
@@ -237,11 +243,15 @@ Options parse_args(int argc, char** argv) {
         usage_error("rtt-train: --size must be 20 (the ACK's size) to 65487 bytes");
     if (o.mode == "gso-pingpong-rc" && o.seg <= 16)
         usage_error("gso-pingpong-rc: --seg must exceed 16 bytes (a header and a CRC)");
-    if (o.mode == "gso-write" && (o.seg <= 16 || 2 * o.seg + 16 > 65507)) {
-        usage_error(
-            "gso-write: --seg must leave room for a payload, and two segments "
-            "(the first 16 bytes larger) must fit 65507 bytes");
+    if ((o.mode == "gso-write" || o.mode == "gso-write-rc") &&
+        (o.seg <= 16 || 2 * o.seg + 16 > 65507)) {
+        usage_error(o.mode +
+                    ": --seg must leave room for a payload, and two segments "
+                    "(the first 16 bytes larger) must fit 65507 bytes");
     }
+    // Its first train is two whole packets.
+    if (o.mode == "gso-write-rc" && o.msg < 2 * (o.seg - 16))
+        usage_error("gso-write-rc: --msg must fill two packets of --seg - 16 bytes");
     return o;
 }
 
@@ -422,16 +432,18 @@ struct Tput {
     std::uint64_t sent_bytes = 0;
     std::uint64_t send_errors = 0;
     std::uint64_t rx_dgrams = 0;
-    std::uint64_t rx_bytes = 0;
-    double rx_window_s = 0;  // first to last datagram received
+    std::uint64_t rx_bytes = 0;  // gso-write-rc: payload delivered into the region
+    std::uint64_t rx_bad = 0;    // gso-write-rc: packets whose CRC or place was wrong
+    double rx_window_s = 0;      // first to last datagram received
     double cpu_s = 0;
 };
 
 // How the sender of a throughput mode hands its datagrams to the kernel.
 enum class Stream {
-    Plain,     // one datagram per sendto
-    Gso,       // trains of equal --seg segments, as many as fit one send
-    GsoWrite,  // per --msg message: [FIRST of --seg + 16, one --seg], then the rest in trains
+    Plain,       // one datagram per sendto
+    Gso,         // trains of equal --seg segments, as many as fit one send
+    GsoWrite,    // per --msg message: [FIRST of --seg + 16, one --seg], then the rest in trains
+    GsoWriteRc,  // the same, staged, signed, checked and copied out (write_stream_work.h)
 };
 
 // gso-write: sends one message's datagrams as uroce sends an RDMA WRITE of --msg bytes with a
@@ -465,17 +477,23 @@ ssize_t send_segments(int fd, const char* data, std::size_t len, std::uint16_t g
     return ::sendmsg(fd, &m, flags);
 }
 
-ssize_t send_write_pattern(int fd, const Buffer& buf, const Options& o) {
+// `data`: the message's `staged` bytes, its packets back to back (gso-write-rc), or, with
+// `staged` 0, any bytes, every train sent from their start (gso-write).
+ssize_t send_write_pattern(int fd, const char* data, std::size_t staged, const Options& o) {
     const std::size_t packets = write_packets(o);
     const std::size_t per_train =
         std::max<std::size_t>(1, std::min<std::size_t>(64, 65507 / o.seg));
     // The first train, its segment size given per call (the socket's UDP_SEGMENT is --seg).
     ssize_t total =
-        send_segments(fd, buf.data(), 2 * o.seg + 16, static_cast<std::uint16_t>(o.seg + 16), 0);
+        send_segments(fd, data, 2 * o.seg + 16, static_cast<std::uint16_t>(o.seg + 16), 0);
     if (total < 0) return -1;
     for (std::size_t left = packets - 2; left > 0;) {
         const std::size_t n = std::min(left, per_train);
-        const ssize_t sent = ::send(fd, buf.data(), n * o.seg, 0);
+        const char* from = staged != 0 ? data + total : data;
+        // The message's last packet may be shorter: it ends the last train.
+        const std::size_t len =
+            staged != 0 && n == left ? staged - static_cast<std::size_t>(total) : n * o.seg;
+        const ssize_t sent = ::send(fd, from, len, 0);
         if (sent < 0) return -1;
         total += sent;
         left -= n;
@@ -488,7 +506,8 @@ Tput run_udp_tput(const Options& o, Stream stream) {
     const bool gso = stream != Stream::Plain;
     std::size_t send_len = o.size;
     std::uint64_t dgrams_per_send = 1;
-    if (stream == Stream::GsoWrite) {
+    const bool write_trains = stream == Stream::GsoWrite || stream == Stream::GsoWriteRc;
+    if (write_trains) {
         dgrams_per_send = write_packets(o);
         send_len = 65536 + 4096;  // the buffer every train is cut from
         set_int(p.a.get(), IPPROTO_UDP, UDP_SEGMENT, static_cast<int>(o.seg),
@@ -512,6 +531,7 @@ Tput run_udp_tput(const Options& o, Stream stream) {
     }();
 
     Tput t;
+    const bool rc_work = stream == Stream::GsoWriteRc;
     std::atomic<bool> sender_done{false};
     const StreamClock clock(o);
     const auto send_end = clock.send_end;
@@ -521,6 +541,8 @@ Tput run_udp_tput(const Options& o, Stream stream) {
     std::thread receiver([&] {
         pin_to(o.cpu_b);
         Buffer buf(65536 + 4096);
+        std::optional<uroce::bench::WriteStreamWork> work;
+        if (rc_work) work.emplace(o.msg, o.seg);
         Clock::time_point first{}, last{};
         while (Clock::now() < hard_end) {
             std::size_t seg = 0;
@@ -535,18 +557,46 @@ Tput run_udp_tput(const Options& o, Stream stream) {
             }
             last = Clock::now();
             if (t.rx_dgrams == 0) first = last;
-            t.rx_bytes += static_cast<std::uint64_t>(n);
-            t.rx_dgrams += seg == 0 ? 1 : (static_cast<std::size_t>(n) + seg - 1) / seg;
+            const auto len = static_cast<std::size_t>(n);
+            if (seg == 0) seg = std::max<std::size_t>(len, 1);
+            if (!work) {
+                t.rx_bytes += len;
+                t.rx_dgrams += (len + seg - 1) / seg;
+                continue;
+            }
+            // Each packet checked and copied out; only delivered payload counts.
+            for (std::size_t off = 0; off < len; off += seg) {
+                const auto* bytes = reinterpret_cast<const std::uint8_t*>(buf.data()) + off;
+                const std::size_t plen = std::min(seg, len - off);
+                if (const auto delivered = work->take(std::span(bytes, plen))) {
+                    ++t.rx_dgrams;
+                    t.rx_bytes += *delivered;
+                } else {
+                    ++t.rx_bad;
+                }
+            }
         }
         t.rx_window_s = seconds_between(first, last);
     });
 
     Buffer buf(send_len, 'x');
+    std::optional<uroce::bench::WriteStreamWork> work;
+    if (rc_work) work.emplace(o.msg, o.seg);
+    Buffer app(o.msg, 'w');  // rc_work: the application's message, staged for every send
     while (Clock::now() < send_end) {
-        const ssize_t n = stream == Stream::GsoWrite ? send_write_pattern(p.a.get(), buf, o)
-                          : gso                      ? ::send(p.a.get(), buf.data(), buf.size(), 0)
-                                : ::sendto(p.a.get(), buf.data(), buf.size(), 0,
-                                           reinterpret_cast<const sockaddr*>(&dest), sizeof dest);
+        ssize_t n = 0;
+        if (work) {
+            const auto staged = work->stage(
+                std::span(reinterpret_cast<const std::uint8_t*>(app.data()), app.size()));
+            n = send_write_pattern(p.a.get(), reinterpret_cast<const char*>(staged.data()),
+                                   staged.size(), o);
+        } else if (write_trains) {
+            n = send_write_pattern(p.a.get(), buf.data(), 0, o);
+        } else {
+            n = gso ? ::send(p.a.get(), buf.data(), buf.size(), 0)
+                    : ::sendto(p.a.get(), buf.data(), buf.size(), 0,
+                               reinterpret_cast<const sockaddr*>(&dest), sizeof dest);
+        }
         if (n < 0) {
             if (errno == EAGAIN || errno == EWOULDBLOCK || errno == ENOBUFS || errno == EINTR ||
                 errno == ECONNREFUSED) {
@@ -576,7 +626,7 @@ void print_tput(const Options& o, const Tput& t, Stream stream) {
                                   static_cast<double>(t.sent_dgrams);
     const double gb = static_cast<double>(t.rx_bytes) / 1e9;
     std::printf("mode=%s", o.mode.c_str());
-    if (stream == Stream::GsoWrite) {
+    if (stream == Stream::GsoWrite || stream == Stream::GsoWriteRc) {
         std::printf(" seg=%zu msg=%zu", o.seg, o.msg);
     } else if (stream == Stream::Gso) {
         std::printf(" seg=%zu segs_per_send=%zu", o.seg, std::min<std::size_t>(64, 65507 / o.seg));
@@ -586,12 +636,13 @@ void print_tput(const Options& o, const Tput& t, Stream stream) {
     std::printf(
         " seconds=%.3f sent_dgrams=%llu sent_bytes=%llu send_errors=%llu rx_dgrams=%llu "
         "rx_bytes=%llu rx_window_s=%.4f goodput_Bps=%.0f rx_dgrams_per_s=%.0f loss_pct=%.3f "
-        "cpu_s=%.3f cpu_s_per_gb=%.4f\n",
+        "cpu_s=%.3f cpu_s_per_gb=%.4f rx_bad=%llu\n",
         o.seconds, static_cast<unsigned long long>(t.sent_dgrams),
         static_cast<unsigned long long>(t.sent_bytes),
         static_cast<unsigned long long>(t.send_errors),
         static_cast<unsigned long long>(t.rx_dgrams), static_cast<unsigned long long>(t.rx_bytes),
-        window, goodput, dps, loss, t.cpu_s, gb > 0 ? t.cpu_s / gb : 0.0);
+        window, goodput, dps, loss, t.cpu_s, gb > 0 ? t.cpu_s / gb : 0.0,
+        static_cast<unsigned long long>(t.rx_bad));
 }
 
 // ---- ping-pong: rtt, gso-pingpong ----
@@ -1033,6 +1084,8 @@ int main(int argc, char** argv) {
         print_tput(o, run_udp_tput(o, Stream::Gso), Stream::Gso);
     } else if (o.mode == "gso-write") {
         print_tput(o, run_udp_tput(o, Stream::GsoWrite), Stream::GsoWrite);
+    } else if (o.mode == "gso-write-rc") {
+        print_tput(o, run_udp_tput(o, Stream::GsoWriteRc), Stream::GsoWriteRc);
     } else if (o.mode == "sendto" || o.mode == "pps") {
         print_tput(o, run_udp_tput(o, Stream::Plain), Stream::Plain);
     } else if (o.mode == "rtt-wake") {
