@@ -344,6 +344,7 @@ base() { # base NAME TIMEOUT ARGS...: one baseline mode into $out/base-NAME.log
 base gso 30 gso --seconds "$secs"
 base gso-write 30 gso-write --seconds "$secs"
 base gso-write-rc 30 gso-write-rc --seconds "$secs"
+base gso-rc 30 gso-rc --seconds "$secs"
 base sendto 30 sendto --seconds "$secs"
 base pps 30 pps --seconds "$secs"
 base tcp 30 tcp --seconds "$secs"
@@ -354,6 +355,7 @@ b_gso=$(kv "$out/base-gso.log" goodput_Bps)
 b_gso_cpu=$(kv "$out/base-gso.log" cpu_s_per_gb)
 b_gsow=$(kv "$out/base-gso-write.log" goodput_Bps)
 b_gsowrc=$(kv "$out/base-gso-write-rc.log" goodput_Bps)
+b_gsorc=$(kv "$out/base-gso-rc.log" goodput_Bps)
 b_tcp=$(kv "$out/base-tcp.log" goodput_Bps)
 b_pps=$(kv "$out/base-pps.log" rx_dgrams_per_s)
 for k in goodput_Bps loss_pct cpu_s_per_gb rx_dgrams_per_s; do
@@ -362,6 +364,7 @@ for k in goodput_Bps loss_pct cpu_s_per_gb rx_dgrams_per_s; do
 done
 put base_gso_write_goodput_Bps "$b_gsow"
 put base_gso_write_rc_goodput_Bps "$b_gsowrc"
+put base_gso_rc_goodput_Bps "$b_gsorc"
 put base_pps "$b_pps"
 put base_tcp_goodput_Bps "$b_tcp"
 put base_tcp_cpu_s_per_gb "$(kv "$out/base-tcp.log" cpu_s_per_gb)"
@@ -374,6 +377,10 @@ bw_rows() { # bw_rows TOOL: ib_*_bw 64 KiB: bandwidth against GSO+GRO and TCP, C
   # of $bw_rounds rounds measures the row's UDP figures again right before its uroce run, and
   # the row takes the medians (every run in results.txt as KEY_runs); its ratios use those.
   local r rl gso_runs=() gsow_runs=() gsowrc_runs=() gbs_runs=() cpu_runs=() v mib s c
+  local rc_mode=gso-write-rc rc_label="UDP GSO, WRITE's trains, copies, CRC" rc_first=$b_gsowrc
+  if [[ $tool == ib_send_bw ]]; then
+    rc_mode=gso-rc rc_label="UDP GSO, copies, CRC" rc_first=$b_gsorc
+  fi
   for ((r = 1; r <= bw_rounds; r++)); do
     rl=$label.r$r
     base "gso-$rl" 30 gso --seconds "$secs"
@@ -383,10 +390,11 @@ bw_rows() { # bw_rows TOOL: ib_*_bw 64 KiB: bandwidth against GSO+GRO and TCP, C
       base "gso-write-$rl" 30 gso-write --seconds "$secs"
       v=$(kv "$out/base-gso-write-$rl.log" goodput_Bps)
       if num "$v"; then gsow_runs+=("$v"); fi
-      base "gso-write-rc-$rl" 30 gso-write-rc --seconds "$secs"
-      v=$(kv "$out/base-gso-write-rc-$rl.log" goodput_Bps)
-      if num "$v"; then gsowrc_runs+=("$v"); fi
     fi
+    # The ceiling of RoCE in user space: the row's trains with only a copy and a CRC at each end.
+    base "$rc_mode-$rl" 30 "$rc_mode" --seconds "$secs"
+    v=$(kv "$out/base-$rc_mode-$rl.log" goodput_Bps)
+    if num "$v"; then gsowrc_runs+=("$v"); fi
     note "bench: $tool -s 65536 -n $bw_n (round $r of $bw_rounds)"
     lo_pair "$rl" "$tmo" "" "$tool" -x 0 -s 65536 -n "$bw_n"
     if ((pair_ok)); then
@@ -401,7 +409,7 @@ bw_rows() { # bw_rows TOOL: ib_*_bw 64 KiB: bandwidth against GSO+GRO and TCP, C
       gbs_runs+=("$pair_rc")
     fi
   done
-  local row_gso=$b_gso row_gsow=$b_gsow row_gsowrc=$b_gsowrc gbs cpu=""
+  local row_gso=$b_gso row_gsow=$b_gsow row_gsowrc=$rc_first gbs cpu=""
   if ((${#gso_runs[@]})); then row_gso=$(median_of "${gso_runs[@]}"); fi
   if ((${#gsow_runs[@]})); then row_gsow=$(median_of "${gsow_runs[@]}"); fi
   if ((${#gsowrc_runs[@]})); then row_gsowrc=$(median_of "${gsowrc_runs[@]}"); fi
@@ -417,14 +425,12 @@ bw_rows() { # bw_rows TOOL: ib_*_bw 64 KiB: bandwidth against GSO+GRO and TCP, C
   row "$tool -s 65536 (GB/s)" "$gbs" "TCP, 1 stream" "$(gbs_of_bytes "$b_tcp")" / ">=" 1.5
   # No target: how close uroce comes to UDP carrying the same trains (a WRITE's FIRST and a
   # READ's first and last responses are larger than the rest, so each message takes two sends).
-  if [[ $tool != ib_send_bw ]]; then
-    put "${label}_base_gso_write_rc_goodput_Bps_runs" "$(IFS=,; echo "${gsowrc_runs[*]}")"
+  [[ $tool == ib_send_bw ]] ||
     row "$tool -s 65536 (GB/s)" "$gbs" "UDP GSO, WRITE's trains" "$(gbs_of_bytes "$row_gsow")" / "" ""
-    # No target either: the same trains with only the per-byte work any RoCE in user space
-    # does (a copy and a CRC at each end, no protocol): the ceiling such a provider has here.
-    row "$tool -s 65536 (GB/s)" "$gbs" "UDP GSO, WRITE's trains, copies, CRC" \
-      "$(gbs_of_bytes "$row_gsowrc")" / "" ""
-  fi
+  # No target either: the same trains with only the per-byte work any RoCE in user space does
+  # (a copy and a CRC at each end, no protocol): the ceiling such a provider has here.
+  put "${label}_base_rc_goodput_Bps_runs" "$(IFS=,; echo "${gsowrc_runs[*]}")"
+  row "$tool -s 65536 (GB/s)" "$gbs" "$rc_label" "$(gbs_of_bytes "$row_gsowrc")" / "" ""
   row "$tool -s 65536: CPU s per GB" "${cpu:-n/a}" "UDP GSO+GRO" "$b_gso_cpu" / "" ""
 }
 row_baselines=""
@@ -694,9 +700,9 @@ cols=$'figure\turoce\tbaseline\tbaseline value\tratio\ttarget\tmet'
       }
     }'
   echo
-  printf 'baseline: UDP GSO+GRO %s GB/s (loss %s%%, %s CPU s/GB; in WRITE'"'"'s trains %s GB/s, with copies and CRC %s); ' \
+  printf 'baseline: UDP GSO+GRO %s GB/s (loss %s%%, %s CPU s/GB; in WRITE'"'"'s trains %s GB/s, with copies and CRC %s; GSO+GRO with copies and CRC %s); ' \
     "$(gbs_of_bytes "$b_gso")" "$(kv "$out/base-gso.log" loss_pct)" "$b_gso_cpu" \
-    "$(gbs_of_bytes "$b_gsow")" "$(gbs_of_bytes "$b_gsowrc")"
+    "$(gbs_of_bytes "$b_gsow")" "$(gbs_of_bytes "$b_gsowrc")" "$(gbs_of_bytes "$b_gsorc")"
   printf 'again before each bandwidth row (its ratios use it): %s GB/s; ' "$row_baselines"
   printf 'UDP sendto 4096 B %s GB/s; ' "$(gbs_of_bytes "$(kv "$out/base-sendto.log" goodput_Bps)")"
   printf 'UDP 64 B %s pps; TCP %s GB/s (%s CPU s/GB); UDP RTT 8 B p50 %s us, p99 %s us\n' \

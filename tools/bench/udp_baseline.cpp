@@ -4,9 +4,9 @@
 //
 //   uroce-udp-baseline MODE [options]
 //
-// MODE: gso, gso-write, gso-write-rc, sendto, pps, rtt, rtt-ack, rtt-train, rtt-wake, gso-pingpong,
-// tcp (see kUsage). Every loop is bounded in count and in time: receivers use socket timeouts or
-// deadlines, so a lost datagram never hangs a mode.
+// MODE: gso, gso-rc, gso-write, gso-write-rc, sendto, pps, rtt, rtt-ack, rtt-train, rtt-wake,
+// gso-pingpong, tcp (see kUsage). Every loop is bounded in count and in time: receivers use socket
+// timeouts or deadlines, so a lost datagram never hangs a mode.
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -36,9 +36,9 @@
 #include <thread>
 #include <vector>
 
+#include "roce_stream_work.h"
 #include "transport/page_aligned_buffer.h"
 #include "uroce/crc32.h"
-#include "write_stream_work.h"
 
 namespace {
 
@@ -76,6 +76,8 @@ constexpr const char* kUsage =
     "                copied into its packets and each signed (CRC-32, ISA-L, as the ICRC) by\n"
     "                the sender, each checked and its payload copied into a region by the\n"
     "                receiver; goodput counts delivered payload only\n"
+    "  gso-rc        gso's trains carrying --msg byte SENDs (every packet --seg bytes, trains\n"
+    "                across messages) with the same per-byte work as gso-write-rc\n"
     "  sendto        plain sendto/recv of --size byte datagrams: goodput, datagrams/s, CPU\n"
     "  pps           plain sendto/recv of 64-byte datagrams: packets/s received\n"
     "  rtt           busy-polled ping-pong of --size bytes: RTT p50/p99, half RTT p50\n"
@@ -188,8 +190,8 @@ Options parse_args(int argc, char** argv) {
     if (args.empty()) usage_error("no mode given");
     o.mode = args[0];
     static constexpr std::string_view kModes[] = {
-        "gso",     "gso-write", "gso-write-rc", "sendto",          "pps", "rtt",
-        "rtt-ack", "rtt-train", "gso-pingpong", "gso-pingpong-rc", "tcp", "rtt-wake"};
+        "gso",     "gso-rc",    "gso-write",    "gso-write-rc",    "sendto", "pps",     "rtt",
+        "rtt-ack", "rtt-train", "gso-pingpong", "gso-pingpong-rc", "tcp",    "rtt-wake"};
     if (std::find(std::begin(kModes), std::end(kModes), o.mode) == std::end(kModes)) {
         usage_error("unknown mode '" + o.mode + "'");
     }
@@ -252,6 +254,10 @@ Options parse_args(int argc, char** argv) {
     // Its first train is two whole packets.
     if (o.mode == "gso-write-rc" && o.msg < 2 * (o.seg - 16))
         usage_error("gso-write-rc: --msg must fill two packets of --seg - 16 bytes");
+    // Its trains run across messages: every packet --seg bytes.
+    if (o.mode == "gso-rc" &&
+        (o.seg <= 16 || o.msg < 2 * (o.seg - 16) || o.msg % (o.seg - 16) != 0))
+        usage_error("gso-rc: --msg must be a multiple of --seg - 16 bytes, at least two");
     return o;
 }
 
@@ -443,8 +449,25 @@ enum class Stream {
     Plain,       // one datagram per sendto
     Gso,         // trains of equal --seg segments, as many as fit one send
     GsoWrite,    // per --msg message: [FIRST of --seg + 16, one --seg], then the rest in trains
-    GsoWriteRc,  // the same, staged, signed, checked and copied out (write_stream_work.h)
+    GsoWriteRc,  // the same, staged, signed, checked and copied out (roce_stream_work.h)
+    GsoRc,       // Gso's trains of --msg byte SENDs' packets, staged, signed, checked, copied
 };
+
+// gso-rc stages this many messages back to back before it sends their packets, in trains
+// that run across messages as uroce's SEND trains do.
+constexpr std::size_t kRcBatchMessages = 15;
+
+// Sends `len` bytes as trains of up to `train` bytes (GSO segments of the socket's
+// UDP_SEGMENT); returns the bytes sent, or -1 (errno set) at the first send that failed.
+ssize_t send_trains(int fd, const char* data, std::size_t len, std::size_t train) {
+    std::size_t total = 0;
+    while (total < len) {
+        const ssize_t sent = ::send(fd, data + total, std::min(train, len - total), 0);
+        if (sent < 0) return -1;
+        total += static_cast<std::size_t>(sent);
+    }
+    return static_cast<ssize_t>(total);
+}
 
 // gso-write: sends one message's datagrams as uroce sends an RDMA WRITE of --msg bytes with a
 // path MTU of --seg - 16 (BTH and ICRC): a first train of two segments whose first one is 16
@@ -531,7 +554,10 @@ Tput run_udp_tput(const Options& o, Stream stream) {
     }();
 
     Tput t;
-    const bool rc_work = stream == Stream::GsoWriteRc;
+    const bool rc_work = stream == Stream::GsoWriteRc || stream == Stream::GsoRc;
+    // A WRITE's first packet carries its RETH; a SEND's packets are all alike.
+    const std::size_t first_extra =
+        stream == Stream::GsoWriteRc ? uroce::bench::RoceStreamWork::kRethBytes : 0;
     std::atomic<bool> sender_done{false};
     const StreamClock clock(o);
     const auto send_end = clock.send_end;
@@ -541,8 +567,8 @@ Tput run_udp_tput(const Options& o, Stream stream) {
     std::thread receiver([&] {
         pin_to(o.cpu_b);
         Buffer buf(65536 + 4096);
-        std::optional<uroce::bench::WriteStreamWork> work;
-        if (rc_work) work.emplace(o.msg, o.seg);
+        std::optional<uroce::bench::RoceStreamWork> work;
+        if (rc_work) work.emplace(o.msg, o.seg, first_extra);
         Clock::time_point first{}, last{};
         while (Clock::now() < hard_end) {
             std::size_t seg = 0;
@@ -580,14 +606,22 @@ Tput run_udp_tput(const Options& o, Stream stream) {
     });
 
     Buffer buf(send_len, 'x');
-    std::optional<uroce::bench::WriteStreamWork> work;
-    if (rc_work) work.emplace(o.msg, o.seg);
+    std::optional<uroce::bench::RoceStreamWork> work;
+    if (rc_work) work.emplace(o.msg, o.seg, first_extra);
     Buffer app(o.msg, 'w');  // rc_work: the application's message, staged for every send
+    const auto app_bytes = std::span(reinterpret_cast<const std::uint8_t*>(app.data()), app.size());
+    // gso-rc: kRcBatchMessages staged messages, their packets back to back.
+    Buffer batch(stream == Stream::GsoRc ? kRcBatchMessages * work->wire_bytes() : 0);
+    if (stream == Stream::GsoRc) dgrams_per_send = kRcBatchMessages * work->packets();
     while (Clock::now() < send_end) {
         ssize_t n = 0;
-        if (work) {
-            const auto staged = work->stage(
-                std::span(reinterpret_cast<const std::uint8_t*>(app.data()), app.size()));
+        if (stream == Stream::GsoRc) {
+            auto* out = reinterpret_cast<std::uint8_t*>(batch.data());
+            for (std::size_t k = 0; k < kRcBatchMessages; ++k)
+                work->stage_into(app_bytes, out + k * work->wire_bytes());
+            n = send_trains(p.a.get(), batch.data(), batch.size(), send_len);
+        } else if (work) {
+            const auto staged = work->stage(app_bytes);
             n = send_write_pattern(p.a.get(), reinterpret_cast<const char*>(staged.data()),
                                    staged.size(), o);
         } else if (write_trains) {
@@ -626,7 +660,7 @@ void print_tput(const Options& o, const Tput& t, Stream stream) {
                                   static_cast<double>(t.sent_dgrams);
     const double gb = static_cast<double>(t.rx_bytes) / 1e9;
     std::printf("mode=%s", o.mode.c_str());
-    if (stream == Stream::GsoWrite || stream == Stream::GsoWriteRc) {
+    if (stream == Stream::GsoWrite || stream == Stream::GsoWriteRc || stream == Stream::GsoRc) {
         std::printf(" seg=%zu msg=%zu", o.seg, o.msg);
     } else if (stream == Stream::Gso) {
         std::printf(" seg=%zu segs_per_send=%zu", o.seg, std::min<std::size_t>(64, 65507 / o.seg));
@@ -1086,6 +1120,8 @@ int main(int argc, char** argv) {
         print_tput(o, run_udp_tput(o, Stream::GsoWrite), Stream::GsoWrite);
     } else if (o.mode == "gso-write-rc") {
         print_tput(o, run_udp_tput(o, Stream::GsoWriteRc), Stream::GsoWriteRc);
+    } else if (o.mode == "gso-rc") {
+        print_tput(o, run_udp_tput(o, Stream::GsoRc), Stream::GsoRc);
     } else if (o.mode == "sendto" || o.mode == "pps") {
         print_tput(o, run_udp_tput(o, Stream::Plain), Stream::Plain);
     } else if (o.mode == "rtt-wake") {

@@ -1,13 +1,14 @@
-// tools/bench/write_stream_work.cpp: the gso-write-rc baseline's per-byte work. Its figures
-// are a ceiling only if the receiver really checks every packet and delivers every byte.
+// tools/bench/roce_stream_work.cpp: the gso-write-rc and gso-rc baselines' per-byte work. Its
+// figures are a ceiling only if the receiver really checks every packet and delivers every byte.
 #include <catch2/catch.hpp>
+#include <cstddef>
 #include <cstdint>
 #include <span>
 #include <vector>
 
-#include "tools/bench/write_stream_work.h"
+#include "tools/bench/roce_stream_work.h"
 
-using uroce::bench::WriteStreamWork;
+using uroce::bench::RoceStreamWork;
 
 namespace {
 
@@ -19,14 +20,13 @@ std::vector<std::uint8_t> message(std::size_t n) {
     return m;
 }
 
-// The staged packets as a receiver cuts them: the first kRethBytes larger, the last shorter.
+// The staged packets as a receiver cuts them: the first `first_extra` larger, the last shorter.
 std::vector<std::span<const std::uint8_t>> packets_of(std::span<const std::uint8_t> staged,
-                                                      std::size_t count) {
+                                                      std::size_t count, std::size_t first_extra) {
     std::vector<std::span<const std::uint8_t>> out;
     std::size_t at = 0;
     for (std::size_t i = 0; i < count; ++i) {
-        const std::size_t len =
-            std::min(i == 0 ? kSeg + WriteStreamWork::kRethBytes : kSeg, staged.size() - at);
+        const std::size_t len = std::min(i == 0 ? kSeg + first_extra : kSeg, staged.size() - at);
         out.push_back(staged.subspan(at, len));
         at += len;
     }
@@ -36,13 +36,16 @@ std::vector<std::span<const std::uint8_t>> packets_of(std::span<const std::uint8
 
 }  // namespace
 
-TEST_CASE("WriteStreamWork: every byte staged arrives in the region, in any packet order") {
+TEST_CASE("RoceStreamWork: every byte staged arrives in the region, in any packet order") {
     const std::size_t msg = GENERATE(65536u, 10000u, 8192u);
-    WriteStreamWork sender(msg, kSeg);
-    WriteStreamWork receiver(msg, kSeg);
+    // A WRITE's first packet carries a RETH; a SEND's does not.
+    const std::size_t extra = GENERATE(std::size_t{RoceStreamWork::kRethBytes}, std::size_t{0});
+    RoceStreamWork sender(msg, kSeg, extra);
+    RoceStreamWork receiver(msg, kSeg, extra);
     const auto app = message(msg);
     const auto staged = sender.stage(app);
-    const auto packets = packets_of(staged, sender.packets());
+    CHECK(reinterpret_cast<std::uintptr_t>(staged.data() + 12 + extra) % 64 == 0);
+    const auto packets = packets_of(staged, sender.packets(), extra);
     CHECK(sender.packets() == std::max<std::size_t>(2, (msg + 4095) / 4096));
 
     std::size_t delivered = 0;
@@ -56,11 +59,11 @@ TEST_CASE("WriteStreamWork: every byte staged arrives in the region, in any pack
     CHECK(std::vector<std::uint8_t>(region.begin(), region.end()) == app);
 }
 
-TEST_CASE("WriteStreamWork: a packet with a flipped bit, a bad index or cut short is refused") {
-    WriteStreamWork sender(65536, kSeg);
-    WriteStreamWork receiver(65536, kSeg);
+TEST_CASE("RoceStreamWork: a packet with a flipped bit, a bad index or cut short is refused") {
+    RoceStreamWork sender(65536, kSeg, RoceStreamWork::kRethBytes);
+    RoceStreamWork receiver(65536, kSeg, RoceStreamWork::kRethBytes);
     const auto staged = sender.stage(message(65536));
-    const auto packets = packets_of(staged, sender.packets());
+    const auto packets = packets_of(staged, sender.packets(), RoceStreamWork::kRethBytes);
 
     std::vector<std::uint8_t> flipped(packets[3].begin(), packets[3].end());
     flipped[100] ^= 0x10;

@@ -1,4 +1,4 @@
-#include "write_stream_work.h"
+#include "roce_stream_work.h"
 
 #include <algorithm>
 #include <cstring>
@@ -8,37 +8,33 @@
 namespace uroce::bench {
 namespace {
 
-// The staged packets start so that the first payload sits on a cache line, as uroce's
-// staging area puts a train's first payload.
-constexpr std::size_t kStageOffset =
-    64 - WriteStreamWork::kHeaderBytes - WriteStreamWork::kRethBytes;
 // Where a packet's header carries its index in the message (a PSN's place in a BTH).
 constexpr std::size_t kIndexOffset = 8;
-
-std::size_t header_of(std::size_t index) {
-    return WriteStreamWork::kHeaderBytes + (index == 0 ? WriteStreamWork::kRethBytes : 0);
-}
+// The staged buffer's slack before the first packet (stage_offset() is below it).
+constexpr std::size_t kStageSlack = 64;
 
 }  // namespace
 
-WriteStreamWork::WriteStreamWork(std::size_t msg_bytes, std::size_t seg_bytes)
+RoceStreamWork::RoceStreamWork(std::size_t msg_bytes, std::size_t seg_bytes,
+                               std::size_t first_extra)
     : msg_(msg_bytes),
+      first_extra_(first_extra),
       payload_(seg_bytes - kHeaderBytes - kCrcBytes),
       packets_(std::max<std::size_t>(2, (msg_bytes + payload_ - 1) / payload_)),
-      wire_bytes_(msg_bytes + packets_ * (kHeaderBytes + kCrcBytes) + kRethBytes),
-      staged_(kStageOffset + wire_bytes_),
+      wire_bytes_(msg_bytes + packets_ * (kHeaderBytes + kCrcBytes) + first_extra),
+      staged_(kStageSlack + wire_bytes_),
       region_(std::max<std::size_t>(msg_bytes, 1)) {
-    std::memset(staged_.data(), 0, kStageOffset + wire_bytes_);
+    std::memset(staged_.data(), 0, kStageSlack + wire_bytes_);
     std::memset(region_.data(), 0, std::max<std::size_t>(msg_bytes, 1));
 }
 
-std::span<const std::uint8_t> WriteStreamWork::stage(std::span<const std::uint8_t> app) {
-    std::uint8_t* out = staged_.data() + kStageOffset;
+void RoceStreamWork::stage_into(std::span<const std::uint8_t> app, std::uint8_t* out) const {
     std::size_t from = 0;
     for (std::size_t i = 0; i < packets_; ++i) {
         const std::size_t header = header_of(i);
         const std::size_t len = std::min(payload_, msg_ - from);
         const auto index = static_cast<std::uint32_t>(i);
+        std::memset(out, 0, header);
         std::memcpy(out + kIndexOffset, &index, sizeof index);
         std::memcpy(out + header, app.data() + from, len);
         const std::uint32_t crc = wire::crc32(0, std::span<const std::uint8_t>(out, header + len));
@@ -46,10 +42,15 @@ std::span<const std::uint8_t> WriteStreamWork::stage(std::span<const std::uint8_
         out += header + len + kCrcBytes;
         from += len;
     }
-    return {staged_.data() + kStageOffset, wire_bytes_};
 }
 
-std::optional<std::size_t> WriteStreamWork::take(std::span<const std::uint8_t> packet) {
+std::span<const std::uint8_t> RoceStreamWork::stage(std::span<const std::uint8_t> app) {
+    std::uint8_t* out = staged_.data() + stage_offset();
+    stage_into(app, out);
+    return {out, wire_bytes_};
+}
+
+std::optional<std::size_t> RoceStreamWork::take(std::span<const std::uint8_t> packet) {
     if (packet.size() < kHeaderBytes + kCrcBytes) return std::nullopt;
     std::uint32_t index = 0;
     std::memcpy(&index, packet.data() + kIndexOffset, sizeof index);
