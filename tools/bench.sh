@@ -376,7 +376,7 @@ bw_rows() { # bw_rows TOOL: ib_*_bw 64 KiB: bandwidth against GSO+GRO and TCP, C
   # one perftest run of a build moved between 0.7 and 2.6 GB/s within an hour (2026-12-03): each
   # of $bw_rounds rounds measures the row's UDP figures again right before its uroce run, and
   # the row takes the medians (every run in results.txt as KEY_runs); its ratios use those.
-  local r rl gso_runs=() gsow_runs=() gsowrc_runs=() gbs_runs=() cpu_runs=() v mib s c
+  local r rl gso_runs=() gsow_runs=() rc_runs=() gbs_runs=() cpu_runs=() v mib s c
   local rc_mode=gso-write-rc rc_label="UDP GSO, WRITE's trains, copies, CRC" rc_first=$b_gsowrc
   if [[ $tool == ib_send_bw ]]; then
     rc_mode=gso-rc rc_label="UDP GSO, copies, CRC" rc_first=$b_gsorc
@@ -394,7 +394,7 @@ bw_rows() { # bw_rows TOOL: ib_*_bw 64 KiB: bandwidth against GSO+GRO and TCP, C
     # The ceiling of RoCE in user space: the row's trains with only a copy and a CRC at each end.
     base "$rc_mode-$rl" 30 "$rc_mode" --seconds "$secs"
     v=$(kv "$out/base-$rc_mode-$rl.log" goodput_Bps)
-    if num "$v"; then gsowrc_runs+=("$v"); fi
+    if num "$v"; then rc_runs+=("$v"); fi
     note "bench: $tool -s 65536 -n $bw_n (round $r of $bw_rounds)"
     lo_pair "$rl" "$tmo" "" "$tool" -x 0 -s 65536 -n "$bw_n"
     if ((pair_ok)); then
@@ -409,10 +409,10 @@ bw_rows() { # bw_rows TOOL: ib_*_bw 64 KiB: bandwidth against GSO+GRO and TCP, C
       gbs_runs+=("$pair_rc")
     fi
   done
-  local row_gso=$b_gso row_gsow=$b_gsow row_gsowrc=$rc_first gbs cpu=""
+  local row_gso=$b_gso row_gsow=$b_gsow row_rc=$rc_first gbs cpu=""
   if ((${#gso_runs[@]})); then row_gso=$(median_of "${gso_runs[@]}"); fi
   if ((${#gsow_runs[@]})); then row_gsow=$(median_of "${gsow_runs[@]}"); fi
-  if ((${#gsowrc_runs[@]})); then row_gsowrc=$(median_of "${gsowrc_runs[@]}"); fi
+  if ((${#rc_runs[@]})); then row_rc=$(median_of "${rc_runs[@]}"); fi
   gbs=$(median_of "${gbs_runs[@]}")
   if ((${#cpu_runs[@]})); then cpu=$(median_of "${cpu_runs[@]}"); fi
   put "${label}_base_gso_goodput_Bps" "$row_gso"
@@ -429,8 +429,8 @@ bw_rows() { # bw_rows TOOL: ib_*_bw 64 KiB: bandwidth against GSO+GRO and TCP, C
     row "$tool -s 65536 (GB/s)" "$gbs" "UDP GSO, WRITE's trains" "$(gbs_of_bytes "$row_gsow")" / "" ""
   # No target either: the same trains with only the per-byte work any RoCE in user space does
   # (a copy and a CRC at each end, no protocol): the ceiling such a provider has here.
-  put "${label}_base_rc_goodput_Bps_runs" "$(IFS=,; echo "${gsowrc_runs[*]}")"
-  row "$tool -s 65536 (GB/s)" "$gbs" "$rc_label" "$(gbs_of_bytes "$row_gsowrc")" / "" ""
+  put "${label}_base_rc_goodput_Bps_runs" "$(IFS=,; echo "${rc_runs[*]}")"
+  row "$tool -s 65536 (GB/s)" "$gbs" "$rc_label" "$(gbs_of_bytes "$row_rc")" / "" ""
   row "$tool -s 65536: CPU s per GB" "${cpu:-n/a}" "UDP GSO+GRO" "$b_gso_cpu" / "" ""
 }
 row_baselines=""

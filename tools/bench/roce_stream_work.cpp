@@ -54,7 +54,6 @@ std::optional<std::size_t> RoceStreamWork::take(std::span<const std::uint8_t> pa
     if (packet.size() < kHeaderBytes + kCrcBytes) return std::nullopt;
     std::uint32_t index = 0;
     std::memcpy(&index, packet.data() + kIndexOffset, sizeof index);
-    if (index >= packets_) return std::nullopt;
     const std::size_t header = header_of(index);
     if (packet.size() < header + kCrcBytes) return std::nullopt;
     const std::size_t len = packet.size() - header - kCrcBytes;

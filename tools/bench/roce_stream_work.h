@@ -31,7 +31,6 @@ class RoceStreamWork {
     RoceStreamWork(std::size_t msg_bytes, std::size_t seg_bytes, std::size_t first_extra);
 
     std::size_t packets() const { return packets_; }
-    std::size_t payload_per_packet() const { return payload_; }
     // Bytes of a staged message: its packets back to back.
     std::size_t wire_bytes() const { return wire_bytes_; }
 
@@ -41,8 +40,8 @@ class RoceStreamWork {
     std::span<const std::uint8_t> stage(std::span<const std::uint8_t> app);
 
     // Takes one received packet of a staged message: checks its CRC and copies its payload
-    // into the region; returns the payload's size. Nothing (and nothing copied) if the CRC,
-    // the packet's index or its length is wrong.
+    // into the region; returns the payload's size. Nothing (and nothing copied) if the CRC is
+    // wrong, the packet too short, or its index and length put it outside the message.
     std::optional<std::size_t> take(std::span<const std::uint8_t> packet);
 
     // The region the receiver copies into (msg_bytes).

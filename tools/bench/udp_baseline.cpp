@@ -438,8 +438,8 @@ struct Tput {
     std::uint64_t sent_bytes = 0;
     std::uint64_t send_errors = 0;
     std::uint64_t rx_dgrams = 0;
-    std::uint64_t rx_bytes = 0;  // gso-write-rc: payload delivered into the region
-    std::uint64_t rx_bad = 0;    // gso-write-rc: packets whose CRC or place was wrong
+    std::uint64_t rx_bytes = 0;  // the -rc modes: payload delivered into the region
+    std::uint64_t rx_bad = 0;    // the -rc modes: packets whose CRC or place was wrong
     double rx_window_s = 0;      // first to last datagram received
     double cpu_s = 0;
 };
@@ -608,7 +608,7 @@ Tput run_udp_tput(const Options& o, Stream stream) {
     Buffer buf(send_len, 'x');
     std::optional<uroce::bench::RoceStreamWork> work;
     if (rc_work) work.emplace(o.msg, o.seg, first_extra);
-    Buffer app(o.msg, 'w');  // rc_work: the application's message, staged for every send
+    Buffer app(rc_work ? o.msg : 0, 'w');  // the application's message, staged for every send
     const auto app_bytes = std::span(reinterpret_cast<const std::uint8_t*>(app.data()), app.size());
     // gso-rc: kRcBatchMessages staged messages, their packets back to back.
     Buffer batch(stream == Stream::GsoRc ? kRcBatchMessages * work->wire_bytes() : 0);

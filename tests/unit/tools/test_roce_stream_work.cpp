@@ -3,10 +3,12 @@
 #include <catch2/catch.hpp>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <span>
 #include <vector>
 
 #include "tools/bench/roce_stream_work.h"
+#include "uroce/crc32.h"
 
 using uroce::bench::RoceStreamWork;
 
@@ -34,6 +36,13 @@ std::vector<std::span<const std::uint8_t>> packets_of(std::span<const std::uint8
     return out;
 }
 
+// Sets a packet's last 4 bytes to the CRC of the rest, as the sender does.
+void sign(std::vector<std::uint8_t>& packet) {
+    const std::uint32_t crc =
+        uroce::wire::crc32(0, std::span(packet.data(), packet.size() - RoceStreamWork::kCrcBytes));
+    std::memcpy(packet.data() + packet.size() - RoceStreamWork::kCrcBytes, &crc, sizeof crc);
+}
+
 }  // namespace
 
 TEST_CASE("RoceStreamWork: every byte staged arrives in the region, in any packet order") {
@@ -59,7 +68,8 @@ TEST_CASE("RoceStreamWork: every byte staged arrives in the region, in any packe
     CHECK(std::vector<std::uint8_t>(region.begin(), region.end()) == app);
 }
 
-TEST_CASE("RoceStreamWork: a packet with a flipped bit, a bad index or cut short is refused") {
+TEST_CASE(
+    "RoceStreamWork: a packet with a flipped bit, out of the message or cut short is refused") {
     RoceStreamWork sender(65536, kSeg, RoceStreamWork::kRethBytes);
     RoceStreamWork receiver(65536, kSeg, RoceStreamWork::kRethBytes);
     const auto staged = sender.stage(message(65536));
@@ -69,11 +79,26 @@ TEST_CASE("RoceStreamWork: a packet with a flipped bit, a bad index or cut short
     flipped[100] ^= 0x10;
     CHECK_FALSE(receiver.take(flipped).has_value());
 
+    // Signed again after the change: only the check named refuses it.
     std::vector<std::uint8_t> far(packets[3].begin(), packets[3].end());
     far[8] = 99;  // the index: past the message's 16 packets
+    sign(far);
     CHECK_FALSE(receiver.take(far).has_value());
 
-    CHECK_FALSE(receiver.take(packets[3].first(10)).has_value());
+    // The last packet, its payload running 4 bytes past the message.
+    std::vector<std::uint8_t> too_long(packets[15].begin(), packets[15].end());
+    too_long.insert(too_long.end() - RoceStreamWork::kCrcBytes, {1, 2, 3, 4});
+    sign(too_long);
+    CHECK_FALSE(receiver.take(too_long).has_value());
+
+    // A first packet too short for its RETH.
+    std::vector<std::uint8_t> short_first(packets[0].begin(), packets[0].begin() + 20);
+    sign(short_first);
+    CHECK_FALSE(receiver.take(short_first).has_value());
+
+    // Too short to hold a header: a buffer of its own, so that ASan sees any read past it.
+    const std::vector<std::uint8_t> stub(packets[3].begin(), packets[3].begin() + 10);
+    CHECK_FALSE(receiver.take(stub).has_value());
     // Nothing of the refused packets reached the region.
     for (const std::uint8_t b : receiver.region().subspan(3 * 4096, 4096)) REQUIRE(b == 0);
     CHECK(receiver.take(packets[3]) == 4096u);
