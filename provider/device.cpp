@@ -185,7 +185,10 @@ verbs_context* alloc_context(ibv_device* ibdev, int cmd_fd, void*) {
         // as soon as the socket is empty (Engine::spin_after_batch). UROCE_HOLD_ACKS=off:
         // every ACK leaves at the end of its receive batch (engine_held_acks.cpp).
         // UROCE_ECN=on: packets leave ECN-capable, ECT(0) (congestion.h).
+        // UROCE_SELECTIVE=off: RC goes back N in both roles, as the IBA describes
+        // (early_requests.h, rc_selective_resend.cpp).
         if (!env_switch("UROCE_GSO", ec.gso) || !env_switch("UROCE_GRO", ec.gro) ||
+            !env_switch("UROCE_SELECTIVE", ec.selective_recovery) ||
             !env_switch("UROCE_INLINE_PROGRESS", ec.inline_progress) ||
             !env_switch("UROCE_HOLD_POSTS", ec.hold_posts) ||
             !env_switch("UROCE_ENGINE_SPIN", ec.engine_spin) ||

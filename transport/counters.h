@@ -38,11 +38,15 @@ namespace uroce::transport {
     X(tx_acks)                   /* ACKs sent */                                                 \
     X(retransmit_timeouts)       /* retransmission timer expiries */                             \
     X(retransmitted_packets)     /* request packets sent again */                                \
+    X(selective_resends)         /* sequence NAKs answered with the lost packet alone */         \
     X(rx_naks)                   /* NAKs received */                                             \
     X(rx_response_out_of_window) /* responses for PSNs not sent or already acknowledged */       \
     X(rx_cnp)                    /* RoCEv2 congestion notification packets */                    \
     X(rx_duplicate_dropped)      /* duplicate READs matching no READ executed */                 \
     X(rx_held_overflow)          /* requests refused: too many waiting behind a READ */          \
+    X(rx_early_kept)             /* early requests kept for later (early_requests.h) */          \
+    X(rx_early_run)              /* kept requests run once the missing one came */               \
+    X(rx_early_dropped)          /* early requests not kept: no budget, or a 2nd copy differs */ \
     X(tx_dropped_full)           /* socket buffer full: dropped, recovered as a loss */          \
     X(tx_too_big)                /* EMSGSIZE: packet larger than the path's IP MTU */            \
     X(tx_sport_fallback)         /* QPs sending from the main port: source port not bound */     \

@@ -27,6 +27,7 @@
 #include "transport/delay_line.h"
 #include "transport/device_counters.h"
 #include "transport/device_slots.h"
+#include "transport/early_requests.h"
 #include "transport/fault_plan.h"
 #include "transport/fork_gate.h"
 #include "transport/held_posts.h"
@@ -79,6 +80,13 @@ struct EngineConfig {
     // Early resends and probes all QPs together may send at once (resend_budget.h); tests
     // set 0 to see what happens when the budget is spent.
     uint32_t resend_burst = ResendBudget::kBurst;
+    // Selective recovery: RC responders keep SEND and WRITE packets that arrive ahead of a
+    // lost one and run them once it comes (early_requests.h), up to early_request_bytes
+    // across all QPs, and RC requesters answer a sequence NAK with the lost packet alone
+    // while the peer is not known to drop such packets (rc_selective_resend.cpp). Off: both
+    // go back N, as the IBA describes.
+    bool selective_recovery = true;
+    size_t early_request_bytes = size_t{32} << 20;
     // Batches of packets leave in one sendmsg as UDP GSO segments (transmit_batch.h).
     bool gso = true;
     // The socket takes trains of datagrams as one buffer (UDP_GRO), split here.
@@ -159,6 +167,8 @@ class Engine {
     TimerQueue& timers() { return *timers_; }
     // Bounds the early resends and tail-loss probes of all this engine's QPs together.
     ResendBudget& resend_budget() { return resend_budget_; }
+    // What RC responders may keep of packets that came early, all QPs together.
+    EarlyRequestBudget& early_request_budget() { return early_request_budget_; }
     // Held by the engine thread around every callback it runs (fork_gate.h): each callback
     // registered with base() takes it first.
     ForkGate& fork_gate() { return fork_gate_; }
@@ -459,6 +469,8 @@ class Engine {
     void capture_sent(const TransmitBatch& batch, size_t first, size_t count);
     MemoryTable memory_;
     ResendBudget resend_budget_{config_.resend_burst};
+    EarlyRequestBudget early_request_budget_{
+        config_.selective_recovery ? config_.early_request_bytes : 0};
     ForkGate fork_gate_;  // outlives the engine thread (joined in ~Engine)
     event_base* base_ = nullptr;
     std::unique_ptr<TimerQueue> timers_;  // every timer of the engine; freed before base_

@@ -42,7 +42,8 @@ namespace uroce::transport {
     X(rx_wrong_peer)         /* packets naming this QP from a source not its peer: dropped */ \
     X(tx_faults)             /* UROCE_FAULTS' drops, corruptions, duplicates, delays */       \
     X(send_window_cuts)      /* send window halved by a loss (send_window.h) */               \
-    X(spurious_retransmits)  /* timer resends a duplicate's ACK proved needless (undone) */
+    X(spurious_retransmits)  /* timer resends a duplicate's ACK proved needless (undone) */   \
+    X(selective_resends)     /* sequence NAKs answered with the lost packet alone, no go-back-N */
 
 struct QpCounters {
 #define UROCE_QP_COUNTER_FIELD(name) std::atomic<uint64_t> name{0};

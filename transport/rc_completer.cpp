@@ -210,6 +210,7 @@ void RcQp::on_response(const wire::ParsedPacket& pkt) {
     switch (aeth.type()) {
         case wire::AckType::Ack:
             take_rtt_sample(psn);
+            if (selective_open_) judge_selective(psn);
             ack_through(psn);
             break;
         case wire::AckType::RnrNak: {
@@ -243,18 +244,7 @@ void RcQp::on_response(const wire::ParsedPacket& pkt) {
                 take_rtt_sample(psn);
             ack_through(psn_add(psn, kPsnMask));
             if (sequence_error) {
-                // Resend from the PSN the responder expects, once per PSN: the NAKs for
-                // a burst of out-of-order packets all name the same one.
-                spurious_.on_loss();
-                if (has_outstanding() && psn != last_rewind_psn_) {
-                    last_rewind_psn_ = psn;
-                    note_window_loss(psn);
-                    rewind_to(psn);
-                    // The peer is alive and waiting for the resent packets: give them a
-                    // whole timeout from now, and a probe if they do not come (rc_qp.h).
-                    nak_resent_ = true;
-                    restart_timer();
-                }
+                on_sequence_nak(psn);
                 break;
             }
             // The request whose PSN the NAK names failed; requests before it that are not

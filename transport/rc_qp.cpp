@@ -14,7 +14,8 @@ RcQp::RcQp(Engine& engine, uint32_t qpn, uint32_t pd, const QpCaps& caps,
       qpn_(qpn),
       xrc_role_(xrc_role),
       xrcd_(xrcd),
-      opcode_base_(xrc_role == XrcRole::None ? 0 : wire::kXrcOpcodeBase) {
+      opcode_base_(xrc_role == XrcRole::None ? 0 : wire::kXrcOpcodeBase),
+      early_(engine.early_request_budget()) {
     timer_ = std::make_unique<TimerQueue::Timer>(engine_.timers(), &RcQp::timer_trampoline, this);
     responder_event_ = event_new(engine_.base(), -1, 0, &RcQp::responder_trampoline, this);
 }
@@ -85,6 +86,11 @@ int RcQp::modify(const QpAttributes& attrs, QpState expected, QpState next) {
             msn_ = 0;
             reads_.clear();
             held_.clear();
+            early_.clear();
+            early_ack_cap_ = kNoResentPsn;
+            peer_keeps_ = PeerKeeps::Unknown;
+            keep_strikes_ = 0;
+            selective_open_ = false;
             break;
         case QpState::Rtr:
             answer_leads_ack_ = engine_.answer_may_lead_ack(attrs_.dst_ip);
@@ -334,6 +340,7 @@ void RcQp::flush_all() {
     // No response goes out in ERR: the READs and held requests are dropped.
     reads_.clear();
     held_.clear();
+    early_.clear();
     // In ERR the QP takes nothing more from its SRQ: the application may now destroy it
     // without losing a WQE (IBA 10.3.1 / 11.6.3, Last WQE Reached).
     if (srq_) post_async(AsyncEventType::LastWqeReached);

@@ -7,6 +7,9 @@
 //     and writes their completions, and runs the retransmission timer (rc_completer.cpp);
 //   - the responder executes incoming requests after the PSN, opcode-sequence and key
 //     checks, and answers with coalesced ACKs, NAKs and READ responses (rc_responder.cpp).
+// Selective recovery bends go-back-N where the peer allows: the responder keeps requests that
+// come after a lost one (early_requests.h), the requester resends the lost packet alone
+// (rc_selective_resend.cpp); docs/selective-recovery.md.
 // State changes, flushing and the timer live in rc_qp.cpp.
 //
 // Threads: the application's threads post work and modify the QP; the engine thread (or a
@@ -28,6 +31,7 @@
 #include <vector>
 
 #include "transport/completion_queue.h"
+#include "transport/early_requests.h"
 #include "transport/qp.h"
 #include "transport/qp_common.h"
 #include "transport/qp_counters.h"
@@ -178,7 +182,8 @@ class RcQp final : public QpCommon {
     void pump_window();
     // Success, or why the request cannot go out: LocProtErr (a local key check failed),
     // LocQpOpErr (the socket refused the packet for good, e.g. larger than the IP MTU).
-    WcStatus send_request_packet(SqEntry& e, uint32_t pkt_index);
+    // `ask_ack`: the packet asks for an ACK whatever its place.
+    WcStatus send_request_packet(SqEntry& e, uint32_t pkt_index, bool ask_ack = false);
     WcStatus send_read_request(SqEntry& e);
     // Counts a request packet sent again (retransmitted_packets, device and QP).
     void count_request_resent();
@@ -199,6 +204,16 @@ class RcQp final : public QpCommon {
     // on CPUs the pollers need.
     enum class Resend { Loss, Probe };
     void rewind_to(uint32_t psn, Resend why = Resend::Loss);
+    // selective resends (rc_selective_resend.cpp)
+    // A sequence NAK for `psn` that moves the requester back: it sends that packet and its
+    // newest one again, alone, when the peer may keep what followed the lost one, and goes
+    // back N otherwise.
+    void on_sequence_nak(uint32_t psn);
+    // Sends packet `psn` and the newest one sent, asking for an ACK; false (nothing sent) if
+    // `psn` is not a SEND or WRITE packet.
+    bool resend_selected(uint32_t psn);
+    // What an answer acknowledging everything up to `acked` says of the peer.
+    void judge_selective(uint32_t acked);
     bool gather(const SqEntry& e, uint32_t offset, uint32_t len, std::span<iovec> iov,
                 size_t& niov) const;
 
@@ -233,12 +248,15 @@ class RcQp final : public QpCommon {
     // responder (rc_responder.cpp)
     // A request accepted in sequence but not executed yet: it came while READ responses
     // were still going out, and requests are executed in PSN order.
-    struct HeldRequest {
-        wire::Headers h;
-        const wire::OpcodeInfo* info = nullptr;
-        std::vector<uint8_t> payload;
-    };
+    using HeldRequest = StoredRequest;
     void on_request(const wire::ParsedPacket& pkt);
+    // A request in sequence: executed, or held behind READ responses. False if refused
+    // before its PSN was accepted (too many held).
+    bool accept_in_sequence(const wire::ParsedPacket& pkt);
+    // Keeps a request that came `ahead` PSNs early (early_requests.h), if the engine does.
+    void keep_early(const wire::ParsedPacket& pkt, uint32_t ahead);
+    // Runs the kept requests that follow in sequence now that `filled_psn` came.
+    void run_early(uint32_t filled_psn);
     void on_duplicate(const wire::ParsedPacket& pkt);
     void execute_request(const wire::ParsedPacket& pkt);
     void execute_one(const wire::ParsedPacket& pkt);  // execute_request's work
@@ -385,6 +403,14 @@ class RcQp final : public QpCommon {
     unsigned probes_sent_ = 0;                     // since the last progress
     uint32_t probe_psn_ = 0;                       // the packet probed (sent with AckReq)
     bool nak_resent_ = false;  // a sequence NAK rewound the requester; no progress since
+    // Selective resends (rc_selective_resend.cpp): whether the peer keeps requests that
+    // come after a lost one (early_requests.h), learnt from its answers.
+    enum class PeerKeeps : uint8_t { Unknown, Yes, No };
+    PeerKeeps peer_keeps_ = PeerKeeps::Unknown;
+    uint8_t keep_strikes_ = 0;     // answers that showed nothing kept, while Unknown
+    bool selective_open_ = false;  // a selective resend waits for its answer
+    uint32_t selective_psn_ = 0;   // the missing packet it sent again
+    uint32_t selective_tail_ = 0;  // the newest packet it sent with it
     bool tail_probe_possible() const;
     // 4.096 us * 2^timeout, as the IBA defines the local ACK timeout (0: none).
     uint64_t local_ack_timeout_us() const { return (4096ull << attrs_.timeout) / 1000; }
@@ -463,6 +489,15 @@ class RcQp final : public QpCommon {
     // docs/performance-log.md). The MSN stays ack_msn_: the messages this QP has completed.
     static constexpr uint32_t kNoResentPsn = 0xffffffff;
     uint32_t resent_high_ = kNoResentPsn;
+    // Requests that came ahead of a lost one (early_requests.h), run when it comes.
+    EarlyRequests early_;
+    bool draining_early_ = false;  // run_early() is running kept requests
+    // After kept requests ran: the newest PSN the requester has sent since (kNoResentPsn:
+    // none ran, or it has caught up). An ACK names nothing newer, for the same reason as
+    // resent_high_: the kernel's rxe, going back N, stops if an ACK completes a request it
+    // is still resending; a requester that sends only the missing packet and its newest
+    // one (rc_selective_resend.cpp) learns at once what the kept ones covered.
+    uint32_t early_ack_cap_ = kNoResentPsn;
 };
 
 }  // namespace uroce::transport

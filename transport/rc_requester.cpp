@@ -60,7 +60,7 @@ bool RcQp::gather(const SqEntry& e, uint32_t offset, uint32_t len, std::span<iov
     return gather_checked(engine_.memory(), e.wqe, pd_, offset, len, iov, niov);
 }
 
-WcStatus RcQp::send_request_packet(SqEntry& e, uint32_t pkt_index) {
+WcStatus RcQp::send_request_packet(SqEntry& e, uint32_t pkt_index, bool ask_ack) {
     const bool is_send = e.wqe.opcode == SendOpcode::Send ||
                          e.wqe.opcode == SendOpcode::SendWithImm ||
                          e.wqe.opcode == SendOpcode::SendWithInv;
@@ -103,7 +103,7 @@ WcStatus RcQp::send_request_packet(SqEntry& e, uint32_t pkt_index) {
     // tail probe, which repeats it, asks too.
     const bool fills_window =
         psn_diff(psn_add(h.bth.psn, 1), una_psn_) >= static_cast<int32_t>(window_.packets());
-    h.bth.ack_req = (last && !goes_on_after_current()) || fills_window ||
+    h.bth.ack_req = ask_ack || (last && !goes_on_after_current()) || fills_window ||
                     ++unrequested_ >= window_.ack_interval();
     if (h.bth.ack_req) unrequested_ = 0;
     if (first && !is_send) h.reth = {e.wqe.remote_addr, e.wqe.rkey, e.wqe.length};
@@ -283,6 +283,8 @@ WcStatus RcQp::run_local_op(const SendWqe& wqe) {
 // Go back N: send everything again from `psn`, the oldest PSN the responder lacks.
 void RcQp::rewind_to(uint32_t psn, Resend why) {
     if (why == Resend::Loss) engine_.note_loss();
+    // Its answer would now acknowledge resent packets too: no verdict on the peer from it.
+    selective_open_ = false;
     // What is resent times nothing (Karn); a timed packet before `psn` is not resent.
     if (rtt_timing_ && !psn_before(rtt_psn_, psn)) rtt_timing_ = false;
     for (size_t i = 0; i < sq_.size(); ++i) {

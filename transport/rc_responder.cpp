@@ -65,7 +65,13 @@ void RcQp::send_pending_ack(bool by_hold_timer) {
     // PSN arrived. READ responses acknowledge what came before them themselves.
     // An ACK for resent requests alone names the newest of them, not ack_psn_: see
     // resent_high_.
-    const uint32_t psn = resent_high_ != kNoResentPsn ? resent_high_ : ack_psn_;
+    uint32_t psn = resent_high_ != kNoResentPsn ? resent_high_ : ack_psn_;
+    if (early_ack_cap_ != kNoResentPsn) {
+        if (psn_after(psn, early_ack_cap_))
+            psn = early_ack_cap_;
+        else
+            early_ack_cap_ = kNoResentPsn;  // the requester has caught up
+    }
     forget_pending_ack();
     bump(engine_.counters().tx_acks);
     wire::Headers h;
@@ -322,11 +328,7 @@ void RcQp::run_held(uint32_t budget) {
         if (state_ == QpState::Reset || state_ == QpState::Init || state_ == QpState::Err) return;
         HeldRequest req = std::move(held_.front());
         held_.pop_front();
-        wire::ParsedPacket pkt;
-        pkt.h = req.h;
-        pkt.info = req.info;
-        pkt.payload = req.payload;
-        execute_request(pkt);
+        execute_request(req.view());
     }
 }
 
@@ -424,8 +426,12 @@ void RcQp::on_duplicate(const wire::ParsedPacket& pkt) {
 
 void RcQp::on_request(const wire::ParsedPacket& pkt) {
     const uint32_t psn = pkt.h.bth.psn;
-    const uint16_t flags = pkt.info->flags;
     const int32_t d = psn_diff(psn, epsn_);
+    // The requester has sent this far since the kept requests ran: the ACK may name it (a
+    // PSN further ahead than it can send is a forgery, and proves nothing).
+    if (early_ack_cap_ != kNoResentPsn && psn_after(psn, early_ack_cap_) &&
+        d < static_cast<int32_t>(EarlyRequests::kSpan))
+        early_ack_cap_ = psn;
     if (d < 0) {
         bump(engine_.counters().rx_duplicate);
         bump(qp_counters_.rx_duplicate);
@@ -434,6 +440,7 @@ void RcQp::on_request(const wire::ParsedPacket& pkt) {
     }
     if (d > 0) {
         bump(engine_.counters().rx_out_of_sequence);
+        keep_early(pkt, static_cast<uint32_t>(d));
         if (!nak_sent_) {
             nak_sent_ = true;
             bump(engine_.counters().tx_seq_naks);
@@ -445,12 +452,61 @@ void RcQp::on_request(const wire::ParsedPacket& pkt) {
         }
         return;
     }
+    if (!accept_in_sequence(pkt)) return;
+    if (!early_.empty()) run_early(psn);
+}
+
+void RcQp::keep_early(const wire::ParsedPacket& pkt, uint32_t ahead) {
+    if (!engine_.config().selective_recovery) return;
+    switch (early_.keep(pkt, ahead)) {
+        case EarlyRequests::Kept::Yes:
+            bump(engine_.counters().rx_early_kept);
+            break;
+        case EarlyRequests::Kept::Conflict:
+        case EarlyRequests::Kept::NoBudget:
+            bump(engine_.counters().rx_early_dropped);
+            break;
+        case EarlyRequests::Kept::Already:
+        case EarlyRequests::Kept::NotKind:
+        case EarlyRequests::Kept::TooFar:
+            break;
+    }
+}
+
+void RcQp::run_early(uint32_t filled_psn) {
+    // The kept requests that now follow in sequence run as if they had just arrived. The
+    // requester may not have sent them again yet: the ACK names none of them until it has
+    // (early_ack_cap_).
+    StoredRequest req;
+    bool ran = false;
+    bool stopped = false;
+    draining_early_ = true;
+    while (state_ != QpState::Err && early_.take(epsn_, req)) {
+        const uint32_t before = epsn_;
+        bump(engine_.counters().rx_early_run);
+        ran = true;
+        if (!accept_in_sequence(req.view()) || epsn_ == before) {
+            stopped = true;
+            break;
+        }
+    }
+    draining_early_ = false;
+    if (stopped || state_ == QpState::Err) {
+        early_.clear();  // refused, or receiver not ready: the requester sends them again
+    } else {
+        early_.forget_before(epsn_);
+    }
+    if (ran && early_ack_cap_ == kNoResentPsn) early_ack_cap_ = filled_psn;
+}
+
+bool RcQp::accept_in_sequence(const wire::ParsedPacket& pkt) {
+    const uint16_t flags = pkt.info->flags;
     // Requests execute in PSN order: while READ responses are still going out, a later
     // SEND or WRITE (and everything after it) waits. Later READs queue as resources.
     const bool wait = !held_.empty() || (!(flags & wire::kRead) && reads_.busy());
     if (wait && held_.size() >= kMaxHeld) {
         bump(engine_.counters().rx_held_overflow);
-        return;
+        return false;
     }
     nak_sent_ = false;
     epsn_ =
@@ -458,9 +514,10 @@ void RcQp::on_request(const wire::ParsedPacket& pkt) {
     if (wait) {
         held_.push_back(HeldRequest{pkt.h, pkt.info, {pkt.payload.begin(), pkt.payload.end()}});
         schedule_responder();
-        return;
+        return true;
     }
     execute_request(pkt);
+    return true;
 }
 
 bool RcQp::length_ok(const wire::ParsedPacket& pkt, bool starts, bool ends) const {
@@ -519,6 +576,14 @@ void RcQp::execute_one(const wire::ParsedPacket& pkt) {
     const uint32_t len = static_cast<uint32_t>(pkt.payload.size());
     const bool needs_recv = (flags & wire::kSend) ? starts : (ends && with_imm);
     if (needs_recv && !acquire_recv()) {
+        if (draining_early_) {
+            // A kept request: the requester may not have sent it again yet, and an RNR NAK
+            // would acknowledge what came before it. It goes, with the kept ones after it;
+            // the requester's resend draws the RNR NAK in sequence.
+            epsn_ = psn;
+            held_.clear();
+            return;
+        }
         // Receiver not ready: the requester waits and sends this packet again, and
         // everything after it, which is why what was held behind it goes too.
         bump(engine_.counters().tx_rnr_naks);
@@ -527,6 +592,7 @@ void RcQp::execute_one(const wire::ParsedPacket& pkt) {
         nak_sent_ = true;
         epsn_ = psn;
         held_.clear();
+        early_.clear();
         send_ack(psn, wire::Aeth::make(wire::AckType::RnrNak, attrs_.min_rnr_timer));
         return;
     }

@@ -172,6 +172,9 @@ struct PairOptions {
     bool ecn = false;
     // EngineConfig::resend_burst of both.
     uint32_t resend_burst = ResendBudget::kBurst;
+    // EngineConfig::selective_recovery and early_request_bytes of both.
+    bool selective = true;
+    size_t early_bytes = size_t{32} << 20;
     // EngineConfig::pcap_path of a and b (empty: no capture).
     std::string pcap_a, pcap_b;
     // a and b each a device of its own (a slot table in a scratch directory), both listed as
@@ -332,6 +335,8 @@ class Pair {
         config.ack_hold_micros = opt.ack_hold_micros;
         config.answer_window_micros = opt.answer_window_micros;
         config.resend_burst = opt.resend_burst;
+        config.selective_recovery = opt.selective;
+        config.early_request_bytes = opt.early_bytes;
         config.pcap_path = pcap;
         std::string error;
         int err = 0;

@@ -1,0 +1,126 @@
+// RC requester: after a sequence NAK, the missing packet alone, when the peer keeps what
+// followed it.
+//
+// IBA's requester goes back N: a NAK for PSN X sends X and everything after it again, since
+// the responder dropped everything after X. A responder that keeps those packets
+// (early_requests.h: uroce's own) needs only X. So the requester sends X and its newest
+// packet T again, both asking for an ACK, and nothing else. X lets the responder run what it
+// kept; T lets it name in its ACK what it ran (it names nothing the requester has not sent
+// since the NAK, for the sake of requesters that go back N). The answer tells which peer
+// this is:
+//   - it acknowledges a packet between X and T, which was not sent again: the peer keeps
+//     (PeerKeeps::Yes), and a resend of one packet repaired a loss that cost a window;
+//   - a NAK for X + 1 (the peer took X, then found T out of sequence): it dropped what
+//     followed X, or lost X + 1 too. The requester goes back N from X + 1, as it would have
+//     from X, one round trip later; after kKeepStrikes such answers before any proof of
+//     keeping, it goes back N at once for the rest of the connection (the kernel's rxe and
+//     NICs without out-of-order placement cost two round trips, once).
+// A selective resend is never answered by another: two losses in a row go back N. The
+// timer's resends (a lost X, a lost answer) go back N as before.
+#include "transport/engine.h"
+#include "transport/psn.h"
+#include "transport/rc_qp.h"
+
+namespace uroce::transport {
+
+namespace {
+
+// Answers showing nothing kept, before any showed something kept, after which the requester
+// only goes back N.
+constexpr uint8_t kKeepStrikes = 2;
+
+}  // namespace
+
+void RcQp::on_sequence_nak(uint32_t psn) {
+    // Resend from the PSN the responder expects, once per PSN: the NAKs for a burst of
+    // out-of-order packets all name the same one.
+    spurious_.on_loss();
+    if (!has_outstanding() || psn == last_rewind_psn_) return;
+    last_rewind_psn_ = psn;
+    bool go_back = peer_keeps_ == PeerKeeps::No || !engine_.config().selective_recovery;
+    if (selective_open_) {
+        const uint32_t acked = psn_add(psn, kPsnMask);
+        if (acked == selective_psn_) {
+            // Only the resent packet was taken: nothing after it was kept, or the next one
+            // was lost too. Go back N from there.
+            selective_open_ = false;
+            go_back = true;
+            if (peer_keeps_ == PeerKeeps::Unknown && ++keep_strikes_ >= kKeepStrikes)
+                peer_keeps_ = PeerKeeps::No;
+        } else {
+            judge_selective(acked);
+        }
+    }
+    note_window_loss(psn);
+    if (go_back || !resend_selected(psn)) rewind_to(psn);
+    // The peer is alive and waiting for the resent packets: give them a whole timeout from
+    // now, and a probe if they do not come (rc_qp.h).
+    nak_resent_ = true;
+    restart_timer();
+}
+
+void RcQp::judge_selective(uint32_t acked) {
+    // Nothing after the resent packet acknowledged yet: no verdict (an ACK for X alone may
+    // come before the one for T).
+    if (!psn_after(acked, selective_psn_)) return;
+    selective_open_ = false;
+    // X + 1 was not sent again (it lies before T): the peer had kept it.
+    if (psn_before(psn_add(selective_psn_, 1), selective_tail_)) {
+        peer_keeps_ = PeerKeeps::Yes;
+        keep_strikes_ = 0;
+    }
+}
+
+bool RcQp::resend_selected(uint32_t psn) {
+    // The sq_ index of the SEND or WRITE whose PSNs hold `p`, or -1.
+    const auto index_of = [this](uint32_t p) -> int64_t {
+        for (size_t i = 0; i < sq_.size(); ++i) {
+            const SqEntry& e = sq_[i];
+            if (!e.assigned) break;
+            const int32_t d = psn_diff(p, e.psn);
+            if (d < 0 || d >= static_cast<int32_t>(e.npkts)) continue;
+            if (is_local_op(e.wqe.opcode) || takes_responder_resource(e.wqe.opcode)) return -1;
+            return static_cast<int64_t>(i);
+        }
+        return -1;
+    };
+    const int64_t x = index_of(psn);
+    if (x < 0) return false;
+    // Without its newest packet the answer would say nothing kept, and a peer that keeps
+    // nothing would wait for the timer: then go back N.
+    const uint32_t tail = psn_add(sent_high_, kPsnMask);
+    const int64_t t = psn_after(tail, psn) ? index_of(tail) : -1;
+    if (t < 0 && tail != psn) return false;
+
+    engine_.note_loss();
+    // What is resent times nothing (Karn).
+    if (rtt_timing_ && !psn_before(rtt_psn_, psn)) rtt_timing_ = false;
+    TransmitBatch* const outer = tx_batch_;
+    TransmitBatch batch(engine_, &qp_counters_);
+    if (!outer) tx_batch_ = &batch;
+    const auto resend = [this](int64_t i, uint32_t p) {
+        SqEntry& e = sq_[static_cast<size_t>(i)];
+        tx_batch_->set_tag(static_cast<uint32_t>(i));
+        const WcStatus status =
+            send_request_packet(e, static_cast<uint32_t>(psn_diff(p, e.psn)), true);
+        if (status == WcStatus::Success) count_request_resent();
+        return status == WcStatus::Success;
+    };
+    bool ok = resend(x, psn);
+    if (ok && t >= 0) ok = resend(t, tail);
+    if (!outer) {
+        ok = flush_tx_batch() && ok;
+        tx_batch_ = nullptr;
+    }
+    // A packet that could not go: going back N meets the same failure and ends the request
+    // with it, as pump_window does.
+    if (!ok) return false;
+    bump(engine_.counters().selective_resends);
+    bump(qp_counters_.selective_resends);
+    selective_open_ = t >= 0;
+    selective_psn_ = psn;
+    selective_tail_ = tail;
+    return true;
+}
+
+}  // namespace uroce::transport
