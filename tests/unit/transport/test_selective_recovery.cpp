@@ -369,6 +369,25 @@ struct SilentResponder {
         for (const auto& [psn, ack] : sends(at_least)) out.push_back(psn);
         return out;
     }
+    // An 8-packet WRITE from PSN `first` whose packet first + 2 is lost, then first + 3 too
+    // (or dropped by the peer): a selective resend, then go-back-N from first + 3.
+    void tried_then_back(uint64_t wr_id, uint32_t first) {
+        write8(wr_id);
+        nak(first + 2);
+        CHECK(psns(2) == std::vector<uint32_t>{first + 2, first + 7});
+        nak(first + 3);
+        CHECK(psns(5) ==
+              std::vector<uint32_t>{first + 3, first + 4, first + 5, first + 6, first + 7});
+        done(first + 7, wr_id);
+    }
+    // An 8-packet WRITE from PSN `first` whose packet first + 2 is lost: go-back-N at once.
+    void back_at_once(uint64_t wr_id, uint32_t first) {
+        write8(wr_id);
+        nak(first + 2);
+        CHECK(psns(6) == std::vector<uint32_t>{first + 2, first + 3, first + 4, first + 5,
+                                               first + 6, first + 7});
+        done(first + 7, wr_id);
+    }
     void done(uint32_t last_psn, uint64_t wr_id) {
         peer.inject(peer.ack(last_psn));
         const Completion c = p.wait_one(*p.a.scq);
@@ -404,22 +423,9 @@ TEST_CASE("Requester: a sequence NAK draws the lost packet and the newest one, a
 TEST_CASE("Requester: a peer that keeps nothing gets go-back-N, after two tries for good",
           "[selective][requester]") {
     SilentResponder t;
-    t.write8(1);  // PSNs 0-7
-    t.nak(2);
-    CHECK(t.psns(2) == Psns{2, 7});
-    t.nak(3);  // it took 2 only: what followed was dropped
-    CHECK(t.psns(5) == Psns{3, 4, 5, 6, 7});
-    t.done(7, 1);
-    t.write8(2);  // PSNs 8-15
-    t.nak(10);
-    CHECK(t.psns(2) == Psns{10, 15});  // a second try
-    t.nak(11);
-    CHECK(t.psns(5) == Psns{11, 12, 13, 14, 15});
-    t.done(15, 2);
-    t.write8(3);  // PSNs 16-23
-    t.nak(18);
-    CHECK(t.psns(6) == Psns{18, 19, 20, 21, 22, 23});  // go-back-N at once
-    t.done(23, 3);
+    t.tried_then_back(1, 0);  // PSNs 0-7: a first try
+    t.tried_then_back(2, 8);  // PSNs 8-15: a second
+    t.back_at_once(3, 16);    // PSNs 16-23: no more
     CHECK(t.p.a.counters().selective_resends.load() == 2);
 }
 
@@ -432,13 +438,8 @@ TEST_CASE("Requester: a peer that kept is answered selectively, a loss in a row 
     t.nak(5);  // it had 3 and 4, never sent again: it keeps; 5 is missing too
     CHECK(t.psns(2) == Psns{5, 7});
     t.done(7, 1);
-    t.write8(2);  // PSNs 8-15
-    t.nak(10);
-    CHECK(t.psns(2) == Psns{10, 15});
-    t.nak(11);  // 11 lost as well: go back N from there, once
-    CHECK(t.psns(5) == Psns{11, 12, 13, 14, 15});
-    t.done(15, 2);
-    t.write8(3);  // PSNs 16-23
+    t.tried_then_back(2, 8);  // PSNs 8-15: 11 lost as well, go back N from there, once
+    t.write8(3);              // PSNs 16-23
     t.nak(18);
     CHECK(t.psns(2) == Psns{18, 23});  // still known to keep
     t.done(23, 3);
@@ -522,20 +523,7 @@ TEST_CASE("Requester: an answer covering only packets sent again proves nothing 
     CHECK(t.psns(2) == Psns{2, 3});
     t.done(3, 1);  // 2 and 3 both came again: no proof that the peer keeps
     // So two answers showing nothing kept still make it give up.
-    t.write8(2);  // PSNs 4-11
-    t.nak(6);
-    CHECK(t.psns(2) == Psns{6, 11});
-    t.nak(7);
-    CHECK(t.psns(5) == Psns{7, 8, 9, 10, 11});
-    t.done(11, 2);
-    t.write8(3);  // PSNs 12-19
-    t.nak(14);
-    CHECK(t.psns(2) == Psns{14, 19});
-    t.nak(15);
-    CHECK(t.psns(5) == Psns{15, 16, 17, 18, 19});
-    t.done(19, 3);
-    t.write8(4);  // PSNs 20-27
-    t.nak(22);
-    CHECK(t.psns(6) == Psns{22, 23, 24, 25, 26, 27});
-    t.done(27, 4);
+    t.tried_then_back(2, 4);   // PSNs 4-11
+    t.tried_then_back(3, 12);  // PSNs 12-19
+    t.back_at_once(4, 20);     // PSNs 20-27
 }
