@@ -533,14 +533,17 @@ void RcQp::note_progress() {
     nak_resent_ = false;
 }
 
+bool RcQp::resending() const {
+    if (send_index_ >= sq_.size()) return false;
+    const SqEntry& next = sq_[send_index_];
+    return next.assigned && psn_before(psn_add(next.psn, send_pkt_), sent_high_);
+}
+
 bool RcQp::tail_probe_possible() const {
     // Only a SEND or WRITE packet: a READ or atomic request sent again is executed again
     // (a READ's responses all come back), which is the retransmission timeout's business.
     // And only when the requester is not already resending.
-    if (send_index_ < sq_.size()) {
-        const SqEntry& next = sq_[send_index_];
-        if (next.assigned && psn_before(psn_add(next.psn, send_pkt_), sent_high_)) return false;
-    }
+    if (resending()) return false;
     // The last packet sent belongs to one of the last requests sent: search from there (this
     // runs at every ACK, and a deep queue holds hundreds of outstanding requests).
     const uint32_t last = psn_add(sent_high_, kPsnMask);

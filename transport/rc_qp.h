@@ -412,6 +412,8 @@ class RcQp final : public QpCommon {
     uint32_t selective_psn_ = 0;   // the missing packet it sent again
     uint32_t selective_tail_ = 0;  // the newest packet it sent with it
     bool tail_probe_possible() const;
+    // The next packet to go is one sent before: a go-back-N is under way.
+    bool resending() const;
     // 4.096 us * 2^timeout, as the IBA defines the local ACK timeout (0: none).
     uint64_t local_ack_timeout_us() const { return (4096ull << attrs_.timeout) / 1000; }
     // The probe that goes back N (above): counted as a probe (tail_probes), not as an

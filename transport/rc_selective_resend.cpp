@@ -15,8 +15,9 @@
 //     from X, one round trip later; after kKeepStrikes such answers before any proof of
 //     keeping, it goes back N at once for the rest of the connection (the kernel's rxe and
 //     NICs without out-of-order placement cost two round trips, once).
-// A selective resend is never answered by another: two losses in a row go back N. The
-// timer's resends (a lost X, a lost answer) go back N as before.
+// A selective resend is never answered by another: two losses in a row go back N, and so
+// does a NAK while a go-back-N is still under way. The timer's resends (a lost X, a lost
+// answer) go back N as before.
 #include "transport/engine.h"
 #include "transport/psn.h"
 #include "transport/rc_qp.h"
@@ -84,6 +85,10 @@ bool RcQp::resend_selected(uint32_t psn) {
         }
         return -1;
     };
+    // In the middle of a go-back-N (the window let only part of it out) the packets after
+    // `psn` go again anyway, in order: an answer acknowledging them would pass for proof of
+    // keeping. Go back N.
+    if (resending()) return false;
     const int64_t x = index_of(psn);
     if (x < 0) return false;
     // Without its newest packet the answer would say nothing kept, and a peer that keeps

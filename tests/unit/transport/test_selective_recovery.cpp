@@ -340,6 +340,7 @@ struct SilentResponder {
     static PairOptions options() {
         PairOptions o;
         o.adaptive = false;
+        o.mem_bytes = 512 * 1024;
         return o;
     }
     // Posts an 8-packet WRITE and waits until all of it went out; clears the record.
@@ -534,4 +535,32 @@ TEST_CASE("Requester: an answer covering only packets sent again proves nothing 
     t.tried_then_back(2, 4);   // PSNs 4-11
     t.tried_then_back(3, 12);  // PSNs 12-19
     t.back_at_once(4, 20);     // PSNs 20-27
+}
+
+TEST_CASE("Requester: a NAK in the middle of a go-back-N goes back N", "[selective][requester]") {
+    SilentResponder t;
+    // 300 packets: the first pump sends a window of 256 (PSNs 0-255).
+    constexpr uint32_t kPackets = 300;
+    REQUIRE(t.p.a.mem.size() >= kPackets * kMtu);
+    REQUIRE(t.p.a.qp->post_send(rdma_wqe(SendOpcode::RdmaWrite, 1, {t.p.a.sge(0, kPackets * kMtu)},
+                                         t.p.b.iova, t.p.b.keys.rkey)) == 0);
+    REQUIRE(t.p.wait_until([&] { return t.a_out.packets().size() >= 256; }));
+    t.p.wait_until([] { return false; }, 30ms);
+    t.a_out.clear();
+    t.nak(2);
+    CHECK(t.psns(2) == Psns{2, 255});
+    // Nothing kept: go back N from 3, within the window the NAK halved (128 from PSN 3).
+    t.nak(3);
+    const Psns back = t.psns(128);
+    REQUIRE(back.size() == 128);
+    CHECK(back.front() == 3);
+    CHECK(back.back() == 130);
+    // Packet 50 of that resend was lost: 131-255 are still to go again, so the NAK goes back
+    // N from 50, not a selective resend of 50 and 255.
+    t.nak(50);
+    const Psns again = t.psns(2);
+    REQUIRE(again.size() >= 2);
+    CHECK(again[0] == 50);
+    CHECK(again[1] == 51);
+    CHECK(t.p.a.counters().selective_resends.load() == 1);
 }
