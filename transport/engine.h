@@ -359,8 +359,11 @@ class Engine {
     TransmitResult flush(TransmitBatch& batch);
     // GSO on: the configuration asked for it and no path has refused it yet.
     bool gso_enabled() const { return gso_.load(std::memory_order_relaxed); }
-    // Some UROCE_FAULTS rule may fault packets travelling `direction`.
-    bool faults_on(FaultDirection direction) const { return faults_.enabled(direction); }
+    // Some UROCE_FAULTS rule may send a packet travelling `direction` alone, outside any GSO
+    // train (corrupted, twice, late or marked CE; a rule that only loses packets never does).
+    bool faults_single_out(FaultDirection direction) const {
+        return faults_.singles_out(direction);
+    }
 
   private:
     // Asks the transmit filter about the packet gathered from `iov`.

@@ -93,6 +93,13 @@ class FaultInjector {
         return drop_ != 0 || corrupt_ != 0 || duplicate_ != 0 || burst_enter_ != 0 ||
                delay_us_ != 0 || jitter_us_ != 0 || reorder_ != 0 || ce_ != 0;
     }
+    // Whether some packet may leave altered or at another time (corrupted, twice, held back
+    // or marked CE): such a packet travels alone, outside any GSO train. A rule that only
+    // loses packets (`drop`, `burst`) never does.
+    bool singles_out() const {
+        return corrupt_ != 0 || duplicate_ != 0 || delay_us_ != 0 || jitter_us_ != 0 ||
+               reorder_ != 0 || ce_ != 0;
+    }
     // Whether the rule sees a packet travelling `direction` with this BTH opcode and
     // destination QP.
     bool matches(FaultDirection direction, uint8_t opcode, uint32_t dest_qp) const;

@@ -30,7 +30,9 @@ FaultPlan::FaultPlan(const std::vector<FaultConfig>& rules) {
     for (const FaultConfig& cfg : rules) {
         auto rule = std::make_unique<FaultInjector>(cfg);
         if (!rule->enabled()) continue;  // draws nothing: seeds of the others unchanged
-        (cfg.direction == FaultDirection::Tx ? tx_ : rx_) = true;
+        const bool tx = cfg.direction == FaultDirection::Tx;
+        (tx ? tx_ : rx_) = true;
+        if (rule->singles_out()) (tx ? tx_alone_ : rx_alone_) = true;
         rules_.push_back(std::move(rule));
     }
 }

@@ -30,12 +30,17 @@ class FaultPlan {
     bool enabled(FaultDirection direction) const {
         return direction == FaultDirection::Tx ? tx_ : rx_;
     }
+    // Some rule may send a packet travelling `direction` alone (FaultInjector::singles_out).
+    bool singles_out(FaultDirection direction) const {
+        return direction == FaultDirection::Tx ? tx_alone_ : rx_alone_;
+    }
     // The fault for a packet travelling `direction` with this BTH opcode and destination QP.
     FaultDecision next(FaultDirection direction, uint8_t opcode, uint32_t dest_qp);
 
   private:
     std::vector<std::unique_ptr<FaultInjector>> rules_;  // the mutex inside does not move
     bool tx_ = false, rx_ = false;
+    bool tx_alone_ = false, rx_alone_ = false;
 };
 
 }  // namespace uroce::transport

@@ -153,9 +153,11 @@ int RcQp::post_send(const SendWqe& wqe, bool more) {
 }
 
 bool RcQp::leads_ack(const SendWqe& wqe) const {
-    // Never with faults on the way out: a faulted packet leaves alone, and the ACK would
-    // follow the answer in a datagram of its own.
-    if (!answer_leads_ack_ || !engine_.gso_enabled() || engine_.faults_on(FaultDirection::Tx))
+    // Never while a fault may single a packet out: it leaves alone, and the ACK would follow
+    // the answer in a datagram of its own. Losses alone change no order: a lost answer or
+    // ACK is missing from the train, the rest of it goes as before.
+    if (!answer_leads_ack_ || !engine_.gso_enabled() ||
+        engine_.faults_single_out(FaultDirection::Tx))
         return false;
     // The answer alone in the batch (nothing else to send or send again: a packet that
     // completes something at the peer in an earlier train would be taken before the ACK),

@@ -224,6 +224,47 @@ TEST_CASE("A SEND answer keeps its ACK first while packets may be faulted", "[an
     CHECK(index_of(sent, wire::Opcode::RcAcknowledge) == 0);
 }
 
+TEST_CASE("A SEND answer leads its ACK while faults can only lose packets", "[answer_first]") {
+    // A rule that loses packets never sends one alone: the train stays as it would be. The
+    // rule sees only CNPs, which b never sends: it is on, and loses nothing here.
+    for (const bool burst : {false, true}) {
+        CAPTURE(burst);
+        PairOptions o = holding();
+        if (burst)
+            o.faults_b.burst_enter = 1.0;
+        else
+            o.faults_b.drop = 1.0;
+        o.faults_b.op_classes = kOpCnp;
+        AnsweringPair ap(o);
+        Pair& p = ap.p;
+        const uint64_t trains0 = p.b.counters().tx_gso_sends.load();
+        const auto sent = answer_with(ap, 91, send_answer(p, 92, kLen));
+        REQUIRE(sent.size() == 2);
+        CHECK(index_of(sent, wire::Opcode::RcSendOnly) == 0);
+        CHECK(index_of(sent, wire::Opcode::RcAcknowledge) == 1);
+        CHECK(p.b.counters().tx_gso_sends.load() == trains0 + 1);
+    }
+}
+
+TEST_CASE("A SEND answer lost from the train its ACK closes comes again, after that ACK",
+          "[answer_first]") {
+    // b's first SEND packet is lost: the ACK it led goes alone, a completes its request, and
+    // b's tail-loss probe (adaptive retransmission on) brings the answer.
+    PairOptions o = holding();
+    o.adaptive = true;
+    o.faults_b.drop = 1.0;
+    o.faults_b.op_classes = kOpSend;
+    o.faults_b.until = 1;
+    AnsweringPair ap(o);
+    Pair& p = ap.p;
+    const auto sent = answer_with(ap, 93, send_answer(p, 94, kLen));
+    CHECK(p.b.counters().tx_dropped_fault.load() == 1);
+    CHECK(p.b.counters().tail_probes.load() >= 1);
+    REQUIRE(sent.size() >= 2);
+    CHECK(index_of(sent, wire::Opcode::RcAcknowledge) == 0);
+    CHECK(index_of(sent, wire::Opcode::RcSendOnly) == 1);
+}
+
 TEST_CASE("A SEND answer to a device that is not this host's keeps its ACK first",
           "[answer_first]") {
     AnsweringPair ap(holding(false));
