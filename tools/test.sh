@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The whole test suite: install, build (normal, ASan+UBSan, and clang as a compile check),
-# run every test.
+# The whole test suite: install, build (normal, ASan+UBSan, and clang and -O3 as compile
+# checks), run every test.
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 "$top/tools/setup.sh"
@@ -18,6 +18,13 @@ ninja -C "$top/build-asan" >/dev/null
 echo "== build with clang (compile check)"
 [[ -f "$top/build-clang/build.ninja" ]] || CXX=clang++ meson setup "$top/build-clang" "$top" >/dev/null
 ninja -C "$top/build-clang" >/dev/null
+# GCC at -O3 (buildtype release): some warnings come only from its optimizer's flow
+# analysis (-Wstringop-overflow, -Wmaybe-uninitialized), and a user's release build must
+# compile too.
+echo "== build with -O3 (compile check)"
+[[ -f "$top/build-release/build.ninja" ]] ||
+  meson setup "$top/build-release" "$top" --buildtype=release >/dev/null
+ninja -C "$top/build-release" >/dev/null
 
 status=0
 echo "== tests"
