@@ -9,6 +9,7 @@
 #include <array>
 #include <cerrno>
 #include <cstring>
+#include <ctime>
 #include <map>
 
 namespace uroce::transport {
@@ -99,8 +100,11 @@ std::shared_ptr<PacketCapture> PacketCapture::open(const std::string& pattern, s
         if (auto existing = it->second.lock()) return existing;
         r.erase(it);
     }
-    pcap_t* handle =
-        pcap_open_dead(DLT_EN10MB, static_cast<int>(kFrameHeadBytesV6 + kMaxUdpPayload));
+    // Nanosecond timestamps: the packets of a train, or an answer and its ACK, leave within
+    // a microsecond of each other, and a round trip between devices of one host takes a few.
+    pcap_t* handle = pcap_open_dead_with_tstamp_precision(
+        DLT_EN10MB, static_cast<int>(kFrameHeadBytesV6 + kMaxUdpPayload),
+        PCAP_TSTAMP_PRECISION_NANO);
     if (!handle) {
         error = "libpcap could not make a capture handle";
         err = ENOMEM;
@@ -208,10 +212,14 @@ void PacketCapture::write(const wire::IpFlow& flow, uint16_t identification, uin
         // No UDP checksum: IPv4 allows it, and the ICRC masks it anyway.
     }
     pcap_pkthdr hdr{};
-    ::gettimeofday(&hdr.ts, nullptr);
     hdr.caplen = static_cast<bpf_u_int32>(at);
     hdr.len = static_cast<bpf_u_int32>(head + len);
     std::lock_guard lock(mutex_);
+    // Under the lock: frames are in the file in the order of their timestamps.
+    timespec now{};
+    ::clock_gettime(CLOCK_REALTIME, &now);
+    hdr.ts.tv_sec = now.tv_sec;
+    hdr.ts.tv_usec = static_cast<suseconds_t>(now.tv_nsec);  // nanoseconds in such a file
     pcap_dump(reinterpret_cast<u_char*>(dumper_), &hdr, frame.data());
     ++frames_;
 }

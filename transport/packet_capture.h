@@ -10,9 +10,10 @@
 // The MAC addresses are made up (02:00 + the IPv4 address, or the IPv6 address's last four
 // bytes): loopback and UDP have none. IPv6 frames carry their UDP checksum, which IPv6 requires.
 //
-// Files are written with libpcap's writer (classic pcap, Ethernet link type, microsecond
-// timestamps). Engines of one process that name the same file share one writer; "%p" in
-// the name becomes the process id, so several processes can each have their own file.
+// Files are written with libpcap's writer (classic pcap, Ethernet link type, nanosecond
+// timestamps of the system clock, taken as each frame is written). Engines of one process
+// that name the same file share one writer; "%p" in the name becomes the process id, so
+// several processes can each have their own file.
 #pragma once
 
 #include <sys/uio.h>

@@ -8,7 +8,9 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <cstdio>
 #include <cstdlib>
+#include <ctime>
 #include <filesystem>
 
 #include "tests/unit/transport/engine_pair.h"
@@ -26,7 +28,8 @@ struct Frame {
     IpAddress src_ip, dst_ip;
     uint16_t src_port = 0, dst_port = 0;
     uint16_t id = 0;
-    uint8_t ecn = 0;  // the IP header's ECN field
+    uint8_t ecn = 0;    // the IP header's ECN field
+    int64_t ts_ns = 0;  // the frame's timestamp, nanoseconds since the epoch
     std::vector<uint8_t> udp_payload;
 };
 
@@ -40,7 +43,9 @@ uint32_t get32(const uint8_t* p) {
 // Every frame of `path`, each checked for what a capture of the wire would show.
 std::vector<Frame> read_capture(const std::string& path) {
     char err[PCAP_ERRBUF_SIZE];
-    pcap_t* p = pcap_open_offline(path.c_str(), err);
+    // At the file's own precision: libpcap would round nanoseconds to microseconds.
+    pcap_t* p =
+        pcap_open_offline_with_tstamp_precision(path.c_str(), PCAP_TSTAMP_PRECISION_NANO, err);
     INFO(path << ": " << err);
     REQUIRE(p);
     REQUIRE(pcap_datalink(p) == DLT_EN10MB);
@@ -94,6 +99,7 @@ std::vector<Frame> read_capture(const std::string& path) {
             f.dst_ip = IpAddress::v4(get32(ip + 16));
             f.id = get16(ip + 4);
         }
+        f.ts_ns = int64_t{h->ts.tv_sec} * 1'000'000'000 + h->ts.tv_usec;
         f.src_port = get16(udp);
         f.dst_port = get16(udp + 2);
         f.udp_payload.assign(udp + 8, d + h->caplen);
@@ -106,6 +112,39 @@ std::vector<Frame> read_capture(const std::string& path) {
     }
     pcap_close(p);
     return out;
+}
+
+int64_t realtime_ns() {
+    timespec t{};
+    ::clock_gettime(CLOCK_REALTIME, &t);
+    return int64_t{t.tv_sec} * 1'000'000'000 + t.tv_nsec;
+}
+
+// The first four bytes of `path`, as the host reads them (libpcap writes its magic in the
+// host's byte order).
+uint32_t file_magic(const std::string& path) {
+    uint32_t magic = 0;
+    FILE* f = std::fopen(path.c_str(), "rb");
+    REQUIRE(f);
+    const size_t got = std::fread(&magic, sizeof magic, 1, f);
+    std::fclose(f);
+    REQUIRE(got == 1);
+    return magic;
+}
+
+// Frames of one file: timestamps of this run, in nanoseconds, in file order.
+void check_timestamps(const std::vector<Frame>& frames, int64_t from_ns, int64_t to_ns) {
+    size_t sub_microsecond = 0;
+    for (size_t i = 0; i < frames.size(); ++i) {
+        INFO("frame " << i + 1);
+        CHECK(frames[i].ts_ns >= from_ns);
+        CHECK(frames[i].ts_ns <= to_ns);
+        if (i > 0) CHECK(frames[i].ts_ns >= frames[i - 1].ts_ns);
+        sub_microsecond += frames[i].ts_ns % 1000 != 0;
+    }
+    // Some frame's timestamp is not a whole microsecond (all of them would be, one in 1000^n,
+    // with microsecond timestamps scaled up).
+    CHECK(sub_microsecond > 0);
 }
 
 class TempDir {
@@ -180,6 +219,7 @@ TEST_CASE("UROCE_PCAP: one frame per packet sent and received, ICRC right for it
     o.pcap_b = dir.file("b.pcap");
     IpAddress ip_a, ip_b;
     uint64_t a_tx = 0, a_rx = 0, b_tx = 0, b_rx = 0, trains = 0, multi = 0;
+    const int64_t from_ns = realtime_ns();
     {
         Pair p(o);
         p.connect();
@@ -198,8 +238,14 @@ TEST_CASE("UROCE_PCAP: one frame per packet sent and received, ICRC right for it
         trains = p.a.counters().tx_gso_sends.load() + p.b.counters().tx_gso_sends.load();
         multi = p.a.counters().tx_multi_sends.load() + p.b.counters().tx_multi_sends.load();
     }  // the engines close: the files are complete
+    const int64_t to_ns = realtime_ns();
     const auto a = read_capture(o.pcap_a);
     const auto b = read_capture(o.pcap_b);
+    // libpcap's nanosecond magic, and timestamps to match.
+    CHECK(file_magic(o.pcap_a) == 0xa1b23c4d);
+    CHECK(file_magic(o.pcap_b) == 0xa1b23c4d);
+    check_timestamps(a, from_ns, to_ns);
+    check_timestamps(b, from_ns, to_ns);
     CHECK(a.size() == a_tx + a_rx);
     CHECK(b.size() == b_tx + b_rx);
     CHECK(from(a, ip_a).size() == a_tx);
