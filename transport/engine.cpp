@@ -120,6 +120,8 @@ std::unique_ptr<Engine> Engine::create(const EngineConfig& config, std::string& 
         std::make_unique<TimerQueue::Timer>(*e->timers_, &Engine::on_delay_due, e.get());
     e->held_acks_timer_ =
         std::make_unique<TimerQueue::Timer>(*e->timers_, &Engine::on_held_acks_due, e.get());
+    e->capture_timer_ =
+        std::make_unique<TimerQueue::Timer>(*e->timers_, &Engine::on_capture_due, e.get());
     if (!e->stop_event_) {
         err = ENOMEM;
         error = "cannot create the event loop";
@@ -201,6 +203,9 @@ Engine::~Engine() {
     if (stop_event_) event_free(stop_event_);
     delay_timer_.reset();  // held packets are lost with the engine
     held_acks_timer_.reset();
+    capture_timer_.reset();
+    // Another engine of this process may keep the file open: this one's frames go now.
+    if (capture_) capture_->flush();
     timers_.reset();
     if (base_) event_base_free(base_);
 }
@@ -457,6 +462,19 @@ std::shared_ptr<Qp> Engine::qp_numbered(uint32_t qpn) const {
     return it != qps_.end() ? it->second : nullptr;
 }
 
+void Engine::note_capture_written() {
+    if (capture_->flush_if_due() && !capture_timer_armed_.exchange(true))
+        capture_timer_->arm_in(PacketCapture::kFlushAfterNanos);
+}
+
+void Engine::on_capture_due(void* arg) {
+    auto* e = static_cast<Engine*>(arg);
+    const auto pass = e->fork_gate_.pass();
+    // Cleared first: a frame written from here on arms the timer again.
+    e->capture_timer_armed_.store(false);
+    e->capture_->flush();
+}
+
 void Engine::on_handed_back() {
     send_held_posts();
     // The ACKs the pollers held last (note_held_ack): sent if they waited long enough, the
@@ -579,7 +597,7 @@ void Engine::receive_from(const UdpSocket& socket, const IpAddress& group) {
     // answer: engine_held_acks.cpp).
     for (auto& qp : touched_) qp->finish_batch(batch_may_hold_acks_);
     touched_.clear();
-    if (capture_ && handled > 0) capture_->flush();
+    if (capture_ && handled > 0) note_capture_written();
 }
 
 void Engine::receive_one(std::span<const uint8_t> one, const IpAddress& src_ip, uint16_t src_port,

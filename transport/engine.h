@@ -454,6 +454,10 @@ class Engine {
     bool hold(DelayLine& line, uint32_t delay_us, DelayLine::Packet p);
     // Sends and delivers what the delay lines hold that is due, then re-arms the timer.
     static void on_delay_due(void* arg);
+    // After frames were written to the capture: flushes it if its oldest frame waited long
+    // enough, else has the capture timer flush it then (PacketCapture::flush_if_due).
+    void note_capture_written();
+    static void on_capture_due(void* arg);
     void release_delayed();
     void arm_delay_timer();
     // A datagram (or a GRO segment) read from a socket: the receive-side faults, then
@@ -465,7 +469,9 @@ class Engine {
     void receive_one(std::span<const uint8_t> one, const IpAddress& src_ip, uint16_t src_port,
                      const IpAddress& group, uint16_t index);
     DelayLine tx_delayed_, rx_delayed_;
-    std::unique_ptr<TimerQueue::Timer> delay_timer_;  // fires when the first held packet is due
+    std::unique_ptr<TimerQueue::Timer> delay_timer_;    // fires when the first held packet is due
+    std::unique_ptr<TimerQueue::Timer> capture_timer_;  // flushes the capture's last frames
+    std::atomic<bool> capture_timer_armed_{false};
     std::mutex delay_timer_mutex_;  // orders re-arming against the callback's reading
     // Writes packets first .. first + count - 1 of a batch, one train that left, to the
     // capture.

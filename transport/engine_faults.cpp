@@ -92,7 +92,7 @@ Engine::TransmitResult Engine::send_copy(std::span<const uint8_t> packet, const 
         sock.send(flow.dst_ip, config_.port, std::span(&one, 1), ttl, 0, other_ecn), 1);
     if (capture_ && r == TransmitResult::Sent) {
         capture_->sent(flow, 0, ttl, std::span(&one, 1), ecn);
-        capture_->flush();
+        note_capture_written();
     }
     return r;
 }
@@ -195,7 +195,7 @@ void Engine::release_delayed() {
         rx_ecn_ = 0;
         for (auto& qp : touched_) qp->flush_ack();
         touched_.clear();
-        if (capture_ && !due.empty()) capture_->flush();
+        if (capture_ && !due.empty()) note_capture_written();
     }
     arm_delay_timer();
 }

@@ -143,7 +143,7 @@ Engine::TransmitResult Engine::transmit(const wire::Headers& h, std::span<const 
     const TransmitResult sent = account_send(sock.send(dst_ip, config_.port, packet, ttl), 1);
     if (capture_ && sent == TransmitResult::Sent) {
         capture_->sent(flow, 0, ttl, packet, tx_ecn());
-        capture_->flush();
+        note_capture_written();
     }
     return sent;
 }
@@ -292,7 +292,7 @@ Engine::TransmitResult Engine::send_one_by_one(TransmitBatch& batch, size_t t, s
             // Sent alone: identification 0, as its ICRC now says.
             const wire::IpFlow flow{config_.ip, batch.dst_ip_, batch.from_->port(), config_.port};
             capture_->sent(flow, 0, 0, packet, tx_ecn());
-            capture_->flush();
+            note_capture_written();
         }
         if (r == TransmitResult::Failed) {
             // The request it belongs to fails, and the QP with it: what follows stays here.
@@ -314,7 +314,7 @@ void Engine::capture_sent(const TransmitBatch& batch, size_t first, size_t count
         // Packet k of a train has the ICRC for identification k (the segment Linux cuts).
         capture_->sent(flow, static_cast<uint16_t>(i - first), 0, std::span(&iov, 1), tx_ecn());
     }
-    capture_->flush();
+    note_capture_written();
 }
 
 }  // namespace uroce::transport

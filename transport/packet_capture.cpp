@@ -6,14 +6,22 @@
 #include <sys/time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <ctime>
 #include <map>
 
 namespace uroce::transport {
 namespace {
+
+int64_t monotonic_ns() {
+    timespec t{};
+    ::clock_gettime(CLOCK_MONOTONIC, &t);
+    return int64_t{t.tv_sec} * 1'000'000'000 + t.tv_nsec;
+}
 
 constexpr size_t kEthBytes = 14;
 constexpr size_t kIpBytes = 20;
@@ -110,24 +118,37 @@ std::shared_ptr<PacketCapture> PacketCapture::open(const std::string& pattern, s
         err = ENOMEM;
         return nullptr;
     }
-    errno = 0;
-    pcap_dumper_t* dumper = pcap_dump_open(handle, path.c_str());
-    if (!dumper) {
+    // Our own stream, to give it a buffer of kBufferBytes before libpcap writes the header.
+    FILE* file = std::fopen(path.c_str(), "wb");
+    if (!file) {
         err = errno != 0 ? errno : EIO;
-        error = path + ": " + pcap_geterr(handle);
+        error = path + ": " + std::strerror(err);
         pcap_close(handle);
         return nullptr;
     }
-    std::shared_ptr<PacketCapture> capture(new PacketCapture(path, handle, dumper));
+    auto buffer = std::make_unique<char[]>(kBufferBytes);
+    std::setvbuf(file, buffer.get(), _IOFBF, kBufferBytes);
+    errno = 0;
+    pcap_dumper_t* dumper = pcap_dump_fopen(handle, file);
+    if (!dumper) {
+        err = errno != 0 ? errno : EIO;
+        error = path + ": " + pcap_geterr(handle);
+        std::fclose(file);
+        pcap_close(handle);
+        return nullptr;
+    }
+    std::shared_ptr<PacketCapture> capture(
+        new PacketCapture(path, handle, dumper, std::move(buffer)));
     r[path] = capture;
     return capture;
 }
 
-PacketCapture::PacketCapture(std::string path, pcap* handle, pcap_dumper* dumper)
-    : path_(std::move(path)), handle_(handle), dumper_(dumper) {}
+PacketCapture::PacketCapture(std::string path, pcap* handle, pcap_dumper* dumper,
+                             std::unique_ptr<char[]> buffer)
+    : path_(std::move(path)), handle_(handle), dumper_(dumper), buffer_(std::move(buffer)) {}
 
 PacketCapture::~PacketCapture() {
-    pcap_dump_close(dumper_);  // flushes
+    pcap_dump_close(dumper_);  // flushes and closes the stream, before its buffer goes
     pcap_close(handle_);
 }
 
@@ -220,6 +241,8 @@ void PacketCapture::write(const wire::IpFlow& flow, uint16_t identification, uin
     ::clock_gettime(CLOCK_REALTIME, &now);
     hdr.ts.tv_sec = now.tv_sec;
     hdr.ts.tv_usec = static_cast<suseconds_t>(now.tv_nsec);  // nanoseconds in such a file
+    if (unflushed_since_ns_ == 0)
+        unflushed_since_ns_ = std::max<int64_t>(1, monotonic_ns());  // 0 means none
     pcap_dump(reinterpret_cast<u_char*>(dumper_), &hdr, frame.data());
     ++frames_;
 }
@@ -227,6 +250,16 @@ void PacketCapture::write(const wire::IpFlow& flow, uint16_t identification, uin
 void PacketCapture::flush() {
     std::lock_guard lock(mutex_);
     pcap_dump_flush(dumper_);
+    unflushed_since_ns_ = 0;
+}
+
+bool PacketCapture::flush_if_due() {
+    std::lock_guard lock(mutex_);
+    if (unflushed_since_ns_ == 0) return false;
+    if (monotonic_ns() - unflushed_since_ns_ < kFlushAfterNanos) return true;
+    pcap_dump_flush(dumper_);
+    unflushed_since_ns_ = 0;
+    return false;
 }
 
 }  // namespace uroce::transport

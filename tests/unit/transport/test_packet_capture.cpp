@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <ctime>
 #include <filesystem>
+#include <thread>
 
 #include "tests/unit/transport/engine_pair.h"
 #include "tests/unit/transport/forged_peer.h"
@@ -266,6 +267,46 @@ TEST_CASE("UROCE_PCAP: one frame per packet sent and received, ICRC right for it
         CHECK(trains == 0);
         CHECK(nonzero == 0);
     }
+}
+
+// Whole frames in `path` now (a frame cut short at the end of the file is not counted).
+size_t frames_in(const std::string& path) {
+    char err[PCAP_ERRBUF_SIZE];
+    pcap_t* p = pcap_open_offline(path.c_str(), err);
+    if (!p) return 0;  // not even the file header yet
+    size_t n = 0;
+    pcap_pkthdr* h = nullptr;
+    const u_char* d = nullptr;
+    while (pcap_next_ex(p, &h, &d) == 1) ++n;
+    pcap_close(p);
+    return n;
+}
+
+TEST_CASE("UROCE_PCAP: the frames reach the file while the engines run", "[capture]") {
+    // The stream is buffered and flushed at most PacketCapture::kFlushAfterNanos after a
+    // frame was written: once the traffic stops, the engine's capture timer flushes the
+    // last frames, with no batch and no close to do it.
+    TempDir dir;
+    PairOptions o;
+    o.mem_bytes = 128 * 1024;
+    o.pcap_a = dir.file("a.pcap");
+    Pair p(o);
+    p.connect();
+    traffic(p);
+    REQUIRE(p.wait_until([&] {
+        return p.a.counters().rx_packets.load() == p.b.counters().tx_packets.load() &&
+               p.b.counters().rx_packets.load() == p.a.counters().tx_packets.load();
+    }));
+    const uint64_t a_frames = p.a.counters().tx_packets.load() + p.a.counters().rx_packets.load();
+    REQUIRE(a_frames > 0);
+    size_t seen = 0;
+    // 5 s at most: the flush is due within 10 ms.
+    for (int i = 0; i < 1000 && seen != a_frames; ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        seen = frames_in(o.pcap_a);
+    }
+    CHECK(seen == a_frames);
+    CHECK(p.a.counters().tx_packets.load() + p.a.counters().rx_packets.load() == a_frames);
 }
 
 TEST_CASE("UROCE_PCAP over IPv6: IPv6 frames with their UDP checksum, ICRC right",
