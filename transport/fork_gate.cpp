@@ -4,6 +4,7 @@
 #include <pthread.h>
 
 #include <algorithm>
+#include <utility>
 #include <vector>
 
 namespace uroce::transport {
@@ -11,6 +12,7 @@ namespace uroce::transport {
 struct ForkGateRegistry {
     std::mutex mutex;
     std::vector<ForkGate*> gates;
+    std::vector<std::pair<void (*)(), void (*)()>> hooks;  // ForkGate::add_hooks
 
     // Never destroyed: a gate may outlive static destruction (an engine an application
     // never closed), and fork() may come at any time.
@@ -29,11 +31,13 @@ struct ForkGateRegistry {
         ForkGateRegistry& r = get();
         r.mutex.lock();
         for (ForkGate* g : r.gates) g->mutex_.lock();
+        for (const auto& hook : r.hooks) hook.first();
     }
     // In the parent and in the child alike: the forking thread took every lock, and in the
     // child it is that thread's copy that goes on.
     static void after() {
         ForkGateRegistry& r = get();
+        for (auto it = r.hooks.rbegin(); it != r.hooks.rend(); ++it) it->second();
         for (ForkGate* g : r.gates) g->mutex_.unlock();
         r.mutex.unlock();
     }
@@ -43,6 +47,12 @@ ForkGate::ForkGate() {
     ForkGateRegistry& r = ForkGateRegistry::get();
     std::lock_guard lock(r.mutex);
     r.gates.push_back(this);
+}
+
+void ForkGate::add_hooks(void (*prepare)(), void (*after)()) {
+    ForkGateRegistry& r = ForkGateRegistry::get();
+    std::lock_guard lock(r.mutex);
+    r.hooks.emplace_back(prepare, after);
 }
 
 ForkGate::~ForkGate() {

@@ -24,6 +24,12 @@ class ForkGate {
     ForkGate(const ForkGate&) = delete;
     ForkGate& operator=(const ForkGate&) = delete;
 
+    // Work for fork()'s prepare handler once every gate is held (no engine callback runs),
+    // and for its parent and child handlers before the gates are handed back: e.g.
+    // PacketCapture flushes its buffers and holds its writers still. Hooks run in the order
+    // added; each pair is added once per process.
+    static void add_hooks(void (*prepare)(), void (*after)());
+
     // Held by the engine thread for the duration of one callback.
     [[nodiscard]] std::lock_guard<std::mutex> pass() { return std::lock_guard<std::mutex>(mutex_); }
 

@@ -1,6 +1,7 @@
 // See packet_capture.h.
 #include "transport/packet_capture.h"
 #include "transport/app_memory_guard.h"
+#include "transport/fork_gate.h"
 
 #include <pcap/pcap.h>
 #include <sys/time.h>
@@ -13,6 +14,7 @@
 #include <cstring>
 #include <ctime>
 #include <map>
+#include <vector>
 
 namespace uroce::transport {
 namespace {
@@ -72,7 +74,36 @@ std::map<std::string, std::weak_ptr<PacketCapture>>& registry() {
     return *r;  // engines may close after static destructors ran
 }
 
+// The captures fork() found open, held (with their locks) from its prepare handler until
+// it returns, in the parent and in the child.
+std::vector<std::shared_ptr<PacketCapture>>& forking() {
+    static auto* v = new std::vector<std::shared_ptr<PacketCapture>>;  // never freed, as above
+    return *v;
+}
+
 }  // namespace
+
+void PacketCapture::before_fork() {
+    // The child gets a copy of each stream's buffer, and its exit() flushes every stdio
+    // stream: frames still buffered would reach the file twice. Flushed now, and no frame
+    // written until the fork is done (an application thread that sends meanwhile waits).
+    // Run with every engine's fork gate held (ForkGate::add_hooks): no engine callback is
+    // in the middle of a frame, nor can one start and wait on these locks.
+    registry_mutex.lock();
+    for (auto& [path, weak] : registry())
+        if (auto capture = weak.lock()) {
+            capture->mutex_.lock();
+            pcap_dump_flush(capture->dumper_);
+            capture->unflushed_since_ns_ = 0;
+            forking().push_back(std::move(capture));
+        }
+}
+
+void PacketCapture::after_fork() {
+    for (auto& capture : forking()) capture->mutex_.unlock();
+    registry_mutex.unlock();
+    forking().clear();  // may close a capture its engines let go of meanwhile
+}
 
 std::string PacketCapture::expand(const std::string& pattern) {
     std::string out;
@@ -102,6 +133,8 @@ std::shared_ptr<PacketCapture> PacketCapture::open(const std::string& pattern, s
         err = EINVAL;
         return nullptr;
     }
+    static std::once_flag fork_hooks;
+    std::call_once(fork_hooks, [] { ForkGate::add_hooks(&before_fork, &after_fork); });
     std::lock_guard lock(registry_mutex);
     auto& r = registry();
     if (auto it = r.find(path); it != r.end()) {

@@ -80,6 +80,10 @@ class PacketCapture {
     const std::string& path() const { return path_; }
 
   private:
+    // fork()'s handlers (registered at the first open): every open capture flushed and held
+    // still across the fork, so that the child inherits no buffered frame.
+    static void before_fork();
+    static void after_fork();
     PacketCapture(std::string path, pcap* handle, pcap_dumper* dumper,
                   std::unique_ptr<char[]> buffer);
     void write(const wire::IpFlow& flow, uint16_t identification, uint8_t ttl,

@@ -5,6 +5,7 @@
 #include <netinet/in.h>
 #include <pcap/pcap.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
@@ -307,6 +308,34 @@ TEST_CASE("UROCE_PCAP: the frames reach the file while the engines run", "[captu
     }
     CHECK(seen == a_frames);
     CHECK(p.a.counters().tx_packets.load() + p.a.counters().rx_packets.load() == a_frames);
+}
+
+TEST_CASE("UROCE_PCAP: a fork neither doubles nor loses the frames still buffered", "[capture]") {
+    // The child gets a copy of the stream's buffer, and exit() flushes every stdio stream
+    // into the file the parent writes too. The fork handlers flush first.
+    TempDir dir;
+    const std::string path = dir.file("fork.pcap");
+    std::string error;
+    int err = 0;
+    auto capture = PacketCapture::open(path, error, err);
+    REQUIRE(capture);
+    const wire::IpFlow flow{IpAddress::v4(0x7f000001), IpAddress::v4(0x7f000002), 49152, 4791};
+    std::vector<uint8_t> payload(64, 0x5a);
+    const iovec iov{payload.data(), payload.size()};
+    constexpr size_t kFrames = 5;
+    for (size_t i = 0; i < kFrames; ++i) capture->sent(flow, 0, 0, std::span(&iov, 1));
+    const pid_t child = ::fork();
+    REQUIRE(child >= 0);
+    if (child == 0) {
+        std::fflush(nullptr);  // what exit() does with every stream, without Catch's exit
+        ::_exit(0);
+    }
+    int status = 0;
+    REQUIRE(::waitpid(child, &status, 0) == child);
+    CHECK(WIFEXITED(status));
+    for (size_t i = 0; i < kFrames; ++i) capture->sent(flow, 0, 0, std::span(&iov, 1));
+    capture.reset();  // closes the file
+    CHECK(frames_in(path) == 2 * kFrames);
 }
 
 TEST_CASE("UROCE_PCAP over IPv6: IPv6 frames with their UDP checksum, ICRC right",
