@@ -2,6 +2,7 @@
 #include "transport/packet_capture.h"
 #include "transport/app_memory_guard.h"
 #include "transport/fork_gate.h"
+#include "transport/timer_queue.h"
 
 #include <pcap/pcap.h>
 #include <sys/time.h>
@@ -18,12 +19,6 @@
 
 namespace uroce::transport {
 namespace {
-
-int64_t monotonic_ns() {
-    timespec t{};
-    ::clock_gettime(CLOCK_MONOTONIC, &t);
-    return int64_t{t.tv_sec} * 1'000'000'000 + t.tv_nsec;
-}
 
 constexpr size_t kEthBytes = 14;
 constexpr size_t kIpBytes = 20;
@@ -275,7 +270,7 @@ void PacketCapture::write(const wire::IpFlow& flow, uint16_t identification, uin
     hdr.ts.tv_sec = now.tv_sec;
     hdr.ts.tv_usec = static_cast<suseconds_t>(now.tv_nsec);  // nanoseconds in such a file
     if (unflushed_since_ns_ == 0)
-        unflushed_since_ns_ = std::max<int64_t>(1, monotonic_ns());  // 0 means none
+        unflushed_since_ns_ = std::max<int64_t>(1, TimerQueue::now_ns());  // 0 means none
     pcap_dump(reinterpret_cast<u_char*>(dumper_), &hdr, frame.data());
     ++frames_;
 }
@@ -289,7 +284,7 @@ void PacketCapture::flush() {
 bool PacketCapture::flush_if_due() {
     std::lock_guard lock(mutex_);
     if (unflushed_since_ns_ == 0) return false;
-    if (monotonic_ns() - unflushed_since_ns_ < kFlushAfterNanos) return true;
+    if (TimerQueue::now_ns() - unflushed_since_ns_ < kFlushAfterNanos) return true;
     pcap_dump_flush(dumper_);
     unflushed_since_ns_ = 0;
     return false;

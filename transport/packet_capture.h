@@ -95,7 +95,7 @@ class PacketCapture {
     pcap_dumper* dumper_;
     const std::unique_ptr<char[]> buffer_;  // the stream's buffer (setvbuf)
     uint64_t frames_ = 0;
-    int64_t unflushed_since_ns_ = 0;  // monotonic time of the oldest unflushed frame; 0: none
+    int64_t unflushed_since_ns_ = 0;  // TimerQueue::now_ns() of the oldest unflushed frame; 0: none
 };
 
 }  // namespace uroce::transport
