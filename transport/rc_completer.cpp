@@ -570,7 +570,7 @@ void RcQp::resend_unacknowledged() {
     ++probes_sent_;
     bump(engine_.counters().tail_probes);
     bump(qp_counters_.tail_probes);
-    rewind_to(oldest_unacked(), Resend::Probe);
+    if (!nak_resent_ || !probe_selected()) rewind_to(oldest_unacked(), Resend::Probe);
     pump();
 }
 

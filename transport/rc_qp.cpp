@@ -90,7 +90,9 @@ int RcQp::modify(const QpAttributes& attrs, QpState expected, QpState next) {
             early_ack_cap_ = kNoResentPsn;
             peer_keeps_ = PeerKeeps::Unknown;
             keep_strikes_ = 0;
+            selective_chain_ = 0;
             selective_open_ = false;
+            goback_high_ = 0;
             break;
         case QpState::Rtr:
             answer_leads_ack_ = engine_.answer_may_lead_ack(attrs_.dst_ip);

@@ -211,7 +211,11 @@ class RcQp final : public QpCommon {
     void on_sequence_nak(uint32_t psn);
     // Sends packet `psn` and the newest one sent, asking for an ACK; false (nothing sent) if
     // `psn` is not a SEND or WRITE packet.
-    bool resend_selected(uint32_t psn);
+    bool resend_selected(uint32_t psn, Resend why = Resend::Loss);
+    // The probe after a sequence NAK's resend (resend_unacknowledged) to a peer known to
+    // keep: the oldest unacknowledged packet and the newest, as a selective resend; false
+    // (nothing sent) for any other peer, or when a selective resend is not possible.
+    bool probe_selected();
     // What an answer acknowledging everything up to `acked` says of the peer.
     void judge_selective(uint32_t acked);
     bool gather(const SqEntry& e, uint32_t offset, uint32_t len, std::span<iovec> iov,
@@ -397,7 +401,12 @@ class RcQp final : public QpCommon {
     // everything from that PSN on must go again anyway. With a second probe of the last
     // packet alone, each such loss waited for the adaptive timeout (at least 1 ms): 23 times
     // in a 71 ms `ib_write_bw` of 300 x 64 KiB under 5% loss. A lost probe or a lost ACK of
-    // it (1 in 10 under 5% loss each way) costs the window in exchange.
+    // it (1 in 10 under 5% loss each way) costs the window in exchange. To a peer known to
+    // keep (below), the probe after a NAK's resend is a selective resend of the packet the
+    // NAK named (the oldest unacknowledged: the NAK acknowledged all before it) and the last
+    // one (probe_selected). Not the probes without a NAK: the packet the peer waits for is
+    // unknown then, and the oldest unacknowledged one, which it may well have (it ACKs only
+    // what asks for an ACK), draws a duplicate's ACK for that packet alone.
     bool probe_armed_ = false;                     // the timer stands for the probe
     static constexpr unsigned kMaxTailProbes = 2;  // then the retransmission timeout
     unsigned probes_sent_ = 0;                     // since the last progress
@@ -407,10 +416,20 @@ class RcQp final : public QpCommon {
     // come after a lost one (early_requests.h), learnt from its answers.
     enum class PeerKeeps : uint8_t { Unknown, Yes, No };
     PeerKeeps peer_keeps_ = PeerKeeps::Unknown;
-    uint8_t keep_strikes_ = 0;     // answers that showed nothing kept, while Unknown
+    uint8_t keep_strikes_ = 0;  // answers that showed nothing kept, while Unknown
+    // Selective resends in a row to a keeping peer, each answered by a NAK for the packet
+    // after the one it resent: bounded, so that a peer that stopped keeping (its budget
+    // spent) is repaired by going back N rather than one packet per round trip.
+    uint8_t selective_chain_ = 0;
     bool selective_open_ = false;  // a selective resend waits for its answer
     uint32_t selective_psn_ = 0;   // the missing packet it sent again
     uint32_t selective_tail_ = 0;  // the newest packet it sent with it
+    // Whether its answer may prove keeping: not if a go-back-N had already sent the packet
+    // after the resent one again (a late NAK, after the timer's resend), which the peer
+    // then took in sequence.
+    bool selective_proves_ = false;
+    // The PSN after the newest packet a go-back-N sent again (pump_window).
+    uint32_t goback_high_ = 0;
     bool tail_probe_possible() const;
     // The next packet to go is one sent before: a go-back-N is under way.
     bool resending() const;

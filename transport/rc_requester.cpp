@@ -231,6 +231,7 @@ void RcQp::pump_window() {
         sent = true;
         if (psn_before(psn, sent_high_)) {
             count_request_resent();
+            goback_high_ = psn_add(psn, 1);
         } else {
             start_rtt_timing(psn);
         }

@@ -15,9 +15,18 @@
 //     from X, one round trip later; after kKeepStrikes such answers before any proof of
 //     keeping, it goes back N at once for the rest of the connection (the kernel's rxe and
 //     NICs without out-of-order placement cost two round trips, once).
-// A selective resend is never answered by another: two losses in a row go back N, and so
-// does a NAK while a go-back-N is still under way. The timer's resends (a lost X, a lost
-// answer) go back N as before.
+// Once the peer is known to keep:
+//   - a NAK for X + 1 (X + 1 lost too) is answered by another selective resend, up to
+//     kSelectiveChain in a row; then the requester goes back N, in case the peer stopped
+//     keeping (its budget spent) and would otherwise be repaired one packet per round trip;
+//   - the probe after a NAK's resend (a lost X, a lost answer) resends X and the newest
+//     packet, as a selective resend does, instead of everything from X on.
+// Under 5% loss, go-back-Ns resent about 4,900 packets per ib_write_bw -n 2000 (against
+// 2,400 for the selective resends), two fifths of them from those two cases.
+// A peer not (yet) known to keep gets no second selective resend: two losses in a row go
+// back N, and so do the timer's resends. A NAK while a go-back-N is still under way goes
+// back N for any peer, and so do the probes without a NAK (the packet the peer waits for
+// is unknown: rc_qp.h) and the retransmission timeout.
 #include "transport/engine.h"
 #include "transport/psn.h"
 #include "transport/rc_qp.h"
@@ -29,6 +38,11 @@ namespace {
 // Answers showing nothing kept, before any showed something kept, after which the requester
 // only goes back N.
 constexpr uint8_t kKeepStrikes = 2;
+
+// Selective resends in a row that a keeping peer may answer with a NAK for the packet after
+// the one resent, before the requester goes back N: under 5% random loss, three packets
+// lost in a row are about one loss in 400.
+constexpr uint8_t kSelectiveChain = 3;
 
 }  // namespace
 
@@ -43,9 +57,13 @@ void RcQp::on_sequence_nak(uint32_t psn) {
         const uint32_t acked = psn_add(psn, kPsnMask);
         if (acked == selective_psn_) {
             // Only the resent packet was taken: nothing after it was kept, or the next one
-            // was lost too. Go back N from there.
+            // was lost too. A peer known to keep has lost the next one, a few times in a
+            // row at most; anyone else goes back N from there.
             selective_open_ = false;
-            go_back = true;
+            if (peer_keeps_ != PeerKeeps::Yes || ++selective_chain_ >= kSelectiveChain) {
+                go_back = true;
+                selective_chain_ = 0;
+            }
             if (peer_keeps_ == PeerKeeps::Unknown && ++keep_strikes_ >= kKeepStrikes)
                 peer_keeps_ = PeerKeeps::No;
         } else {
@@ -65,14 +83,21 @@ void RcQp::judge_selective(uint32_t acked) {
     // come before the one for T).
     if (!psn_after(acked, selective_psn_)) return;
     selective_open_ = false;
-    // X + 1 was not sent again (it lies before T): the peer had kept it.
-    if (psn_before(psn_add(selective_psn_, 1), selective_tail_)) {
+    selective_chain_ = 0;
+    // X + 1 was not sent again (it lies before T, and no go-back-N sent it): the peer had
+    // kept it.
+    if (selective_proves_ && psn_before(psn_add(selective_psn_, 1), selective_tail_)) {
         peer_keeps_ = PeerKeeps::Yes;
         keep_strikes_ = 0;
     }
 }
 
-bool RcQp::resend_selected(uint32_t psn) {
+bool RcQp::probe_selected() {
+    if (peer_keeps_ != PeerKeeps::Yes || !engine_.config().selective_recovery) return false;
+    return resend_selected(oldest_unacked(), Resend::Probe);
+}
+
+bool RcQp::resend_selected(uint32_t psn, Resend why) {
     // The sq_ index of the SEND or WRITE whose PSNs hold `p`, or -1.
     const auto index_of = [this](uint32_t p) -> int64_t {
         for (size_t i = 0; i < sq_.size(); ++i) {
@@ -97,7 +122,7 @@ bool RcQp::resend_selected(uint32_t psn) {
     const int64_t t = psn_after(tail, psn) ? index_of(tail) : -1;
     if (t < 0 && tail != psn) return false;
 
-    engine_.note_loss();
+    if (why == Resend::Loss) engine_.note_loss();
     // What is resent times nothing (Karn).
     if (rtt_timing_ && !psn_before(rtt_psn_, psn)) rtt_timing_ = false;
     TransmitBatch* const outer = tx_batch_;
@@ -120,11 +145,18 @@ bool RcQp::resend_selected(uint32_t psn) {
     // A packet that could not go: going back N meets the same failure and ends the request
     // with it, as pump_window does.
     if (!ok) return false;
-    bump(engine_.counters().selective_resends);
-    bump(qp_counters_.selective_resends);
+    // A probe counts as a probe (tail_probes) only.
+    if (why == Resend::Loss) {
+        bump(engine_.counters().selective_resends);
+        bump(qp_counters_.selective_resends);
+    }
     selective_open_ = t >= 0;
     selective_psn_ = psn;
     selective_tail_ = tail;
+    // goback_high_ may be as old as the connection: only one inside what is outstanding
+    // (after X + 1, at most the newest sent) says anything.
+    const uint32_t next = psn_add(psn, 1);
+    selective_proves_ = !(psn_after(goback_high_, next) && !psn_after(goback_high_, sent_high_));
     return true;
 }
 

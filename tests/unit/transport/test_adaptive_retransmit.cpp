@@ -415,6 +415,37 @@ TEST_CASE("A NAK's resend that is lost too goes again after a probe's wait", "[r
     });
 }
 
+// The same with a READ sent last: its request is never probed, but the probe after a NAK's
+// resend goes back N from the packet the NAK named, which the READ follows, so it is armed
+// all the same, and the repair waits a probe's wait, not an early resend's.
+TEST_CASE("A NAK's resend lost too, with a READ sent last, goes again after a probe's wait",
+          "[rc][retransmit]") {
+    until_undisturbed([](MeasuredPair& m) {
+        Pair& p = m.p;
+        TxRecorder a_out(*p.a.engine, lose_first_middle(2));
+        const uint32_t len = kBurst * kMtu, back = 2 * len;
+        fill(p.a.at(0), len, 84);
+        fill(p.a.at(back), len, 0);
+        // One post of both (a list): the READ request leaves right after the WRITE.
+        REQUIRE(p.a.qp->post_send(
+                    rdma_wqe(SendOpcode::RdmaWrite, 1, {p.a.sge(0, len)}, p.b.iova, p.b.keys.rkey),
+                    true) == 0);
+        REQUIRE(p.a.qp->post_send(rdma_wqe(SendOpcode::RdmaRead, 2, {p.a.sge(back, len)}, p.b.iova,
+                                           p.b.keys.rkey)) == 0);
+        const auto done = p.wait(*p.a.scq, 2);
+        REQUIRE(done.size() == 2);
+        CHECK(done[0].status == WcStatus::Success);
+        CHECK(done[1].status == WcStatus::Success);
+        CHECK(first_mismatch(p.b.at(0), len, 84) == len);
+        CHECK(first_mismatch(p.a.at(back), len, 84) == len);
+        CHECK(a_out.lost() == 2);
+        CHECK(p.a.counters().retransmit_timeouts.load() == 0);
+        if (m.disturbed(UINT64_MAX)) return false;
+        CHECK(m.probes() >= 1);
+        return true;
+    });
+}
+
 // The same silence when the NAK itself is lost: the first probe (the last packet) draws
 // nothing, the second goes back N from the oldest unacknowledged packet.
 TEST_CASE("A lost sequence NAK is repaired by the second probe", "[rc][retransmit]") {
@@ -438,6 +469,67 @@ TEST_CASE("A lost sequence NAK is repaired by the second probe", "[rc][retransmi
         CHECK(p.a.counters().rx_naks.load() == 0);
         CHECK(m.probes() == 2);
         CHECK(p.a.counters().spurious_retransmits.load() == 0);
+        return true;
+    });
+}
+
+// To a peer known to keep (rc_selective_resend.cpp), the probe after a NAK's resend is a
+// selective resend: the packet the NAK named and the newest.
+namespace {
+
+// Losses that b repairs from what it kept, until a knows that b keeps: a selective resend
+// answered before a probe's wait (a probe would go back N, and prove nothing), at most 5
+// tries. False if none was.
+bool learn_that_b_keeps(MeasuredPair& m) {
+    Pair& p = m.p;
+    for (uint64_t seed = 81; seed < 86; ++seed) {
+        const uint64_t probes = m.probes(), resends = p.a.counters().selective_resends.load();
+        TxRecorder a_out(*p.a.engine, lose_first_middle(1));
+        write_burst(p, seed);
+        CHECK(a_out.lost() == 1);
+        CHECK(p.a.counters().selective_resends.load() == resends + 1);
+        if (a_out.packets().size() == kBurst + 2 && m.probes() == probes) return true;
+    }
+    return false;
+}
+
+// What a sent after a kBurst WRITE whose second packet was lost: the burst, then `pairs`
+// times its second packet and its last, each asking for an ACK; nothing else.
+void check_pairs_after_burst(const std::vector<SentPacket>& sent, size_t pairs) {
+    REQUIRE(sent.size() == kBurst + 2 * pairs);
+    const uint32_t lost = sent[1].parsed().h.bth.psn, last = sent[kBurst - 1].parsed().h.bth.psn;
+    for (size_t i = 0; i < pairs; ++i) {
+        INFO("pair " << i);
+        const wire::ParsedPacket x = sent[kBurst + 2 * i].parsed();
+        const wire::ParsedPacket t = sent[kBurst + 2 * i + 1].parsed();
+        CHECK(x.h.bth.psn == lost);
+        CHECK(t.h.bth.psn == last);
+        CHECK(x.h.bth.ack_req);
+        CHECK(t.h.bth.ack_req);
+    }
+}
+
+}  // namespace
+
+TEST_CASE("To a peer known to keep, a NAK's resend lost too goes again with the newest packet",
+          "[rc][retransmit][selective]") {
+    // (The same loss before a knows: "A NAK's resend that is lost too goes again after a
+    // probe's wait", whose probe goes back N.)
+    until_undisturbed([](MeasuredPair& m) {
+        Pair& p = m.p;
+        if (!learn_that_b_keeps(m)) return false;
+        const uint64_t probes = m.probes(), resends = p.a.counters().selective_resends.load();
+        // The second packet is lost as first sent and as resent after b's NAK.
+        TxRecorder a_out(*p.a.engine, lose_first_middle(2));
+        write_burst(p, 83);
+        CHECK(a_out.lost() == 2);
+        CHECK(p.a.counters().retransmit_timeouts.load() == 0);
+        if (m.disturbed(probes + 1)) return false;
+
+        // The burst, the NAK's selective resend (its first packet lost), then the probe's.
+        check_pairs_after_burst(a_out.packets(), 2);
+        CHECK(m.probes() == probes + 1);
+        CHECK(p.a.counters().selective_resends.load() == resends + 1);
         return true;
     });
 }
