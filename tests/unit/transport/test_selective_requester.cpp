@@ -5,6 +5,7 @@
 // measured round trip and a real b, are in test_adaptive_retransmit.cpp.
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <initializer_list>
 
 #include "tests/unit/transport/engine_pair.h"
 #include "tests/unit/transport/forged_peer.h"
@@ -69,6 +70,15 @@ struct SilentResponder {
               std::vector<uint32_t>{first + 3, first + 4, first + 5, first + 6, first + 7});
         done(first + 7, wr_id);
     }
+    // A NAK for each of `lost` in turn, each answered by a selective resend of it and of
+    // `tail`, the newest packet.
+    void selectively(std::initializer_list<uint32_t> lost, uint32_t tail) {
+        for (const uint32_t psn : lost) {
+            INFO("NAK for " << psn);
+            nak(psn);
+            CHECK(psns(2) == std::vector<uint32_t>{psn, tail});
+        }
+    }
     // An 8-packet WRITE from PSN `first` whose packet first + 2 is lost: go-back-N at once.
     void back_at_once(uint64_t wr_id, uint32_t first) {
         write8(wr_id);
@@ -131,12 +141,7 @@ TEST_CASE("Requester: a peer that kept is answered selectively, three losses in 
     // packet after each resent one draws another selective resend, three in a row, then the
     // requester goes back N from the fourth.
     t.write8(2);
-    t.nak(10);
-    CHECK(t.psns(2) == Psns{10, 15});
-    t.nak(11);
-    CHECK(t.psns(2) == Psns{11, 15});
-    t.nak(12);
-    CHECK(t.psns(2) == Psns{12, 15});
+    t.selectively({10, 11, 12}, 15);
     t.nak(13);
     CHECK(t.psns(3) == Psns{13, 14, 15});
     t.done(15, 2);
@@ -145,18 +150,7 @@ TEST_CASE("Requester: a peer that kept is answered selectively, three losses in 
     // are resent selectively as well; 25 after them goes back N.
     t.write8(3);
     t.write8(4);
-    t.nak(18);
-    CHECK(t.psns(2) == Psns{18, 31});
-    t.nak(19);
-    CHECK(t.psns(2) == Psns{19, 31});
-    t.nak(20);
-    CHECK(t.psns(2) == Psns{20, 31});
-    t.nak(22);
-    CHECK(t.psns(2) == Psns{22, 31});
-    t.nak(23);
-    CHECK(t.psns(2) == Psns{23, 31});
-    t.nak(24);
-    CHECK(t.psns(2) == Psns{24, 31});
+    t.selectively({18, 19, 20, 22, 23, 24}, 31);
     t.nak(25);
     CHECK(t.psns(7) == Psns{25, 26, 27, 28, 29, 30, 31});
     t.peer.inject(t.peer.ack(31));
