@@ -424,11 +424,10 @@ class RcQp final : public QpCommon {
     bool selective_open_ = false;  // a selective resend waits for its answer
     uint32_t selective_psn_ = 0;   // the missing packet it sent again
     uint32_t selective_tail_ = 0;  // the newest packet it sent with it
-    // Whether its answer may prove keeping: not if a go-back-N had already sent the packet
-    // after the resent one again (a late NAK, after the timer's resend), which the peer
-    // then took in sequence.
-    bool selective_proves_ = false;
-    // The PSN after the newest packet a go-back-N sent again (pump_window).
+    // The PSN after the newest packet a go-back-N sent again (pump_window): an answer to a
+    // selective resend proves no keeping if a go-back-N had already sent the packet after
+    // the resent one again (a late NAK, after the timer's resend), which the peer then
+    // took in sequence (judge_selective).
     uint32_t goback_high_ = 0;
     bool tail_probe_possible() const;
     // The next packet to go is one sent before: a go-back-N is under way.

@@ -84,9 +84,14 @@ void RcQp::judge_selective(uint32_t acked) {
     if (!psn_after(acked, selective_psn_)) return;
     selective_open_ = false;
     selective_chain_ = 0;
-    // X + 1 was not sent again (it lies before T, and no go-back-N sent it): the peer had
-    // kept it.
-    if (selective_proves_ && psn_before(psn_add(selective_psn_, 1), selective_tail_)) {
+    // X + 1 was not sent again (it lies before T, and no go-back-N sent it before the
+    // selective resend: one after it would have closed the verdict): the peer had kept it.
+    // goback_high_ may be as old as the connection: only one inside what was outstanding
+    // then (after X + 1, at most T + 1) says anything.
+    const uint32_t next = psn_add(selective_psn_, 1);
+    const bool resent_by_goback =
+        psn_after(goback_high_, next) && !psn_after(goback_high_, psn_add(selective_tail_, 1));
+    if (!resent_by_goback && psn_before(next, selective_tail_)) {
         peer_keeps_ = PeerKeeps::Yes;
         keep_strikes_ = 0;
     }
@@ -153,10 +158,6 @@ bool RcQp::resend_selected(uint32_t psn, Resend why) {
     selective_open_ = t >= 0;
     selective_psn_ = psn;
     selective_tail_ = tail;
-    // goback_high_ may be as old as the connection: only one inside what is outstanding
-    // (after X + 1, at most the newest sent) says anything.
-    const uint32_t next = psn_add(psn, 1);
-    selective_proves_ = !(psn_after(goback_high_, next) && !psn_after(goback_high_, sent_high_));
     return true;
 }
 
