@@ -33,7 +33,7 @@ void RcQp::close() {
         // application, having seen the completion, already destroys the QP: the request was
         // executed and reported, so the requester must hear of it, or it retries until it
         // fails a transfer that succeeded.
-        send_pending_ack();
+        send_last_ack();
         closed_ = true;
         cancel_timer();
     }
@@ -60,7 +60,7 @@ int RcQp::modify(const QpAttributes& attrs, QpState expected, QpState next) {
     if (prev != expected && next != QpState::Reset && next != QpState::Err) return EINVAL;
     // Requests executed and completed before the application stops the QP are acknowledged
     // first (see close()).
-    if (next == QpState::Reset || next == QpState::Err) send_pending_ack();
+    if (next == QpState::Reset || next == QpState::Err) send_last_ack();
     attrs_ = attrs;
     reads_.set_capacity(attrs_.max_dest_rd_atomic);
     if (next == prev && next != QpState::Sqd) return 0;

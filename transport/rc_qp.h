@@ -301,6 +301,9 @@ class RcQp final : public QpCommon {
     // `by_hold_timer`: the engine's hold timer sends it (held_ack_timeouts, counted before
     // it leaves: its requester, and whoever reads the counters, may see the ACK at once).
     void send_pending_ack(bool by_hold_timer = false);
+    // The pending ACK, or the one a cap holds back, naming everything executed: the QP stops
+    // answering (destroyed, or moved to RESET or ERR by the application).
+    void send_last_ack();
     // flush_ack() with mutex_ held.
     void flush_ack_locked(bool by_hold_timer);
     // A NAK of `code` for `psn`, counted; the QP's state is the caller's business.

@@ -83,6 +83,20 @@ void RcQp::send_pending_ack(bool by_hold_timer) {
     transmit(h, {}, 0);
 }
 
+void RcQp::send_last_ack() {
+    // A cap (resent_high_, early_ack_cap_) waits for resends that this QP will no longer
+    // answer: the requester would retry until it failed requests that ran and completed here.
+    // Against rxe, a receiver that exits on the completion of rxe's last SEND, kept packets
+    // and all, left rxe's sender retrying for ever (docs/selective-recovery.md). Whatever a
+    // requester does on an ACK beyond its resends, nothing of this QP can follow it.
+    if (early_ack_cap_ != kNoResentPsn && psn_after(ack_psn_, early_ack_cap_)) ack_pending_ = true;
+    if (ack_pending_) {
+        early_ack_cap_ = kNoResentPsn;
+        resent_high_ = kNoResentPsn;
+    }
+    send_pending_ack();
+}
+
 void RcQp::flush_ack() {
     std::lock_guard lock(mutex_);
     flush_ack_locked(false);

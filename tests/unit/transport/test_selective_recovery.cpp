@@ -216,6 +216,34 @@ TEST_CASE(
     CHECK(region(t.p.a, kAt, 64) == bytes(64, 8));
 }
 
+TEST_CASE("Responder: a QP that stops answering acknowledges all that kept requests completed",
+          "[selective][responder]") {
+    Hostile t;
+    const auto data = bytes(4 * kMtu, 7);
+    t.peer.inject(t.write(wire::Opcode::RcWriteMiddle, 1, 0, 0, false), part(data, 1));
+    t.peer.inject(t.write(wire::Opcode::RcWriteMiddle, 2, 0, 0, false), part(data, 2));
+    t.peer.inject(t.write(wire::Opcode::RcWriteLast, 3, 0, 0, true), part(data, 3));
+    t.peer.inject(t.write(wire::Opcode::RcWriteFirst, 0, kAt, 4 * kMtu, true), part(data, 0));
+    REQUIRE(acks(t.a_out) == std::vector<uint32_t>{0});  // capped: 1-3 not resent yet
+    t.a_out.clear();
+    // The application, its last completion seen, stops the QP before the requester has sent
+    // 1-3 again: nothing would acknowledge them after this.
+    SECTION("destroyed") {
+        t.p.a.qp->close();
+    }
+    SECTION("to ERR") {
+        REQUIRE(t.p.a.qp->modify(t.p.a.qp->attributes(), QpState::Rts, QpState::Err) == 0);
+    }
+    SECTION("to RESET") {
+        REQUIRE(t.p.a.qp->modify(t.p.a.qp->attributes(), QpState::Rts, QpState::Reset) == 0);
+    }
+    const auto out = sent(t.a_out);
+    REQUIRE(out.size() == 1);
+    CHECK(out[0].is_plain_ack());
+    CHECK(out[0].psn == 3);
+    CHECK(out[0].msn == 1);
+}
+
 TEST_CASE(
     "Responder: a second, different copy of a kept request throws both away; the resend "
     "decides",
