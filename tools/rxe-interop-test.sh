@@ -1,0 +1,206 @@
+#!/usr/bin/env bash
+# uroce against the Linux kernel's rxe, on the wire: a QEMU guest check.
+#
+#   tools/rxe-interop-test.sh [BUILD_DIR]        (default: build; run as root)
+#
+# The guest (tools/guest-image.sh) boots Debian 12's stock kernel and makes an rxe device on
+# one end of a veth pair; a uroce device sits on the other end, in a network namespace of
+# its own (rxe holds UDP port 4791 on every address of its namespace). Each check runs a
+# real program on both sides, with its own data checks:
+#   - ibv_rc_pingpong -s 65536 -c (every received buffer checked), rxe the server and uroce
+#     the client, then the other way round; without loss, and with 3% of uroce's packets
+#     dropped each way (UROCE_FAULTS): RC segmentation, ACK coalescing, NAKs and resends,
+#     uroce keeping rxe's packets after a loss (docs/selective-recovery.md) and the ACKs rxe
+#     takes while it goes back N;
+#   - rc_verify (tools/interop) with 5% of uroce's packets dropped: WRITEs and READs back,
+#     every byte and the guards around the buffers checked, uroce the requester, then rxe;
+#   - ibv_ud_pingpong both ways: UD with GRH, addressed by GID;
+#   - rping -V, uroce's RDMA CM (user space) against the kernel's, both ways;
+#   - no WARNING from the kernel's RDMA stack in dmesg.
+# Every run is bounded by `timeout`; the whole guest by RXE_INTEROP_TIMEOUT seconds (default
+# 900). Cache: $RXE_INTEROP_CACHE (default BUILD_DIR/rxe-interop-vm). Output: "ok - ..." and
+# "not ok - ..." lines, then "N passed, M failed"; exit 1 on any failure or if the guest did
+# not finish.
+set -euo pipefail
+top=$(cd "$(dirname "$0")/.." && pwd)
+build=$(cd "${1:-$top/build}" && pwd)
+cache=${RXE_INTEROP_CACHE:-$build/rxe-interop-vm}
+limit=${RXE_INTEROP_TIMEOUT:-900}
+test_name=rxe-interop-test
+start=$(date +%s)
+# shellcheck source=tools/guest-image.sh
+. "$top/tools/guest-image.sh"
+
+for f in tools/uroce tools/liburoce-no-rdma-netlink.so provider/liburoce-rdmav34.so \
+    tools/interop/rc_verify; do
+    [[ -f $build/$f ]] || guest_die "$build/$f is missing: build uroce first (meson setup build && ninja -C build)"
+done
+guest_host_tools
+command -v rping >/dev/null ||
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends rdmacm-utils >/dev/null
+guest_kernel
+guest_rootfs ibv_devices ibv_devinfo ibv_rc_pingpong ibv_ud_pingpong rdma ip rping \
+    "$build/tools/interop/rc_verify"
+guest_modules rdma_rxe ib_uverbs rdma_ucm veth crc32_generic
+
+init=$(mktemp)
+trap 'rm -f "$init"' EXIT
+cat >"$init" <<'GUEST'
+#!/bin/sh
+# The guest's /init: the checks, one "ok - " or "not ok - " line each on the console.
+. /etc/checks.sh
+export UROCE_ROOT=/run/uroce
+echo "# guest kernel $(uname -r), up $(cut -d" " -f1 /proc/uptime) s"
+
+for m in crc32_generic rdma_rxe ib_uverbs rdma_ucm veth; do
+    [ -d /sys/module/$m ] || modprobe $m || not_ok "modprobe $m"
+done
+# kx0 (10.77.0.1, rxe's) <-> ux0 (10.77.0.2, uroce's, in namespace ur)
+ip netns add ur
+ip link add kx0 type veth peer name ux0
+ip link set ux0 netns ur
+ip addr add 10.77.0.1/24 dev kx0
+ip link set kx0 up
+ip netns exec ur ip link set lo up
+ip netns exec ur ip addr add 10.77.0.2/24 dev ux0
+ip netns exec ur ip link set ux0 up
+rdma link add krxe type rxe netdev kx0 >/tmp/out 2>&1 || not_ok "rdma link add krxe" "$(cat /tmp/out)"
+UR="ip netns exec ur"
+$UR $UROCE add ur0 --ip 10.77.0.2 >/tmp/out 2>&1 || not_ok "uroce add ur0" "$(cat /tmp/out)"
+
+# The index of rxe's RoCE v2 GID for 10.77.0.1 (the table fills once the link is up).
+want=0000:0000:0000:0000:0000:ffff:0a4d:0001
+G=
+i=0
+while [ -z "$G" ] && [ $i -lt 100 ]; do
+    for f in /sys/class/infiniband/krxe/ports/1/gids/*; do
+        n=${f##*/}
+        if [ "$(cat "$f" 2>/dev/null)" = $want ] &&
+            [ "$(cat /sys/class/infiniband/krxe/ports/1/gid_attrs/types/$n 2>/dev/null)" = "RoCE v2" ]; then
+            G=$n
+        fi
+    done
+    [ -n "$G" ] || sleep 0.1
+    i=$((i + 1))
+done
+if [ -n "$G" ]; then ok "rxe's RoCE v2 GID for 10.77.0.1 is index $G"; else
+    not_ok "rxe's RoCE v2 GID for 10.77.0.1" "$(ls -l /sys/class/infiniband/ 2>&1)"
+    G=1
+fi
+$UR ping -c 1 -W 5 10.77.0.1 >/tmp/out 2>&1 || not_ok "ping over the veth pair" "$(cat /tmp/out)"
+
+# exchange PORT SERVER_SIDE(rxe|uroce) SERVER_COMMAND CLIENT_COMMAND: the server in the
+# background, the client once it listens on TCP PORT (the out-of-band exchange of the verbs
+# programs); their exit statuses in src and crc, their outputs in /tmp/srv and /tmp/cli.
+# With CONNECT_RETRY set, the server listens through RDMA CM instead, which no tool here
+# shows: the client is run again (a second apart, 20 times at most) while it exits non-zero
+# having printed nothing that matches CONNECT_RETRY's ERE (a REJ: no listener yet).
+exchange() {
+    t0=$(date +%s)
+    sh -c "$3" >/tmp/srv 2>&1 &
+    spid=$!
+    if [ "$2" = uroce ]; then lister="$UR netstat -ltn"; else lister="netstat -ltn"; fi
+    j=0
+    while [ -z "${CONNECT_RETRY:-}" ] && [ $j -lt 300 ] && ! $lister 2>/dev/null | grep -q ":$1 "; do
+        sleep 0.1
+        j=$((j + 1))
+    done
+    j=0
+    while :; do
+        timeout 180 sh -c "$4" >/tmp/cli 2>&1
+        crc=$?
+        j=$((j + 1))
+        [ -n "${CONNECT_RETRY:-}" ] && [ $crc -ne 0 ] && [ $j -lt 20 ] &&
+            ! grep -Eq "$CONNECT_RETRY" /tmp/cli && kill -0 $spid 2>/dev/null || break
+        sleep 1
+    done
+    wait_gone $spid 60
+    wait $spid
+    src=$?
+    echo "# port $1: $(($(date +%s) - t0)) s, $j client run(s)"
+}
+# run LABEL PORT SERVER_SIDE EXPECT SERVER_COMMAND CLIENT_COMMAND: an exchange in which both
+# sides exit 0 and print a line matching the ERE EXPECT.
+run() {
+    exchange "$2" "$3" "$5" "$6"
+    if [ $crc -eq 0 ] && [ $src -eq 0 ] && grep -Eq "$4" /tmp/cli && grep -Eq "$4" /tmp/srv; then
+        ok "$1: $(grep -E "$4" /tmp/cli | head -n 1)"
+    else
+        not_ok "$1: server exit $src, client exit $crc" "server: $(tail -n 6 /tmp/srv)" \
+            "client: $(tail -n 6 /tmp/cli)"
+    fi
+}
+# counter NAME FILE: the value of uroce's counter NAME in FILE (UROCE_STATS's line), or 0
+counter() { sed -n "s/.* $1=\([0-9]*\).*/\1/p" "$2" | head -n 1 | grep . || echo 0; }
+# lossy LABEL: uroce's injected loss happened both ways in the run just ended (its client or
+# server output, whichever ran uroce, is in FILE $2): otherwise the run proves nothing of it.
+lossy() {
+    tx=$(counter tx_dropped_fault "$2")
+    rx=$(counter rx_dropped_fault "$2")
+    if [ "$tx" -gt 0 ] && [ "$rx" -gt 0 ]; then ok "$1: uroce dropped $tx sent, $rx received"
+    else not_ok "$1: uroce dropped nothing" "$(grep counters "$2" | head -c 600)"; fi
+}
+
+KPP="ibv_rc_pingpong -d krxe -g $G -s 65536 -m 1024 -n 40 -c"
+UPP="$UROCE run -- ibv_rc_pingpong -d ur0 -g 0 -s 65536 -m 1024 -n 40 -c"
+LOSS="UROCE_STATS=1 UROCE_FAULTS='drop=0.03,seed=11;dir=rx,drop=0.03,seed=12'"
+run "RC 64 KiB ping-pong, rxe server, uroce client" 18701 rxe "40 iters in" \
+    "$KPP -p 18701" "$UR $UPP -p 18701 10.77.0.1"
+run "RC 64 KiB ping-pong, uroce server, rxe client" 18702 uroce "40 iters in" \
+    "$UR $UPP -p 18702" "$KPP -p 18702 10.77.0.2"
+run "RC 64 KiB ping-pong, 3% loss each way at uroce, rxe server, uroce client" 18703 rxe \
+    "40 iters in" "$KPP -p 18703" "$UR env $LOSS $UPP -p 18703 10.77.0.1"
+lossy "  that run's loss" /tmp/cli
+run "RC 64 KiB ping-pong, 3% loss each way at uroce, uroce server, rxe client" 18704 uroce \
+    "40 iters in" "$UR env $LOSS $UPP -p 18704" "$KPP -p 18704 10.77.0.2"
+lossy "  that run's loss" /tmp/srv
+
+KV="rc_verify -d krxe -g $G -s 4096 -q 4 --stall 60"
+UV="$UROCE run -- rc_verify -d ur0 -g 0 -s 4096 -q 4 --stall 60"
+VLOSS="UROCE_STATS=1 UROCE_FAULTS='drop=0.05,seed=21;dir=rx,drop=0.05,seed=22'"
+run "rc_verify WRITE+READ 4 KiB, 5% loss each way at uroce, uroce the requester" 18705 rxe \
+    "^RESULT" "$KV -p 18705" "$UR env $VLOSS $UV -n 200 -p 18705 10.77.0.1"
+lossy "  that run's loss" /tmp/cli
+run "rc_verify WRITE+READ 4 KiB, 5% loss each way at uroce, rxe the requester" 18706 uroce \
+    "^RESULT" "$UR env $VLOSS $UV -p 18706" "$KV -n 200 -p 18706 10.77.0.2"
+lossy "  that run's loss" /tmp/srv
+
+KUD="ibv_ud_pingpong -d krxe -g $G -s 1024 -n 100"
+UUD="$UROCE run -- ibv_ud_pingpong -d ur0 -g 0 -s 1024 -n 100"
+run "UD ping-pong, rxe server, uroce client" 18707 rxe "100 iters in" \
+    "$KUD -p 18707" "$UR $UUD -p 18707 10.77.0.1"
+run "UD ping-pong, uroce server, rxe client" 18708 uroce "100 iters in" \
+    "$UR $UUD -p 18708" "$KUD -p 18708 10.77.0.2"
+
+# rping_pair LABEL PORT SERVER_SIDE SERVER_IP SERVER_PREFIX CLIENT_PREFIX: 20 pings, each
+# side checking what it received (-V). rping 44's client may exit 255 after its test is done,
+# in its own teardown race (tests/scripts/test_rdma_cm.sh): taken only with those last lines.
+rping_pair() {
+    CONNECT_RETRY="ping data" exchange "$2" "$3" "$5 rping -s -v -V -C 20 -S 4096 -a $4 -p $2" \
+        "$6 rping -c -v -V -C 20 -S 4096 -a $4 -p $2"
+    if [ $crc -eq 255 ] && [ "$(tail -n 1 /tmp/cli)" = "rdma_get_cm_event: Bad file descriptor" ]; then
+        crc=0
+    fi
+    if [ $crc -eq 0 ] && [ $src -eq 0 ] &&
+        [ "$(grep -c '^server ping data: rdma-ping-' /tmp/srv)" = 20 ] &&
+        [ "$(grep -c '^ping data: rdma-ping-' /tmp/cli)" = 20 ]; then
+        ok "$1: 20 pings, each checked on both sides"
+    else
+        not_ok "$1: server exit $src, client exit $crc" "server: $(tail -n 6 /tmp/srv)" \
+            "client: $(tail -n 6 /tmp/cli)"
+    fi
+}
+rping_pair "rping -V (RDMA CM), rxe server, uroce client" 18709 rxe 10.77.0.1 "" \
+    "$UR $UROCE run --"
+rping_pair "rping -V (RDMA CM), uroce server, rxe client" 18710 uroce 10.77.0.2 \
+    "$UR $UROCE run --" ""
+
+dmesg >/tmp/dmesg
+expect_no "no WARNING from the kernel" "WARNING" /tmp/dmesg
+summary
+GUEST
+
+status=0
+guest_boot "$init" "$limit" || status=1
+guest_log "whole test $(($(date +%s) - start)) s"
+exit $status
