@@ -14,7 +14,8 @@
 #     takes while it goes back N;
 #   - rc_verify (tools/interop) with 5% of uroce's packets dropped: WRITEs and READs back,
 #     every byte and the guards around the buffers checked, uroce the requester, then rxe;
-#   - ibv_ud_pingpong both ways: UD with GRH, addressed by GID;
+#   - ibv_uc_pingpong and ibv_srq_pingpong -c, ibv_ud_pingpong (UD with GRH, addressed by
+#     GID), ib_atomic_bw (both atomics) and ib_read_bw -s 65536 (READs in flight), each way;
 #   - rping -V, uroce's RDMA CM (user space) against the kernel's, both ways;
 #   - no WARNING from the kernel's RDMA stack in dmesg.
 # Every run is bounded by `timeout`; the whole guest by RXE_INTEROP_TIMEOUT seconds (default
@@ -36,11 +37,13 @@ for f in tools/uroce tools/liburoce-no-rdma-netlink.so provider/liburoce-rdmav34
     [[ -f $build/$f ]] || guest_die "$build/$f is missing: build uroce first (meson setup build && ninja -C build)"
 done
 guest_host_tools
-command -v rping >/dev/null ||
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends rdmacm-utils >/dev/null
+for pkg in rdmacm-utils:rping perftest:ib_read_bw; do
+    command -v "${pkg#*:}" >/dev/null || DEBIAN_FRONTEND=noninteractive \
+        apt-get install -y -qq --no-install-recommends "${pkg%%:*}" >/dev/null
+done
 guest_kernel
-guest_rootfs ibv_devices ibv_devinfo ibv_rc_pingpong ibv_ud_pingpong rdma ip rping \
-    "$build/tools/interop/rc_verify"
+guest_rootfs ibv_devices ibv_devinfo ibv_rc_pingpong ibv_uc_pingpong ibv_srq_pingpong \
+    ibv_ud_pingpong ib_atomic_bw ib_read_bw rdma ip rping "$build/tools/interop/rc_verify"
 guest_modules rdma_rxe ib_uverbs rdma_ucm veth crc32_generic
 
 init=$(mktemp)
@@ -164,6 +167,25 @@ lossy "  that run's loss" /tmp/cli
 run "rc_verify WRITE+READ 4 KiB, 5% loss each way at uroce, rxe the requester" 18706 uroce \
     "^RESULT" "$UR env $VLOSS $UV -p 18706" "$KV -n 200 -p 18706 10.77.0.2"
 lossy "  that run's loss" /tmp/srv
+
+for kind in uc srq; do
+    KX="ibv_${kind}_pingpong -d krxe -g $G -s 4096 -m 1024 -n 100 -c"
+    UX="$UROCE run -- ibv_${kind}_pingpong -d ur0 -g 0 -s 4096 -m 1024 -n 100 -c"
+    run "$kind ping-pong 4 KiB, rxe server, uroce client" 18711 rxe "100 iters in" \
+        "$KX -p 18711" "$UR $UX -p 18711 10.77.0.1"
+    run "$kind ping-pong 4 KiB, uroce server, rxe client" 18712 uroce "100 iters in" \
+        "$UR $UX -p 18712" "$KX -p 18712 10.77.0.2"
+done
+
+# perftest: no data check, but a packet either side misreads ends in an error completion.
+for t in "ib_atomic_bw -A FETCH_AND_ADD" "ib_atomic_bw -A CMP_AND_SWAP" "ib_read_bw -s 65536"; do
+    KX="$t -d krxe -x $G -n 200 -F"
+    UX="$UROCE run -- $t -d ur0 -x 0 -n 200 -F"
+    run "$t, uroce the requester" 18713 rxe "^ *[0-9]+ +200 " "$KX -p 18713" \
+        "$UR $UX -p 18713 10.77.0.1"
+    run "$t, rxe the requester" 18714 uroce "^ *[0-9]+ +200 " "$UR $UX -p 18714" \
+        "$KX -p 18714 10.77.0.2"
+done
 
 KUD="ibv_ud_pingpong -d krxe -g $G -s 1024 -n 100"
 UUD="$UROCE run -- ibv_ud_pingpong -d ur0 -g 0 -s 1024 -n 100"
