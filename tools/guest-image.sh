@@ -52,7 +52,7 @@ debs=${GUEST_DEBS:-$build/guest-debs}
 guest_deb_of() { find "$debs" -name "${1}_*.deb" | sort -V | tail -n1; }
 
 guest_kernel() {
-    mkdir -p "$debs"
+    mkdir -p "$debs" "$cache"
     local kpkg p
     kpkg=$(guest_resolve_kernel)
     if [[ -z $kpkg ]]; then  # a machine whose package lists were never fetched
