@@ -13,7 +13,8 @@
 #     uroce keeping rxe's packets after a loss (docs/selective-recovery.md) and the ACKs rxe
 #     takes while it goes back N;
 #   - rc_verify (tools/interop) with 5% of uroce's packets dropped: WRITEs and READs back,
-#     every byte and the guards around the buffers checked, uroce the requester, then rxe;
+#     every byte and the guards around the buffers checked, both sides' PSNs starting just
+#     before the 24-bit wrap, uroce the requester, then rxe;
 #   - ibv_uc_pingpong and ibv_srq_pingpong -c, ibv_ud_pingpong (UD with GRH, addressed by
 #     GID), ib_atomic_bw (both atomics) and ib_read_bw -s 65536 (READs in flight), each way;
 #   - rping -V, uroce's RDMA CM (user space) against the kernel's, both ways;
@@ -158,13 +159,13 @@ run "RC 64 KiB ping-pong, 3% loss each way at uroce, uroce server, rxe client" 1
     "40 iters in" "$UR env $LOSS $UPP -p 18704" "$KPP -p 18704 10.77.0.2"
 lossy "  that run's loss" /tmp/srv
 
-KV="rc_verify -d krxe -g $G -s 4096 -q 4 --stall 60"
-UV="$UROCE run -- rc_verify -d ur0 -g 0 -s 4096 -q 4 --stall 60"
+KV="rc_verify -d krxe -g $G -s 4096 -q 4 --stall 60 --psn 16777000"
+UV="$UROCE run -- rc_verify -d ur0 -g 0 -s 4096 -q 4 --stall 60 --psn 16777100"
 VLOSS="UROCE_STATS=1 UROCE_FAULTS='drop=0.05,seed=21;dir=rx,drop=0.05,seed=22'"
-run "rc_verify WRITE+READ 4 KiB, 5% loss each way at uroce, uroce the requester" 18705 rxe \
+run "rc_verify WRITE+READ 4 KiB across the PSN wrap, 5% loss each way at uroce, uroce the requester" 18705 rxe \
     "^RESULT" "$KV -p 18705" "$UR env $VLOSS $UV -n 200 -p 18705 10.77.0.1"
 lossy "  that run's loss" /tmp/cli
-run "rc_verify WRITE+READ 4 KiB, 5% loss each way at uroce, rxe the requester" 18706 uroce \
+run "rc_verify WRITE+READ 4 KiB across the PSN wrap, 5% loss each way at uroce, rxe the requester" 18706 uroce \
     "^RESULT" "$UR env $VLOSS $UV -p 18706" "$KV -n 200 -p 18706 10.77.0.2"
 lossy "  that run's loss" /tmp/srv
 
