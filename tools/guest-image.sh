@@ -16,8 +16,10 @@
 #   guest_rootfs PROGRAM...           a fresh tree in $root: busybox, PROGRAMs (names on PATH
 #                                     or paths), the rxe provider, uroce, their libraries
 #   guest_modules MODULE...           the modules and what they depend on, and depmod
-#   guest_boot INIT_SCRIPT LIMIT      the image packed and booted; ok/not ok lines printed;
-#                                     exit status 0 when the summary says 0 failed
+#   guest_boot_and_exit INIT_SCRIPT LIMIT
+#                                     the image packed and booted; ok/not ok lines printed;
+#                                     exits, 0 when the summary says 0 failed (`start`: the
+#                                     caller's start time, for the last line)
 # QEMU runs with TCG unless GUEST_ACCEL=kvm.
 
 guest_log() { echo "# $test_name: $*"; }
@@ -219,4 +221,11 @@ guest_boot() {
     fi
     echo "${summary#GUEST-SUMMARY: }"
     [[ $summary == *" 0 failed" ]]
+}
+
+guest_boot_and_exit() {
+    local status=0
+    guest_boot "$1" "$2" || status=1
+    guest_log "whole test $(($(date +%s) - start)) s"
+    exit $status
 }

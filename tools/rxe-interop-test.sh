@@ -223,7 +223,4 @@ expect_no "no WARNING from the kernel" "WARNING" /tmp/dmesg
 summary
 GUEST
 
-status=0
-guest_boot "$init" "$limit" || status=1
-guest_log "whole test $(($(date +%s) - start)) s"
-exit $status
+guest_boot_and_exit "$init" "$limit"

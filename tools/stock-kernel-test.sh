@@ -104,7 +104,4 @@ pingpong "" "" "uroce env" 18516
 summary
 GUEST
 
-status=0
-guest_boot "$init" "$limit" || status=1
-guest_log "whole test $(($(date +%s) - start)) s"
-exit $status
+guest_boot_and_exit "$init" "$limit"
