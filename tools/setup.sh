@@ -8,7 +8,7 @@ packages=(
   groff-base man-db  # tests/scripts/test_man.sh (groff -ww, man --warnings)
   python3-pyverbs  # tests/scripts/test_fork.sh (fork with multiprocessing)
   ucx-utils openmpi-bin libopenmpi-dev  # tests/scripts/test_ucx.sh (ucx_perftest, mpirun, mpicc)
-  qemu-system-x86 cpio kmod xz-utils zstd ibverbs-providers  # tools/stock-kernel-test.sh
+  qemu-system-x86 cpio kmod xz-utils zstd ibverbs-providers  # tools/stock-kernel-test.sh, tools/rxe-interop-test.sh
   clang libclang-rt-14-dev  # libFuzzer and the sanitizers for tools/fuzz
   librdmacm-dev rdmacm-utils qperf  # RDMA CM: the rdma_cm emulation's tests (rping, udaddy, ...)
 )
