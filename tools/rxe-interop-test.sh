@@ -8,7 +8,8 @@
 # its own (rxe holds UDP port 4791 on every address of its namespace). Each check runs a
 # real program on both sides, with its own data checks:
 #   - ibv_rc_pingpong -s 65536 -c (every received buffer checked), rxe the server and uroce
-#     the client, then the other way round; without loss, and with 3% of uroce's packets
+#     the client, then the other way round; without loss (over IPv4 and over IPv6: the
+#     ICRC masks other header fields there), and with 3% of uroce's packets
 #     dropped each way (UROCE_FAULTS): RC segmentation, ACK coalescing, NAKs and resends,
 #     uroce keeping rxe's packets after a loss (docs/selective-recovery.md) and the ACKs rxe
 #     takes while it goes back N;
@@ -71,26 +72,35 @@ ip netns exec ur ip link set ux0 up
 rdma link add krxe type rxe netdev kx0 >/tmp/out 2>&1 || not_ok "rdma link add krxe" "$(cat /tmp/out)"
 UR="ip netns exec ur"
 $UR $UROCE add ur0 --ip 10.77.0.2 >/tmp/out 2>&1 || not_ok "uroce add ur0" "$(cat /tmp/out)"
+# The same pair over IPv6: fd00:77::1 (rxe's) and fd00:77::2 (a second uroce device's).
+ip -6 addr add fd00:77::1/64 dev kx0 nodad
+$UR ip -6 addr add fd00:77::2/64 dev ux0 nodad
+$UR $UROCE add ur6 --ip fd00:77::2 >/tmp/out 2>&1 || not_ok "uroce add ur6" "$(cat /tmp/out)"
 
-# The index of rxe's RoCE v2 GID for 10.77.0.1 (the table fills once the link is up).
-want=0000:0000:0000:0000:0000:ffff:0a4d:0001
-G=
-i=0
-while [ -z "$G" ] && [ $i -lt 100 ]; do
-    for f in /sys/class/infiniband/krxe/ports/1/gids/*; do
-        n=${f##*/}
-        if [ "$(cat "$f" 2>/dev/null)" = $want ] &&
-            [ "$(cat /sys/class/infiniband/krxe/ports/1/gid_attrs/types/$n 2>/dev/null)" = "RoCE v2" ]; then
-            G=$n
-        fi
+# rxe_gid GID ADDRESS: in `found`, the index of rxe's RoCE v2 GID whose value is GID (the
+# table fills once the link is up and the address is there); 1 if none comes within 10 s.
+rxe_gid() {
+    k=0
+    while [ $k -lt 100 ]; do
+        for f in /sys/class/infiniband/krxe/ports/1/gids/*; do
+            n=${f##*/}
+            if [ "$(cat "$f" 2>/dev/null)" = "$1" ] &&
+                [ "$(cat /sys/class/infiniband/krxe/ports/1/gid_attrs/types/$n 2>/dev/null)" = "RoCE v2" ]; then
+                ok "rxe's RoCE v2 GID for $2 is index $n"
+                found=$n
+                return
+            fi
+        done
+        sleep 0.1
+        k=$((k + 1))
     done
-    [ -n "$G" ] || sleep 0.1
-    i=$((i + 1))
-done
-if [ -n "$G" ]; then ok "rxe's RoCE v2 GID for 10.77.0.1 is index $G"; else
-    not_ok "rxe's RoCE v2 GID for 10.77.0.1" "$(ls -l /sys/class/infiniband/ 2>&1)"
-    G=1
-fi
+    not_ok "rxe's RoCE v2 GID for $2" "$(cat /sys/class/infiniband/krxe/ports/1/gids/* 2>&1 | sort -u)"
+    found=1
+}
+rxe_gid 0000:0000:0000:0000:0000:ffff:0a4d:0001 10.77.0.1
+G=$found
+rxe_gid fd00:0077:0000:0000:0000:0000:0000:0001 fd00:77::1
+G6=$found
 $UR ping -c 1 -W 5 10.77.0.1 >/tmp/out 2>&1 || not_ok "ping over the veth pair" "$(cat /tmp/out)"
 
 # exchange PORT SERVER_SIDE(rxe|uroce) SERVER_COMMAND CLIENT_COMMAND: the server in the
@@ -152,6 +162,12 @@ run "RC 64 KiB ping-pong, rxe server, uroce client" 18701 rxe "40 iters in" \
     "$KPP -p 18701" "$UR $UPP -p 18701 10.77.0.1"
 run "RC 64 KiB ping-pong, uroce server, rxe client" 18702 uroce "40 iters in" \
     "$UR $UPP -p 18702" "$KPP -p 18702 10.77.0.2"
+run "RC 64 KiB ping-pong over IPv6, rxe server, uroce client" 18715 rxe "40 iters in" \
+    "ibv_rc_pingpong -d krxe -g $G6 -s 65536 -m 1024 -n 40 -c -p 18715" \
+    "$UR $UROCE run -- ibv_rc_pingpong -d ur6 -g 0 -s 65536 -m 1024 -n 40 -c -p 18715 10.77.0.1"
+run "RC 64 KiB ping-pong over IPv6, uroce server, rxe client" 18716 uroce "40 iters in" \
+    "$UR $UROCE run -- ibv_rc_pingpong -d ur6 -g 0 -s 65536 -m 1024 -n 40 -c -p 18716" \
+    "ibv_rc_pingpong -d krxe -g $G6 -s 65536 -m 1024 -n 40 -c -p 18716 10.77.0.2"
 run "RC 64 KiB ping-pong, 3% loss each way at uroce, rxe server, uroce client" 18703 rxe \
     "40 iters in" "$KPP -p 18703" "$UR env $LOSS $UPP -p 18703 10.77.0.1"
 lossy "  that run's loss" /tmp/cli
