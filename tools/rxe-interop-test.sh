@@ -11,8 +11,9 @@
 #     the client, then the other way round; without loss (over IPv4 and over IPv6: the
 #     ICRC masks other header fields there), and with 3% of uroce's packets
 #     dropped each way (UROCE_FAULTS): RC segmentation, ACK coalescing, NAKs and resends,
-#     uroce keeping rxe's packets after a loss (docs/selective-recovery.md) and the ACKs rxe
-#     takes while it goes back N;
+#     uroce keeping rxe's packets after a loss and running them when the gap fills
+#     (rx_early_run must not be 0; docs/selective-recovery.md) and the ACKs rxe takes while
+#     it goes back N;
 #   - rc_verify (tools/interop) with 5% of uroce's packets dropped: WRITEs and READs back,
 #     every byte and the guards around the buffers checked, both sides' PSNs starting just
 #     before the 24-bit wrap, uroce the requester, then rxe;
@@ -146,13 +147,17 @@ run() {
 }
 # counter NAME FILE: the value of uroce's counter NAME in FILE (UROCE_STATS's line), or 0
 counter() { sed -n "s/.* $1=\([0-9]*\).*/\1/p" "$2" | head -n 1 | grep . || echo 0; }
-# lossy LABEL: uroce's injected loss happened both ways in the run just ended (its client or
-# server output, whichever ran uroce, is in FILE $2): otherwise the run proves nothing of it.
+# lossy LABEL FILE [COUNTER]: uroce's injected loss happened both ways in the run just ended
+# (FILE: the output of whichever side ran uroce), otherwise the run proves nothing of it; and
+# uroce's COUNTER, if named, is not 0.
 lossy() {
     tx=$(counter tx_dropped_fault "$2")
     rx=$(counter rx_dropped_fault "$2")
     if [ "$tx" -gt 0 ] && [ "$rx" -gt 0 ]; then ok "$1: uroce dropped $tx sent, $rx received"
     else not_ok "$1: uroce dropped nothing" "$(grep counters "$2" | head -c 600)"; fi
+    [ -n "${3:-}" ] || return 0
+    if [ "$(counter "$3" "$2")" -gt 0 ]; then ok "$1: uroce's $3 $(counter "$3" "$2")"
+    else not_ok "$1: uroce's $3 is 0" "$(grep counters "$2" | head -c 600)"; fi
 }
 
 KPP="ibv_rc_pingpong -d krxe -g $G -s 65536 -m 1024 -n 40 -c"
@@ -170,10 +175,10 @@ run "RC 64 KiB ping-pong over IPv6, uroce server, rxe client" 18716 uroce "40 it
     "ibv_rc_pingpong -d krxe -g $G6 -s 65536 -m 1024 -n 40 -c -p 18716 10.77.0.2"
 run "RC 64 KiB ping-pong, 3% loss each way at uroce, rxe server, uroce client" 18703 rxe \
     "40 iters in" "$KPP -p 18703" "$UR env $LOSS $UPP -p 18703 10.77.0.1"
-lossy "  that run's loss" /tmp/cli
+lossy "  that run's loss" /tmp/cli rx_early_run
 run "RC 64 KiB ping-pong, 3% loss each way at uroce, uroce server, rxe client" 18704 uroce \
     "40 iters in" "$UR env $LOSS $UPP -p 18704" "$KPP -p 18704 10.77.0.2"
-lossy "  that run's loss" /tmp/srv
+lossy "  that run's loss" /tmp/srv rx_early_run
 
 KV="rc_verify -d krxe -g $G -s 4096 -q 4 --stall 60 --psn 16777000"
 UV="$UROCE run -- rc_verify -d ur0 -g 0 -s 4096 -q 4 --stall 60 --psn 16777100"
@@ -183,7 +188,7 @@ run "rc_verify WRITE+READ 4 KiB across the PSN wrap, 5% loss each way at uroce, 
 lossy "  that run's loss" /tmp/cli
 run "rc_verify WRITE+READ 4 KiB across the PSN wrap, 5% loss each way at uroce, rxe the requester" 18706 uroce \
     "^RESULT" "$UR env $VLOSS $UV -p 18706" "$KV -n 200 -p 18706 10.77.0.2"
-lossy "  that run's loss" /tmp/srv
+lossy "  that run's loss" /tmp/srv rx_early_run
 
 for kind in uc srq; do
     KX="ibv_${kind}_pingpong -d krxe -g $G -s 4096 -m 1024 -n 100 -c"
