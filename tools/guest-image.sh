@@ -180,10 +180,16 @@ not_ok() { failed=$((failed + 1)); echo "not ok - $1"; shift; for l in "$@"; do 
 expect() { if grep -Eq "$2" "$3"; then ok "$1"; else not_ok "$1" "$(head -c 1500 "$3")"; fi; }
 # expect_no DESCRIPTION ERE FILE: no line of FILE matches
 expect_no() { if grep -Eq "$2" "$3"; then not_ok "$1" "$(head -c 1500 "$3")"; else ok "$1"; fi; }
-# wait_listen PORT: until something listens on TCP PORT here (30 s at most)
+# wait_listen PORT [PREFIX...]: until something listens on TCP PORT (30 s at most); PREFIX
+# runs netstat elsewhere (ip netns exec NAME)
 wait_listen() {
+    port=$1
+    shift
     i=0
-    while [ $i -lt 300 ] && ! netstat -ltn 2>/dev/null | grep -q ":$1 "; do sleep 0.1; i=$((i + 1)); done
+    while [ $i -lt 300 ] && ! "$@" netstat -ltn 2>/dev/null | grep -q ":$port "; do
+        sleep 0.1
+        i=$((i + 1))
+    done
 }
 # wait_gone PID SECONDS: until PID has exited, or SECONDS passed; then kill it
 wait_gone() {

@@ -114,12 +114,9 @@ exchange() {
     t0=$(date +%s)
     sh -c "$3" >/tmp/srv 2>&1 &
     spid=$!
-    if [ "$2" = uroce ]; then lister="$UR netstat -ltn"; else lister="netstat -ltn"; fi
-    j=0
-    while [ -z "${CONNECT_RETRY:-}" ] && [ $j -lt 300 ] && ! $lister 2>/dev/null | grep -q ":$1 "; do
-        sleep 0.1
-        j=$((j + 1))
-    done
+    if [ -z "${CONNECT_RETRY:-}" ]; then
+        if [ "$2" = uroce ]; then wait_listen "$1" $UR; else wait_listen "$1"; fi
+    fi
     j=0
     while :; do
         timeout 180 sh -c "$4" >/tmp/cli 2>&1
