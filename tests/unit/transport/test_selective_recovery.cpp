@@ -244,6 +244,46 @@ TEST_CASE("Responder: a QP that stops answering acknowledges all that kept reque
     CHECK(out[0].msn == 1);
 }
 
+TEST_CASE("Responder: a QP that stops mid-batch acknowledges all it executed, not only a resend",
+          "[selective][responder]") {
+    Hostile t;
+    const auto data = bytes(4 * kMtu, 7);
+    t.peer.inject(t.write(wire::Opcode::RcWriteFirst, 0, kAt, 4 * kMtu, false), part(data, 0));
+    t.peer.inject(t.write(wire::Opcode::RcWriteMiddle, 1, 0, 0, false), part(data, 1));
+    t.peer.inject(t.write(wire::Opcode::RcWriteMiddle, 2, 0, 0, false), part(data, 2));
+    t.peer.inject(t.write(wire::Opcode::RcWriteLast, 3, 0, 0, true), part(data, 3));
+    REQUIRE(region(t.p.a, kAt, data.size()) == data);
+    REQUIRE(acks(t.a_out) == std::vector<uint32_t>{3});
+    t.a_out.clear();
+    // The ACK for 3 was lost: the requester goes back to 1. In the middle of the receive
+    // batch that took the resend (its ACK still pending), the application stops the QP.
+    t.p.a.engine->receive_datagram(
+        t.peer.forge(t.write(wire::Opcode::RcWriteMiddle, 1, 0, 0), part(data, 1)), t.peer.ip,
+        t.peer.port, false);
+    REQUIRE(sent(t.a_out).empty());
+    // Nothing of a stopped QP answers the resends of 2 and 3: its last ACK names them.
+    uint32_t named = 3;
+    SECTION("the batch ends: its ACK names the resent packet, no further (rxe's rule)") {
+        t.p.a.qp->flush_ack();
+        named = 1;
+    }
+    SECTION("destroyed") {
+        t.p.a.qp->close();
+    }
+    SECTION("to ERR") {
+        REQUIRE(t.p.a.qp->modify(t.p.a.qp->attributes(), QpState::Rts, QpState::Err) == 0);
+    }
+    SECTION("to RESET") {
+        REQUIRE(t.p.a.qp->modify(t.p.a.qp->attributes(), QpState::Rts, QpState::Reset) == 0);
+    }
+    const auto out = sent(t.a_out);
+    REQUIRE(out.size() == 1);
+    CHECK(out[0].is_plain_ack());
+    CHECK(out[0].psn == named);
+    CHECK(out[0].msn == 1);
+    CHECK(region(t.p.a, kAt, data.size()) == data);
+}
+
 TEST_CASE(
     "Responder: a second, different copy of a kept request throws both away; the resend "
     "decides",
