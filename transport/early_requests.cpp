@@ -46,10 +46,20 @@ bool same_request(const StoredRequest& kept, const wire::ParsedPacket& pkt) {
 
 EarlyRequests::Kept EarlyRequests::keep(const wire::ParsedPacket& pkt, uint32_t ahead) {
     const uint16_t flags = pkt.info->flags;
-    if (!(flags & (wire::kSend | wire::kWrite)) || (flags & (wire::kRead | wire::kAtomic)))
-        return Kept::NotKind;
-    if (ahead == 0 || ahead >= kSpan) return Kept::TooFar;
     const uint32_t psn = pkt.h.bth.psn;
+    if (!(flags & (wire::kSend | wire::kWrite)) || (flags & (wire::kRead | wire::kAtomic))) {
+        // Not kept; but where a SEND or WRITE is kept for its PSN one of the two is not the
+        // requester's, as with two different copies: both go, the resend decides.
+        if (slots_ && ahead > 0 && ahead < kSpan) {
+            Slot& s = slots_[psn % kSpan];
+            if (s.used && s.psn == psn) {
+                release(s);
+                return Kept::Conflict;
+            }
+        }
+        return Kept::NotKind;
+    }
+    if (ahead == 0 || ahead >= kSpan) return Kept::TooFar;
     if (slots_) {
         Slot& s = slots_[psn % kSpan];
         if (s.used && s.psn == psn) {

@@ -71,7 +71,8 @@ class EarlyRequests {
     enum class Kept : uint8_t {
         Yes,
         Already,   // the same packet was kept before: nothing changes
-        Conflict,  // a different packet was kept for that PSN: both are gone
+        Conflict,  // a different packet was kept for that PSN: both are gone (also when
+                   // the new one is a READ or an atomic, which is never kept)
         NotKind,   // not a SEND or WRITE packet
         TooFar,    // `ahead` outside [1, kSpan)
         NoBudget,  // the engine's budget is spent

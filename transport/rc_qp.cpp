@@ -106,6 +106,7 @@ int RcQp::modify(const QpAttributes& attrs, QpState expected, QpState next) {
                 una_psn_ = next_psn_;
                 sent_high_ = next_psn_;
                 window_una_ = next_psn_;
+                goback_high_ = next_psn_;  // nothing resent: none after the first PSN
             }
             retries_left_ = attrs_.retry_cnt;
             rnr_retries_left_ = attrs_.rnr_retry;
@@ -287,9 +288,10 @@ bool RcQp::push_completion(CompletionQueue& cq, const Completion& c) {
         c.status == WcStatus::Success &&
         (c.opcode == WcOpcode::Recv || c.opcode == WcOpcode::RecvRdmaWithImm);
     if (executed_request) {
-        // The request that consumed the receive ended at epsn_ - 1. The NAK acknowledges
-        // everything before it and fails it at the requester.
-        responder_error(wire::NakCode::RemoteOperationalError, psn_add(epsn_, kPsnMask),
+        // The request that consumed the receive ended with the packet executing now (not at
+        // epsn_ - 1: requests held behind READ responses were accepted after it). The NAK
+        // acknowledges everything before it and fails it at the requester.
+        responder_error(wire::NakCode::RemoteOperationalError, executing_psn_,
                         AsyncEventType::QpFatal);
     } else {
         post_async(AsyncEventType::QpFatal);
@@ -302,8 +304,9 @@ void RcQp::enter_error() {
     if (state_ == QpState::Err) return;
     // An ACK held for the application's answer (engine_held_acks.cpp) acknowledges requests
     // this QP executed and completed before its own failure: the peer must hear of them (as
-    // it would have without the hold), or it fails work that succeeded.
-    send_pending_ack();
+    // it would have without the hold), or it fails work that succeeded; the part a cap held
+    // back too, as when the application moves the QP to ERR (send_last_ack).
+    send_last_ack();
     state_ = QpState::Err;
     flush_all();
 }

@@ -251,16 +251,19 @@ class RcQp final : public QpCommon {
 
     // responder (rc_responder.cpp)
     // A request accepted in sequence but not executed yet: it came while READ responses
-    // were still going out, and requests are executed in PSN order.
-    using HeldRequest = StoredRequest;
+    // were still going out, and requests are executed in PSN order. `kept`: it came early
+    // and was kept (early_requests.h), so the requester may not have sent it again yet.
+    struct HeldRequest : StoredRequest {
+        bool kept = false;
+    };
     void on_request(const wire::ParsedPacket& pkt);
     // A request in sequence: executed, or held behind READ responses. False if refused
     // before its PSN was accepted (too many held).
     bool accept_in_sequence(const wire::ParsedPacket& pkt);
     // Keeps a request that came `ahead` PSNs early (early_requests.h), if the engine does.
     void keep_early(const wire::ParsedPacket& pkt, uint32_t ahead);
-    // Runs the kept requests that follow in sequence now that `filled_psn` came.
-    void run_early(uint32_t filled_psn);
+    // Runs the kept requests that follow in sequence now that `filled` came.
+    void run_early(const wire::ParsedPacket& filled);
     void on_duplicate(const wire::ParsedPacket& pkt);
     void execute_request(const wire::ParsedPacket& pkt);
     void execute_one(const wire::ParsedPacket& pkt);  // execute_request's work
@@ -501,8 +504,9 @@ class RcQp final : public QpCommon {
     ReadResources reads_;
     std::deque<HeldRequest> held_;
     event* responder_event_ = nullptr;  // continues responses/held requests on the engine thread
-    uint32_t ack_psn_ = 0;  // newest executed SEND/WRITE PSN: the only PSN an ACK may name
-    uint32_t ack_msn_ = 0;  // MSN after that packet
+    uint32_t ack_psn_ = 0;        // newest executed SEND/WRITE PSN: the only PSN an ACK may name
+    uint32_t executing_psn_ = 0;  // the request packet execute_one() runs (or ran last)
+    uint32_t ack_msn_ = 0;        // MSN after that packet
     // The newest SEND/WRITE packet that came again since the last ACK, while no new packet
     // came (kNoResentPsn: none): the pending ACK names it instead of ack_psn_. A requester
     // that goes back N resends in order; acknowledging what it has not resent yet completes
@@ -514,12 +518,15 @@ class RcQp final : public QpCommon {
     uint32_t resent_high_ = kNoResentPsn;
     // Requests that came ahead of a lost one (early_requests.h), run when it comes.
     EarlyRequests early_;
-    bool draining_early_ = false;  // run_early() is running kept requests
-    // After kept requests ran: the newest PSN the requester has sent since (kNoResentPsn:
-    // none ran, or it has caught up). An ACK names nothing newer, for the same reason as
-    // resent_high_: the kernel's rxe, going back N, stops if an ACK completes a request it
-    // is still resending; a requester that sends only the missing packet and its newest
-    // one (rc_selective_resend.cpp) learns at once what the kept ones covered.
+    // A kept request is running: run_early() drains the store, or run_held() reached one.
+    bool draining_early_ = false;
+    // After kept requests ran: the newest SEND/WRITE PSN the requester has sent since
+    // (kNoResentPsn: none ran, or it has caught up). An ACK names nothing newer, for the same
+    // reason as resent_high_: the kernel's rxe, going back N, stops if an ACK completes a
+    // request it is still resending; a requester that sends only the missing packet and its
+    // newest one (rc_selective_resend.cpp) learns at once what the kept ones covered. Never
+    // a READ's or an atomic's PSN: an ACK naming one would complete it at a requester that
+    // lost its response (rxe completes a one-packet READ so, with no data).
     uint32_t early_ack_cap_ = kNoResentPsn;
 };
 

@@ -69,8 +69,8 @@ void RcQp::send_pending_ack(bool by_hold_timer) {
     if (early_ack_cap_ != kNoResentPsn) {
         if (psn_after(psn, early_ack_cap_))
             psn = early_ack_cap_;
-        else
-            early_ack_cap_ = kNoResentPsn;  // the requester has caught up
+        else if (held_.empty())
+            early_ack_cap_ = kNoResentPsn;  // caught up, and no kept request waits to run
     }
     forget_pending_ack();
     bump(engine_.counters().tx_acks);
@@ -181,8 +181,10 @@ void RcQp::send_error_nak(wire::NakCode code, uint32_t psn) {
 
 void RcQp::responder_error(wire::NakCode code, uint32_t psn, AsyncEventType event) {
     // The NAK acknowledges everything before `psn`: an ACK still pending is not sent (after
-    // the NAK it would say nothing, and it must never name `psn` itself).
+    // the NAK it would say nothing, and it must never name `psn` itself), nor the one a cap
+    // held back (enter_error).
     forget_pending_ack();
+    early_ack_cap_ = kNoResentPsn;
     send_error_nak(code, psn);
     post_async(event);
     enter_error();
@@ -342,7 +344,12 @@ void RcQp::run_held(uint32_t budget) {
         if (state_ == QpState::Reset || state_ == QpState::Init || state_ == QpState::Err) return;
         HeldRequest req = std::move(held_.front());
         held_.pop_front();
+        // Kept and not sent again since (the cap has not reached it): it runs as run_early()
+        // runs kept requests.
+        draining_early_ =
+            req.kept && early_ack_cap_ != kNoResentPsn && psn_after(req.h.bth.psn, early_ack_cap_);
         execute_request(req.view());
+        draining_early_ = false;
     }
 }
 
@@ -442,9 +449,11 @@ void RcQp::on_request(const wire::ParsedPacket& pkt) {
     const uint32_t psn = pkt.h.bth.psn;
     const int32_t d = psn_diff(psn, epsn_);
     // The requester has sent this far since the kept requests ran: the ACK may name it (a
-    // PSN further ahead than it can send is a forgery, and proves nothing).
+    // PSN further ahead than it can send is a forgery, and proves nothing). Not a READ or
+    // an atomic: an ACK never names one (early_ack_cap_).
     if (early_ack_cap_ != kNoResentPsn && psn_after(psn, early_ack_cap_) &&
-        d < static_cast<int32_t>(EarlyRequests::kSpan))
+        d < static_cast<int32_t>(EarlyRequests::kSpan) &&
+        (pkt.info->flags & (wire::kSend | wire::kWrite)))
         early_ack_cap_ = psn;
     if (d < 0) {
         bump(engine_.counters().rx_duplicate);
@@ -467,7 +476,7 @@ void RcQp::on_request(const wire::ParsedPacket& pkt) {
         return;
     }
     if (!accept_in_sequence(pkt)) return;
-    if (!early_.empty()) run_early(psn);
+    if (!early_.empty()) run_early(pkt);
 }
 
 void RcQp::keep_early(const wire::ParsedPacket& pkt, uint32_t ahead) {
@@ -487,10 +496,14 @@ void RcQp::keep_early(const wire::ParsedPacket& pkt, uint32_t ahead) {
     }
 }
 
-void RcQp::run_early(uint32_t filled_psn) {
+void RcQp::run_early(const wire::ParsedPacket& filled) {
     // The kept requests that now follow in sequence run as if they had just arrived. The
     // requester may not have sent them again yet: the ACK names none of them until it has
-    // (early_ack_cap_).
+    // (early_ack_cap_): it names the packet that filled the gap, or, if that was a READ or
+    // an atomic, the newest SEND/WRITE executed before it (an ACK older than the requester
+    // has, which it ignores).
+    const uint32_t cap =
+        (filled.info->flags & (wire::kSend | wire::kWrite)) ? filled.h.bth.psn : ack_psn_;
     StoredRequest req;
     bool ran = false;
     bool stopped = false;
@@ -510,7 +523,7 @@ void RcQp::run_early(uint32_t filled_psn) {
     } else {
         early_.forget_before(epsn_);
     }
-    if (ran && early_ack_cap_ == kNoResentPsn) early_ack_cap_ = filled_psn;
+    if (ran && early_ack_cap_ == kNoResentPsn) early_ack_cap_ = cap;
 }
 
 bool RcQp::accept_in_sequence(const wire::ParsedPacket& pkt) {
@@ -526,7 +539,8 @@ bool RcQp::accept_in_sequence(const wire::ParsedPacket& pkt) {
     epsn_ =
         psn_add(epsn_, (flags & wire::kRead) ? read_packets(pkt.h.reth.dma_len, attrs_.mtu) : 1);
     if (wait) {
-        held_.push_back(HeldRequest{pkt.h, pkt.info, {pkt.payload.begin(), pkt.payload.end()}});
+        held_.push_back(HeldRequest{{pkt.h, pkt.info, {pkt.payload.begin(), pkt.payload.end()}},
+                                    draining_early_});
         schedule_responder();
         return true;
     }
@@ -554,6 +568,7 @@ void RcQp::execute_request(const wire::ParsedPacket& pkt) {
 
 void RcQp::execute_one(const wire::ParsedPacket& pkt) {
     const uint32_t psn = pkt.h.bth.psn;
+    executing_psn_ = psn;
     const uint16_t flags = pkt.info->flags;
     const bool starts = flags & (wire::kFirst | wire::kOnly);
     const bool ends = flags & (wire::kLast | wire::kOnly);
@@ -607,6 +622,10 @@ void RcQp::execute_one(const wire::ParsedPacket& pkt) {
         epsn_ = psn;
         held_.clear();
         early_.clear();
+        // The NAK acknowledges everything before `psn`: a pending ACK would only follow it
+        // with less, and nothing kept is left for a cap to protect.
+        forget_pending_ack();
+        early_ack_cap_ = kNoResentPsn;
         send_ack(psn, wire::Aeth::make(wire::AckType::RnrNak, attrs_.min_rnr_timer));
         return;
     }

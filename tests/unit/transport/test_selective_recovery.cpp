@@ -376,6 +376,199 @@ TEST_CASE(
     CHECK(region(t.p.a, 200, 16) == bytes(16, 2));
 }
 
+namespace {
+
+// One packet of a receive batch that is not over yet: the ACKs it asks for stay pending.
+void in_batch(Hostile& t, const wire::Headers& h, std::span<const uint8_t> payload = {}) {
+    t.p.a.engine->receive_datagram(t.peer.forge(h, payload), t.peer.ip, t.peer.port, false);
+}
+
+}  // namespace
+
+TEST_CASE("Responder: after a READ or an atomic fills the gap, no ACK names its PSN",
+          "[selective][responder]") {
+    QpAttributes attrs = default_attributes();
+    attrs.access |= kRemoteAtomic;
+    attrs.max_dest_rd_atomic = 4;
+    Hostile t(attrs);
+    // PSN 0 is lost; WRITE 1, asking for an ACK, is kept. The requester goes back N (a READ
+    // or an atomic is never resent alone), and 0 comes again.
+    t.peer.inject(t.write(wire::Opcode::RcWriteOnly, 1, kAt, 64, true), bytes(64, 5));
+    REQUIRE(t.p.a.counters().rx_early_kept.load() == 1);
+    t.a_out.clear();
+    SECTION("a READ") {
+        t.peer.inject(t.read(0, 0, 64));
+        CHECK(read_responses(t.a_out) == 1);
+    }
+    SECTION("an atomic") {
+        constexpr size_t kTarget = 32768;
+        const MemoryKeys keys = t.p.a.engine->memory().add(
+            kPd, t.p.a.addr(kTarget), 64, t.p.a.iova + kTarget, kLocalWrite | kRemoteAtomic);
+        wire::Headers fadd = t.peer.headers(wire::Opcode::RcFetchAdd, 0);
+        fadd.bth.ack_req = true;
+        fadd.atomic = {t.p.a.iova + kTarget, keys.rkey, 1, 0};
+        t.peer.inject(fadd);
+        CHECK(t.a_out.count_opcode(wire::Opcode::RcAtomicAcknowledge) == 1);
+    }
+    CHECK(region(t.p.a, kAt, 64) == bytes(64, 5));  // the kept WRITE ran
+    // PSN 0's answer is its response: a plain ACK naming 0 would complete it at a requester
+    // that lost that response (rxe does, for a one-packet READ or an atomic).
+    for (const Sent& x : sent(t.a_out))
+        if (x.is_plain_ack()) CHECK(x.psn != 0);
+    // The requester resends the WRITE: now the ACK names it.
+    t.a_out.clear();
+    t.peer.inject(t.write(wire::Opcode::RcWriteOnly, 1, kAt, 64, true), bytes(64, 5));
+    CHECK(acks(t.a_out) == std::vector<uint32_t>{1});
+}
+
+TEST_CASE("Responder: a READ that arrives while a cap holds does not become what the ACK names",
+          "[selective][responder]") {
+    Hostile t;
+    // WRITE 0 and READ 2 are lost; WRITEs 1 and 3 are kept (a READ never is).
+    t.peer.inject(t.write(wire::Opcode::RcWriteOnly, 1, kAt, 64, false), bytes(64, 1));
+    t.peer.inject(t.read(2, 0, 64));
+    t.peer.inject(t.write(wire::Opcode::RcWriteOnly, 3, kAt + 64, 64, true), bytes(64, 3));
+    REQUIRE(t.p.a.counters().rx_early_kept.load() == 2);
+    // 0 comes again alone: 1 runs after it, the ACK names 0 (the cap).
+    t.peer.inject(t.write(wire::Opcode::RcWriteOnly, 0, kAt + 128, 64, true), bytes(64, 0));
+    REQUIRE(region(t.p.a, kAt, 64) == bytes(64, 1));
+    t.a_out.clear();
+    // Then the READ, alone again: it runs, and 3 after it.
+    t.peer.inject(t.read(2, 0, 64));
+    CHECK(read_responses(t.a_out) == 1);
+    CHECK(region(t.p.a, kAt + 64, 64) == bytes(64, 3));
+    for (const Sent& x : sent(t.a_out))
+        if (x.is_plain_ack()) CHECK(x.psn != 2);
+    // The WRITEs the requester sends again are what the ACK may name.
+    t.a_out.clear();
+    t.peer.inject(t.write(wire::Opcode::RcWriteOnly, 1, kAt, 64, false), bytes(64, 1));
+    t.peer.inject(t.write(wire::Opcode::RcWriteOnly, 3, kAt + 64, 64, true), bytes(64, 3));
+    CHECK(acks(t.a_out).back() == 3);
+}
+
+TEST_CASE("Responder: a kept SEND held behind READ responses draws no RNR NAK either",
+          "[selective][responder]") {
+    Hostile t;  // no receive WQE posted
+    // One receive batch: READ 0, whose response is due at its end; WRITE 2 and SEND 3 early
+    // (1 lost); then 1. All three wait behind the response, the kept ones marked so.
+    in_batch(t, t.read(0, 0, 64));
+    in_batch(t, t.write(wire::Opcode::RcWriteOnly, 2, kAt + 64, 64, false), bytes(64, 2));
+    wire::Headers send = t.peer.headers(wire::Opcode::RcSendOnly, 3);
+    send.bth.ack_req = true;
+    in_batch(t, send, bytes(16, 3));
+    REQUIRE(t.p.a.counters().rx_early_kept.load() == 2);
+    in_batch(t, t.write(wire::Opcode::RcWriteOnly, 1, kAt, 64, true), bytes(64, 1));
+    t.p.a.qp->flush_ack();
+    CHECK(t.p.a.counters().rx_early_run.load() == 2);
+    CHECK(region(t.p.a, kAt, 64) == bytes(64, 1));
+    CHECK(region(t.p.a, kAt + 64, 64) == bytes(64, 2));
+    // SEND 3 found no WQE: it goes silently, since an RNR NAK for 3 would acknowledge the
+    // kept WRITE 2 before the requester sent it again. The ACK names 1.
+    CHECK(t.p.a.counters().tx_rnr_naks.load() == 0);
+    for (const Sent& x : sent(t.a_out)) {
+        CHECK_FALSE((x.is(wire::Opcode::RcAcknowledge) && x.psn >= 2));
+    }
+    CHECK(acks(t.a_out) == std::vector<uint32_t>{1});
+    // Sent again in sequence, SEND 3 draws the RNR NAK (after 2 came again).
+    t.a_out.clear();
+    t.peer.inject(t.write(wire::Opcode::RcWriteOnly, 2, kAt + 64, 64, false), bytes(64, 2));
+    t.peer.inject(send, bytes(16, 3));
+    CHECK(t.p.a.counters().tx_rnr_naks.load() == 1);
+    // Nothing after the RNR NAK names less than it does.
+    const auto out = sent(t.a_out);
+    REQUIRE_FALSE(out.empty());
+    CHECK(out.back().psn == 3);
+}
+
+TEST_CASE("Responder: the cap stays while kept requests wait behind READ responses",
+          "[selective][responder]") {
+    PairOptions o;
+    o.mem_bytes = 256 * 1024;
+    Hostile t(default_attributes(), o);
+    constexpr uint32_t kReadPackets = 128;  // two bursts of responses, PSNs 1-128
+    // One batch: WRITE 0 (its ACK pending at the batch's end), a long READ 1, WRITE 130
+    // early (129 lost), then 129. The READ's responses go out over two steps; 129 and the
+    // kept 130 wait for them.
+    in_batch(t, t.write(wire::Opcode::RcWriteOnly, 0, kAt, 64, true), bytes(64, 0));
+    in_batch(t, t.read(1, 64 * 1024, kReadPackets * kMtu));
+    in_batch(t, t.write(wire::Opcode::RcWriteOnly, 130, kAt + 128, 64, true), bytes(64, 3));
+    REQUIRE(t.p.a.counters().rx_early_kept.load() == 1);
+    in_batch(t, t.write(wire::Opcode::RcWriteOnly, 129, kAt + 64, 64, false), bytes(64, 2));
+    t.p.a.qp->flush_ack();  // the batch's end: ACK 0 goes, the kept 130 still waits
+    REQUIRE(eventually(
+        [&] { return read_responses(t.a_out) == kReadPackets && acks(t.a_out).size() >= 2; }));
+    CHECK(region(t.p.a, kAt + 64, 64) == bytes(64, 2));
+    CHECK(region(t.p.a, kAt + 128, 64) == bytes(64, 3));
+    // When 129 and 130 ran, the requester had not sent 130 again: the ACK names 129.
+    const auto a = acks(t.a_out);
+    CHECK(a.front() == 0);
+    CHECK(a.back() == 129);
+    CHECK(std::find(a.begin(), a.end(), 130u) == a.end());
+}
+
+TEST_CASE("Responder: a QP the transport moves to ERR acknowledges all kept requests completed",
+          "[selective][responder]") {
+    Hostile t;
+    const auto data = bytes(4 * kMtu, 7);
+    t.peer.inject(t.write(wire::Opcode::RcWriteMiddle, 1, 0, 0, false), part(data, 1));
+    t.peer.inject(t.write(wire::Opcode::RcWriteMiddle, 2, 0, 0, false), part(data, 2));
+    t.peer.inject(t.write(wire::Opcode::RcWriteLast, 3, 0, 0, true), part(data, 3));
+    t.peer.inject(t.write(wire::Opcode::RcWriteFirst, 0, kAt, 4 * kMtu, true), part(data, 0));
+    REQUIRE(region(t.p.a, kAt, data.size()) == data);
+    REQUIRE(acks(t.a_out) == std::vector<uint32_t>{0});  // capped
+    t.a_out.clear();
+    // The QP's own request fails (a bad lkey): the transport moves it to ERR, not the
+    // application.
+    REQUIRE(t.p.a.qp->post_send(send_wqe(1, {Sge{t.p.a.addr(0), 100, t.p.a.keys.lkey + 0x100}})) ==
+            0);
+    const auto failed = t.p.wait(*t.p.a.scq, 1);
+    REQUIRE(failed.size() == 1);
+    CHECK(failed[0].status == WcStatus::LocProtErr);
+    REQUIRE(t.p.a.qp->state() == QpState::Err);
+    CHECK(acks(t.a_out) == std::vector<uint32_t>{3});
+}
+
+TEST_CASE("Responder: a receive CQ overrun by a held SEND fails that SEND, not the next",
+          "[selective][responder]") {
+    PairOptions o;
+    o.cq_capacity = 1;
+    Hostile t(default_attributes(), o);
+    REQUIRE(t.p.a.qp->post_recv(recv_wqe(1, {t.p.a.sge(0, 64)})) == 0);
+    REQUIRE(t.p.a.qp->post_recv(recv_wqe(2, {t.p.a.sge(100, 64)})) == 0);
+    REQUIRE(t.p.a.qp->post_recv(recv_wqe(3, {t.p.a.sge(200, 64)})) == 0);
+    wire::Headers send = t.peer.headers(wire::Opcode::RcSendOnly, 0);
+    send.bth.ack_req = true;
+    t.peer.inject(send, bytes(16, 0));  // fills the receive CQ: nobody polls it
+    t.a_out.clear();
+    // One batch: READ 1, then SENDs 2 and 3 held behind its response.
+    in_batch(t, t.read(1, 0, 64));
+    send.bth.psn = 2;
+    in_batch(t, send, bytes(16, 2));
+    send.bth.psn = 3;
+    in_batch(t, send, bytes(16, 3));
+    t.p.a.qp->flush_ack();
+    REQUIRE(t.p.a.qp->state() == QpState::Err);
+    // SEND 2's completion is lost: the NAK fails it at the requester. A NAK for 3 would
+    // report 2 done and fail 3, which never ran.
+    CHECK(naks(t.a_out, wire::NakCode::RemoteOperationalError, 2) == 1);
+    CHECK(naks(t.a_out, wire::NakCode::RemoteOperationalError, 3) == 0);
+    CHECK(region(t.p.a, 200, 16) != bytes(16, 3));
+}
+
+TEST_CASE("Responder: a READ at the PSN of a kept WRITE throws the kept one away",
+          "[selective][responder]") {
+    Hostile t;
+    const auto before = region(t.p.a, kAt, 64);
+    t.peer.inject(t.write(wire::Opcode::RcWriteOnly, 1, kAt, 64, true), bytes(64, 5));
+    REQUIRE(t.p.a.counters().rx_early_kept.load() == 1);
+    t.peer.inject(t.read(1, 0, 64));  // the same PSN, another request: one is not the peer's
+    CHECK(t.p.a.counters().rx_early_dropped.load() == 1);
+    CHECK(t.p.a.engine->early_request_budget().in_use() == 0);
+    t.peer.inject(t.write(wire::Opcode::RcWriteOnly, 0, kAt + 128, 64, true), bytes(64, 6));
+    CHECK(t.p.a.counters().rx_early_run.load() == 0);
+    CHECK(region(t.p.a, kAt, 64) == before);
+}
+
 TEST_CASE("Responder: with selective recovery off, requests after a lost one are dropped",
           "[selective][responder]") {
     PairOptions o;
