@@ -218,6 +218,9 @@ class RcQp final : public QpCommon {
     bool probe_selected();
     // What an answer acknowledging everything up to `acked` says of the peer.
     void judge_selective(uint32_t acked);
+    // The sq_ index of the SEND or WRITE whose PSNs hold `psn` (the only requests a peer
+    // keeps, and so the only ones resent alone), or -1.
+    int64_t keepable_request_at(uint32_t psn) const;
     bool gather(const SqEntry& e, uint32_t offset, uint32_t len, std::span<iovec> iov,
                 size_t& niov) const;
 

@@ -58,14 +58,20 @@ void RcQp::on_sequence_nak(uint32_t psn) {
         if (acked == selective_psn_) {
             // Only the resent packet was taken: nothing after it was kept, or the next one
             // was lost too. A peer known to keep has lost the next one, a few times in a
-            // row at most; anyone else goes back N from there.
+            // row at most; anyone else goes back N from there. If the next one is a READ or
+            // an atomic, which no peer keeps, the answer says nothing of keeping: back N
+            // from it (it cannot be resent alone), no strike.
             selective_open_ = false;
-            if (peer_keeps_ != PeerKeeps::Yes || ++selective_chain_ >= kSelectiveChain) {
+            if (keepable_request_at(psn) < 0) {
                 go_back = true;
-                selective_chain_ = 0;
+            } else {
+                if (peer_keeps_ != PeerKeeps::Yes || ++selective_chain_ >= kSelectiveChain) {
+                    go_back = true;
+                    selective_chain_ = 0;
+                }
+                if (peer_keeps_ == PeerKeeps::Unknown && ++keep_strikes_ >= kKeepStrikes)
+                    peer_keeps_ = PeerKeeps::No;
             }
-            if (peer_keeps_ == PeerKeeps::Unknown && ++keep_strikes_ >= kKeepStrikes)
-                peer_keeps_ = PeerKeeps::No;
         } else {
             judge_selective(acked);
         }
@@ -102,19 +108,20 @@ bool RcQp::probe_selected() {
     return resend_selected(oldest_unacked(), Resend::Probe);
 }
 
+int64_t RcQp::keepable_request_at(uint32_t psn) const {
+    for (size_t i = 0; i < sq_.size(); ++i) {
+        const SqEntry& e = sq_[i];
+        if (!e.assigned) break;
+        const int32_t d = psn_diff(psn, e.psn);
+        if (d < 0 || d >= static_cast<int32_t>(e.npkts)) continue;
+        if (is_local_op(e.wqe.opcode) || takes_responder_resource(e.wqe.opcode)) return -1;
+        return static_cast<int64_t>(i);
+    }
+    return -1;
+}
+
 bool RcQp::resend_selected(uint32_t psn, Resend why) {
-    // The sq_ index of the SEND or WRITE whose PSNs hold `p`, or -1.
-    const auto index_of = [this](uint32_t p) -> int64_t {
-        for (size_t i = 0; i < sq_.size(); ++i) {
-            const SqEntry& e = sq_[i];
-            if (!e.assigned) break;
-            const int32_t d = psn_diff(p, e.psn);
-            if (d < 0 || d >= static_cast<int32_t>(e.npkts)) continue;
-            if (is_local_op(e.wqe.opcode) || takes_responder_resource(e.wqe.opcode)) return -1;
-            return static_cast<int64_t>(i);
-        }
-        return -1;
-    };
+    const auto index_of = [this](uint32_t p) { return keepable_request_at(p); };
     // In the middle of a go-back-N (the window let only part of it out) the packets after
     // `psn` go again anyway, in order: an answer acknowledging them would pass for proof of
     // keeping. Go back N.

@@ -252,3 +252,44 @@ TEST_CASE("Requester: a NAK in the middle of a go-back-N goes back N", "[selecti
     CHECK(again[1] == 51);
     CHECK(t.p.a.counters().selective_resends.load() == 1);
 }
+
+TEST_CASE("Requester: a NAK for a READ after a selective resend is no strike against keeping",
+          "[selective][requester]") {
+    SilentResponder t;
+    const std::vector<uint8_t> data(64, 9);
+    // Twice: a 2-packet WRITE, a READ, a 2-packet WRITE; the WRITE's second packet is lost
+    // (a selective resend), then the peer NAKs the READ after it, which no peer keeps. That
+    // says nothing of keeping: back N from the READ, and no strike.
+    for (uint32_t round = 0; round < 2; ++round) {
+        INFO("round " << round);
+        const uint32_t first = 5 * round;
+        const uint64_t id = 10 * round;
+        REQUIRE(
+            t.p.a.qp->post_send(rdma_wqe(SendOpcode::RdmaWrite, id + 1, {t.p.a.sge(0, 2 * kMtu)},
+                                         t.p.b.iova, t.p.b.keys.rkey)) == 0);
+        REQUIRE(
+            t.p.a.qp->post_send(rdma_wqe(SendOpcode::RdmaRead, id + 2, {t.p.a.sge(64 * 1024, 64)},
+                                         t.p.b.iova, t.p.b.keys.rkey)) == 0);
+        REQUIRE(
+            t.p.a.qp->post_send(rdma_wqe(SendOpcode::RdmaWrite, id + 3, {t.p.a.sge(0, 2 * kMtu)},
+                                         t.p.b.iova, t.p.b.keys.rkey)) == 0);
+        CHECK(t.psns(5) == Psns{first, first + 1, first + 2, first + 3, first + 4});
+        t.nak(first + 1);
+        CHECK(t.psns(2) == Psns{first + 1, first + 4});
+        t.nak(first + 2);
+        CHECK(t.psns(3) == Psns{first + 2, first + 3, first + 4});
+        wire::Headers response = t.peer.headers(wire::Opcode::RcReadResponseOnly, first + 2);
+        response.aeth.syndrome = wire::Aeth::make(wire::AckType::Ack, 0x1f);
+        t.peer.inject(response, data);
+        t.peer.inject(t.peer.ack(first + 4));
+        const auto done = t.p.wait(*t.p.a.scq, 3);
+        REQUIRE(done.size() == 3);
+        for (const Completion& c : done) CHECK(c.status == WcStatus::Success);
+        CHECK(std::vector<uint8_t>(t.p.a.at(64 * 1024), t.p.a.at(64 * 1024) + 64) == data);
+    }
+    // The next loss still gets a selective resend: two strikes would have ended them.
+    t.write8(30);  // PSNs 10-17
+    t.nak(12);
+    CHECK(t.psns(2) == Psns{12, 17});
+    t.done(17, 30);
+}
