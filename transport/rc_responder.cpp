@@ -431,7 +431,10 @@ void RcQp::on_duplicate(const wire::ParsedPacket& pkt) {
     const wire::Reth& reth = pkt.h.reth;
     ReadResource* r = reads_.find(psn);
     const int64_t i = r ? r->index_of(psn) : -1;
+    // Never from beyond what went out once: the requester cannot ask for responses it was
+    // never sent, and skipping them would leave them unsent.
     if (r == nullptr || r->atomic || !(attrs_.access & kRemoteRead) || reth.rkey != r->rkey ||
+        i > static_cast<int64_t>(r->sent_once) ||
         reth.va != r->va + r->offset_of(static_cast<uint32_t>(i)) ||
         uint64_t{reth.dma_len} != r->length - std::min<uint64_t>(r->length, r->offset_of(i))) {
         bump(engine_.counters().rx_duplicate_dropped);

@@ -22,6 +22,12 @@ void ReadResources::set_capacity(uint32_t n) {
 }
 
 ReadResource* ReadResources::admit(const ReadResource& r) {
+    // One whose PSNs the new request's overlap is from an earlier lap of the 24-bit PSN
+    // space (a requester never has two requests at one PSN): left in place, it would answer
+    // the new one's duplicates (find() looks from the oldest).
+    std::erase_if(entries_, [&r](const ReadResource& e) {
+        return e.index_of(r.psn) >= 0 || r.index_of(e.psn) >= 0;
+    });
     while (entries_.size() >= capacity_) {
         // A READ whose responses have not all gone out is one the requester cannot have
         // finished, so it still counts against its max_rd_atomic. One that has may be

@@ -55,10 +55,11 @@ class ReadResources {
     void set_capacity(uint32_t n);
     uint32_t capacity() const { return capacity_; }
 
-    // Takes a new READ. Recycles the oldest resource whose responses have all gone out
-    // once if all are in use; returns nullptr when none can be recycled: the requester
-    // has more READs outstanding than max_dest_rd_atomic (every resource holds a READ it
-    // cannot have finished).
+    // Takes a new READ. Drops any resource whose PSNs overlap the new one's (a request of
+    // an earlier lap of the PSN space). Recycles the oldest resource whose responses have
+    // all gone out once if all are in use; returns nullptr when none can be recycled: the
+    // requester has more READs outstanding than max_dest_rd_atomic (every resource holds a
+    // READ it cannot have finished).
     ReadResource* admit(const ReadResource& r);
     // The resource whose response PSNs include `psn`, or nullptr.
     ReadResource* find(uint32_t psn);

@@ -223,3 +223,42 @@ TEST_CASE("Atomics: an Atomic Acknowledge must answer an atomic", "[atomic]") {
     CHECK(p.stays_empty(*p.a.scq));
     CHECK(all_bytes(p.a.at(8), 64, kUntouched));
 }
+
+// The PSN space is 24 bits: one lap later a request takes the PSN of an old one. A duplicate
+// of the new one must be answered from its own resource, not from the old one's, which no
+// lap of fewer than max_dest_rd_atomic READs and atomics pushes out (zero-length WRITEs
+// carry the PSN round here: 2^24 packets, a few seconds).
+TEST_CASE("Atomics: one lap of the PSN space later, a duplicate is answered from its own request",
+          "[atomic][wrap]") {
+    AtomicHostile h;
+    put_u64(h.target(), 100);
+    h.t.peer.inject(atomic_request(h.t.peer, wire::Opcode::RcFetchAdd, 0, h.va(), h.keys.rkey, 1));
+    h.t.peer.inject(h.t.read(1, 0, 4 * kMtu));  // PSNs 1-4
+    REQUIRE(h.t.p.wait_until(
+        [&] { return atomic_acks(h.t.a_out) == 1 && read_responses(h.t.a_out) == 4; }));
+    for (uint32_t psn = 5; psn <= wire::kPsnMask; ++psn)
+        h.t.peer.inject(h.t.write(wire::Opcode::RcWriteOnly, psn, 0, 0, false));
+    h.t.a_out.clear();
+    // PSN 0 again: a new FetchAdd with the same operands (it finds 101), and a new READ at
+    // PSN 1, elsewhere.
+    h.t.peer.inject(atomic_request(h.t.peer, wire::Opcode::RcFetchAdd, 0, h.va(), h.keys.rkey, 1));
+    h.t.peer.inject(h.t.read(1, 8192, kMtu));
+    REQUIRE(h.t.p.wait_until(
+        [&] { return atomic_acks(h.t.a_out) == 1 && read_responses(h.t.a_out) == 1; }));
+    CHECK(u64(h.target()) == 102);
+    h.t.a_out.clear();
+    // Both answers were lost: the requester asks again.
+    h.t.peer.inject(atomic_request(h.t.peer, wire::Opcode::RcFetchAdd, 0, h.va(), h.keys.rkey, 1));
+    h.t.peer.inject(h.t.read(1, 8192, kMtu));
+    REQUIRE(h.t.p.wait_until(
+        [&] { return atomic_acks(h.t.a_out) == 1 && read_responses(h.t.a_out) == 1; }));
+    for (const Sent& s : sent(h.t.a_out)) {
+        if (s.is(wire::Opcode::RcAtomicAcknowledge)) CHECK(s.atomic_ack == 101);
+        if (s.is_read_response()) {
+            CHECK(s.psn == 1);
+            CHECK(s.payload == std::vector<uint8_t>(h.t.p.a.at(8192), h.t.p.a.at(8192 + kMtu)));
+        }
+    }
+    CHECK(u64(h.target()) == 102);  // executed once
+    CHECK(h.t.p.a.counters().rx_duplicate_dropped.load() == 0);
+}

@@ -184,6 +184,29 @@ TEST_CASE("Responder: duplicates that match no executed READ are dropped and cou
     CHECK(t.p.a.qp->state() == QpState::Rts);
 }
 
+TEST_CASE("Responder: a duplicate READ cannot skip responses that have not gone out",
+          "[responder][duplicate]") {
+    Hostile t(default_attributes(), long_reads());
+    {
+        EngineThreadBlocker hold(*t.p.a.engine);
+        t.peer.inject(t.read(0, 0, kLong * kMtu));
+        REQUIRE(read_responses(t.a_out) == kBurst);
+        // A "duplicate" asking from past what went out: no requester was sent those PSNs,
+        // and moving the cursor there would leave the ones between unsent.
+        constexpr uint32_t kSkip = kBurst + 5;
+        t.peer.inject(t.read(kSkip, uint64_t{kSkip} * kMtu, (kLong - kSkip) * kMtu));
+        CHECK(t.p.a.counters().rx_duplicate_dropped.load() == 1);
+    }
+    REQUIRE(t.p.wait_until([&] { return read_responses(t.a_out) == kLong; }));
+    t.p.wait_until([] { return false; }, 20ms);
+    const auto out = sent(t.a_out);
+    REQUIRE(out.size() == kLong);  // each response once, in order
+    for (uint32_t i = 0; i < kLong; ++i) {
+        CAPTURE(i);
+        CHECK(out[i].psn == i);
+    }
+}
+
 TEST_CASE("Responder: more READs outstanding than max_dest_rd_atomic get an invalid request NAK",
           "[responder][resources]") {
     QpAttributes attrs = default_attributes();
