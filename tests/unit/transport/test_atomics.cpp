@@ -236,8 +236,22 @@ TEST_CASE("Atomics: one lap of the PSN space later, a duplicate is answered from
     h.t.peer.inject(h.t.read(1, 0, 4 * kMtu));  // PSNs 1-4
     REQUIRE(h.t.p.wait_until(
         [&] { return atomic_acks(h.t.a_out) == 1 && read_responses(h.t.a_out) == 4; }));
-    for (uint32_t psn = 5; psn <= wire::kPsnMask; ++psn)
-        h.t.peer.inject(h.t.write(wire::Opcode::RcWriteOnly, psn, 0, 0, false));
+    // One buffer for the 2^24 - 5 WRITEs, its PSN (BTH bytes 9-11) and ICRC rewritten for each.
+    std::vector<uint8_t> write =
+        h.t.peer.forge(h.t.write(wire::Opcode::RcWriteOnly, 5, 0, 0, false));
+    const wire::IpFlow flow{h.t.peer.ip, h.t.p.a.engine->config().ip, h.t.peer.port,
+                            h.t.p.a.engine->config().port};
+    const size_t covered = write.size() - 4;
+    for (uint32_t psn = 5; psn <= wire::kPsnMask; ++psn) {
+        write[9] = static_cast<uint8_t>(psn >> 16);
+        write[10] = static_cast<uint8_t>(psn >> 8);
+        write[11] = static_cast<uint8_t>(psn);
+        const uint32_t crc =
+            wire::icrc(flow, wire::Ipv4Unseen{}, std::span<const uint8_t>(write.data(), covered));
+        for (size_t i = 0; i < 4; ++i) write[covered + i] = static_cast<uint8_t>(crc >> (8 * i));
+        h.t.p.a.engine->receive_datagram(write, h.t.peer.ip, h.t.peer.port);
+    }
+    REQUIRE(h.t.p.a.counters().rx_bad_icrc.load() == 0);
     h.t.a_out.clear();
     // PSN 0 again: a new FetchAdd with the same operands (it finds 101), and a new READ at
     // PSN 1, elsewhere.
