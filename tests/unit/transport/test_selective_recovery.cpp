@@ -176,6 +176,35 @@ std::vector<uint32_t> acks(const TxRecorder& rec) {
     return out;
 }
 
+// One packet of a receive batch that is not over yet: the ACKs it asks for stay pending.
+void in_batch(Hostile& t, const wire::Headers& h, std::span<const uint8_t> payload = {}) {
+    t.p.a.engine->receive_datagram(t.peer.forge(h, payload), t.peer.ip, t.peer.port, false);
+}
+
+// A 4-packet WRITE of `data` at kAt whose first packet comes last: 1-3 are kept, and run
+// when 0 comes; the ACK names 0 (the cap: 1-3 not sent again yet).
+void kept_then_filled(Hostile& t, const std::vector<uint8_t>& data) {
+    t.peer.inject(t.write(wire::Opcode::RcWriteMiddle, 1, 0, 0, false), part(data, 1));
+    t.peer.inject(t.write(wire::Opcode::RcWriteMiddle, 2, 0, 0, false), part(data, 2));
+    t.peer.inject(t.write(wire::Opcode::RcWriteLast, 3, 0, 0, true), part(data, 3));
+    t.peer.inject(t.write(wire::Opcode::RcWriteFirst, 0, kAt, 4 * kMtu, true), part(data, 0));
+    REQUIRE(region(t.p.a, kAt, data.size()) == data);
+    REQUIRE(acks(t.a_out) == std::vector<uint32_t>{0});
+}
+
+// The application stops a's QP, one way per section: destroyed, to ERR, to RESET.
+void stop_each_way(Hostile& t) {
+    SECTION("destroyed") {
+        t.p.a.qp->close();
+    }
+    SECTION("to ERR") {
+        REQUIRE(t.p.a.qp->modify(t.p.a.qp->attributes(), QpState::Rts, QpState::Err) == 0);
+    }
+    SECTION("to RESET") {
+        REQUIRE(t.p.a.qp->modify(t.p.a.qp->attributes(), QpState::Rts, QpState::Reset) == 0);
+    }
+}
+
 }  // namespace
 
 TEST_CASE(
@@ -220,23 +249,11 @@ TEST_CASE("Responder: a QP that stops answering acknowledges all that kept reque
           "[selective][responder]") {
     Hostile t;
     const auto data = bytes(4 * kMtu, 7);
-    t.peer.inject(t.write(wire::Opcode::RcWriteMiddle, 1, 0, 0, false), part(data, 1));
-    t.peer.inject(t.write(wire::Opcode::RcWriteMiddle, 2, 0, 0, false), part(data, 2));
-    t.peer.inject(t.write(wire::Opcode::RcWriteLast, 3, 0, 0, true), part(data, 3));
-    t.peer.inject(t.write(wire::Opcode::RcWriteFirst, 0, kAt, 4 * kMtu, true), part(data, 0));
-    REQUIRE(acks(t.a_out) == std::vector<uint32_t>{0});  // capped: 1-3 not resent yet
+    kept_then_filled(t, data);
     t.a_out.clear();
     // The application, its last completion seen, stops the QP before the requester has sent
     // 1-3 again: nothing would acknowledge them after this.
-    SECTION("destroyed") {
-        t.p.a.qp->close();
-    }
-    SECTION("to ERR") {
-        REQUIRE(t.p.a.qp->modify(t.p.a.qp->attributes(), QpState::Rts, QpState::Err) == 0);
-    }
-    SECTION("to RESET") {
-        REQUIRE(t.p.a.qp->modify(t.p.a.qp->attributes(), QpState::Rts, QpState::Reset) == 0);
-    }
+    stop_each_way(t);
     const auto out = sent(t.a_out);
     REQUIRE(out.size() == 1);
     CHECK(out[0].is_plain_ack());
@@ -257,9 +274,7 @@ TEST_CASE("Responder: a QP that stops mid-batch acknowledges all it executed, no
     t.a_out.clear();
     // The ACK for 3 was lost: the requester goes back to 1. In the middle of the receive
     // batch that took the resend (its ACK still pending), the application stops the QP.
-    t.p.a.engine->receive_datagram(
-        t.peer.forge(t.write(wire::Opcode::RcWriteMiddle, 1, 0, 0), part(data, 1)), t.peer.ip,
-        t.peer.port, false);
+    in_batch(t, t.write(wire::Opcode::RcWriteMiddle, 1, 0, 0), part(data, 1));
     REQUIRE(sent(t.a_out).empty());
     // Nothing of a stopped QP answers the resends of 2 and 3: its last ACK names them.
     uint32_t named = 3;
@@ -267,15 +282,7 @@ TEST_CASE("Responder: a QP that stops mid-batch acknowledges all it executed, no
         t.p.a.qp->flush_ack();
         named = 1;
     }
-    SECTION("destroyed") {
-        t.p.a.qp->close();
-    }
-    SECTION("to ERR") {
-        REQUIRE(t.p.a.qp->modify(t.p.a.qp->attributes(), QpState::Rts, QpState::Err) == 0);
-    }
-    SECTION("to RESET") {
-        REQUIRE(t.p.a.qp->modify(t.p.a.qp->attributes(), QpState::Rts, QpState::Reset) == 0);
-    }
+    stop_each_way(t);
     const auto out = sent(t.a_out);
     REQUIRE(out.size() == 1);
     CHECK(out[0].is_plain_ack());
@@ -375,15 +382,6 @@ TEST_CASE(
     CHECK(region(t.p.a, 100, 16) == bytes(16, 1));
     CHECK(region(t.p.a, 200, 16) == bytes(16, 2));
 }
-
-namespace {
-
-// One packet of a receive batch that is not over yet: the ACKs it asks for stay pending.
-void in_batch(Hostile& t, const wire::Headers& h, std::span<const uint8_t> payload = {}) {
-    t.p.a.engine->receive_datagram(t.peer.forge(h, payload), t.peer.ip, t.peer.port, false);
-}
-
-}  // namespace
 
 TEST_CASE("Responder: after a READ or an atomic fills the gap, no ACK names its PSN",
           "[selective][responder]") {
@@ -510,12 +508,7 @@ TEST_CASE("Responder: a QP the transport moves to ERR acknowledges all kept requ
           "[selective][responder]") {
     Hostile t;
     const auto data = bytes(4 * kMtu, 7);
-    t.peer.inject(t.write(wire::Opcode::RcWriteMiddle, 1, 0, 0, false), part(data, 1));
-    t.peer.inject(t.write(wire::Opcode::RcWriteMiddle, 2, 0, 0, false), part(data, 2));
-    t.peer.inject(t.write(wire::Opcode::RcWriteLast, 3, 0, 0, true), part(data, 3));
-    t.peer.inject(t.write(wire::Opcode::RcWriteFirst, 0, kAt, 4 * kMtu, true), part(data, 0));
-    REQUIRE(region(t.p.a, kAt, data.size()) == data);
-    REQUIRE(acks(t.a_out) == std::vector<uint32_t>{0});  // capped
+    kept_then_filled(t, data);
     t.a_out.clear();
     // The QP's own request fails (a bad lkey): the transport moves it to ERR, not the
     // application.
