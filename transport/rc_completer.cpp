@@ -180,9 +180,19 @@ RcQp::SqEntry* RcQp::entry_for_psn(uint32_t psn) {
     return nullptr;
 }
 
+bool RcQp::fails_front_read(const wire::ParsedPacket& pkt) const {
+    const uint16_t flags = pkt.info->flags;
+    if (!has_outstanding() || !(flags & wire::kAck) || (flags & wire::kAtomic) ||
+        pkt.h.aeth.type() != wire::AckType::Nak ||
+        pkt.h.aeth.value() == static_cast<uint8_t>(wire::NakCode::PsnSequenceError))
+        return false;
+    const SqEntry& e = sq_.front();
+    return takes_responder_resource(e.wqe.opcode) && pkt.h.bth.psn == e.psn;
+}
+
 void RcQp::on_response(const wire::ParsedPacket& pkt) {
     const uint16_t flags = pkt.info->flags;
-    if (!response_in_window(pkt.h.bth.psn)) {
+    if (!response_in_window(pkt.h.bth.psn) && !fails_front_read(pkt)) {
         if ((flags & wire::kAck) && !(flags & wire::kAtomic) &&
             pkt.h.aeth.type() == wire::AckType::Ack)
             on_stale_ack(pkt.h.bth.psn);

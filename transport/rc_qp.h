@@ -247,6 +247,11 @@ class RcQp final : public QpCommon {
     // True if `psn` lies in [oldest unacknowledged PSN, highest PSN sent]: the only PSNs a
     // genuine response can carry.
     bool response_in_window(uint32_t psn) const;
+    // An error NAK (not a sequence error) naming the first PSN of the READ or atomic at the
+    // front, which lies before the window once some of the READ's responses came: a READ
+    // that its responder stops part-way (the region went away) is failed so (rxe and uroce's
+    // responder name the request's PSN), and must complete with that error, not time out.
+    bool fails_front_read(const wire::ParsedPacket& pkt) const;
     // The outstanding request whose PSN range holds `psn`, or nullptr.
     SqEntry* entry_for_psn(uint32_t psn);
     uint32_t oldest_unacked() const;

@@ -180,6 +180,9 @@ void RcQp::pump_window() {
                 e.npkts = 0;
                 e.failed = run_local_op(e.wqe);
             }
+            // One that failed stops the QP when it completes (at the front, with its error):
+            // nothing posted after it may reach the peer meanwhile, only to be flushed.
+            if (e.failed != WcStatus::Success) break;
             ++send_index_;
             send_pkt_ = 0;
             continue;

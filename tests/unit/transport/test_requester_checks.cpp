@@ -10,6 +10,7 @@
 
 #include "tests/unit/transport/engine_pair.h"
 #include "tests/unit/transport/forged_peer.h"
+#include "tests/unit/transport/hostile_peer.h"
 
 using namespace uroce::transport;
 using namespace uroce::transport::test;
@@ -257,4 +258,61 @@ TEST_CASE("Requester: READ responses out of order or of the wrong length fail th
     // Nothing beyond the READ's buffer, ever; nothing at all when the first response is bad.
     CHECK(all_bytes(p.a.at(kLen), 4096, kUntouched));
     if (!expect_partial) CHECK(all_bytes(p.a.at(0), kLen, kUntouched));
+}
+
+TEST_CASE("Requester: nothing posted after a failed bind reaches the peer", "[requester][mw]") {
+    QpAttributes attrs = default_attributes();
+    attrs.timeout = 18;  // 1 s: no timer resend while the test answers by hand
+    Hostile t(attrs);
+    auto& a = t.p.a;
+    REQUIRE(a.qp->post_send(rdma_wqe(SendOpcode::RdmaWrite, 1, {a.sge(0, 64)}, t.p.b.iova,
+                                     t.p.b.keys.rkey)) == 0);
+    REQUIRE(t.p.wait_until([&] { return t.a_out.count_opcode(wire::Opcode::RcWriteOnly) == 1; }));
+    // A bind of a window that does not exist fails; the WRITE after it must not go out (the
+    // peer would execute it, and the application be told it was flushed).
+    SendWqe bind;
+    bind.wr_id = 2;
+    bind.opcode = SendOpcode::BindMw;
+    bind.bind.mw_rkey = 0x12345678;
+    bind.bind.new_rkey = 0x12345679;
+    bind.bind.mr_lkey = a.keys.lkey;
+    bind.bind.addr = a.addr(0);
+    bind.bind.length = 64;
+    bind.bind.access = kRemoteWrite;
+    REQUIRE(a.qp->post_send(bind) == 0);
+    REQUIRE(a.qp->post_send(rdma_wqe(SendOpcode::RdmaWrite, 3, {a.sge(64, 64)}, t.p.b.iova + 64,
+                                     t.p.b.keys.rkey)) == 0);
+    t.p.wait_until([] { return false; }, 100ms);
+    CHECK(t.a_out.count([](const wire::ParsedPacket& p) { return p.h.bth.psn == 1; }) == 0);
+    t.peer.inject(t.peer.ack(0));
+    const auto cs = t.p.wait(*a.scq, 3);
+    REQUIRE(cs.size() == 3);
+    CHECK(cs[0].status == WcStatus::Success);
+    CHECK(cs[1].status == WcStatus::MwBindErr);
+    CHECK(cs[2].status == WcStatus::WrFlushErr);
+    CHECK(a.qp->state() == QpState::Err);
+}
+
+TEST_CASE("Requester: a READ its responder stops part-way fails with the NAK's error",
+          "[requester][read]") {
+    QpAttributes attrs = default_attributes();
+    attrs.timeout = 10;  // 4 ms
+    attrs.retry_cnt = 1;
+    Hostile t(attrs);
+    auto& a = t.p.a;
+    constexpr uint32_t kPkts = 4;
+    REQUIRE(a.qp->post_send(rdma_wqe(SendOpcode::RdmaRead, 1, {a.sge(0, kPkts * kMtu)}, t.p.b.iova,
+                                     t.p.b.keys.rkey)) == 0);
+    REQUIRE(t.p.wait_until([&] { return t.a_out.count_opcode(wire::Opcode::RcReadRequest) >= 1; }));
+    // Two responses, then the responder's region goes away: a remote access error NAK for the
+    // READ request's PSN (as uroce's responder and rxe send it), before the responses taken.
+    const std::vector<uint8_t> data(kMtu, 7);
+    t.peer.inject(t.peer.headers(wire::Opcode::RcReadResponseFirst, 0), data);
+    t.peer.inject(t.peer.headers(wire::Opcode::RcReadResponseMiddle, 1), data);
+    t.peer.inject(
+        t.peer.ack(0, wire::AckType::Nak, static_cast<uint8_t>(wire::NakCode::RemoteAccessError)));
+    const Completion c = t.p.wait_one(*a.scq);
+    CHECK(c.status == WcStatus::RemAccessErr);
+    CHECK(a.qp->state() == QpState::Err);
+    CHECK(t.p.stays_empty(*a.scq));  // once
 }
