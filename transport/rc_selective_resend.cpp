@@ -121,17 +121,16 @@ int64_t RcQp::keepable_request_at(uint32_t psn) const {
 }
 
 bool RcQp::resend_selected(uint32_t psn, Resend why) {
-    const auto index_of = [this](uint32_t p) { return keepable_request_at(p); };
     // In the middle of a go-back-N (the window let only part of it out) the packets after
     // `psn` go again anyway, in order: an answer acknowledging them would pass for proof of
     // keeping. Go back N.
     if (resending()) return false;
-    const int64_t x = index_of(psn);
+    const int64_t x = keepable_request_at(psn);
     if (x < 0) return false;
     // Without its newest packet the answer would say nothing kept, and a peer that keeps
     // nothing would wait for the timer: then go back N.
     const uint32_t tail = psn_add(sent_high_, kPsnMask);
-    const int64_t t = psn_after(tail, psn) ? index_of(tail) : -1;
+    const int64_t t = psn_after(tail, psn) ? keepable_request_at(tail) : -1;
     if (t < 0 && tail != psn) return false;
 
     if (why == Resend::Loss) engine_.note_loss();
