@@ -173,6 +173,22 @@ int Handler::query_route(const Command& c) {
     return respond(cmd.response, c.out, resp);
 }
 
+namespace {
+
+// QUERY(ADDR) and QUERY(GID)'s response without its addresses: the device and port.
+rdma_ucm_query_addr_resp address_response(const tcm::CmIdInfo& info) {
+    rdma_ucm_query_addr_resp resp{};
+    resp.ibdev_index = UINT32_MAX;
+    if (info.device) {
+        resp.node_guid = htobe64(info.device->node_guid);
+        resp.port_num = 1;
+    }
+    resp.pkey = htons(0xffff);
+    return resp;
+}
+
+}  // namespace
+
 int Handler::query(const Command& c) {
     rdma_ucm_query cmd;
     if (!take(c, cmd)) return EINVAL;
@@ -182,13 +198,7 @@ int Handler::query(const Command& c) {
     if (const int rc = u_.cm()->query(cmd.id, info); rc != 0) return rc;
     switch (cmd.option) {
         case RDMA_USER_CM_QUERY_ADDR: {
-            rdma_ucm_query_addr_resp resp{};
-            resp.ibdev_index = UINT32_MAX;
-            if (info.device) {
-                resp.node_guid = htobe64(info.device->node_guid);
-                resp.port_num = 1;
-            }
-            resp.pkey = htons(0xffff);
+            rdma_ucm_query_addr_resp resp = address_response(info);
             if (e.ib.af_ib) {
                 resp.src_size =
                     put_ib_address(e.ib, info.sgid, &resp.src_addr, sizeof resp.src_addr);
@@ -199,13 +209,7 @@ int Handler::query(const Command& c) {
             return respond(cmd.response, c.out, resp);
         }
         case RDMA_USER_CM_QUERY_GID: {
-            rdma_ucm_query_addr_resp resp{};
-            resp.ibdev_index = UINT32_MAX;
-            if (info.device) {
-                resp.node_guid = htobe64(info.device->node_guid);
-                resp.port_num = 1;
-            }
-            resp.pkey = htons(0xffff);
+            rdma_ucm_query_addr_resp resp = address_response(info);
             resp.src_size = put_ib_address(e.ib, info.sgid, &resp.src_addr, sizeof resp.src_addr);
             resp.dst_size = put_ib_address(e.ib, info.dgid, &resp.dst_addr, sizeof resp.dst_addr);
             return respond(cmd.response, c.out, resp);
