@@ -6,7 +6,9 @@
 //   - the completer reads ACKs, NAKs and READ responses, retires work requests in order
 //     and writes their completions, and runs the retransmission timer (rc_completer.cpp);
 //   - the responder executes incoming requests after the PSN, opcode-sequence and key
-//     checks, and answers with coalesced ACKs, NAKs and READ responses (rc_responder.cpp).
+//     checks, and answers with NAKs (rc_responder.cpp), READ responses, executing the
+//     requests held behind them in order (rc_read_responses.cpp), and coalesced ACKs
+//     (rc_acks.cpp).
 // Selective recovery bends go-back-N where the peer allows: the responder keeps requests that
 // come after a lost one (early_requests.h), the requester resends the lost packet alone
 // (rc_selective_resend.cpp); docs/selective-recovery.md.
@@ -77,10 +79,12 @@ enum class XrcRole : uint8_t { None, Initiator, Target };
 
 class RcQp final : public QpCommon {
   public:
-    // READ response packets sent per step, before the QP's lock is let go (rc_responder.cpp):
+    // READ response packets sent per step, before the QP's lock is let go (rc_read_responses.cpp):
     // one transmit batch's worth, one system call (16, one 64 KiB READ per call, until
     // 2026-12-01: ib_read_bw 6% slower). A longer READ goes on from the engine thread.
     static constexpr uint32_t kResponseBurst = TransmitBatch::kMaxPackets;
+    // The IBA limits a message (the RETH DMA length) to 2^31 bytes.
+    static constexpr uint64_t kMaxMessageBytes = 1ull << 31;
 
     // With `srq`, receive WQEs come from that shared receive queue (the QP has no receive
     // queue of its own, and post_recv fails with EINVAL). An XRC initiator has no receive
@@ -257,7 +261,7 @@ class RcQp final : public QpCommon {
     uint32_t oldest_unacked() const;
     static void timer_trampoline(void* arg);
 
-    // responder (rc_responder.cpp)
+    // responder (rc_responder.cpp, rc_read_responses.cpp, rc_acks.cpp)
     // A request accepted in sequence but not executed yet: it came while READ responses
     // were still going out, and requests are executed in PSN order. `kept`: it came early
     // and was kept (early_requests.h), so the requester may not have sent it again yet.

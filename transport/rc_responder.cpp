@@ -1,15 +1,7 @@
 // RC responder: executes incoming requests, strictly in PSN order, after the checks the
 // IBA asks for (9.7.5.1: PSN, opcode sequence, resources, length, keys); no byte reaches
-// memory before its key, range and access rights pass.
-//
-// READ responses are not sent in one go: the READ becomes a responder resource
-// (responder_resources.h) and its responses go out kResponseBurst packets at a time, the
-// first burst at the end of the receive batch that brought the request (send_due_responses:
-// the READs of one batch share transmit batches, so one READ's LAST, which carries an AETH
-// as its FIRST does, rides in the GSO train of the next READ's FIRST) and the rest from the
-// engine thread (on_responder_event). Requests that arrive meanwhile are accepted (the PSN
-// advances) but held and executed after the responses have gone out, in PSN order; duplicate READ
-// requests only move the cursor of the resource they match.
+// memory before its key, range and access rights pass. READs and the requests held behind
+// their responses: rc_read_responses.cpp; the ACKs: rc_acks.cpp.
 #include <algorithm>
 #include <atomic>
 #include <cstring>
@@ -24,128 +16,11 @@ namespace uroce::transport {
 
 namespace {
 
-// Held requests executed per step on the engine thread.
-constexpr uint32_t kHeldBurst = 64;
 // Requests held per QP at most: more are not accepted (not even their PSN), so the
 // requester's go-back-N sends them again.
 constexpr size_t kMaxHeld = 1024;
-// The IBA limits a message (the RETH DMA length) to 2^31 bytes.
-constexpr uint64_t kMaxMessageBytes = 1ull << 31;
-
-uint32_t read_packets(uint32_t dma_len, uint32_t mtu) {
-    return static_cast<uint32_t>(std::max<uint64_t>(1, (uint64_t{dma_len} + mtu - 1) / mtu));
-}
 
 }  // namespace
-
-void RcQp::send_ack(uint32_t psn, uint8_t syndrome) {
-    wire::Headers h;
-    h.bth.opcode = opcode(wire::Opcode::RcAcknowledge);
-    h.bth.dest_qp = attrs_.dest_qpn;
-    h.bth.psn = psn & kPsnMask;
-    h.aeth.syndrome = syndrome;
-    h.aeth.msn = msn_ & kPsnMask;
-    transmit(h, {}, 0);
-}
-
-void RcQp::forget_pending_ack() {
-    ack_pending_ = false;
-    ack_now_ = false;
-    probe_absorbed_ = false;
-    resent_high_ = kNoResentPsn;
-    ack_held_since_ = std::chrono::steady_clock::time_point::min();
-}
-
-void RcQp::send_pending_ack(bool by_hold_timer) {
-    if (closed_ || !ack_pending_ || state_ == QpState::Err || state_ == QpState::Reset) return;
-    if (by_hold_timer && ack_held_since_ != std::chrono::steady_clock::time_point::min())
-        bump(engine_.counters().held_ack_timeouts);
-    // The ACK names the newest executed SEND/WRITE packet, never a PSN of a READ's
-    // responses (IBA ch. 9.7): to the requester that would say the response with that
-    // PSN arrived. READ responses acknowledge what came before them themselves.
-    // An ACK for resent requests alone names the newest of them, not ack_psn_: see
-    // resent_high_.
-    uint32_t psn = resent_high_ != kNoResentPsn ? resent_high_ : ack_psn_;
-    if (early_ack_cap_ != kNoResentPsn) {
-        if (psn_after(psn, early_ack_cap_))
-            psn = early_ack_cap_;
-        else if (held_.empty())
-            early_ack_cap_ = kNoResentPsn;  // caught up, and no kept request waits to run
-    }
-    forget_pending_ack();
-    bump(engine_.counters().tx_acks);
-    wire::Headers h;
-    h.bth.opcode = opcode(wire::Opcode::RcAcknowledge);
-    h.bth.dest_qp = attrs_.dest_qpn;
-    h.bth.psn = psn;
-    h.aeth.syndrome = wire::Aeth::make(wire::AckType::Ack, wire::kAethInvalidCredits);
-    h.aeth.msn = ack_msn_ & kPsnMask;
-    transmit(h, {}, 0);
-}
-
-void RcQp::send_last_ack() {
-    // A cap (resent_high_, early_ack_cap_) waits for resends that this QP will no longer
-    // answer: the requester would retry until it failed requests that ran and completed here.
-    // Against rxe, a receiver that exits on the completion of rxe's last SEND, kept packets
-    // and all, left rxe's sender retrying for ever (docs/selective-recovery.md). Whatever a
-    // requester does on an ACK beyond its resends, nothing of this QP can follow it.
-    if (early_ack_cap_ != kNoResentPsn && psn_after(ack_psn_, early_ack_cap_)) ack_pending_ = true;
-    if (ack_pending_) {
-        early_ack_cap_ = kNoResentPsn;
-        resent_high_ = kNoResentPsn;
-    }
-    send_pending_ack();
-}
-
-void RcQp::flush_ack() {
-    std::lock_guard lock(mutex_);
-    flush_ack_locked(false);
-}
-
-std::chrono::steady_clock::time_point RcQp::flush_ack_held_before(
-    std::chrono::steady_clock::time_point cutoff) {
-    std::lock_guard lock(mutex_);
-    if (ack_pending_ && !closed_ && ack_held_since_ > cutoff) return ack_held_since_;
-    flush_ack_locked(true);
-    return std::chrono::steady_clock::time_point::max();
-}
-
-void RcQp::flush_ack_locked(bool by_hold_timer) {
-    send_due_responses();
-    ack_held_noted_ = false;
-    send_pending_ack(by_hold_timer);
-}
-
-bool RcQp::answering(std::chrono::steady_clock::time_point now) const {
-    // A deeper queue is a stream, whose peer's ACKs must not wait (both ways, ib_write_bw -b
-    // lost a quarter of its bandwidth).
-    if (sq_.size() > 1) return false;
-    // The peer may give up on an ACK after its local ACK timeout, which is most likely this
-    // QP's own (applications set both sides alike): hold only well within it.
-    if (attrs_.timeout != 0 && local_ack_timeout_us() < 4ull * engine_.config().ack_hold_micros)
-        return false;
-    const auto since_post = now - last_post_;
-    return since_post < std::chrono::microseconds(engine_.config().answer_window_micros);
-}
-
-void RcQp::finish_batch(bool may_hold_ack) {
-    std::lock_guard lock(mutex_);
-    send_due_responses();
-    if (may_hold_ack && ack_pending_ && !ack_now_ && !closed_ && state_ == QpState::Rts) {
-        const auto now = std::chrono::steady_clock::now();  // one clock read for both uses
-        if (answering(now)) {
-            if (ack_held_since_ == std::chrono::steady_clock::time_point::min())
-                ack_held_since_ = now;
-            engine_.spare_held_acks();
-            if (!ack_held_noted_) {
-                ack_held_noted_ = true;
-                engine_.note_held_ack(qpn());
-            }
-            return;
-        }
-    }
-    send_pending_ack();
-}
 
 void RcQp::complete_recv(WcStatus status, uint32_t byte_len, bool with_imm, uint32_t imm,
                          bool solicited, WcOpcode opcode, bool with_inv) {
@@ -230,168 +105,6 @@ WcStatus RcQp::scatter_to_recv(std::span<const uint8_t> data) {
     }
     recv_offset_ += static_cast<uint32_t>(data.size());
     return WcStatus::Success;
-}
-
-void RcQp::responder_trampoline(evutil_socket_t, short, void* arg) {
-    auto* qp = static_cast<RcQp*>(arg);
-    const auto pass = qp->engine_.fork_gate().pass();
-    qp->on_responder_event();
-}
-
-void RcQp::schedule_responder() {
-    if (closed_) return;
-    // Activating an event that is already active does nothing: one step per loop turn.
-    event_active(responder_event_, 0, 0);
-}
-
-void RcQp::on_responder_event() {
-    std::lock_guard lock(mutex_);
-    if (closed_ || state_ == QpState::Reset || state_ == QpState::Init || state_ == QpState::Err)
-        return;
-    send_responses(kResponseBurst);
-    run_held(kHeldBurst);
-    send_pending_ack();
-    if (state_ != QpState::Err && (reads_.busy() || !held_.empty())) schedule_responder();
-}
-
-void RcQp::send_due_responses() {
-    if (responses_due_ == 0) return;
-    const uint32_t budget = responses_due_ * kResponseBurst;
-    responses_due_ = 0;
-    if (closed_ || state_ == QpState::Reset || state_ == QpState::Init || state_ == QpState::Err)
-        return;
-    send_responses(budget);
-    run_held(kHeldBurst);
-    if (state_ != QpState::Err && (reads_.busy() || !held_.empty())) schedule_responder();
-}
-
-void RcQp::send_responses(uint32_t budget) {
-    if (!tx_batch_) {
-        TransmitBatch batch(engine_, &qp_counters_);
-        tx_batch_ = &batch;
-        send_responses(budget);
-        flush_tx_batch();  // responses carry no tag: a failure there is a loss, as before
-        tx_batch_ = nullptr;
-        return;
-    }
-    for (; budget > 0; --budget) {
-        if (state_ == QpState::Reset || state_ == QpState::Init || state_ == QpState::Err) return;
-        ReadResource* r = reads_.next_to_send();
-        if (r == nullptr) return;
-        const uint32_t i = r->next;
-        const uint32_t len = r->length_of(i);
-        const bool first = i == r->run_start;
-        const bool last = i + 1 == r->npkts;
-        wire::Opcode op = wire::Opcode::RcReadResponseMiddle;
-        if (first && last)
-            op = wire::Opcode::RcReadResponseOnly;
-        else if (first)
-            op = wire::Opcode::RcReadResponseFirst;
-        else if (last)
-            op = wire::Opcode::RcReadResponseLast;
-        wire::Headers h;
-        h.bth.opcode = opcode(op);
-        h.bth.dest_qp = attrs_.dest_qpn;
-        h.bth.psn = psn_add(r->psn, i);
-        h.aeth.syndrome = wire::Aeth::make(wire::AckType::Ack, wire::kAethInvalidCredits);
-        h.aeth.msn = r->msn & kPsnMask;
-        {
-            auto guard = lock_memory();
-            uint64_t local = 0;
-            // Checked again for each packet: a region deregistered (or a right withdrawn)
-            // in the middle of a READ stops it at once.
-            bool refused = !(attrs_.access & kRemoteRead) ||
-                           (len > 0 && engine_.memory().check_remote(
-                                           r->rkey, r->pd, r->va + r->offset_of(i), len,
-                                           kRemoteRead, local, qpn_) != KeyCheck::Ok);
-            if (!refused && len > 0 && !guarded_probe(reinterpret_cast<const void*>(local), len)) {
-                // The region's pages are gone (app_memory_guard.h): refused as a bad key is.
-                engine_.memory().note_fault();
-                refused = true;
-            }
-            if (refused) {
-                if (guard.owns_lock()) guard.unlock();
-                flush_tx_batch();  // the responses before this one, and the pin with them
-                if (i < r->sent_once) {
-                    // A replay for a duplicate READ: response i went out once, from a region
-                    // that was valid then. Most often the requester has the READ complete
-                    // already (its resent request crossed the responses) and its application
-                    // deregistered the region, as it may: the QP stays as it is. The NAK for
-                    // the PSN the replay has reached still fails the READ of a requester
-                    // waiting for it; one that completed it drops the NAK (outside its window).
-                    send_error_nak(wire::NakCode::RemoteAccessError, psn_add(r->psn, i));
-                    r->next = r->sent_once;  // the rest of the replay; first sends go on
-                    continue;
-                }
-                // Like rxe, whose failing copy ends the READ with a remote access error NAK
-                // for the READ request's PSN and the QP in ERR, however many responses
-                // already went out; the requester completes the READ with
-                // IBV_WC_REM_ACCESS_ERR.
-                responder_error(wire::NakCode::RemoteAccessError, r->psn,
-                                AsyncEventType::QpAccessError);
-                return;
-            }
-            iovec iov{reinterpret_cast<void*>(local), len};
-            transmit(h, std::span(&iov, len ? 1 : 0), len);
-        }
-        r->next = i + 1;
-        r->sent_once = std::max(r->sent_once, r->next);
-    }
-}
-
-void RcQp::run_held(uint32_t budget) {
-    for (; budget > 0 && !held_.empty() && !reads_.busy(); --budget) {
-        if (state_ == QpState::Reset || state_ == QpState::Init || state_ == QpState::Err) return;
-        HeldRequest req = std::move(held_.front());
-        held_.pop_front();
-        // Kept and not sent again since (the cap has not reached it): it runs as run_early()
-        // runs kept requests.
-        draining_early_ =
-            req.kept && early_ack_cap_ != kNoResentPsn && psn_after(req.h.bth.psn, early_ack_cap_);
-        execute_request(req.view());
-        draining_early_ = false;
-    }
-}
-
-void RcQp::execute_read(const wire::ParsedPacket& pkt) {
-    const wire::Reth& reth = pkt.h.reth;
-    const uint32_t psn = pkt.h.bth.psn;
-    if (reth.dma_len > kMaxMessageBytes) {
-        responder_error(wire::NakCode::InvalidRequest, psn, AsyncEventType::QpRequestError);
-        return;
-    }
-    if (!(attrs_.access & kRemoteRead)) {
-        responder_error(wire::NakCode::RemoteAccessError, psn, AsyncEventType::QpAccessError);
-        return;
-    }
-    if (reth.dma_len > 0) {
-        // The whole range before any response: a READ running off the end of its region
-        // returns nothing, not its first packets.
-        auto guard = engine_.memory().lock_shared();
-        uint64_t local = 0;
-        if (engine_.memory().check_remote(reth.rkey, responder_pd(), reth.va, reth.dma_len,
-                                          kRemoteRead, local, qpn_) != KeyCheck::Ok) {
-            guard.unlock();
-            responder_error(wire::NakCode::RemoteAccessError, psn, AsyncEventType::QpAccessError);
-            return;
-        }
-    }
-    ReadResource r;
-    r.psn = psn;
-    r.npkts = read_packets(reth.dma_len, attrs_.mtu);
-    r.va = reth.va;
-    r.rkey = reth.rkey;
-    r.length = reth.dma_len;
-    r.mtu = attrs_.mtu;
-    r.pd = responder_pd();
-    r.msn = psn_add(msn_, 1);
-    if (reads_.admit(r) == nullptr) {
-        // More READs outstanding than the max_dest_rd_atomic we gave.
-        responder_error(wire::NakCode::InvalidRequest, psn, AsyncEventType::QpRequestError);
-        return;
-    }
-    ++msn_;
-    ++responses_due_;  // at the end of this receive batch
 }
 
 void RcQp::on_duplicate(const wire::ParsedPacket& pkt) {
@@ -539,8 +252,8 @@ bool RcQp::accept_in_sequence(const wire::ParsedPacket& pkt) {
         return false;
     }
     nak_sent_ = false;
-    epsn_ =
-        psn_add(epsn_, (flags & wire::kRead) ? read_packets(pkt.h.reth.dma_len, attrs_.mtu) : 1);
+    epsn_ = psn_add(
+        epsn_, (flags & wire::kRead) ? read_response_packets(pkt.h.reth.dma_len, attrs_.mtu) : 1);
     if (wait) {
         held_.push_back(HeldRequest{{pkt.h, pkt.info, {pkt.payload.begin(), pkt.payload.end()}},
                                     draining_early_});

@@ -19,6 +19,12 @@ namespace uroce::transport {
 // Responder resources a QP can be given (rxe advertises 128).
 inline constexpr uint32_t kMaxDestRdAtomic = 128;
 
+// The response packets (PSNs) a READ of `dma_len` bytes takes at path MTU `mtu`: one at least.
+inline uint32_t read_response_packets(uint32_t dma_len, uint32_t mtu) {
+    const uint64_t n = (uint64_t{dma_len} + mtu - 1) / mtu;
+    return static_cast<uint32_t>(n == 0 ? 1 : n);
+}
+
 struct ReadResource {
     uint32_t psn = 0;    // PSN of the request = PSN of its first response
     uint32_t npkts = 1;  // response packets (PSNs) the READ consumes
