@@ -4,7 +4,8 @@
 //   - the requester turns send work requests into request packets, owns the PSN window,
 //     and goes back to the oldest unacknowledged PSN when asked to (rc_requester.cpp);
 //   - the completer reads ACKs, NAKs and READ responses, retires work requests in order
-//     and writes their completions, and runs the retransmission timer (rc_completer.cpp);
+//     and writes their completions (rc_completer.cpp), and runs the retransmission timer
+//     (rc_retransmit_timer.cpp);
 //   - the responder executes incoming requests after the PSN, opcode-sequence and key
 //     checks, and answers with NAKs (rc_responder.cpp), READ responses, executing the
 //     requests held behind them in order (rc_read_responses.cpp), and coalesced ACKs
@@ -231,7 +232,7 @@ class RcQp final : public QpCommon {
     // One packet on_packets() counted, mutex_ held: to the responder or the completer.
     void take_packet(const wire::ParsedPacket& pkt, const IpAddress& src_ip);
 
-    // completer (rc_completer.cpp)
+    // completer (rc_completer.cpp, rc_retransmit_timer.cpp)
     void on_response(const wire::ParsedPacket& pkt);
     void on_read_response(const wire::ParsedPacket& pkt);
     void ack_through(uint32_t psn);

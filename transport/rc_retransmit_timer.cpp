@@ -1,0 +1,301 @@
+// RC requester's retransmission timer (IBA's local ACK timeout, adaptive: rtt_estimator.h)
+// and the tail-loss probe armed sooner than it, with the RNR wait that shares it; the round
+// trip samples it is set from; and a timer kept off the engine thread's loop while polling
+// threads have the socket (Engine::defer_timers).
+#include <algorithm>
+#include <chrono>
+
+#include "transport/engine.h"
+#include "transport/psn.h"
+#include "transport/rc_qp.h"
+
+namespace uroce::transport {
+
+void RcQp::timer_trampoline(void* arg) {
+    auto* qp = static_cast<RcQp*>(arg);
+    const auto pass = qp->engine_.fork_gate().pass();
+    qp->engine_.run_timer_hook(qp->qpn_);
+    qp->on_timer();
+}
+
+void RcQp::on_timer() {
+    std::lock_guard lock(mutex_);
+    fire_timer(std::chrono::steady_clock::now());
+}
+
+std::chrono::steady_clock::time_point RcQp::run_due_timer(
+    std::chrono::steady_clock::time_point now) {
+    std::lock_guard lock(mutex_);
+    if (closed_ || !timer_armed_) return std::chrono::steady_clock::time_point::max();
+    if (now >= timer_deadline_) {
+        fire_timer(now);
+        // Not re-armed: the engine thread's event has nothing left to do.
+        if (!timer_armed_) timer_->cancel();
+    }
+    return timer_armed_ ? timer_deadline_ : std::chrono::steady_clock::time_point::max();
+}
+
+void RcQp::fire_timer(std::chrono::steady_clock::time_point now) {
+    // The timer may have been cancelled or pushed back while this callback waited for
+    // the lock (cancelling never waits for a running callback, to avoid a deadlock), or the
+    // QP closed meanwhile (close() waits for this callback to return), or a polling thread
+    // ran it already (run_due_timer).
+    if (closed_ || !timer_armed_) return;
+    // The timer event may be older than the deadline (a poller's run_due_timer already
+    // ran it and the QP armed again since): wait out the rest.
+    if (now < timer_deadline_) {
+        add_timer_event(timer_deadline_);
+        return;
+    }
+    timer_armed_ = false;
+    const bool probe = probe_armed_;
+    probe_armed_ = false;
+    if (state_ != QpState::Rts && state_ != QpState::Sqd) {
+        ack_deadline_set_ = false;
+        return;
+    }
+    if (rnr_wait_) {
+        rnr_wait_ = false;
+        if (has_outstanding()) rewind_to(rnr_psn_);
+        pump();
+        return;
+    }
+    if (!has_outstanding()) {
+        ack_deadline_set_ = false;
+        return;
+    }
+    if (probe) {
+        if (!engine_.resend_budget().take(now)) {
+            ++probes_sent_;  // skipped: the next wait is the second probe's, or the resend's
+            bump(engine_.counters().resends_held_back);
+        } else if (probes_sent_ == 0 && !nak_resent_) {
+            note_timer_resend(now);
+            send_tail_probe();
+        } else {
+            // After a sequence NAK's rewind the loss was real: nothing to prove needless.
+            if (!nak_resent_) note_timer_resend(now);
+            resend_unacknowledged();
+        }
+        arm_timer();
+        return;
+    }
+    const bool ack_timeout = !ack_deadline_set_ || now >= ack_deadline_;
+    if (ack_timeout) {
+        // The local ACK timeout: a retry, counted against retry_cnt.
+        bump(engine_.counters().retransmit_timeouts);
+        bump(qp_counters_.retransmit_timeouts);
+        if (retries_left_-- <= 0) {
+            sq_.front().failed = WcStatus::RetryExcErr;
+            enter_error();
+            return;
+        }
+        ack_deadline_set_ = false;  // the resend starts a new one
+    } else if (!engine_.resend_budget().take(now)) {
+        // The adaptive timeout, with the engine's speculative resends used up (many QPs
+        // timing out together): back off as if resent, and leave it to the next timeout.
+        bump(engine_.counters().resends_held_back);
+        ++rto_backoff_;
+        arm_timer();
+        return;
+    } else if (!rtt_.measured() && probes_sent_ == 0 && !nak_resent_ && tail_probe_possible()) {
+        // No round trip measured yet: the wait was a guess, and a peer that has not run
+        // since (a process still starting up, busy on a small host) is likelier than a loss.
+        // The last packet goes alone first, as a tail probe, and the peer's ACK of the
+        // duplicate proves the wait needless (spurious_resend.h) and teaches the estimate;
+        // the next expiry, as long again, goes back N. Going back N at once resent a whole
+        // window of 256 packets 1-3 times per lossless ib_write_bw -n 2000 whose server was
+        // still busy starting up (docs/performance-log.md, 2026-12-02).
+        note_timer_resend(now);
+        send_tail_probe();
+        arm_timer();
+        return;
+    } else {
+        // The adaptive timeout: resend early, keep the local ACK timeout running.
+        bump(engine_.counters().early_retransmits);
+        bump(qp_counters_.early_retransmits);
+    }
+    ++rto_backoff_;
+    last_rewind_psn_ = 0xffffffff;
+    sq_.front().read_gap_retried = false;
+    note_timer_resend(now);
+    const uint32_t window_before = window_.packets();
+    // An early resend before any round trip was measured proves no loss (its wait was a
+    // guess, and such resends came with a peer still starting up, not with loss): the window
+    // stays whole. A sequence NAK, the local ACK timeout, or an early resend once the
+    // estimate exists cuts it. Those first resends halved it for the rest of a lossless
+    // ib_write_bw -n 2000, 1-3 times, where the needless-resend check rarely undoes it: the
+    // duplicate's ACK names a new packet sent after the resend.
+    if ((ack_timeout || rtt_.measured()) && note_window_loss(oldest_unacked()))
+        spurious_.on_window_cut(window_before);
+    rewind_to(oldest_unacked());
+    pump();
+    arm_timer();
+}
+
+void RcQp::arm_timer() {
+    if (timer_armed_ || attrs_.timeout == 0 || !has_outstanding()) return;
+    const uint64_t ack_timeout_us = local_ack_timeout_us();
+    const auto now = std::chrono::steady_clock::now();
+    if (!ack_deadline_set_) {
+        ack_deadline_ = now + std::chrono::microseconds(ack_timeout_us);
+        ack_deadline_set_ = true;
+    }
+    // Rounded up: the timer must not fire before the local ACK timeout it stands for.
+    uint64_t us = 0;
+    if (ack_deadline_ > now)
+        us = static_cast<uint64_t>(
+            std::chrono::ceil<std::chrono::microseconds>(ack_deadline_ - now).count());
+    probe_armed_ = false;
+    if (engine_.config().adaptive_retransmit) {
+        us = RttEstimator::wait_us(rtt_.timeout_us(rto_backoff_, ack_timeout_us), us);
+        // A second probe (a go-back-N, rc_qp.h) waits twice as long as the first, or until
+        // the adaptive timeout if that is sooner.
+        const uint64_t probe_us =
+            probes_sent_ == 0 ? rtt_.probe_us() : std::min(rtt_.probe_us() << probes_sent_, us);
+        if (probes_sent_ < kMaxTailProbes && rtt_.measured() && probe_us <= us &&
+            (nak_resent_ || tail_probe_possible())) {
+            us = probe_us;
+            probe_armed_ = true;
+        }
+    }
+    start_timer(us, now);
+}
+
+bool RcQp::note_window_loss(uint32_t lost_psn) {
+    if (!window_.on_loss(lost_psn, next_psn_)) return false;
+    bump(engine_.counters().send_window_cuts);
+    bump(qp_counters_.send_window_cuts);
+    return true;
+}
+
+void RcQp::note_timer_resend(std::chrono::steady_clock::time_point now) {
+    const auto waited = std::chrono::duration_cast<std::chrono::microseconds>(now - timer_started_);
+    spurious_.on_timer_resend(sent_high_, una_psn_,
+                              static_cast<uint64_t>(std::max<int64_t>(0, waited.count())), now);
+}
+
+void RcQp::on_stale_ack(uint32_t psn) {
+    const auto verdict = spurious_.on_stale_ack(psn, una_psn_);
+    if (!verdict) return;
+    bump(engine_.counters().spurious_retransmits);
+    bump(qp_counters_.spurious_retransmits);
+    if (verdict->window_before != 0) window_.undo_cut(verdict->window_before);
+    // The ACK for the first transmission took this long: a sample Karn's rule would refuse
+    // (the packet was resent), but the duplicate's ACK says which transmission it answered.
+    rtt_.sample(verdict->late_rtt_us);
+}
+
+void RcQp::note_progress() {
+    retries_left_ = attrs_.retry_cnt;
+    last_rewind_psn_ = 0xffffffff;
+    rto_backoff_ = 0;
+    probes_sent_ = 0;
+    nak_resent_ = false;
+}
+
+bool RcQp::resending() const {
+    if (send_index_ >= sq_.size()) return false;
+    const SqEntry& next = sq_[send_index_];
+    return next.assigned && psn_before(psn_add(next.psn, send_pkt_), sent_high_);
+}
+
+bool RcQp::tail_probe_possible() const {
+    // Only a SEND or WRITE packet: a READ or atomic request sent again is executed again
+    // (a READ's responses all come back), which is the retransmission timeout's business.
+    // And only when the requester is not already resending.
+    if (resending()) return false;
+    // The last packet sent belongs to one of the last requests sent: search from there (this
+    // runs at every ACK, and a deep queue holds hundreds of outstanding requests).
+    const uint32_t last = psn_add(sent_high_, kPsnMask);
+    for (size_t i = std::min(send_index_ + 1, sq_.size()); i-- > 0;) {
+        const SqEntry& e = sq_[i];
+        if (!e.assigned || e.npkts == 0) continue;
+        const int32_t d = psn_diff(last, e.psn);
+        if (d < 0) continue;
+        return d < static_cast<int32_t>(e.npkts) && !takes_responder_resource(e.wqe.opcode);
+    }
+    return false;
+}
+
+void RcQp::send_tail_probe() {
+    ++probes_sent_;
+    probe_psn_ = psn_add(sent_high_, kPsnMask);
+    bump(engine_.counters().tail_probes);
+    bump(qp_counters_.tail_probes);
+    rewind_to(probe_psn_, Resend::Probe);
+    pump();
+}
+
+void RcQp::resend_unacknowledged() {
+    ++probes_sent_;
+    bump(engine_.counters().tail_probes);
+    bump(qp_counters_.tail_probes);
+    if (!nak_resent_ || !probe_selected()) rewind_to(oldest_unacked(), Resend::Probe);
+    pump();
+}
+
+void RcQp::start_rtt_timing(uint32_t psn) {
+    if (rtt_timing_) return;
+    rtt_timing_ = true;
+    rtt_psn_ = psn;
+    rtt_sent_ = std::chrono::steady_clock::now();
+}
+
+void RcQp::take_rtt_sample(uint32_t psn) {
+    if (!rtt_timing_ || psn_before(psn, rtt_psn_)) return;
+    rtt_timing_ = false;
+    const auto took = std::chrono::steady_clock::now() - rtt_sent_;
+    rtt_.sample(
+        static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(took).count()));
+}
+
+void RcQp::start_timer(uint64_t us, std::chrono::steady_clock::time_point now) {
+    timer_started_ = now;
+    timer_deadline_ = now + std::chrono::microseconds(us);
+    engine_.note_timer_deadline(timer_deadline_);
+    timer_armed_ = true;
+    // A polling thread's timer stays off the engine thread's loop until the hand-back (the
+    // pollers run it when due): adding it here would wake that thread (Engine::defer_timers).
+    if (engine_.defer_timers()) {
+        if (!timer_deferred_) {
+            timer_deferred_ = true;
+            engine_.note_deferred_timer(qpn());
+        }
+        // The socket may have come back between the two questions: nobody would add it then.
+        if (engine_.defer_timers()) {
+            bump(engine_.counters().deferred_timers);
+            return;
+        }
+    }
+    add_timer_event(timer_deadline_);
+}
+
+void RcQp::add_timer_event(std::chrono::steady_clock::time_point deadline) {
+    timer_->arm_at(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(deadline.time_since_epoch()).count());
+}
+
+void RcQp::arm_deferred_timer() {
+    std::lock_guard lock(mutex_);
+    timer_deferred_ = false;
+    if (closed_ || !timer_armed_) return;
+    add_timer_event(timer_deadline_);
+}
+
+void RcQp::restart_timer() {
+    if (rnr_wait_) return;
+    cancel_timer();
+    arm_timer();
+}
+
+void RcQp::cancel_timer() {
+    if (timer_armed_) {
+        timer_->cancel();
+        timer_armed_ = false;
+    }
+    probe_armed_ = false;
+    ack_deadline_set_ = false;
+    rnr_wait_ = false;
+}
+
+}  // namespace uroce::transport
