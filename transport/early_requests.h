@@ -10,7 +10,7 @@
 // arrives in order passes (opcode sequence, length, key, range, receive WQE), and the ACK
 // names the newest of them. On the wire nothing changes but that ACK: it may acknowledge
 // PSNs the requester has not resent since the NAK, as a late ACK after a needless resend
-// would. A requester that resends only the missing packet (rc_completer.cpp) loses one
+// would. A requester that resends only the missing packet (rc_selective_resend.cpp) loses one
 // packet's worth, not a window's.
 //
 // Only SENDs and WRITEs are kept (a READ or atomic is cheap to ask again, and its answer
