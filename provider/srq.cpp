@@ -6,6 +6,7 @@
 
 #include <cerrno>
 #include <new>
+#include <optional>
 
 #include "provider/device_limits.h"
 #include "provider/objects.h"
@@ -104,13 +105,13 @@ int modify_srq(ibv_srq* ibsrq, ibv_srq_attr* attr, int mask) noexcept {
     if (inherited(ibsrq->context)) return EIO;
     if (!attr || (mask & ~(IBV_SRQ_MAX_WR | IBV_SRQ_LIMIT))) return EINVAL;
     transport::SharedReceiveQueue& q = *to_usrq(ibsrq)->queue;
-    if (mask & IBV_SRQ_MAX_WR) {
-        if (attr->max_wr > static_cast<uint32_t>(kMaxSrqWr)) return EINVAL;
-        // Growing always works; shrinking only down to what is queued now.
-        if (int e = q.resize(attr->max_wr)) return e;
-    }
-    if (mask & IBV_SRQ_LIMIT) return q.arm_limit(attr->srq_limit);
-    return 0;
+    if ((mask & IBV_SRQ_MAX_WR) && attr->max_wr > static_cast<uint32_t>(kMaxSrqWr)) return EINVAL;
+    // Growing always works; shrinking only down to what is queued now. Both attributes at
+    // once change together or not at all (ibv_modify_srq(3)).
+    std::optional<uint32_t> max_wr, limit;
+    if (mask & IBV_SRQ_MAX_WR) max_wr = attr->max_wr;
+    if (mask & IBV_SRQ_LIMIT) limit = attr->srq_limit;
+    return q.modify(max_wr, limit);
 }
 
 int query_srq(ibv_srq* ibsrq, ibv_srq_attr* attr) noexcept {

@@ -52,22 +52,23 @@ void SharedReceiveQueue::close() {
     callbacks_off_ = true;
 }
 
-int SharedReceiveQueue::arm_limit(uint32_t limit) {
-    std::lock_guard lock(mutex_);
-    if (limit > capacity_) return EINVAL;
-    limit_ = limit;
-    return 0;
-}
+int SharedReceiveQueue::arm_limit(uint32_t limit) { return modify(std::nullopt, limit); }
 
 uint32_t SharedReceiveQueue::capacity() const {
     std::lock_guard lock(mutex_);
     return capacity_;
 }
 
-int SharedReceiveQueue::resize(uint32_t capacity) {
+int SharedReceiveQueue::resize(uint32_t capacity) { return modify(capacity, std::nullopt); }
+
+int SharedReceiveQueue::modify(std::optional<uint32_t> capacity, std::optional<uint32_t> limit) {
     std::lock_guard lock(mutex_);
-    if (capacity == 0 || capacity < queue_.size() || capacity < limit_) return EINVAL;
-    capacity_ = capacity;
+    const uint32_t new_capacity = capacity.value_or(capacity_);
+    const uint32_t new_limit = limit.value_or(limit_);
+    if (capacity && (new_capacity == 0 || new_capacity < queue_.size())) return EINVAL;
+    if (new_limit > new_capacity) return EINVAL;
+    capacity_ = new_capacity;
+    limit_ = new_limit;
     return 0;
 }
 

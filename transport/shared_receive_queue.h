@@ -55,6 +55,9 @@ class SharedReceiveQueue {
     // ibv_modify_srq(IBV_SRQ_MAX_WR): EINVAL if fewer than the WQEs queued now, or below the
     // armed limit.
     int resize(uint32_t capacity);
+    // ibv_modify_srq with both: each given value is checked against the other's new value,
+    // and either both change or neither does (EINVAL).
+    int modify(std::optional<uint32_t> capacity, std::optional<uint32_t> limit);
     size_t depth() const;
     // The SRQ is being destroyed: take() gives nothing more and, once this returns, no limit
     // callback runs or will run (a QP may still hold the queue for a moment).

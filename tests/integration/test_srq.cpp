@@ -314,3 +314,33 @@ TEST_CASE("SRQ: verbs refuse what they cannot do", "[srq]") {
         CHECK(d.max_srq > 0);
     }
 }
+
+TEST_CASE("SRQ: ibv_modify_srq of max_wr and limit together changes both or neither", "[srq]") {
+    // ibv_modify_srq(3): if any of the attributes is invalid, none is modified.
+    Endpoint ep(devices().a);
+    ibv_srq* srq = make_srq(ep.pd, 16, 1);
+    REQUIRE(srq);
+    ibv_srq_attr attr{};
+    SECTION("a valid max_wr with a limit above it: EINVAL, max_wr unchanged") {
+        attr.max_wr = 8;
+        attr.srq_limit = 12;
+        CHECK(ibv_modify_srq(srq, &attr, IBV_SRQ_MAX_WR | IBV_SRQ_LIMIT) == EINVAL);
+        attr = {};
+        REQUIRE(ibv_query_srq(srq, &attr) == 0);
+        CHECK(attr.max_wr == 16);
+        CHECK(attr.srq_limit == 0);
+    }
+    SECTION("shrinking max_wr below the armed limit while lowering the limit: both change") {
+        attr.srq_limit = 10;
+        REQUIRE(ibv_modify_srq(srq, &attr, IBV_SRQ_LIMIT) == 0);
+        attr = {};
+        attr.max_wr = 8;
+        attr.srq_limit = 4;
+        CHECK(ibv_modify_srq(srq, &attr, IBV_SRQ_MAX_WR | IBV_SRQ_LIMIT) == 0);
+        attr = {};
+        REQUIRE(ibv_query_srq(srq, &attr) == 0);
+        CHECK(attr.max_wr == 8);
+        CHECK(attr.srq_limit == 4);
+    }
+    CHECK(ibv_destroy_srq(srq) == 0);
+}

@@ -78,3 +78,20 @@ TEST_CASE("SRQ: concurrent takers get each WQE exactly once", "[srq]") {
     CHECK(total == kCount);
     CHECK(all.size() == kCount);
 }
+
+TEST_CASE("SRQ: a modify of both capacity and limit changes both or neither", "[srq]") {
+    SharedReceiveQueue srq(1, 16, 1, {});
+    for (uint64_t id = 0; id < 4; ++id) REQUIRE(srq.post(wqe(id)) == 0);
+    CHECK(srq.modify(8, 12) == EINVAL);  // the limit above the new capacity
+    CHECK(srq.capacity() == 16);
+    CHECK(srq.limit() == 0);
+    CHECK(srq.modify(3, 2) == EINVAL);  // fewer than the WQEs queued
+    CHECK(srq.capacity() == 16);
+    CHECK(srq.limit() == 0);
+    REQUIRE(srq.arm_limit(10) == 0);
+    CHECK(srq.modify(8, 4) == 0);  // below the old limit, but not the new one
+    CHECK(srq.capacity() == 8);
+    CHECK(srq.limit() == 4);
+    CHECK(srq.resize(3) == EINVAL);  // below the armed limit (and the WQEs queued)
+    CHECK(srq.capacity() == 8);
+}
