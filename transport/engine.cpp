@@ -113,15 +113,28 @@ void Engine::detach(uint32_t qpn) {
         auto it = qps_.find(qpn);
         if (it == qps_.end()) return;
         keep = std::move(it->second);
-        qps_.erase(it);
-        qpn_space_.release(QpnSpace::Kind::Qp, qpn);
-        if (keep) qp_count_.fetch_sub(1, std::memory_order_relaxed);
+        if (!keep) {
+            qps_.erase(it);
+            qpn_space_.release(QpnSpace::Kind::Qp, qpn);
+            return;
+        }
+        // The entry stays, empty (no packet finds the QP), so that the number is not drawn
+        // again before the QP's windows are gone (below).
+        qp_count_.fetch_sub(1, std::memory_order_relaxed);
     }
     // Destroying a QP detaches it from its groups, as the kernel does.
-    if (keep && keep->transport() == wire::Transport::Ud) multicast_.detach_all(qpn);
+    if (keep->transport() == wire::Transport::Ud) multicast_.detach_all(qpn);
     // Outside the table lock: closing waits for a timer callback that may be running. The
     // receive path may still hold a reference for a moment; a closed QP ignores what it gets.
-    if (keep) keep->close();
+    keep->close();
+    // Closed, it binds nothing more. A type 2 window answers only to the QP it was bound on
+    // (IBA 10.6.7.2): one bound on this QP must not answer to the next QP of this number.
+    memory_.invalidate_windows_of(qpn);
+    std::unique_lock lock(qps_mutex_);
+    if (auto it = qps_.find(qpn); it != qps_.end() && !it->second) {
+        qps_.erase(it);
+        qpn_space_.release(QpnSpace::Kind::Qp, qpn);
+    }
 }
 
 int Engine::attach_multicast(const IpAddress& group, const std::shared_ptr<UdQp>& qp) {

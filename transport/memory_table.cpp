@@ -83,6 +83,7 @@ bool MemoryTable::remove_window(uint32_t rkey) {
     std::unique_lock lock(mutex_);
     auto it = by_index_.find(rkey >> 8);
     if (it == by_index_.end() || !it->second.window) return false;
+    if (it->second.type2 && it->second.bound) --bound_type2_;
     by_index_.erase(it);
     return true;
 }
@@ -111,7 +112,9 @@ KeyCheck MemoryTable::bind_window(uint32_t rkey, uint32_t new_rkey, uint32_t pd,
             return KeyCheck::NoAccess;
     }
     w.keys.rkey = new_rkey;
+    if (w.type2 && w.bound) --bound_type2_;
     w.bound = bind.length > 0;
+    if (w.type2 && w.bound) ++bound_type2_;
     w.mr_lkey = bind.mr_lkey;
     w.addr = bind.addr;
     w.length = bind.length;
@@ -130,7 +133,20 @@ KeyCheck MemoryTable::invalidate_window(uint32_t rkey, uint32_t pd, uint32_t qpn
     if (w.pd != pd) return KeyCheck::WrongPd;
     if (qpn != 0 && w.qpn != qpn) return KeyCheck::NoAccess;
     w.bound = false;
+    --bound_type2_;
     return KeyCheck::Ok;
+}
+
+void MemoryTable::invalidate_windows_of(uint32_t qpn) {
+    std::unique_lock lock(mutex_);
+    // Most applications bind no type 2 window: no walk over every region for them.
+    for (auto it = by_index_.begin(); bound_type2_ > 0 && it != by_index_.end(); ++it) {
+        Region& w = it->second;
+        if (w.window && w.type2 && w.bound && w.qpn == qpn) {
+            w.bound = false;
+            --bound_type2_;
+        }
+    }
 }
 
 bool MemoryTable::remove(uint32_t lkey) {

@@ -92,6 +92,9 @@ class MemoryTable {
     // Local or remote invalidation of a type 2 window: `qpn` must be the QP it was bound on
     // when given (remote invalidation), and it must belong to `pd`.
     KeyCheck invalidate_window(uint32_t rkey, uint32_t pd, uint32_t qpn);
+    // QP `qpn` is gone: the type 2 windows bound on it are invalidated (free to be bound
+    // again), so that no later QP given the same number reaches them.
+    void invalidate_windows_of(uint32_t qpn);
 
     size_t size() const;
 
@@ -124,6 +127,7 @@ class MemoryTable {
 
     mutable std::shared_mutex mutex_;
     std::unordered_map<uint32_t, Region> by_index_;  // key >> 8 -> region
+    size_t bound_type2_ = 0;                          // type 2 windows bound now
     uint32_t next_index_ = 1;
     std::atomic<uint64_t>* fault_counter_ = nullptr;
 };

@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 #include <cerrno>
 #include <cstring>
+#include <vector>
 
 #include "tests/integration/verbs_fixture.h"
 
@@ -48,6 +49,17 @@ int post_inv(ibv_qp* qp, ibv_wr_opcode op, uint32_t rkey, const Buffer* src, uin
     wr.num_sge = src ? 1 : 0;
     ibv_send_wr* bad = nullptr;
     return ibv_post_send(qp, &wr, &bad);
+}
+
+ibv_qp* small_rc_qp(ibv_pd* pd, ibv_cq* cq) {
+    ibv_qp_init_attr init{};
+    init.send_cq = init.recv_cq = cq;
+    init.qp_type = IBV_QPT_RC;
+    init.cap.max_send_wr = 4;
+    init.cap.max_recv_wr = 1;
+    init.cap.max_send_sge = 1;
+    init.cap.max_recv_sge = 1;
+    return ibv_create_qp(pd, &init);
 }
 
 }  // namespace
@@ -164,5 +176,54 @@ TEST_CASE("MW: binds that cannot be made", "[mw]") {
         ibv_wc wc{};
         CHECK(ibv_poll_cq(b.cq, 1, &wc) == 0);
     }
+    CHECK(ibv_dealloc_mw(mw) == 0);
+}
+
+TEST_CASE("MW type 2: a window outlives the QP it was bound on, not its access", "[mw]") {
+    // A type 2 window answers only to the QP it was bound on. Once that QP is destroyed,
+    // nothing reaches the window, not even through a later QP that draws the same number.
+    QpOptions opt;
+    Endpoint a(devices().a, opt), b(devices().b, opt);
+    Buffer src(a.pd, 4096, kSrc), dst(b.pd, 4096, kMrAccess);
+    ibv_qp* x = small_rc_qp(b.pd, b.cq);
+    REQUIRE(x);
+    to_rts(x, a.qp->qp_num, a.gid, opt);
+    to_rts(a, x->qp_num, b.gid, opt);
+    ibv_mw* mw = ibv_alloc_mw(b.pd, IBV_MW_TYPE_2);
+    REQUIRE(mw);
+    const uint32_t rkey = ibv_inc_rkey(mw->rkey);
+    REQUIRE(post_bind2(x, mw, rkey, dst.mr, dst.addr(), 4096, 1) == 0);
+    REQUIRE(one(b.cq).status == IBV_WC_SUCCESS);
+    fill_pattern(src.bytes.data(), 4096, 10);
+    REQUIRE(post_rdma(a.qp, IBV_WR_RDMA_WRITE, src, 0, 64, dst.addr(), rkey, 2) == 0);
+    REQUIRE(one(a.cq).status == IBV_WC_SUCCESS);
+    const uint32_t x_num = x->qp_num;
+    REQUIRE(ibv_destroy_qp(x) == 0);
+
+    // New QPs of b's context until one has x's number: it is free, so it comes before the
+    // numbers of the slot run out.
+    std::vector<ibv_qp*> held;
+    ibv_qp* y = nullptr;
+    for (int i = 0; i < 8192 && !y; ++i) {
+        ibv_qp* q = small_rc_qp(b.pd, b.cq);
+        REQUIRE(q);
+        if (q->qp_num == x_num)
+            y = q;
+        else
+            held.push_back(q);
+    }
+    REQUIRE(y);
+    Endpoint a2(devices().a, opt);
+    to_rts(y, a2.qp->qp_num, a2.gid, opt);
+    to_rts(a2, y->qp_num, b.gid, opt);
+    std::memset(dst.bytes.data(), 0, 4096);
+    Buffer src2(a2.pd, 4096, kSrc);
+    fill_pattern(src2.bytes.data(), 4096, 11);
+    REQUIRE(post_rdma(a2.qp, IBV_WR_RDMA_WRITE, src2, 0, 64, dst.addr(), rkey, 3) == 0);
+    CHECK(one(a2.cq).status == IBV_WC_REM_ACCESS_ERR);
+    CHECK(dst.bytes[0] == 0);
+    CHECK(std::memcmp(dst.bytes.data(), std::vector<uint8_t>(64, 0).data(), 64) == 0);
+    CHECK(ibv_destroy_qp(y) == 0);
+    for (ibv_qp* q : held) CHECK(ibv_destroy_qp(q) == 0);
     CHECK(ibv_dealloc_mw(mw) == 0);
 }
