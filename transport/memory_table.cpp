@@ -97,6 +97,10 @@ KeyCheck MemoryTable::bind_window(uint32_t rkey, uint32_t new_rkey, uint32_t pd,
     Region& w = wit->second;
     if (w.keys.rkey != rkey) return KeyCheck::BadKey;
     if (w.pd != pd) return KeyCheck::WrongPd;
+    // A type 2 window is bound only from the free state (IBA o10-37.2.30), and only to a
+    // range: it is invalidated by LOCAL_INV or SEND with Invalidate, never by a bind of length
+    // 0 (o10-37.2.40).
+    if (w.type2 && (w.bound || bind.length == 0)) return KeyCheck::NoAccess;
     if (bind.length > 0) {
         auto mit = by_index_.find(bind.mr_lkey >> 8);
         if (mit == by_index_.end() || mit->second.window || mit->second.keys.lkey != bind.mr_lkey)

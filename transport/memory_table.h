@@ -87,7 +87,8 @@ class MemoryTable {
     // Binds the window `rkey` names (its current key) under `new_rkey` (same index, a new
     // key byte): the region must be of `pd`, allow kMwBind, cover the range and allow local
     // write if remote write or atomics are granted. A zero length leaves the window bound to
-    // nothing (type 1 invalidation).
+    // nothing (type 1 invalidation). A type 2 window must be free (not bound) and the length
+    // not 0.
     KeyCheck bind_window(uint32_t rkey, uint32_t new_rkey, uint32_t pd, const WindowBind& bind);
     // Local or remote invalidation of a type 2 window: `qpn` must be the QP it was bound on
     // when given (remote invalidation), and it must belong to `pd`.

@@ -227,3 +227,41 @@ TEST_CASE("MW type 2: a window outlives the QP it was bound on, not its access",
     for (ibv_qp* q : held) CHECK(ibv_destroy_qp(q) == 0);
     CHECK(ibv_dealloc_mw(mw) == 0);
 }
+
+TEST_CASE("MW type 2: bound once until invalidated; a zero-length bind is no invalidation",
+          "[mw]") {
+    // IBA o10-37.2.30: a type 2 window is bound only from the free state; o10-37.2.40: a
+    // bind of length 0 does not invalidate it. Either bind fails (and stops the QP).
+    QpOptions opt;
+    Endpoint a(devices().a, opt), b(devices().b, opt);
+    connect(a, b, opt);
+    Buffer src(a.pd, 4096, kSrc), dst(b.pd, 4096, kMrAccess);
+    ibv_mw* mw = ibv_alloc_mw(b.pd, IBV_MW_TYPE_2);
+    REQUIRE(mw);
+    const uint32_t rkey = ibv_inc_rkey(mw->rkey);
+    REQUIRE(post_bind2(b.qp, mw, rkey, dst.mr, dst.addr(), 1024, 1) == 0);
+    REQUIRE(one(b.cq).status == IBV_WC_SUCCESS);
+    fill_pattern(src.bytes.data(), 4096, 12);
+    REQUIRE(post_rdma(a.qp, IBV_WR_RDMA_WRITE, src, 0, 64, dst.addr(), rkey, 3) == 0);
+    REQUIRE(one(a.cq).status == IBV_WC_SUCCESS);
+    SECTION("bound again while bound") {
+        REQUIRE(post_bind2(b.qp, mw, ibv_inc_rkey(rkey), dst.mr, dst.addr() + 2048, 1024, 2) ==
+                0);
+        CHECK(one(b.cq).status == IBV_WC_MW_BIND_ERR);
+    }
+    SECTION("bound with length 0") {
+        REQUIRE(post_bind2(b.qp, mw, ibv_inc_rkey(rkey), dst.mr, dst.addr(), 0, 2) == 0);
+        CHECK(one(b.cq).status == IBV_WC_MW_BIND_ERR);
+    }
+    SECTION("bound again once invalidated") {
+        REQUIRE(post_inv(b.qp, IBV_WR_LOCAL_INV, rkey, nullptr, 4) == 0);
+        REQUIRE(one(b.cq).status == IBV_WC_SUCCESS);
+        const uint32_t again = ibv_inc_rkey(rkey);
+        REQUIRE(post_bind2(b.qp, mw, again, dst.mr, dst.addr() + 2048, 1024, 5) == 0);
+        CHECK(one(b.cq).status == IBV_WC_SUCCESS);
+        REQUIRE(post_rdma(a.qp, IBV_WR_RDMA_WRITE, src, 0, 64, dst.addr() + 2048, again, 6) == 0);
+        CHECK(one(a.cq).status == IBV_WC_SUCCESS);
+        CHECK(std::memcmp(dst.bytes.data() + 2048, src.bytes.data(), 64) == 0);
+    }
+    CHECK(ibv_dealloc_mw(mw) == 0);
+}
