@@ -320,3 +320,45 @@ TEST_CASE("MemoryTable keys stay unique past 2^24 registrations", "[memory]") {
     // The first region is what it was.
     CHECK(t.check_remote(first.rkey, kPd, kAddr, kLen, kRemoteRead, local) == KeyCheck::Ok);
 }
+
+TEST_CASE("MemoryTable type 2 windows: bound from free only, freed with their QP", "[memory]") {
+    MemoryTable t;
+    const MemoryKeys mr = t.add(kPd, kAddr, kLen, kAddr, kAllAccess | kMwBind);
+    auto bind = [&](uint32_t rkey, uint32_t qpn, uint64_t length = 64) {
+        MemoryTable::WindowBind b;
+        b.mr_lkey = mr.lkey;
+        b.addr = kAddr;
+        b.length = length;
+        b.access = kRemoteWrite;
+        b.qpn = qpn;
+        const uint32_t next = (rkey & 0xffffff00u) | ((rkey + 1) & 0xffu);
+        return std::pair{t.bind_window(rkey, next, kPd, b), next};
+    };
+    auto reaches = [&](uint32_t rkey, uint32_t qpn) {
+        uint64_t local = 0;
+        return t.check_remote(rkey, kPd, kAddr, 8, kRemoteWrite, local, qpn) == KeyCheck::Ok;
+    };
+    const uint32_t w1 = t.add_window(kPd, true), w2 = t.add_window(kPd, true);
+    const uint32_t w3 = t.add_window(kPd, true);
+    CHECK(bind(w1, 7, 0).first != KeyCheck::Ok);  // length 0: no bind, no invalidation
+    auto [r1c, r1] = bind(w1, 7);
+    auto [r2c, r2] = bind(w2, 7);
+    auto [r3c, r3] = bind(w3, 8);
+    REQUIRE((r1c == KeyCheck::Ok && r2c == KeyCheck::Ok && r3c == KeyCheck::Ok));
+    CHECK(bind(r1, 7).first != KeyCheck::Ok);  // bound: not again before invalidation
+    CHECK(reaches(r1, 7));
+    CHECK_FALSE(reaches(r1, 8));
+    t.invalidate_windows_of(7);
+    CHECK_FALSE(reaches(r1, 7));
+    CHECK_FALSE(reaches(r2, 7));
+    CHECK(reaches(r3, 8));  // another QP's window stays
+    // Free again: they may be bound anew.
+    auto [again, r1b] = bind(r1, 9);
+    CHECK(again == KeyCheck::Ok);
+    CHECK(reaches(r1b, 9));
+    REQUIRE(t.invalidate_window(r1b, kPd, 0) == KeyCheck::Ok);
+    CHECK_FALSE(reaches(r1b, 9));
+    CHECK(bind(r1b, 9).first == KeyCheck::Ok);
+    CHECK(t.remove_window(r3));
+    t.invalidate_windows_of(8);  // nothing of 8's is left
+}
