@@ -333,6 +333,9 @@ void RcQp::flush_all() {
         recv_.reset();
         if (CompletionQueue* cq = recv_cq()) push_completion(*cq, c);
     }
+    // An XRC target holds the SRQ of an open message only (execute_request): none is open
+    // now, and a destroyed SRQ's CQ must not stay busy while this QP lives on in ERR.
+    xrc_srq_.reset();
     while (!rq_.empty()) {
         Completion c;
         c.wr_id = rq_.front().wr_id;

@@ -215,3 +215,42 @@ TEST_CASE("XRC: each half takes one direction only", "[xrc]") {
     CHECK(p.b.qp->state() == QpState::Rts);
     CHECK(srq.cq->depth() == 0);
 }
+
+TEST_CASE("XRC: a target moved to ERR mid-message lets go of the SRQ it was receiving into",
+          "[xrc]") {
+    bool cq_free = false;  // before the pair: the QPs go first
+    Pair p;
+    make_xrc(p);
+    p.connect();
+    // An XRC SRQ as the provider makes one: its CQ is busy (cq_hold) until the queue goes.
+    auto cq = std::make_shared<CompletionQueue>(64, nullptr, nullptr);
+    XrcSrqBinding b;
+    b.srqn = p.b.engine->allocate_srqn();
+    b.xrcd = kDomain;
+    b.cq = cq;
+    b.cq_hold = std::shared_ptr<void>(&cq_free, [](void* f) { *static_cast<bool*>(f) = true; });
+    auto queue = std::make_shared<SharedReceiveQueue>(kSrqPd, 16, 4, nullptr, b);
+    b = {};
+    p.b.engine->attach_xrc_srq(queue);
+    const MemoryKeys k = srq_pd_keys(p.b);
+    REQUIRE(queue->post(recv_wqe(1, {Sge{p.b.addr(0), 4 * kMtu, k.lkey}})) == 0);
+    REQUIRE(queue->post(recv_wqe(2, {Sge{p.b.addr(0), 4 * kMtu, k.lkey}})) == 0);
+    // The first packet of a two-packet SEND takes WQE 1; the last never comes.
+    ForgedPeer to_b{*p.b.engine, p.a.ip, p.b.engine->config().port, p.a.qp->qpn(), p.b.qp->qpn()};
+    wire::Headers first = to_b.headers(wire::Opcode::RcSendFirst, 0);
+    first.bth.opcode |= wire::kXrcOpcodeBase;
+    first.xrc_srqn = queue->xrc().srqn;
+    const std::vector<uint8_t> payload(kMtu, 0x5a);
+    to_b.inject(first, payload);
+    REQUIRE(p.wait_until([&] { return queue->depth() == 1; }));
+    REQUIRE(p.b.qp->modify(default_attributes(), QpState::Rts, QpState::Err) == 0);
+    const Completion c = p.wait_one(*cq);
+    CHECK(c.wr_id == 1);
+    CHECK(c.status == WcStatus::WrFlushErr);
+    CHECK(queue->depth() == 1);  // the SRQ's other WQE is not the target's to flush
+    // ibv_destroy_srq: out of the table, the provider's reference gone. No message is open:
+    // nothing holds the queue any more, and its CQ may be destroyed.
+    p.b.engine->detach_xrc_srq(queue->xrc().srqn);
+    queue.reset();
+    CHECK(cq_free);
+}
