@@ -128,7 +128,7 @@ class MemoryTable {
 
     mutable std::shared_mutex mutex_;
     std::unordered_map<uint32_t, Region> by_index_;  // key >> 8 -> region
-    size_t bound_type2_ = 0;                          // type 2 windows bound now
+    size_t bound_type2_ = 0;                         // type 2 windows bound now
     uint32_t next_index_ = 1;
     std::atomic<uint64_t>* fault_counter_ = nullptr;
 };

@@ -52,14 +52,18 @@ void SharedReceiveQueue::close() {
     callbacks_off_ = true;
 }
 
-int SharedReceiveQueue::arm_limit(uint32_t limit) { return modify(std::nullopt, limit); }
+int SharedReceiveQueue::arm_limit(uint32_t limit) {
+    return modify(std::nullopt, limit);
+}
 
 uint32_t SharedReceiveQueue::capacity() const {
     std::lock_guard lock(mutex_);
     return capacity_;
 }
 
-int SharedReceiveQueue::resize(uint32_t capacity) { return modify(capacity, std::nullopt); }
+int SharedReceiveQueue::resize(uint32_t capacity) {
+    return modify(capacity, std::nullopt);
+}
 
 int SharedReceiveQueue::modify(std::optional<uint32_t> capacity, std::optional<uint32_t> limit) {
     std::lock_guard lock(mutex_);

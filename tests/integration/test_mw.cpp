@@ -245,8 +245,7 @@ TEST_CASE("MW type 2: bound once until invalidated; a zero-length bind is no inv
     REQUIRE(post_rdma(a.qp, IBV_WR_RDMA_WRITE, src, 0, 64, dst.addr(), rkey, 3) == 0);
     REQUIRE(one(a.cq).status == IBV_WC_SUCCESS);
     SECTION("bound again while bound") {
-        REQUIRE(post_bind2(b.qp, mw, ibv_inc_rkey(rkey), dst.mr, dst.addr() + 2048, 1024, 2) ==
-                0);
+        REQUIRE(post_bind2(b.qp, mw, ibv_inc_rkey(rkey), dst.mr, dst.addr() + 2048, 1024, 2) == 0);
         CHECK(one(b.cq).status == IBV_WC_MW_BIND_ERR);
     }
     SECTION("bound with length 0") {
