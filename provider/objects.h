@@ -299,6 +299,17 @@ int destroy_ah(ibv_ah*) noexcept;
 int modify_ud_qp(UroceQp& qp, const ibv_qp_attr& attr, int mask, transport::QpState current,
                  transport::QpState next) noexcept;
 int post_send_ud(UroceQp& qp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexcept;
+// The WQE (and destination) a UD send request asks for: EINVAL if post_send_ud would refuse it
+// before it reaches the QP.
+int build_ud_wqe(const UroceQp& qp, const ibv_send_wr& wr, transport::SendWqe& w,
+                 transport::UdDestination& dest) noexcept;
+// The same for RC, UC and XRC send requests.
+int build_send_wqe(ibv_qp* ibqp, const UroceQp& qp, ibv_send_wr& wr,
+                   transport::SendWqe& w) noexcept;
+// 0 if ibv_post_send would take every one of the `count` requests of the list `wr` (all well
+// formed, and room for them all in the send queue), else what it would fail with: the
+// ibv_wr_* batch posts all of its requests or none.
+int check_send_list(ibv_qp* ibqp, ibv_send_wr* wr, size_t count) noexcept;
 // The part of a send WQE every QP type fills the same way from `wr`: id, flags, immediate
 // data, and the data (SGE list, or inline data copied now); `total` is the length asked for.
 // EINVAL for an SGE count outside 0..kMaxSge or inline data over kMaxInline.

@@ -329,6 +329,77 @@ int fill_send_wqe(const UroceQp& qp, const ibv_send_wr& wr, transport::SendWqe& 
     return 0;
 }
 
+int build_send_wqe(ibv_qp* ibqp, const UroceQp& qp, ibv_send_wr& wr,
+                   transport::SendWqe& w) noexcept {
+    int err = 0;
+    switch (wr.opcode) {
+        case IBV_WR_SEND:
+            w.opcode = transport::SendOpcode::Send;
+            break;
+        case IBV_WR_SEND_WITH_IMM:
+            w.opcode = transport::SendOpcode::SendWithImm;
+            break;
+        case IBV_WR_RDMA_WRITE:
+            w.opcode = transport::SendOpcode::RdmaWrite;
+            break;
+        case IBV_WR_RDMA_WRITE_WITH_IMM:
+            w.opcode = transport::SendOpcode::RdmaWriteWithImm;
+            break;
+        case IBV_WR_RDMA_READ:
+            w.opcode = transport::SendOpcode::RdmaRead;
+            break;
+        case IBV_WR_ATOMIC_CMP_AND_SWP:
+            w.opcode = transport::SendOpcode::AtomicCmpSwap;
+            break;
+        case IBV_WR_ATOMIC_FETCH_AND_ADD:
+            w.opcode = transport::SendOpcode::AtomicFetchAdd;
+            break;
+        case IBV_WR_SEND_WITH_INV:
+            w.opcode = transport::SendOpcode::SendWithInv;
+            w.rkey = wr.invalidate_rkey;
+            break;
+        case IBV_WR_LOCAL_INV:
+            w.opcode = transport::SendOpcode::LocalInv;
+            w.rkey = wr.invalidate_rkey;
+            break;
+        case IBV_WR_BIND_MW:
+            w.opcode = transport::SendOpcode::BindMw;
+            err = mw_bind_wqe(ibqp, wr.bind_mw.mw, wr.bind_mw.rkey, wr.bind_mw.bind_info,
+                              IBV_MW_TYPE_2, w.bind);
+            break;
+        default:
+            err = EINVAL;
+            break;
+    }
+    // Local operations carry no data.
+    if (!err && transport::is_local_op(w.opcode) && wr.num_sge != 0) err = EINVAL;
+    const bool is_inline = wr.send_flags & IBV_SEND_INLINE;
+    if (!err && is_inline && w.opcode == transport::SendOpcode::RdmaRead) err = EINVAL;
+    uint64_t total = 0;
+    if (!err) err = fill_send_wqe(qp, wr, w, total);
+    if (!err && total > kMaxMessage) err = EINVAL;
+    // An atomic returns 8 bytes into a registered buffer, from an 8-byte aligned target.
+    if (!err && transport::is_atomic(w.opcode) &&
+        (is_inline || total != 8 || wr.wr.atomic.remote_addr % 8 != 0))
+        err = EINVAL;
+    if (err) return err;
+    w.fence = wr.send_flags & IBV_SEND_FENCE;
+    if (transport::is_atomic(w.opcode)) {
+        w.remote_addr = wr.wr.atomic.remote_addr;
+        w.rkey = wr.wr.atomic.rkey;
+        w.compare_add = wr.wr.atomic.compare_add;
+        w.swap = wr.wr.atomic.swap;
+    } else if (w.opcode != transport::SendOpcode::Send &&
+               w.opcode != transport::SendOpcode::SendWithImm &&
+               w.opcode != transport::SendOpcode::SendWithInv &&
+               !transport::is_local_op(w.opcode)) {
+        w.remote_addr = wr.wr.rdma.remote_addr;
+        w.rkey = wr.wr.rdma.rkey;
+    }
+    w.remote_srqn = wr.qp_type.xrc.remote_srqn;
+    return 0;
+}
+
 int post_send(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexcept {
     if (inherited(ibqp->context)) {
         *bad_wr = wr;
@@ -347,72 +418,7 @@ int post_send(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexcept {
     };
     for (; wr; wr = wr->next) {
         transport::SendWqe w;
-        int err = 0;
-        switch (wr->opcode) {
-            case IBV_WR_SEND:
-                w.opcode = transport::SendOpcode::Send;
-                break;
-            case IBV_WR_SEND_WITH_IMM:
-                w.opcode = transport::SendOpcode::SendWithImm;
-                break;
-            case IBV_WR_RDMA_WRITE:
-                w.opcode = transport::SendOpcode::RdmaWrite;
-                break;
-            case IBV_WR_RDMA_WRITE_WITH_IMM:
-                w.opcode = transport::SendOpcode::RdmaWriteWithImm;
-                break;
-            case IBV_WR_RDMA_READ:
-                w.opcode = transport::SendOpcode::RdmaRead;
-                break;
-            case IBV_WR_ATOMIC_CMP_AND_SWP:
-                w.opcode = transport::SendOpcode::AtomicCmpSwap;
-                break;
-            case IBV_WR_ATOMIC_FETCH_AND_ADD:
-                w.opcode = transport::SendOpcode::AtomicFetchAdd;
-                break;
-            case IBV_WR_SEND_WITH_INV:
-                w.opcode = transport::SendOpcode::SendWithInv;
-                w.rkey = wr->invalidate_rkey;
-                break;
-            case IBV_WR_LOCAL_INV:
-                w.opcode = transport::SendOpcode::LocalInv;
-                w.rkey = wr->invalidate_rkey;
-                break;
-            case IBV_WR_BIND_MW:
-                w.opcode = transport::SendOpcode::BindMw;
-                err = mw_bind_wqe(ibqp, wr->bind_mw.mw, wr->bind_mw.rkey, wr->bind_mw.bind_info,
-                                  IBV_MW_TYPE_2, w.bind);
-                break;
-            default:
-                err = EINVAL;
-                break;
-        }
-        // Local operations carry no data.
-        if (!err && transport::is_local_op(w.opcode) && wr->num_sge != 0) err = EINVAL;
-        const bool is_inline = wr->send_flags & IBV_SEND_INLINE;
-        if (!err && is_inline && w.opcode == transport::SendOpcode::RdmaRead) err = EINVAL;
-        uint64_t total = 0;
-        if (!err) err = fill_send_wqe(*qp, *wr, w, total);
-        if (!err && total > kMaxMessage) err = EINVAL;
-        // An atomic returns 8 bytes into a registered buffer, from an 8-byte aligned target.
-        if (!err && transport::is_atomic(w.opcode) &&
-            (is_inline || total != 8 || wr->wr.atomic.remote_addr % 8 != 0))
-            err = EINVAL;
-        if (err) return refuse(wr, err);
-        w.fence = wr->send_flags & IBV_SEND_FENCE;
-        if (transport::is_atomic(w.opcode)) {
-            w.remote_addr = wr->wr.atomic.remote_addr;
-            w.rkey = wr->wr.atomic.rkey;
-            w.compare_add = wr->wr.atomic.compare_add;
-            w.swap = wr->wr.atomic.swap;
-        } else if (w.opcode != transport::SendOpcode::Send &&
-                   w.opcode != transport::SendOpcode::SendWithImm &&
-                   w.opcode != transport::SendOpcode::SendWithInv &&
-                   !transport::is_local_op(w.opcode)) {
-            w.remote_addr = wr->wr.rdma.remote_addr;
-            w.rkey = wr->wr.rdma.rkey;
-        }
-        w.remote_srqn = wr->qp_type.xrc.remote_srqn;
+        if (int err = build_send_wqe(ibqp, *qp, *wr, w)) return refuse(wr, err);
         if (int e = qp->uc ? qp->uc->post_send(w, wr->next != nullptr)
                            : qp->rc->post_send(w, wr->next != nullptr))
             return refuse(wr, e);
@@ -420,6 +426,20 @@ int post_send(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexcept {
         if (w.opcode == transport::SendOpcode::BindMw) wr->bind_mw.mw->rkey = w.bind.new_rkey;
     }
     engine.note_post();
+    return 0;
+}
+
+int check_send_list(ibv_qp* ibqp, ibv_send_wr* wr, size_t count) noexcept {
+    auto* qp = to_uqp(ibqp);
+    for (; wr; wr = wr->next) {
+        transport::SendWqe w;
+        transport::UdDestination dest;
+        if (int err = qp->ud ? build_ud_wqe(*qp, *wr, w, dest) : build_send_wqe(ibqp, *qp, *wr, w))
+            return err;
+    }
+    // Only an RC (or XRC) send queue refuses a post for want of room; UC and UD QPs send as
+    // they post.
+    if (qp->rc && qp->rc->send_room() < count) return ENOMEM;
     return 0;
 }
 

@@ -87,8 +87,11 @@ int wr_complete(ibv_qp_ex* qpx) {
             b.wrs[i].num_sge = static_cast<int>(b.sges[i].size());
             b.wrs[i].next = i + 1 < b.wrs.size() ? &b.wrs[i + 1] : nullptr;
         }
+        // All or nothing: post_send stops at the first request it refuses, after it queued
+        // those before it.
+        err = check_send_list(&qpx->qp_base, b.wrs.data(), b.wrs.size());
         ibv_send_wr* bad = nullptr;
-        err = post_send(&qpx->qp_base, b.wrs.data(), &bad);
+        if (!err) err = post_send(&qpx->qp_base, b.wrs.data(), &bad);
     }
     wr_start(qpx);
     return err;

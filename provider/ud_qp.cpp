@@ -20,6 +20,30 @@ int modify_ud_qp(UroceQp& qp, const ibv_qp_attr& attr, int mask, transport::QpSt
     return qp.ud->modify(a, current, next);
 }
 
+int build_ud_wqe(const UroceQp& qp, const ibv_send_wr& wr, transport::SendWqe& w,
+                 transport::UdDestination& dest) noexcept {
+    ibv_context* ctx = qp.vqp.qp.context;
+    switch (wr.opcode) {
+        case IBV_WR_SEND:
+            w.opcode = transport::SendOpcode::Send;
+            break;
+        case IBV_WR_SEND_WITH_IMM:
+            w.opcode = transport::SendOpcode::SendWithImm;
+            break;
+        default:
+            return EINVAL;  // UD carries SENDs only
+    }
+    ibv_ah* ah = wr.wr.ud.ah;
+    if (!ah || ah->context != ctx) return EINVAL;
+    uint64_t total = 0;
+    if (int err = fill_send_wqe(qp, wr, w, total)) return err;
+    // A datagram is one packet: larger than the port's MTU is refused (the QP checks it too).
+    if (total > to_uctx(ctx)->state->device->config.mtu) return EINVAL;
+    dest = transport::UdDestination{to_uah(ah)->dst_ip, wr.wr.ud.remote_qpn & 0xffffff,
+                                    wr.wr.ud.remote_qkey, to_uah(ah)->hop_limit};
+    return 0;
+}
+
 int post_send_ud(UroceQp& qp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexcept {
     ibv_context* ctx = qp.vqp.qp.context;
     auto& engine = *to_uctx(ctx)->state->engine;
@@ -32,26 +56,8 @@ int post_send_ud(UroceQp& qp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexcept {
     };
     for (; wr; wr = wr->next) {
         transport::SendWqe w;
-        int err = 0;
-        switch (wr->opcode) {
-            case IBV_WR_SEND:
-                w.opcode = transport::SendOpcode::Send;
-                break;
-            case IBV_WR_SEND_WITH_IMM:
-                w.opcode = transport::SendOpcode::SendWithImm;
-                break;
-            default:
-                err = EINVAL;  // UD carries SENDs only
-                break;
-        }
-        ibv_ah* ah = wr->wr.ud.ah;
-        if (!err && (!ah || ah->context != ctx)) err = EINVAL;
-        // Larger than the MTU is refused by the QP (EINVAL).
-        uint64_t total = 0;
-        if (!err) err = fill_send_wqe(qp, *wr, w, total);
-        if (err) return refuse(wr, err);
-        const transport::UdDestination dest{to_uah(ah)->dst_ip, wr->wr.ud.remote_qpn & 0xffffff,
-                                            wr->wr.ud.remote_qkey, to_uah(ah)->hop_limit};
+        transport::UdDestination dest;
+        if (int err = build_ud_wqe(qp, *wr, w, dest)) return refuse(wr, err);
         if (int e = qp.ud->post_send(w, dest, wr->next != nullptr)) return refuse(wr, e);
     }
     engine.note_post();

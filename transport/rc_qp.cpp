@@ -155,6 +155,11 @@ int RcQp::post_send(const SendWqe& wqe, bool more) {
     return 0;
 }
 
+size_t RcQp::send_room() const {
+    std::lock_guard lock(mutex_);
+    return sq_.size() >= caps_.max_send_wr ? 0 : caps_.max_send_wr - sq_.size();
+}
+
 bool RcQp::leads_ack(const SendWqe& wqe) const {
     // Never while a fault may single a packet out: it leaves alone, and the ACK would follow
     // the answer in a datagram of its own. Losses alone change no order: a lost answer or

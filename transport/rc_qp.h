@@ -116,6 +116,9 @@ class RcQp final : public QpCommon {
     // sends them all at once. A post may also wait for the next poll of a busy-polling
     // application thread (held_posts.h), unless it fills a GSO train.
     int post_send(const SendWqe& wqe, bool more = false);
+    // How many more WQEs post_send takes before ENOMEM (ibv_wr_complete checks a batch's
+    // room before it posts any of it).
+    size_t send_room() const;
     // Sends what posts with `more` left queued: after an ibv_post_send stopped early.
     void ring() override;
     int post_recv(const RecvWqe& wqe);

@@ -183,3 +183,56 @@ TEST_CASE("qp_ex: what ibv_create_qp_ex refuses", "[qp_ex]") {
     CHECK(ibv_qp_to_qp_ex(ud) != nullptr);
     CHECK(ibv_destroy_qp(ud) == 0);
 }
+
+// ibv_post_send stops at the first request it refuses, after queueing those before it; a batch
+// of ibv_wr_* requests goes whole or not at all, whichever of its requests is refused.
+TEST_CASE("qp_ex: a batch a check of post_send refuses part-way sends nothing", "[qp_ex]") {
+    QpOptions opt;
+    opt.access = kAll;
+    Endpoint a(devices().a, opt), b(devices().b, opt);
+    ibv_qp_ex* qpx = use_qp_ex(a);  // 64 send queue entries
+    connect(a, b, opt);
+    Buffer src(a.pd, 4096, kAll), dst(b.pd, 4096, kAll);
+    fill_pattern(src.bytes.data(), 64, 21);
+    REQUIRE(post_recv_buf(b.qp, dst, 0, 1024, 1) == 0);
+    const uint64_t sent = counter(a.ctx, "tx_packets");
+    SECTION("an atomic at a misaligned address after a good SEND") {
+        ibv_wr_start(qpx);
+        qpx->wr_id = 1;
+        qpx->wr_flags = IBV_SEND_SIGNALED;
+        ibv_wr_send(qpx);
+        ibv_wr_set_sge(qpx, src.mr->lkey, src.addr(), 64);
+        qpx->wr_id = 2;
+        ibv_wr_atomic_fetch_add(qpx, dst.mr->rkey, dst.addr() + 4, 1);
+        ibv_wr_set_sge(qpx, src.mr->lkey, src.addr() + 1024, 8);
+        CHECK(ibv_wr_complete(qpx) == EINVAL);
+    }
+    SECTION("more requests than the send queue holds") {
+        // b takes one SEND; the others would wait for receives (RNR), holding their entries.
+        ibv_wr_start(qpx);
+        qpx->wr_flags = IBV_SEND_SIGNALED;
+        for (uint64_t i = 0; i < 66; ++i) {
+            qpx->wr_id = 10 + i;
+            ibv_wr_send(qpx);
+            ibv_wr_set_sge(qpx, src.mr->lkey, src.addr(), 64);
+        }
+        CHECK(ibv_wr_complete(qpx) == ENOMEM);
+    }
+    // The batch failed: none of it may run (the caller is entitled to reuse its buffers).
+    CHECK(counter(a.ctx, "tx_packets") == sent);
+    // A request posted next is the first the QP runs and the one the receive takes.
+    ibv_wr_start(qpx);
+    qpx->wr_id = 99;
+    qpx->wr_flags = IBV_SEND_SIGNALED;
+    ibv_wr_send(qpx);
+    ibv_wr_set_sge(qpx, src.mr->lkey, src.addr(), 16);
+    REQUIRE(ibv_wr_complete(qpx) == 0);
+    const auto s = wait_completions(a.cq, 1);
+    REQUIRE(s.size() == 1);
+    CHECK(s[0].wr_id == 99);
+    const auto r = wait_completions(b.cq, 1);
+    REQUIRE(r.size() == 1);
+    CHECK(r[0].byte_len == 16);
+    ibv_wc wc{};
+    CHECK(ibv_poll_cq(a.cq, 1, &wc) == 0);
+}
