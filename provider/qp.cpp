@@ -209,6 +209,11 @@ int destroy_qp(ibv_qp* ibqp) noexcept {
     qp->rc.reset();
     qp->uc.reset();
     qp->ud.reset();
+    // Its completions still waiting leave the CQs, as on RESET (and as NICs clean their CQs
+    // when a QP is destroyed): its number goes back to the pool, and a new QP that draws it
+    // must not be reported work requests it never posted.
+    if (qp->send_cq) qp->send_cq->queue->remove_qp(ibqp->qp_num);
+    if (qp->recv_cq) qp->recv_cq->queue->remove_qp(ibqp->qp_num);
     // Events not yet read never will be; those the application has read it must acknowledge
     // before the QP goes (libibverbs' contract: a kernel provider waits the same way).
     st->async_events.retract(reinterpret_cast<uint64_t>(ibqp), &qp->events);

@@ -4,6 +4,7 @@
 #include <cerrno>
 #include <cstring>
 #include <thread>
+#include <vector>
 
 #include "tests/integration/verbs_fixture.h"
 
@@ -383,4 +384,47 @@ TEST_CASE("RESET takes the QP's waiting completions out of its CQs, and only the
     CHECK(wcs[0].wr_id == 99);
     CHECK(wcs[0].qp_num == other->qp_num);
     CHECK(ibv_destroy_qp(other) == 0);
+}
+
+// A CQ shared by many QPs outlives the ones an application destroys, and QPNs come back: a
+// destroyed QP's unpolled completions must not surface later, least of all under the number
+// of a new QP that never posted their work requests (applications find the QP by qp_num).
+TEST_CASE("a destroyed QP's waiting completions never surface under a new QP of its number",
+          "[qp]") {
+    Endpoint a(devices().a);
+    Buffer buf(a.pd, 4096, kAll);
+    ibv_qp_init_attr init{};
+    init.send_cq = init.recv_cq = a.cq;
+    init.qp_type = IBV_QPT_RC;
+    init.cap.max_send_wr = init.cap.max_recv_wr = 1;
+    init.cap.max_send_sge = init.cap.max_recv_sge = 1;
+    ibv_qp* old = ibv_create_qp(a.pd, &init);
+    REQUIRE(old);
+    const uint32_t qpn = old->qp_num;
+    ibv_qp_attr attr = init_attr();
+    REQUIRE(ibv_modify_qp(old, &attr, kInitMask) == 0);
+    REQUIRE(post_recv_buf(old, buf, 0, 64, 777) == 0);
+    attr = {};
+    attr.qp_state = IBV_QPS_ERR;
+    REQUIRE(ibv_modify_qp(old, &attr, IBV_QP_STATE) == 0);  // a flush completion waits
+    REQUIRE(ibv_destroy_qp(old) == 0);
+    // QPNs are drawn within the context's slot until it is full: the number comes back
+    // within one slot's worth of creates.
+    std::vector<ibv_qp*> made;
+    ibv_qp* reused = nullptr;
+    for (int i = 0; i < 4096 && !reused; ++i) {
+        ibv_qp* q = ibv_create_qp(a.pd, &init);
+        REQUIRE(q);
+        made.push_back(q);
+        if (q->qp_num == qpn) reused = q;
+    }
+    REQUIRE(reused);
+    ibv_wc wc{};
+    const int n = ibv_poll_cq(a.cq, 1, &wc);
+    CHECK(n == 0);
+    if (n == 1) {
+        CHECK(wc.qp_num != qpn);
+        CHECK(wc.wr_id != 777u);
+    }
+    for (ibv_qp* q : made) CHECK(ibv_destroy_qp(q) == 0);
 }
