@@ -20,11 +20,13 @@ namespace uroce::provider {
 
 namespace {
 
-// MW_BIND is the right to bind memory windows to the region (provider/mw.cpp).
+// MW_BIND is the right to bind memory windows to the region (provider/mw.cpp). HUGETLB is
+// the application's promise that an on-demand region lies in huge pages (ibv_reg_mr(3)): a
+// hint for a NIC's page tables, which uroce has none of.
 constexpr int kSupportedAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
                                  IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC |
                                  IBV_ACCESS_RELAXED_ORDERING | IBV_ACCESS_MW_BIND |
-                                 IBV_ACCESS_ON_DEMAND;
+                                 IBV_ACCESS_ON_DEMAND | IBV_ACCESS_HUGETLB;
 
 uint32_t transport_access(int access) {
     uint32_t a = 0;

@@ -190,3 +190,30 @@ TEST_CASE("ODP: a QP takes region-only access flags and ignores them, not undefi
     CHECK(ibv_modify_qp(e.qp, &a, mask) == 0);
     CHECK(e.state() == IBV_QPS_INIT);
 }
+
+// ibv_reg_mr(3): IBV_ACCESS_HUGETLB is the application's promise that an on-demand region is
+// backed by huge pages (rdma-core's ODP tests register their huge-page regions with it). It is
+// a hint uroce has no use for: the region registers and works like any other.
+TEST_CASE("ODP: a region registered with IBV_ACCESS_HUGETLB takes a WRITE", "[odp]") {
+    Endpoint a(devices().a);
+    Endpoint b(devices().b);
+    connect(a, b);
+    constexpr size_t kSize = 1 << 16;
+    Buffer src(a.pd, kSize, IBV_ACCESS_LOCAL_WRITE);
+    fill_pattern(src.bytes.data(), kSize, 31);
+    Untouched dst(kSize);
+    ibv_mr* dmr = ibv_reg_mr(b.pd, dst.p, kSize, kOdp | IBV_ACCESS_HUGETLB);
+    REQUIRE(dmr);
+    ibv_mr* rereg = ibv_reg_mr(b.pd, dst.p, kSize, IBV_ACCESS_LOCAL_WRITE);
+    REQUIRE(rereg);
+    CHECK(ibv_rereg_mr(rereg, IBV_REREG_MR_CHANGE_ACCESS, nullptr, nullptr, 0,
+                       kOdp | IBV_ACCESS_HUGETLB) == 0);
+    REQUIRE(post_rdma(a.qp, IBV_WR_RDMA_WRITE, src, 0, kSize, reinterpret_cast<uint64_t>(dst.p),
+                      dmr->rkey, 1) == 0);
+    const auto wc = wait_completions(a.cq, 1);
+    REQUIRE(wc.size() == 1);
+    CHECK(wc[0].status == IBV_WC_SUCCESS);
+    CHECK(std::memcmp(dst.p, src.bytes.data(), kSize) == 0);
+    CHECK(ibv_dereg_mr(rereg) == 0);
+    CHECK(ibv_dereg_mr(dmr) == 0);
+}
