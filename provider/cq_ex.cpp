@@ -73,7 +73,10 @@ uint32_t read_byte_len(ibv_cq_ex* c) {
     return of(c)->current.byte_len;
 }
 __be32 read_imm_data(ibv_cq_ex* c) {
-    return htonl(of(c)->current.imm);
+    // ibv_wc_read_invalidated_rkey returns this unconverted: an invalidated rkey goes in host
+    // order (as ibv_poll_cq's invalidated_rkey), immediate data in network order.
+    const transport::Completion& cur = of(c)->current;
+    return cur.with_inv ? cur.imm : htonl(cur.imm);
 }
 uint32_t read_qp_num(ibv_cq_ex* c) {
     return of(c)->current.qp_num;

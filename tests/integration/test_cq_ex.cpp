@@ -189,3 +189,70 @@ TEST_CASE("parent domains: objects made in one belong to its PD", "[cq_ex][pd]")
     CHECK(ibv_destroy_cq(ibv_cq_ex_to_cq(cq)) == 0);
     CHECK(ibv_dealloc_pd(parent) == EBUSY);  // dst's MR is in it
 }
+
+// ibv_wc_read_invalidated_rkey(3) returns what read_imm_data returns, unconverted: the
+// invalidated rkey must come back in host order, as ibv_poll_cq's invalidated_rkey does (the
+// immediate data alone is in network order).
+TEST_CASE("cq_ex: ibv_wc_read_invalidated_rkey names the rkey a SEND with invalidate took",
+          "[cq_ex][mw]") {
+    QpOptions opt;
+    opt.access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
+    Endpoint a(devices().a, opt), b(devices().b, opt);
+    ibv_cq_ex* cq = make_cq_ex(b.ctx, IBV_WC_EX_WITH_BYTE_LEN | IBV_WC_EX_WITH_IMM);
+    REQUIRE(cq);
+    ibv_qp_init_attr init{};
+    init.send_cq = b.cq;
+    init.recv_cq = ibv_cq_ex_to_cq(cq);
+    init.qp_type = IBV_QPT_RC;
+    init.cap.max_send_wr = init.cap.max_recv_wr = 16;
+    init.cap.max_send_sge = init.cap.max_recv_sge = 1;
+    ibv_qp* qp = ibv_create_qp(b.pd, &init);
+    REQUIRE(qp);
+    ibv_destroy_qp(b.qp);
+    b.qp = qp;
+    connect(a, b, opt);
+    Buffer src(a.pd, 4096, IBV_ACCESS_LOCAL_WRITE);
+    Buffer dst(b.pd, 4096, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND);
+    ibv_mw* mw = ibv_alloc_mw(b.pd, IBV_MW_TYPE_2);
+    REQUIRE(mw);
+    const uint32_t rkey = ibv_inc_rkey(mw->rkey);
+    ibv_send_wr bind{};
+    bind.wr_id = 1;
+    bind.opcode = IBV_WR_BIND_MW;
+    bind.send_flags = IBV_SEND_SIGNALED;
+    bind.bind_mw.mw = mw;
+    bind.bind_mw.rkey = rkey;
+    bind.bind_mw.bind_info.mr = dst.mr;
+    bind.bind_mw.bind_info.addr = dst.addr();
+    bind.bind_mw.bind_info.length = 1024;
+    bind.bind_mw.bind_info.mw_access_flags = IBV_ACCESS_REMOTE_WRITE;
+    ibv_send_wr* bad = nullptr;
+    REQUIRE(ibv_post_send(b.qp, &bind, &bad) == 0);
+    REQUIRE(wait_completions(b.cq, 1).size() == 1);
+    REQUIRE(post_recv_buf(b.qp, dst, 2048, 64, 2) == 0);
+    ibv_sge sge{src.addr(), 16, src.mr->lkey};
+    ibv_send_wr wr{};
+    wr.wr_id = 3;
+    wr.opcode = IBV_WR_SEND_WITH_INV;
+    wr.send_flags = IBV_SEND_SIGNALED;
+    wr.invalidate_rkey = rkey;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    REQUIRE(ibv_post_send(a.qp, &wr, &bad) == 0);
+    REQUIRE(wait_completions(a.cq, 1).size() == 1);
+
+    ibv_poll_cq_attr pattr{};
+    int ret = ENOENT;
+    for (int i = 0; i < 20000 && ret == ENOENT; ++i) ret = ibv_start_poll(cq, &pattr);
+    REQUIRE(ret == 0);
+    CHECK(cq->status == IBV_WC_SUCCESS);
+    CHECK(cq->wr_id == 2);
+    CHECK((ibv_wc_read_wc_flags(cq) & IBV_WC_WITH_INV) != 0);
+    CHECK(ibv_wc_read_invalidated_rkey(cq) == rkey);
+    CHECK(ibv_wc_read_byte_len(cq) == 16);
+    ibv_end_poll(cq);
+    CHECK(ibv_destroy_qp(b.qp) == 0);
+    b.qp = nullptr;
+    CHECK(ibv_dealloc_mw(mw) == 0);
+    CHECK(ibv_destroy_cq(ibv_cq_ex_to_cq(cq)) == 0);
+}
