@@ -291,7 +291,9 @@ int query_qp(ibv_qp* ibqp, ibv_qp_attr* attr, int, ibv_qp_init_attr* init) noexc
     const QpState s = qp_state(*qp);
     attr->qp_state = to_ibv(s);
     attr->cur_qp_state = attr->qp_state;
-    attr->sq_draining = s == QpState::Sqd;
+    // Draining while requests sent before SQD are in flight: UC and UD QPs have none once
+    // there (their sends complete as they leave).
+    attr->sq_draining = s == QpState::Sqd && qp->rc && qp->rc->sq_draining();
     attr->cap.max_inline_data = kMaxInline;
     *init = ibv_qp_init_attr{};
     init->qp_context = ibqp->qp_context;

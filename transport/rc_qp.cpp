@@ -160,6 +160,11 @@ size_t RcQp::send_room() const {
     return sq_.size() >= caps_.max_send_wr ? 0 : caps_.max_send_wr - sq_.size();
 }
 
+bool RcQp::sq_draining() const {
+    std::lock_guard lock(mutex_);
+    return state_ == QpState::Sqd && has_outstanding();
+}
+
 bool RcQp::leads_ack(const SendWqe& wqe) const {
     // Never while a fault may single a packet out: it leaves alone, and the ACK would follow
     // the answer in a datagram of its own. Losses alone change no order: a lost answer or

@@ -119,6 +119,9 @@ class RcQp final : public QpCommon {
     // How many more WQEs post_send takes before ENOMEM (ibv_wr_complete checks a batch's
     // room before it posts any of it).
     size_t send_room() const;
+    // In SQD with requests still in flight (ibv_query_qp's sq_draining); false once they are
+    // done, when SQ_DRAINED is due.
+    bool sq_draining() const;
     // Sends what posts with `more` left queued: after an ibv_post_send stopped early.
     void ring() override;
     int post_recv(const RecvWqe& wqe);

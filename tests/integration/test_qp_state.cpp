@@ -428,3 +428,34 @@ TEST_CASE("a destroyed QP's waiting completions never surface under a new QP of 
     }
     for (ibv_qp* q : made) CHECK(ibv_destroy_qp(q) == 0);
 }
+
+// ibv_query_qp's sq_draining is set while a QP in SQD still has requests in flight and clears
+// once they are done: applications that asked for no SQ_DRAINED event spin on it (rxe yields
+// the CPU in query for them).
+TEST_CASE("query_qp in SQD reports sq_draining until the send queue has drained", "[qp]") {
+    Endpoint a(devices().a), b(devices().b);
+    connect(a, b);  // rnr_retry 7: a SEND without a receive waits for one
+    Buffer src(a.pd, 4096, kAll), dst(b.pd, 4096, kAll);
+    REQUIRE(post_send_msg(a.qp, src, 0, 64, 1) == 0);
+    ibv_qp_attr attr{};
+    attr.qp_state = IBV_QPS_SQD;
+    REQUIRE(ibv_modify_qp(a.qp, &attr, IBV_QP_STATE) == 0);
+    ibv_qp_init_attr init{};
+    attr = {};
+    REQUIRE(ibv_query_qp(a.qp, &attr, IBV_QP_STATE, &init) == 0);
+    CHECK(attr.qp_state == IBV_QPS_SQD);
+    CHECK(attr.sq_draining == 1);  // the SEND is still in flight
+    REQUIRE(post_recv_buf(b.qp, dst, 0, 64, 2) == 0);
+    REQUIRE(wait_completions(a.cq, 1).size() == 1);
+    // The SEND completed: nothing is in flight, so the drain is over.
+    bool draining = true;
+    const auto limit = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while (draining && std::chrono::steady_clock::now() < limit) {
+        attr = {};
+        if (ibv_query_qp(a.qp, &attr, IBV_QP_STATE, &init) != 0) break;
+        if (attr.qp_state != IBV_QPS_SQD) break;
+        draining = attr.sq_draining != 0;
+    }
+    CHECK(attr.qp_state == IBV_QPS_SQD);
+    CHECK_FALSE(draining);
+}
