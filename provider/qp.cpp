@@ -41,6 +41,15 @@ bool belongs(ibv_cq* cq, ibv_context* ctx) {
     return cq && cq->context == ctx;
 }
 
+// Takes the QP's waiting completions out of its CQs (RESET, destroy), except receives from an
+// SRQ: the SRQ's WQE is used up, and the completion is what returns its buffer to the
+// application (a NIC returns such a WQE to the SRQ instead).
+void remove_completions(UroceQp& qp) {
+    const uint32_t qpn = qp.vqp.qp.qp_num;
+    if (qp.recv_cq) qp.recv_cq->queue->remove_qp(qpn, qp.srq != nullptr);
+    if (qp.send_cq && qp.send_cq != qp.recv_cq) qp.send_cq->queue->remove_qp(qpn);
+}
+
 }  // namespace
 
 ibv_qp* create_qp(ibv_pd* pd, ibv_qp_init_attr* init) noexcept {
@@ -212,8 +221,7 @@ int destroy_qp(ibv_qp* ibqp) noexcept {
     // Its completions still waiting leave the CQs, as on RESET (and as NICs clean their CQs
     // when a QP is destroyed): its number goes back to the pool, and a new QP that draws it
     // must not be reported work requests it never posted.
-    if (qp->send_cq) qp->send_cq->queue->remove_qp(ibqp->qp_num);
-    if (qp->recv_cq) qp->recv_cq->queue->remove_qp(ibqp->qp_num);
+    remove_completions(*qp);
     // Events not yet read never will be; those the application has read it must acknowledge
     // before the QP goes (libibverbs' contract: a kernel provider waits the same way).
     st->async_events.retract(reinterpret_cast<uint64_t>(ibqp), &qp->events);
@@ -273,8 +281,7 @@ int modify_qp(ibv_qp* ibqp, ibv_qp_attr* attr, int mask) noexcept {
         // Completions of work requests the reset discarded (the flushes of an earlier ERR)
         // leave the CQs, as NICs clean their CQs on reset: after RESET -> RTS the application
         // must not poll stale completions of the QP's previous life.
-        if (qp->send_cq) qp->send_cq->queue->remove_qp(ibqp->qp_num);
-        if (qp->recv_cq) qp->recv_cq->queue->remove_qp(ibqp->qp_num);
+        remove_completions(*qp);
     }
     return err;
 }

@@ -133,10 +133,13 @@ uint32_t CompletionQueue::capacity() const {
     return capacity_;
 }
 
-size_t CompletionQueue::remove_qp(uint32_t qpn) {
+size_t CompletionQueue::remove_qp(uint32_t qpn, bool keep_receives) {
     std::lock_guard lock(mutex_);
     const size_t before = queue_.size();
-    std::erase_if(queue_, [qpn](const Completion& c) { return c.qp_num == qpn; });
+    std::erase_if(queue_, [qpn, keep_receives](const Completion& c) {
+        const bool receive = c.opcode == WcOpcode::Recv || c.opcode == WcOpcode::RecvRdmaWithImm;
+        return c.qp_num == qpn && !(keep_receives && receive);
+    });
     size_.store(queue_.size(), std::memory_order_release);
     return before - queue_.size();
 }

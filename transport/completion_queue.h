@@ -43,7 +43,9 @@ class CompletionQueue {
     size_t depth() const;
     // Takes out every completion of QP `qpn` (a QP moved to RESET: its work requests are
     // gone, and so are their completions, as NICs clean their CQs then). Returns how many.
-    size_t remove_qp(uint32_t qpn);
+    // With `keep_receives` its receive completions stay: those of a QP on an SRQ hand the
+    // SRQ's buffers back to the application, which has no other way to learn they are free.
+    size_t remove_qp(uint32_t qpn, bool keep_receives = false);
     // ibv_resize_cq: EINVAL if fewer entries than the completions waiting now.
     int resize(uint32_t capacity);
 

@@ -344,3 +344,41 @@ TEST_CASE("SRQ: ibv_modify_srq of max_wr and limit together changes both or neit
     }
     CHECK(ibv_destroy_srq(srq) == 0);
 }
+
+// A receive a QP took from its SRQ used up the SRQ's WQE: its completion is how the application
+// gets that buffer back. Destroying the QP (or resetting it) before the CQ was polled must not
+// take that completion away, or the buffer is never posted again and the SRQ runs dry.
+TEST_CASE("SRQ: a receive completed for a QP survives the QP's destruction or reset", "[srq]") {
+    SrqSide rx(1, 16);
+    Buffer in(rx.ep.pd, kSlot, kAll);
+    REQUIRE(post_srq_buf(rx.srq, in, 0, kSlot, 4242) == 0);
+    Endpoint& peer = *rx.peers[0];
+    Buffer out(peer.pd, kSlot, kAll);
+    fill_pattern(out.bytes.data(), 100, 5);
+    REQUIRE(post_send_msg(peer.qp, out, 0, 100, 1) == 0);
+    REQUIRE(wait_completions(peer.cq, 1).size() == 1);  // acknowledged: executed at rx
+    const uint32_t qpn = rx.qps[0]->qp_num;
+    SECTION("destroyed") {
+        REQUIRE(ibv_destroy_qp(rx.qps[0]) == 0);
+        rx.qps.clear();
+    }
+    SECTION("moved to ERR, then RESET") {
+        ibv_qp_attr attr{};
+        attr.qp_state = IBV_QPS_ERR;
+        REQUIRE(ibv_modify_qp(rx.qps[0], &attr, IBV_QP_STATE) == 0);
+        attr.qp_state = IBV_QPS_RESET;
+        REQUIRE(ibv_modify_qp(rx.qps[0], &attr, IBV_QP_STATE) == 0);
+    }
+    const auto wcs = wait_completions(rx.ep.cq, 2, std::chrono::milliseconds(200));
+    bool found = false;
+    for (const ibv_wc& wc : wcs) {
+        if (wc.wr_id != 4242) continue;
+        found = true;
+        CHECK(wc.status == IBV_WC_SUCCESS);
+        CHECK(wc.opcode == IBV_WC_RECV);
+        CHECK(wc.byte_len == 100);
+        CHECK(wc.qp_num == qpn);
+    }
+    CHECK(found);
+    CHECK(std::memcmp(in.bytes.data(), out.bytes.data(), 100) == 0);
+}
