@@ -170,6 +170,13 @@ void CmAgent::on_answer(uint32_t peer_ip, const CmMad& mad, Events& out) {
         },
         mad.body);
     Connection* c = addressed(peer_ip, our_id);
+    if (const auto* rej = std::get_if<CmRej>(&mad.body); !c && rej && our_id == 0) {
+        // An active side that gives up on its REQ before it learnt our comm ID (REJ Timeout
+        // from a destroyed or timed-out REQ) names the connection by its own comm ID, the
+        // key a resent REQ finds it by (the kernel's CM looks it up the same way).
+        if (auto p = by_peer_.find({peer_ip, rej->local_comm_id}); p != by_peer_.end())
+            c = find(p->second);
+    }
     if (!c) {
         ++counters_.rx_unmatched;
         // A DREQ for a connection we no longer know: answer it, so the peer leaves its

@@ -163,6 +163,16 @@ struct Fixture {
     }
 };
 
+// A REJ Timeout as an active side that knows no comm ID of its peer's sends it.
+CmRej make_rej_for_test(uint32_t sender_id) {
+    CmRej r;
+    r.local_comm_id = sender_id;
+    r.remote_comm_id = 0;
+    r.message_rejected = CmMessageKind::Other;
+    r.reason = static_cast<uint16_t>(CmRejectReason::Timeout);
+    return r;
+}
+
 }  // namespace
 
 TEST_CASE_METHOD(Fixture, "a connection is set up and torn down", "[cm]") {
@@ -638,6 +648,22 @@ TEST_CASE_METHOD(Fixture, "the user rejects, or walks away", "[cm]") {
         CHECK(std::get<CmRej>(a.take(CmEventType::Rejected).message->body).reason ==
               static_cast<uint16_t>(CmRejectReason::ConsumerReject));
         CHECK(b.events.empty());
+    }
+    SECTION("the active user walks away before any answer: the passive side hears its REJ") {
+        // A knows no comm ID of B's yet: its REJ Timeout names B's connection by A's own
+        // comm ID (and, as the kernel's, its CA GUID). One from another address is no REJ.
+        CmRej forged = make_rej_for_test(ida);
+        b.agent.on_mad(kIpForger, encode_cm_mad({MadHeader{}, forged}));
+        CHECK(b.agent.state(req.comm_id) == CmState::ReqReceived);
+        a.agent.destroy(ida);
+        deliver();
+        const CmEvent rej = b.take(CmEventType::Rejected);
+        CHECK(rej.comm_id == req.comm_id);
+        CHECK(std::get<CmRej>(rej.message->body).reason ==
+              static_cast<uint16_t>(CmRejectReason::Timeout));
+        CHECK_FALSE(b.agent.state(req.comm_id).has_value());
+        CHECK(b.agent.send_rep(req.comm_id, CmRep{}) == EINVAL);
+        CHECK(a.events.empty());
     }
     SECTION("the active user destroys an established connection: the peer sees a DREQ") {
         accept(req.comm_id, ida);
