@@ -51,23 +51,31 @@ void Ucma::deliver(const tcm::CmIdEvent& ev) {
     std::lock_guard lock(mutex);
     uint32_t counted_for = ev.id;
     auto it = ids.find(ev.id);
+    uint64_t uid = 0;
     if (ev.type == tcm::CmIdEventType::ConnectRequest) {
-        // The new identifier lives on its listener's channel, under the listener's uid until
-        // rdma_accept names its own; the event counts as the listener's.
+        // The new identifier lives on its listener's channel, without a uid until rdma_accept
+        // names one; the event carries the listener's uid and counts as the listener's.
         const auto listener = ids.find(ev.listen_id);
         if (listener == ids.end()) return;
         try {
-            it = ids.insert_or_assign(
-                        ev.id, IdEntry{listener->second.channel, listener->second.uid, IbService{}})
+            it = ids.insert_or_assign(ev.id, IdEntry{listener->second.channel, 0, IbService{}})
                      .first;
         } catch (...) {
             return;
         }
+        uid = listener->second.uid;
         counted_for = ev.listen_id;
+    } else {
+        if (it == ids.end()) return;
+        // A new connection's events before rdma_accept named it (a REJ from a requester that
+        // gave up) are dropped, as the kernel's ucma drops them: librdmacm, which finds an
+        // event's identifier by its uid, would take it for the listener's, and the new
+        // identifier's rdma_destroy_id would wait for ever for its acknowledgement.
+        uid = it->second.uid;
+        if (uid == 0) return;
     }
-    if (it == ids.end()) return;
     rdma_ucm_event_resp resp{};
-    resp.uid = it->second.uid;
+    resp.uid = uid;
     resp.id = ev.id;
     resp.event = static_cast<uint32_t>(ev.type);
     resp.status = static_cast<uint32_t>(ev.status);

@@ -19,7 +19,7 @@ namespace uroce::provider::ucma {
 
 struct IdEntry {
     std::shared_ptr<Channel> channel;
-    uint64_t uid = 0;
+    uint64_t uid = 0;  // librdmacm's; 0 for a connection request until rdma_accept names it
     IbService ib;  // the AF_IB address it was bound with, if any
 };
 

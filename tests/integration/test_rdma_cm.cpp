@@ -14,7 +14,10 @@
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cstring>
+#include <future>
+#include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tests/integration/verbs_fixture.h"
@@ -278,6 +281,45 @@ TEST_CASE("RDMA CM: a rejection carries its reason and private data", "[rdma_cm]
         REQUIRE(rdma_destroy_id(sid) == 0);
     }
     REQUIRE(rdma_destroy_id(cid) == 0);
+    REQUIRE(rdma_destroy_id(lid) == 0);
+}
+
+TEST_CASE("RDMA CM: a request withdrawn before it is accepted stays off the listener",
+          "[rdma_cm]") {
+    // The client gives up on a connection the server has not accepted yet (its REJ reaches
+    // the new identifier). As with a kernel's RDMA CM, the new identifier reports nothing
+    // before rdma_accept names it: its REJECTED must not arrive as an event of the listener,
+    // and destroying the new identifier must not wait for an acknowledgement it never gets.
+    Channel server_ch, client_ch;
+    const uint16_t port = next_port();
+    rdma_cm_id* lid = listener(server_ch, address(devices().ip_b, port));
+    rdma_cm_id* cid = resolved_client(client_ch, address(devices().ip_b, port));
+    rdma_cm_id* sid = nullptr;
+    {
+        CmQp client(cid);
+        rdma_conn_param cp{};
+        cp.retry_count = 7;
+        REQUIRE(rdma_connect(cid, &cp) == 0);
+        sid = server_ch.next(RDMA_CM_EVENT_CONNECT_REQUEST).id;
+        REQUIRE(sid != nullptr);
+    }
+    REQUIRE(rdma_destroy_id(cid) == 0);  // REQ sent, no answer yet: a REJ goes out
+
+    // Nothing to read (an event would have come well within this).
+    std::string event;
+    if (wait_readable(server_ch.ch->fd, std::chrono::milliseconds(500))) {
+        rdma_cm_event* ev = nullptr;
+        REQUIRE(rdma_get_cm_event(server_ch.ch, &ev) == 0);
+        event = std::string(rdma_event_str(ev->event)) + (ev->id == lid ? " on the listener" : "");
+        REQUIRE(rdma_ack_cm_event(ev) == 0);
+    }
+    CHECK(event == "");
+    // The destroy returns (in a thread of its own: it would wait for ever).
+    auto done = std::make_shared<std::promise<int>>();
+    std::thread([sid, done] { done->set_value(rdma_destroy_id(sid)); }).detach();
+    auto result = done->get_future();
+    REQUIRE(result.wait_for(kLimit) == std::future_status::ready);
+    CHECK(result.get() == 0);
     REQUIRE(rdma_destroy_id(lid) == 0);
 }
 
