@@ -289,6 +289,11 @@ int CmAgent::send_rej(uint32_t comm_id, CmRejectReason reason,
         case CmState::RepReceived:
             r.message_rejected = CmMessageKind::Rep;
             break;
+        case CmState::RepSent:
+            // The passive side gives up before the RTU (as destroy() does): no message of
+            // the peer's is rejected.
+            r.message_rejected = CmMessageKind::Other;
+            break;
         default:
             return EINVAL;
     }

@@ -317,6 +317,23 @@ TEST_CASE("RDMA CM: a connect that comes just before the listen is taken", "[cm]
     CHECK(w.b.counters().rx_unmatched == 0);
 }
 
+TEST_CASE("RDMA CM: the server disconnects after its accept, before the RTU", "[cm][rdma_cm]") {
+    // B accepted (REP sent); A has its CONNECT_RESPONSE but has not answered yet. B's
+    // rdma_disconnect gives the connection up (a REJ, as docs and code say) and succeeds.
+    World w;
+    w.listen_and_resolve();
+    REQUIRE(w.a.connect(w.client, CmConnParam{}) == 0);
+    const uint32_t server = w.eb.next(CmIdEventType::ConnectRequest).id;
+    CmConnParam ap;
+    REQUIRE(w.b.accept(server, &ap) == 0);
+    w.ea.next(CmIdEventType::ConnectResponse);
+    CHECK(w.b.disconnect(server) == 0);
+    CHECK(w.ea.next(CmIdEventType::Rejected).id == w.client);
+    CHECK(w.a.accept(w.client, nullptr) == EINVAL);  // no RTU for a connection that is gone
+    CHECK(w.b.destroy_id(server) == 0);
+    CHECK(w.eb.pending() == 0);
+}
+
 TEST_CASE("RDMA CM: a destroyed connection is disconnected on the wire", "[cm][rdma_cm]") {
     World w;
     w.listen_and_resolve();
