@@ -390,9 +390,18 @@ void CmAgent::destroy(uint32_t comm_id) {
         case CmState::Timewait:
             return;  // finishes on its own, silently now
         case CmState::SidrReqSent:
-        case CmState::SidrReqReceived:
             remove(comm_id);
             return;
+        case CmState::SidrReqReceived: {
+            // Unanswered: the requester hears "rejected" now (as the kernel's CM says it),
+            // not silence until its retries run out; kept a while to say it again.
+            CmSidrRep r;
+            r.request_id = c->remote_id;
+            r.status = static_cast<uint8_t>(SidrStatus::Rejected);
+            transmit(*c, with_tid(c->tid, r), false);
+            enter_timewait(*c, false);
+            return;
+        }
     }
 }
 

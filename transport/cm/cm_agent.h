@@ -158,7 +158,8 @@ class CmAgent {
     // established (IBA 12.9.7.4). EINVAL unless the connection waits for an RTU.
     int notify_established(uint32_t comm_id);
     // Forgets the connection as ib_destroy_cm_id does: an established one is disconnected
-    // (DREQ, no event), a half-open one rejected (REJ), then its ID rests in timewait.
+    // (DREQ, no event), a half-open one rejected (REJ; an unanswered SIDR REQ: SIDR REP
+    // "rejected"), then its ID rests in timewait.
     void destroy(uint32_t comm_id);
 
     // A MAD that QP1 received from peer_ip (its whole UD payload).

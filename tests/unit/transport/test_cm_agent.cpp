@@ -742,4 +742,18 @@ TEST_CASE_METHOD(Fixture, "SIDR resolves a UD service", "[cm]") {
         CHECK(std::get<CmSidrRep>(no.message->body).status ==
               static_cast<uint8_t>(SidrStatus::ServiceIdNotSupported));
     }
+    SECTION("the passive user destroys its ID before answering: the requester hears a no") {
+        // As an RC request destroyed before its answer gets a REJ (and as the kernel's CM
+        // rejects a SIDR REQ whose ID is destroyed), not silence until the retries run out.
+        const uint32_t id2 = a.agent.send_sidr_req(kIpB, q);
+        deliver();
+        const CmEvent req2 = b.take(CmEventType::SidrReqReceived);
+        b.agent.destroy(req2.comm_id);
+        deliver();
+        const CmEvent no = a.take(CmEventType::SidrRepReceived);
+        CHECK(no.comm_id == id2);
+        CHECK(std::get<CmSidrRep>(no.message->body).status ==
+              static_cast<uint8_t>(SidrStatus::Rejected));
+        CHECK(b.events.empty());
+    }
 }
