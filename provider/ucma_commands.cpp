@@ -151,7 +151,6 @@ void on_close(int fd) noexcept {
     Ucma* u = ucma();
     if (!u) return;
     std::shared_ptr<Channel> channel;
-    std::vector<uint32_t> ids;
     try {
         std::lock_guard lock(u->mutex);
         const auto it = u->channels.find(fd);
@@ -165,20 +164,28 @@ void on_close(int fd) noexcept {
             else
                 ++m;
         }
-        for (auto i = u->ids.begin(); i != u->ids.end();) {
-            if (i->second.channel == channel) {
-                ids.push_back(i->first);
-                i = u->ids.erase(i);
-            } else {
-                ++i;
-            }
-        }
     } catch (...) {
         return;
     }
     channel->close();
-    // As closing the kernel's file: the identifiers left on the channel are destroyed.
-    for (uint32_t id : ids) u->cm()->destroy_id(id);
+    // As closing the kernel's file: the identifiers left on the channel are destroyed, in
+    // the RDMA CM before they are forgotten here, so that a request a listener takes
+    // meanwhile files its new identifier on this channel, found by the next pass (at most
+    // two: once the listeners are gone, no identifier joins the channel).
+    for (;;) {
+        std::vector<uint32_t> ids;
+        try {
+            std::lock_guard lock(u->mutex);
+            for (const auto& [id, entry] : u->ids)
+                if (entry.channel == channel) ids.push_back(id);
+        } catch (...) {
+            return;
+        }
+        if (ids.empty()) return;
+        for (uint32_t id : ids) u->cm()->destroy_id(id);
+        std::lock_guard lock(u->mutex);
+        for (uint32_t id : ids) u->ids.erase(id);
+    }
 }
 
 }  // namespace detail

@@ -44,6 +44,11 @@ int Handler::create_id(const Command& c) {
 }
 
 int Handler::destroy(uint32_t id, uint32_t* reported) {
+    // The RDMA CM forgets the identifier first: a request that reaches a listener until then
+    // is still delivered to its channel (then purged below, its new identifier destroyed);
+    // forgotten here first, its CONNECT_REQUEST would find no listener, and the new
+    // identifier would live on unseen, its requester never answered.
+    u_.cm()->destroy_id(id);
     std::vector<uint32_t> joins;
     {
         std::lock_guard lock(u_.mutex);
@@ -59,15 +64,14 @@ int Handler::destroy(uint32_t id, uint32_t* reported) {
         }
     }
     for (uint32_t mc : joins) channel_->purge(mc);
-    u_.cm()->destroy_id(id);
     Channel::Purged p = channel_->purge(id);
     // Connection requests the application never took die with their listener.
     for (uint32_t orphan : p.orphan_requests) {
+        u_.cm()->destroy_id(orphan);
         {
             std::lock_guard lock(u_.mutex);
             u_.ids.erase(orphan);
         }
-        u_.cm()->destroy_id(orphan);
         channel_->purge(orphan);
     }
     if (reported) *reported = p.reported;
