@@ -252,6 +252,8 @@ class RdmaCm {
     int bind_locked(Id& id, CmAddress addr);
     void emit(CmIdEvent ev);
     void release(Id& id);
+    // The agent no longer has the identifier's connection (a REJ removed it).
+    void forget_connection(Id& id);
     void on_cm_event(const std::string& device, const CmEvent& ev);
     // A new passive identifier for a REQ or SIDR REQ that `listener` takes.
     Id* open_passive(const Id& listener, const CmDeviceInfo& dev, const IpCmHeader& ip,

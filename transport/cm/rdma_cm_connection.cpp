@@ -33,6 +33,11 @@ void copy_private(std::span<const uint8_t> from, std::array<uint8_t, N>& to, siz
 
 }  // namespace
 
+void RdmaCm::forget_connection(Id& id) {
+    by_comm_id_.erase({id.comm_device, id.comm_id});
+    id.comm_id = 0;
+}
+
 int RdmaCm::connect(uint32_t handle, const CmConnParam& param) {
     std::unique_lock lock(mutex_);
     Id* id = find(handle);
@@ -163,7 +168,10 @@ int RdmaCm::reject(uint32_t handle, std::span<const uint8_t> private_data) {
     } else {
         rc = svc->second->agent().send_rej(id->comm_id, CmRejectReason::ConsumerReject,
                                            private_data);
-        if (rc == 0) id->state = State::Disconnected;
+        if (rc == 0) {
+            id->state = State::Disconnected;
+            forget_connection(*id);  // the agent forgot it: its comm ID may name another soon
+        }
     }
     unlock_and_drain();
     lock.release();
@@ -185,12 +193,11 @@ int RdmaCm::disconnect(uint32_t handle) {
         } else if (st == CmState::DreqReceived) {
             rc = agent.send_drep(id->comm_id);
         } else if (st == CmState::RepReceived || st == CmState::ReqReceived ||
-                   st == CmState::MraSent) {
+                   st == CmState::MraSent || st == CmState::RepSent) {
+            // RepSent: REP sent, no RTU yet: the connection is given up as the kernel does,
+            // with a DREQ once the RTU would have made it established; here, a REJ.
             rc = agent.send_rej(id->comm_id, CmRejectReason::ConsumerReject);
-        } else if (st == CmState::RepSent) {
-            // REP sent, no RTU yet: the connection is given up as the kernel does, with a
-            // DREQ once the RTU would have made it established; here, a REJ.
-            rc = agent.send_rej(id->comm_id, CmRejectReason::ConsumerReject);
+            if (rc == 0) forget_connection(*id);  // as in reject()
         } else {
             rc = 0;  // already disconnecting or gone: nothing more to say
         }
