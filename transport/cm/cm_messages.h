@@ -132,8 +132,9 @@ struct CmReq {
     bool operator==(const CmReq&) const = default;
 };
 
-// Which message an MRA or a REJ answers.
-enum class CmMessageKind : uint8_t { Req = 0, Rep = 1, Lap = 2, Other = 3 };
+// Which message an MRA or a REJ answers. Code 2 is a LAP in an MRA, "no message" in a REJ
+// (the kernel's CM_MSG_RESPONSE_OTHER); 3 is reserved in both.
+enum class CmMessageKind : uint8_t { Req = 0, Rep = 1, Lap = 2, Other = 2 };
 
 struct CmMra {
     uint32_t local_comm_id = 0;

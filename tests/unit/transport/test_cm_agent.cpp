@@ -757,3 +757,22 @@ TEST_CASE_METHOD(Fixture, "SIDR resolves a UD service", "[cm]") {
         CHECK(b.events.empty());
     }
 }
+
+TEST_CASE_METHOD(Fixture, "a REJ that answers no message of the peer's says so with code 2",
+                 "[cm]") {
+    // IBA's REJ "Message REJected" is 0 (REQ), 1 (REP) or 2 (no message; the kernel's
+    // CM_MSG_RESPONSE_OTHER); 3 is reserved. The REJ Timeout of a REQ that ran out of retries
+    // rejects no message of the peer's.
+    REQUIRE(b.agent.listen(kService, 1) == 0);
+    a.agent.send_req(kIpB, request());
+    for (int i = 0; i <= timers.max_retries; ++i) {
+        deliver([](const Datagram&) { return true; });
+        advance(response());
+    }
+    a.take(CmEventType::Unreachable);
+    REQUIRE(wire.in_flight.size() == 1);
+    const Datagram& rej = wire.in_flight.front();
+    REQUIRE(attribute(rej) == CmAttribute::Rej);
+    CHECK((rej.mad[kMadHeaderBytes + 8] >> 6) == 2);
+    wire.in_flight.clear();
+}
