@@ -72,6 +72,8 @@ TESTS = {
                                             "--test-args", " ".join(["[qp_ex]"] + JUNIT)]),
     "cq-ex-integration": ("release", None, ["meson", "test", "--no-rebuild", "integration",
                                             "--test-args", " ".join(["[cq_ex]"] + JUNIT)]),
+    "rdma_cm-integration": ("release", None, ["meson", "test", "--no-rebuild", "integration",
+                                              "--test-args", " ".join(["[rdma_cm]"] + JUNIT)]),
     "mw-integration": ("release", None, ["meson", "test", "--no-rebuild", "integration",
                                          "--test-args", " ".join(["[mw]"] + JUNIT)]),
     "uc-integration": ("release", None, ["meson", "test", "--no-rebuild", "integration",
@@ -1874,6 +1876,23 @@ MUTANTS = [
     Mutant("xrc: a target in ERR keeps the SRQ of its cut-short message (its CQ stays busy)",
            "transport/rc_qp.cpp", "    xrc_srq_.reset();\n    while (!rq_.empty()) {",
            "    while (!rq_.empty()) {", ("xrc",)),
+    # --- the RDMA CM (stop 70's review) ---
+    Mutant("cm: an abandoned REQ's REJ (no comm ID of ours) never reaches the passive side",
+           "transport/cm/cm_agent_receive.cpp", "!c && rej && our_id == 0", "false && rej",
+           ("cm",)),
+    Mutant("ucma: a new connection's events before rdma_accept go out under the listener's uid",
+           "provider/ucma_registry.cpp", "        if (uid == 0) return;\n", "",
+           ("rdma_cm-integration",)),
+    Mutant("cm: rdma_disconnect after an accept, before the RTU, fails (REJ refused in REP sent)",
+           "transport/cm/cm_agent.cpp",
+           "        case CmState::RepSent:\n            // The passive side gives up",
+           "            // The passive side gives up", ("cm",)),
+    Mutant("cm: a SIDR REQ whose passive ID is destroyed unanswered is left to time out",
+           "transport/cm/cm_agent.cpp",
+           "            transmit(*c, with_tid(c->tid, r), false);\n            enter_timewait(*c, false);",
+           "            (void)r;\n            remove(comm_id);", ("cm",)),
+    Mutant("cm: a REJ that rejects no message says the reserved 3", "transport/cm/cm_messages.h",
+           "Lap = 2, Other = 2 };", "Lap = 2, Other = 3 };", ("cm",)),
 ]
 
 
