@@ -20,7 +20,7 @@ namespace uroce::provider::ucma {
 struct IdEntry {
     std::shared_ptr<Channel> channel;
     uint64_t uid = 0;  // librdmacm's; 0 for a connection request until rdma_accept names it
-    IbService ib;  // the AF_IB address it was bound with, if any
+    IbService ib;      // the AF_IB address it was bound with, if any
 };
 
 // Which file an fd is: an fd number can be closed behind the hooks' back and reused.

@@ -3,7 +3,6 @@
 // QP table. Its creation and destruction: engine_setup.cpp.
 #include "transport/engine.h"
 
-
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
