@@ -204,7 +204,8 @@ TEST_CASE("ODP: a region registered with IBV_ACCESS_HUGETLB takes a WRITE", "[od
     Untouched dst(kSize);
     ibv_mr* dmr = ibv_reg_mr(b.pd, dst.p, kSize, kOdp | IBV_ACCESS_HUGETLB);
     REQUIRE(dmr);
-    ibv_mr* rereg = ibv_reg_mr(b.pd, dst.p, kSize, IBV_ACCESS_LOCAL_WRITE);
+    constexpr int kLocalWrite = IBV_ACCESS_LOCAL_WRITE;  // an int: ibv_reg_mr's macro masks it
+    ibv_mr* rereg = ibv_reg_mr(b.pd, dst.p, kSize, kLocalWrite);
     REQUIRE(rereg);
     CHECK(ibv_rereg_mr(rereg, IBV_REREG_MR_CHANGE_ACCESS, nullptr, nullptr, 0,
                        kOdp | IBV_ACCESS_HUGETLB) == 0);
