@@ -58,10 +58,10 @@ Engine::TransmitResult Engine::transmit(const wire::Headers& h, std::span<const 
     TransmitBatch::Slot slot;
     if (batch) {
         const auto header_bytes = static_cast<uint32_t>(hlen);
-        bool placed = batch->place(sock, dst_ip, bytes, header_bytes, slot);
+        bool placed = batch->place(sock, dst_ip, h.bth.dest_qp, bytes, header_bytes, slot);
         if (!placed) {
             send_batch(*batch);  // keeps the pin
-            placed = batch->place(sock, dst_ip, bytes, header_bytes, slot);
+            placed = batch->place(sock, dst_ip, h.bth.dest_qp, bytes, header_bytes, slot);
         }
         // A packet before it can never be sent: its QP fails, nothing after it leaves.
         if (batch->failed_tag_ != TransmitBatch::kNoTag) return TransmitResult::Failed;
@@ -136,7 +136,7 @@ Engine::TransmitResult Engine::transmit(const wire::Headers& h, std::span<const 
         return TransmitResult::Lost;
     }
     if (batch) {
-        batch->add(sock, dst_ip, slot, bytes, payload_len);
+        batch->add(sock, dst_ip, h.bth.dest_qp, slot, bytes, payload_len);
         return TransmitResult::Queued;
     }
     if (faulted) return send_faulted(fault, qp, packet, bytes, flow, sock, ttl);

@@ -3,6 +3,7 @@
 #include <memory>
 #include <new>
 
+#include "transport/device_slots.h"
 #include "transport/engine.h"
 #include "transport/page_aligned_buffer.h"
 
@@ -45,8 +46,8 @@ void TransmitBatch::pin(const MemoryTable& memory) {
     if (!pin_.owns_lock()) pin_ = memory.lock_shared();
 }
 
-bool TransmitBatch::place(const UdpSocket& from, const IpAddress& dst_ip, uint32_t bytes,
-                          uint32_t header_bytes, Slot& slot) const {
+bool TransmitBatch::place(const UdpSocket& from, const IpAddress& dst_ip, uint32_t dst_qpn,
+                          uint32_t bytes, uint32_t header_bytes, Slot& slot) const {
     if (bytes > kMaxBytes) return false;
     if (count_ == 0) {
         slot = {true, 0, train_offset(stage_used_, header_bytes)};
@@ -54,7 +55,8 @@ bool TransmitBatch::place(const UdpSocket& from, const IpAddress& dst_ip, uint32
     }
     if (&from != from_ || dst_ip != dst_ip_ || count_ >= kMaxPackets) return false;
     const Train& t = trains_[ntrains_ - 1];
-    if (!t.closed && bytes <= t.segment_bytes && t.whole.iov_len + bytes <= kMaxBytes) {
+    if (!t.closed && bytes <= t.segment_bytes && t.whole.iov_len + bytes <= kMaxBytes &&
+        t.qpn_slot == DeviceSlots::slot_of(dst_qpn)) {
         slot = {false, t.count, static_cast<uint32_t>(stage_used_)};
         return slot.offset + bytes <= kStageBytes;
     }
@@ -63,14 +65,15 @@ bool TransmitBatch::place(const UdpSocket& from, const IpAddress& dst_ip, uint32
     return slot.offset + bytes <= kStageBytes;
 }
 
-void TransmitBatch::add(const UdpSocket& from, const IpAddress& dst_ip, const Slot& slot,
-                        uint32_t bytes, uint32_t payload_len) {
+void TransmitBatch::add(const UdpSocket& from, const IpAddress& dst_ip, uint32_t dst_qpn,
+                        const Slot& slot, uint32_t bytes, uint32_t payload_len) {
     if (count_ == 0) {
         from_ = &from;
         dst_ip_ = dst_ip;
     }
     if (slot.new_train)
-        trains_[ntrains_++] = Train{static_cast<uint16_t>(count_), 0, bytes, false, {at(slot), 0}};
+        trains_[ntrains_++] = Train{static_cast<uint16_t>(count_), 0,     bytes,
+                                    DeviceSlots::slot_of(dst_qpn), false, {at(slot), 0}};
     Train& t = trains_[ntrains_ - 1];
     if (bytes < t.segment_bytes) t.closed = true;
     ++t.count;

@@ -11,7 +11,10 @@
 // GSO requires every segment but the last to have the same size, so a train holds packets
 // of the size of its first one, then at most one shorter packet that closes it: a WRITE's
 // FIRST (it carries the RETH) starts a train of its own, its MIDDLEs and its LAST fill the
-// next. A train also ends at 64 packets or 65,507 bytes (a 64 KiB SEND needs two). A batch
+// next. A train also ends at 64 packets or 65,507 bytes (a 64 KiB SEND needs two), and where
+// the destination QPN's device slot changes (device_slots.h): a receiving host's steering
+// (qpn_steering.h) hands a whole train to the context that owns its first packet's QPN, so
+// a UD QP's posts to QPs of two contexts of one device must not share a train. A batch
 // holds up to kMaxTrains trains to the same destination, handed to the kernel in one
 // sendmmsg: a 64 KiB WRITE, or a window of them, is one system call, not two per message
 // (a call costs 1-2 us on a paravirtualised guest, whatever it carries). When Linux cuts a
@@ -119,6 +122,7 @@ class TransmitBatch {
         uint16_t first = 0;
         uint16_t count = 0;
         uint32_t segment_bytes = 0;  // the size of its first packet: the GSO segment size
+        uint32_t qpn_slot = 0;       // DeviceSlots::slot_of its packets' destination QPN
         bool closed = false;         // a shorter packet came: it must stay the last
         iovec whole{};               // its packets, back to back in the staging area
     };
@@ -136,14 +140,14 @@ class TransmitBatch {
     };
 
     // Where a packet of `bytes` bytes, `header_bytes` of them headers, from `from` to
-    // `dst_ip` would go; false if the batch must be sent first. Changes nothing: add() does,
-    // once the packet is built at at(slot).
-    bool place(const UdpSocket& from, const IpAddress& dst_ip, uint32_t bytes,
+    // `dst_qpn` at `dst_ip` would go; false if the batch must be sent first. Changes
+    // nothing: add() does, once the packet is built at at(slot).
+    bool place(const UdpSocket& from, const IpAddress& dst_ip, uint32_t dst_qpn, uint32_t bytes,
                uint32_t header_bytes, Slot& slot) const;
     uint8_t* at(const Slot& slot) const { return stage_ + slot.offset; }
     // Adds the packet place() gave `slot`, built at at(slot).
-    void add(const UdpSocket& from, const IpAddress& dst_ip, const Slot& slot, uint32_t bytes,
-             uint32_t payload_len);
+    void add(const UdpSocket& from, const IpAddress& dst_ip, uint32_t dst_qpn, const Slot& slot,
+             uint32_t bytes, uint32_t payload_len);
     iovec packet_iov(size_t i) const { return {stage_ + packets_[i].offset, packets_[i].bytes}; }
     uint8_t* packet_data(size_t i) const { return stage_ + packets_[i].offset; }
     std::span<const iovec> train_iov(size_t t) const { return {&trains_[t].whole, 1}; }

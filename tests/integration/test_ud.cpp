@@ -221,6 +221,65 @@ TEST_CASE("UD: a post list leaves as one train, in order; a refused WR stops it 
     CHECK(ibv_destroy_ah(ah) == 0);
 }
 
+TEST_CASE("UD: a post list to QPs of two contexts sharing a device reaches each its own",
+          "[ud][sharing]") {
+    // The receiving host steers a GSO train by its first datagram's QPN (qpn_steering.h): a
+    // train holding datagrams for both contexts would hand all of them to the first.
+    UdEnd a(devices().a), b1(devices().b), b2(devices().b);
+    REQUIRE(b1.qp->qp_num >> 12 != b2.qp->qp_num >> 12);  // two contexts: two device slots
+    constexpr uint32_t kLen = 200;
+    constexpr uint32_t kSlot = kGrh + kLen;
+    constexpr int kList = 16;
+    Buffer in1(b1.pd, kSlot * kList, kAccess), in2(b2.pd, kSlot * kList, kAccess);
+    Buffer out(a.pd, kLen * kList, kAccess);
+    for (int i = 0; i < kList / 2; ++i) {
+        REQUIRE(post_recv_buf(b1.qp, in1, i * kSlot, kSlot, 100 + i) == 0);
+        REQUIRE(post_recv_buf(b2.qp, in2, i * kSlot, kSlot, 200 + i) == 0);
+    }
+    fill_pattern(out.bytes.data(), out.bytes.size(), 51);
+    ibv_ah* ah = a.ah_to(b1.gid);
+    REQUIRE(ah);
+    ibv_sge sges[kList];
+    ibv_send_wr wrs[kList];
+    for (int i = 0; i < kList; ++i) {
+        sges[i] = {out.addr() + i * kLen, kLen, out.mr->lkey};
+        wrs[i] = ibv_send_wr{};
+        wrs[i].wr_id = i;
+        wrs[i].opcode = IBV_WR_SEND;
+        wrs[i].sg_list = &sges[i];
+        wrs[i].num_sge = 1;
+        wrs[i].send_flags = IBV_SEND_SIGNALED;
+        wrs[i].wr.ud.ah = ah;
+        // Alternately to b1's QP and b2's: message i is receive i / 2 of its QP.
+        wrs[i].wr.ud.remote_qpn = i % 2 ? b2.qp->qp_num : b1.qp->qp_num;
+        wrs[i].wr.ud.remote_qkey = kQkey;
+        wrs[i].next = i + 1 < kList ? &wrs[i + 1] : nullptr;
+    }
+    ibv_send_wr* bad = nullptr;
+    REQUIRE(ibv_post_send(a.qp, wrs, &bad) == 0);
+    const auto sends = wait_completions(a.cq, kList);
+    REQUIRE(sends.size() == static_cast<size_t>(kList));
+    for (const ibv_wc& wc : sends) CHECK(wc.status == IBV_WC_SUCCESS);
+    for (int k = 0; k < 2; ++k) {
+        UdEnd& to = k == 0 ? b1 : b2;
+        Buffer& in = k == 0 ? in1 : in2;
+        INFO("context " << k + 1);
+        const auto recvs = wait_completions(to.cq, kList / 2);
+        REQUIRE(recvs.size() == static_cast<size_t>(kList / 2));
+        for (int j = 0; j < kList / 2; ++j) {
+            INFO("receive " << j);
+            CHECK(recvs[j].status == IBV_WC_SUCCESS);
+            CHECK(recvs[j].wr_id == static_cast<uint64_t>((k + 1) * 100 + j));
+            CHECK(recvs[j].byte_len == kSlot);
+            CHECK(recvs[j].src_qp == a.qp->qp_num);
+            CHECK(std::memcmp(in.bytes.data() + j * kSlot + kGrh,
+                              out.bytes.data() + (2 * j + k) * kLen, kLen) == 0);
+        }
+        CHECK(counter(to.ctx, "rx_unknown_qp") == 0);
+    }
+    CHECK(ibv_destroy_ah(ah) == 0);
+}
+
 TEST_CASE("UD: a datagram with a wrong Q_Key is dropped and counted", "[ud]") {
     UdEnd a(devices().a), b(devices().b);
     Buffer in_b(b.pd, 4096, kAccess), out_a(a.pd, 4096, kAccess);

@@ -6,10 +6,12 @@
 // Holding a's fork gate stops a's engine thread (parked_and_gated, test_held_posts.cpp): only
 // this thread's polls then send what a's posts hold.
 #include <catch2/catch.hpp>
+#include <memory>
 #include <vector>
 
 #include "tests/unit/transport/engine_pair.h"
 #include "tests/unit/transport/ud_on.h"
+#include "transport/device_slots.h"
 
 using namespace uroce::transport;
 using namespace uroce::transport::test;
@@ -130,24 +132,37 @@ TEST_CASE("UD: a train's worth of posts, or the whole send queue, does not wait"
     check_delivered(p, 64, 200, 2000);
 }
 
-TEST_CASE("UD: one train carries posts to several QPs of a host, each to its own",
-          "[ud][held_posts]") {
-    Pair p;
-    UdOn a(p.a), b(p.b), c(p.b);
+// Sends 16 small datagrams from a fresh UD QP of `p.a`, alternately to two QPs b and c of
+// `p.b`, while the engine is parked, and checks each QP took its own, in order. Returns how
+// many GSO trains carried them. `same_slot`: whether b's and c's QPNs are in one device slot.
+uint64_t alternate_to_two_qps(Pair& p, bool same_slot) {
+    UdOn a(p.a), b(p.b);
+    // Without a slot table QPNs are drawn from the whole space: c is drawn again in the
+    // rare case it falls into b's slot.
+    std::vector<std::unique_ptr<UdOn>> drawn;
+    auto same = [&] {
+        return DeviceSlots::slot_of(b.qp->qpn()) == DeviceSlots::slot_of(drawn.back()->qp->qpn());
+    };
+    do drawn.push_back(std::make_unique<UdOn>(p.b));
+    while (!same_slot && same() && drawn.size() < 8);
+    UdOn& c = *drawn.back();
+    REQUIRE(same() == same_slot);
     post_receives(b, 8, 3000);
     // c's buffers after b's.
     for (uint32_t i = 0; i < 8; ++i)
         REQUIRE(c.qp->post_recv(recv_wqe(4000 + i, {p.b.sge((8 + i) * kSlot, kSlot)})) == 0);
+    uint64_t trains = 0;
     parked_and_gated(*p.a.engine, [&] {
-        const uint64_t trains = p.a.counters().tx_gso_sends.load();
+        const uint64_t before = p.a.counters().tx_gso_sends.load();
+        const uint64_t sent = p.a.counters().tx_packets.load();
         for (uint32_t i = 0; i < 16; ++i) {
             fill(p.a.at(i * kSmall), kSmall, 300 + i);
-            // Alternately to b and c.
             REQUIRE(a.qp->post_send(ud_send(300 + i, p.a, i * kSmall, kSmall),
                                     i % 2 ? a.to(c) : a.to(b)) == 0);
         }
         p.a.engine->on_cq_poll(false);
-        CHECK(p.a.counters().tx_gso_sends.load() - trains == 1);
+        CHECK(p.a.counters().tx_packets.load() - sent == 16);
+        trains = p.a.counters().tx_gso_sends.load() - before;
     });
     CHECK(ids(p.wait(*p.a.scq, 16)) == range(300, 16));
     const auto at_b = p.wait(*p.b.rcq, 16);
@@ -170,6 +185,24 @@ TEST_CASE("UD: one train carries posts to several QPs of a host, each to its own
     }
     CHECK(nb == 8);
     CHECK(nc == 8);
+    return trains;
+}
+
+TEST_CASE("UD: posts to QPs of one context share a train; to two contexts' QPs, they do not",
+          "[ud][held_posts]") {
+    SECTION("b and c in one device slot (one context): one train") {
+        PairOptions o;
+        o.host_peers = true;  // a slot table: every QPN of b's engine in its one slot
+        Pair p(o);
+        CHECK(alternate_to_two_qps(p, true) == 1);
+    }
+    SECTION("b and c in different slots: a train each time the slot changes") {
+        // Without a slot table an engine draws QPNs from the whole space: b's and c's slots
+        // differ, as two contexts' QPs on one device do. A receiving host steers a train
+        // by its first packet (qpn_steering.h): every datagram goes alone here.
+        Pair p;
+        CHECK(alternate_to_two_qps(p, false) == 0);
+    }
 }
 
 TEST_CASE("UD: a post list leaves together; a refused list sends what came before",
