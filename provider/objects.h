@@ -306,10 +306,18 @@ int build_ud_wqe(const UroceQp& qp, const ibv_send_wr& wr, transport::SendWqe& w
 // The same for RC, UC and XRC send requests.
 int build_send_wqe(ibv_qp* ibqp, const UroceQp& qp, ibv_send_wr& wr,
                    transport::SendWqe& w) noexcept;
-// 0 if ibv_post_send would take every one of the `count` requests of the list `wr` (all well
-// formed, and room for them all in the send queue), else what it would fail with: the
-// ibv_wr_* batch posts all of its requests or none.
-int check_send_list(ibv_qp* ibqp, ibv_send_wr* wr, size_t count) noexcept;
+// A send request built into its WQE (and, for UD, its destination), not yet posted.
+struct BuiltSend {
+    transport::SendWqe wqe;
+    transport::UdDestination dest;  // UD only
+    ibv_send_wr* wr = nullptr;      // the request it was built from
+};
+// Posts the `count` requests of the list `wr` all or none (the ibv_wr_* batch): builds every
+// one into `built` (scratch kept by the caller, so a batch allocates nothing once it has
+// grown), checks the send queue has room for them all, then posts them. 0, or what the first
+// refused request failed with, nothing posted then.
+int post_send_all(ibv_qp* ibqp, ibv_send_wr* wr, size_t count,
+                  std::vector<BuiltSend>& built) noexcept;
 // The part of a send WQE every QP type fills the same way from `wr`: id, flags, immediate
 // data, and the data (SGE list, or inline data copied now); `total` is the length asked for.
 // EINVAL for an SGE count outside 0..kMaxSge or inline data over kMaxInline.

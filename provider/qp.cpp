@@ -343,6 +343,17 @@ int fill_send_wqe(const UroceQp& qp, const ibv_send_wr& wr, transport::SendWqe& 
     return 0;
 }
 
+namespace {
+
+// Sends what the QP queued with `more` (a post refused part-way).
+void ring_queued(UroceQp& qp) {
+    if (qp.rc) qp.rc->ring();
+    if (qp.uc) qp.uc->ring();
+    if (qp.ud) qp.ud->ring();
+}
+
+}  // namespace
+
 int build_send_wqe(ibv_qp* ibqp, const UroceQp& qp, ibv_send_wr& wr,
                    transport::SendWqe& w) noexcept {
     int err = 0;
@@ -424,8 +435,7 @@ int post_send(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexcept {
     // WQEs queued with `more` go out with the last one, or here when a WQE is refused.
     auto& engine = *to_uctx(ibqp->context)->state->engine;
     auto refuse = [&](ibv_send_wr* bad, int err) {
-        if (qp->rc) qp->rc->ring();
-        if (qp->uc) qp->uc->ring();
+        ring_queued(*qp);
         engine.note_post();
         *bad_wr = bad;
         return err;
@@ -443,18 +453,44 @@ int post_send(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexcept {
     return 0;
 }
 
-int check_send_list(ibv_qp* ibqp, ibv_send_wr* wr, size_t count) noexcept {
+int post_send_all(ibv_qp* ibqp, ibv_send_wr* wr, size_t count,
+                  std::vector<BuiltSend>& built) noexcept {
+    if (inherited(ibqp->context)) return EIO;
     auto* qp = to_uqp(ibqp);
-    for (; wr; wr = wr->next) {
-        transport::SendWqe w;
-        transport::UdDestination dest;
-        if (int err = qp->ud ? build_ud_wqe(*qp, *wr, w, dest) : build_send_wqe(ibqp, *qp, *wr, w))
+    try {
+        built.resize(count);
+    } catch (...) {
+        return ENOMEM;
+    }
+    size_t n = 0;
+    for (; wr && n < count; wr = wr->next, ++n) {
+        BuiltSend& b = built[n];
+        b.wqe = transport::SendWqe{};
+        b.wr = wr;
+        if (int err = qp->ud ? build_ud_wqe(*qp, *wr, b.wqe, b.dest)
+                             : build_send_wqe(ibqp, *qp, *wr, b.wqe))
             return err;
     }
     // Only an RC (or XRC) send queue refuses a post for want of room; UC and UD QPs send as
     // they post.
-    if (qp->rc && qp->rc->send_room() < count) return ENOMEM;
-    return 0;
+    if (qp->rc && qp->rc->send_room() < n) return ENOMEM;
+    auto& engine = *to_uctx(ibqp->context)->state->engine;
+    int err = 0;
+    for (size_t i = 0; i < n && !err; ++i) {
+        const bool more = i + 1 < n;
+        BuiltSend& b = built[i];
+        err = qp->ud   ? qp->ud->post_send(b.wqe, b.dest, more)
+              : qp->uc ? qp->uc->post_send(b.wqe, more)
+                       : qp->rc->post_send(b.wqe, more);
+        // The window answers to its new rkey from now on (the bind runs in queue order).
+        if (!err && b.wqe.opcode == transport::SendOpcode::BindMw)
+            b.wr->bind_mw.mw->rkey = b.wqe.bind.new_rkey;
+    }
+    // Only a QP that changed state since the checks refuses here (or another thread posting
+    // to it at once): WQEs queued with `more` go out now.
+    if (err) ring_queued(*qp);
+    engine.note_post();
+    return err;
 }
 
 int post_recv(ibv_qp* ibqp, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) noexcept {

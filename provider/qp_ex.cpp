@@ -1,9 +1,9 @@
 // ibv_create_qp_ex and the ibv_wr_* send API. A batch of work requests builds up between
 // wr_start and wr_complete as ordinary ibv_send_wr (inline data copied at once, as the API
-// allows the caller to reuse its buffer), and wr_complete posts it through post_send, so both
-// APIs share one set of checks and one path into the transport. A bad request (too many
-// SGEs, inline data too long, an opcode the QP was not created for) fails the whole batch at
-// wr_complete, with nothing posted.
+// allows the caller to reuse its buffer), and wr_complete posts it through post_send_all, so
+// both APIs share one set of checks (the WQE builders) and one path into the transport. A bad
+// request (too many SGEs, inline data too long, an opcode the QP was not created for) fails the
+// whole batch at wr_complete, with nothing posted.
 #include <cerrno>
 #include <cstring>
 #include <deque>
@@ -21,6 +21,7 @@ struct WrBatch {
     std::vector<ibv_send_wr> wrs;
     std::deque<std::vector<ibv_sge>> sges;         // stable storage for sg_list
     std::deque<std::vector<uint8_t>> inline_data;  // copies of inline buffers
+    std::vector<BuiltSend> built;                  // post_send_all's scratch, kept
     uint64_t ops = 0;                              // IBV_QP_EX_WITH_* the QP was created with
     int error = 0;                                 // first build error, reported by wr_complete
 };
@@ -87,11 +88,9 @@ int wr_complete(ibv_qp_ex* qpx) {
             b.wrs[i].num_sge = static_cast<int>(b.sges[i].size());
             b.wrs[i].next = i + 1 < b.wrs.size() ? &b.wrs[i + 1] : nullptr;
         }
-        // All or nothing: post_send stops at the first request it refuses, after it queued
-        // those before it.
-        err = check_send_list(&qpx->qp_base, b.wrs.data(), b.wrs.size());
-        ibv_send_wr* bad = nullptr;
-        if (!err) err = post_send(&qpx->qp_base, b.wrs.data(), &bad);
+        // All or nothing (post_send stops at the first request it refuses, after it queued
+        // those before it).
+        err = post_send_all(&qpx->qp_base, b.wrs.data(), b.wrs.size(), b.built);
     }
     wr_start(qpx);
     return err;
