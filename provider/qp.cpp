@@ -431,6 +431,7 @@ int post_send(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexcept {
         return EIO;
     }
     auto* qp = to_uqp(ibqp);
+    std::lock_guard post_lock(qp->post_mutex);
     if (qp->ud) return post_send_ud(*qp, wr, bad_wr);
     // WQEs queued with `more` go out with the last one, or here when a WQE is refused.
     auto& engine = *to_uctx(ibqp->context)->state->engine;
@@ -457,6 +458,7 @@ int post_send_all(ibv_qp* ibqp, ibv_send_wr* wr, size_t count,
                   std::vector<BuiltSend>& built) noexcept {
     if (inherited(ibqp->context)) return EIO;
     auto* qp = to_uqp(ibqp);
+    std::lock_guard post_lock(qp->post_mutex);
     try {
         built.resize(count);
     } catch (...) {

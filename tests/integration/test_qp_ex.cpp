@@ -2,9 +2,13 @@
 // batch with SGE lists and inline data, wr_abort, and the batch that fails as a whole.
 #include <arpa/inet.h>
 
+#include <atomic>
 #include <catch2/catch.hpp>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
+#include <set>
+#include <thread>
 #include <vector>
 
 #include "tests/integration/verbs_fixture.h"
@@ -186,6 +190,82 @@ TEST_CASE("qp_ex: what ibv_create_qp_ex refuses", "[qp_ex]") {
 
 // ibv_post_send stops at the first request it refuses, after queueing those before it; a batch
 // of ibv_wr_* requests goes whole or not at all, whichever of its requests is refused.
+TEST_CASE("qp_ex: a batch is all or nothing while another thread posts to the QP",
+          "[qp_ex][threads]") {
+    // Batches of 60 WRITEs on a queue of 64 while a second thread posts single WRITEs: a
+    // batch whose room check another post overtakes must still post nothing. Every accepted
+    // request completes once; no request of a refused batch ever runs.
+    QpOptions opt;
+    opt.access = kAll;
+    Endpoint a(devices().a, opt), b(devices().b, opt);
+    ibv_qp_ex* qpx = use_qp_ex(a);
+    connect(a, b, opt);
+    Buffer src(a.pd, 4096, kAll), dst(b.pd, 4096, kAll);
+    constexpr uint64_t kBatch = 60;
+    constexpr uint64_t kSingle = uint64_t{1} << 40;  // wr_ids of the second thread's posts
+    std::atomic<bool> stop{false};
+    std::atomic<uint64_t> singles_accepted{0};
+    std::thread other([&] {
+        for (uint64_t i = 0; !stop.load() && i < 50000; ++i) {
+            if (post_rdma(a.qp, IBV_WR_RDMA_WRITE, src, 0, 8, dst.addr(), dst.mr->rkey,
+                          kSingle + i) == 0)
+                singles_accepted.fetch_add(1);
+            else
+                std::this_thread::sleep_for(std::chrono::microseconds(5));
+        }
+    });
+    std::set<uint64_t> accepted_batches, refused_batches, seen;
+    uint64_t completions = 0, bad_status = 0;
+    // Until the CQ is empty: the queue's 64 entries free as their completions arrive, so the
+    // CQ fills only as fast as this empties it.
+    auto poll = [&] {
+        ibv_wc wcs[32];
+        for (int n = 32; n == 32;) {
+            n = ibv_poll_cq(a.cq, 32, wcs);
+            for (int i = 0; i < n; ++i) {
+                ++completions;
+                if (wcs[i].status != IBV_WC_SUCCESS) ++bad_status;
+                if (wcs[i].wr_id < kSingle) seen.insert(wcs[i].wr_id);
+            }
+        }
+    };
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    for (uint64_t batch = 0; accepted_batches.size() < 500 && batch < 20000 &&
+                             std::chrono::steady_clock::now() < deadline;
+         ++batch) {
+        ibv_wr_start(qpx);
+        qpx->wr_flags = IBV_SEND_SIGNALED;
+        for (uint64_t i = 0; i < kBatch; ++i) {
+            qpx->wr_id = batch * kBatch + i;
+            ibv_wr_rdma_write(qpx, dst.mr->rkey, dst.addr() + 8);
+            ibv_wr_set_sge(qpx, src.mr->lkey, src.addr() + 8, 8);
+        }
+        const int rc = ibv_wr_complete(qpx);
+        REQUIRE((rc == 0 || rc == ENOMEM));
+        (rc == 0 ? accepted_batches : refused_batches).insert(batch);
+        poll();
+        if (rc != 0) std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+    stop = true;
+    other.join();
+    const uint64_t expected = accepted_batches.size() * kBatch + singles_accepted.load();
+    for (int i = 0; i < 100000 && completions < expected; ++i) {
+        poll();
+        if (completions < expected) std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+    poll();
+    INFO(accepted_batches.size() << " batches accepted, " << refused_batches.size() << " refused, "
+                                 << singles_accepted.load() << " singles");
+    CHECK(completions == expected);
+    CHECK(bad_status == 0);
+    // A refused batch ran none of its requests; an accepted one all.
+    size_t strays = 0;
+    for (const uint64_t id : seen) strays += !accepted_batches.contains(id / kBatch);
+    CHECK(strays == 0);
+    CHECK(seen.size() == accepted_batches.size() * kBatch);
+    CHECK(!accepted_batches.empty());
+}
+
 TEST_CASE("qp_ex: a batch a check of post_send refuses part-way sends nothing", "[qp_ex]") {
     QpOptions opt;
     opt.access = kAll;
