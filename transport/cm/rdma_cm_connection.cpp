@@ -335,6 +335,13 @@ void RdmaCm::on_req(const std::string& device, const CmEvent& ev) {
         }
         return;
     }
+    if (!sidr && (req->path_mtu < 1 || req->path_mtu > 5)) {
+        // The 4-bit MTU field names 256..4096 bytes with 1..5; anything else is no MTU a QP
+        // can take (its RTR would fail, and the accept with it). The kernel's CM passes the
+        // field on unchecked and leaves it to the driver; IBA has a REJ for it.
+        svc->second->agent().send_rej(ev.comm_id, CmRejectReason::InvalidMtu);
+        return;
+    }
     Id* id = open_passive(*listener, *dev, ip, device, ev.comm_id);
     CmIdEvent out;
     out.type = CmIdEventType::ConnectRequest;

@@ -6,14 +6,10 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
-#include <condition_variable>
-#include <deque>
-#include <filesystem>
-#include <mutex>
 #include <string>
 #include <thread>
 
-#include "tests/unit/transport/engine_pair.h"
+#include "tests/unit/transport/rdma_cm_world.h"
 #include "transport/cm/port_table.h"
 #include "transport/cm/rdma_cm.h"
 #include "transport/local_addresses.h"
@@ -22,124 +18,6 @@ using namespace uroce::transport;
 using namespace uroce::transport::cm;
 using namespace uroce::transport::test;
 using uroce::IpAddress;
-
-namespace {
-
-constexpr uint16_t kPort = 7471;
-
-class Events {
-  public:
-    void push(const CmIdEvent& e) {
-        std::lock_guard lock(mutex_);
-        events_.push_back(e);
-        cv_.notify_all();
-    }
-    CmIdEvent next(CmIdEventType type) {
-        std::unique_lock lock(mutex_);
-        INFO("waiting for " << to_string(type));
-        REQUIRE(cv_.wait_for(lock, kWait, [this] { return !events_.empty(); }));
-        CmIdEvent e = events_.front();
-        events_.pop_front();
-        INFO("got " << to_string(e.type) << " status " << e.status);
-        REQUIRE(e.type == type);
-        return e;
-    }
-    size_t pending() {
-        std::lock_guard lock(mutex_);
-        return events_.size();
-    }
-
-  private:
-    std::mutex mutex_;
-    std::condition_variable cv_;
-    std::deque<CmIdEvent> events_;
-};
-
-// One process's view: both devices are listed (for address resolution), but its CM runs only
-// on its own device's engine, so clients name their source address (as rping -I does; a
-// destination that is a local device would otherwise be reached through that device).
-class TestHost : public CmHost {
-  public:
-    TestHost(Pair& p, bool side_a, std::string ports)
-        : p_(p), a_(side_a), ports_(std::move(ports)) {}
-    std::vector<CmDeviceInfo> devices() const override {
-        return {{"devA", p_.a.ip.v4(), 0xaaaa, 1024}, {"devB", p_.b.ip.v4(), 0xbbbb, 4096}};
-    }
-    Engine* cm_engine(const std::string& name, int& err) override {
-        if (name == (a_ ? "devA" : "devB")) return (a_ ? p_.a : p_.b).engine.get();
-        err = ENODEV;
-        return nullptr;
-    }
-    std::string port_table_path(PortSpace ps) const override {
-        return ports_ + "/ports-" + std::to_string(static_cast<int>(ps));
-    }
-
-  private:
-    Pair& p_;
-    bool a_;
-    std::string ports_;
-};
-
-std::string ports_dir() {
-    static int n = 0;
-    auto dir = std::filesystem::temp_directory_path() /
-               ("uroce-rdma-cm-" + std::to_string(::getpid()) + "-" + std::to_string(++n));
-    std::filesystem::create_directories(dir);
-    return dir.string();
-}
-
-CmTimers fast_timers() {
-    return CmTimers{
-        .response_exponent = 14, .max_retries = 3, .timewait = std::chrono::milliseconds(100)};
-}
-
-std::vector<uint8_t> bytes(const char* s) {
-    return {s, s + std::strlen(s)};
-}
-
-struct World {
-    World() = default;
-    explicit World(CmTimers t) : timers(t) {}
-
-    CmTimers timers = fast_timers();
-    Pair p;
-    std::string dir = ports_dir();
-    TestHost host_a{p, true, dir};
-    TestHost host_b{p, false, dir};
-    Events ea, eb;
-    RdmaCm a{host_a, [this](const CmIdEvent& e) { ea.push(e); }, timers};
-    RdmaCm b{host_b, [this](const CmIdEvent& e) { eb.push(e); }, timers};
-
-    // A listener on B:kPort, and an A identifier whose route to it is resolved.
-    uint32_t listener = 0;
-    uint32_t client = 0;
-    void listen_and_resolve() {
-        listener = b.create_id(PortSpace::Tcp);
-        REQUIRE(b.bind(listener, {p.b.ip.v4(), kPort}) == 0);
-        REQUIRE(b.listen(listener, 8) == 0);
-        client = a.create_id(PortSpace::Tcp);
-        REQUIRE(a.resolve_addr(client, CmAddress{p.a.ip.v4(), 0}, {p.b.ip.v4(), kPort}) == 0);
-        CHECK(ea.next(CmIdEventType::AddrResolved).id == client);
-        REQUIRE(a.resolve_route(client) == 0);
-        ea.next(CmIdEventType::RouteResolved);
-    }
-
-    // An A identifier whose route to B:kPort is resolved, nobody listening there; B runs a CM
-    // (a listener on kPort + 1), so its agent answers a REQ itself.
-    uint32_t resolve_to_unheard_port() {
-        const uint32_t other = b.create_id(PortSpace::Tcp);
-        REQUIRE(b.bind(other, {p.b.ip.v4(), kPort + 1}) == 0);
-        REQUIRE(b.listen(other, 1) == 0);
-        const uint32_t c = a.create_id(PortSpace::Tcp);
-        REQUIRE(a.resolve_addr(c, CmAddress{p.a.ip.v4(), 0}, {p.b.ip.v4(), kPort}) == 0);
-        ea.next(CmIdEventType::AddrResolved);
-        REQUIRE(a.resolve_route(c) == 0);
-        ea.next(CmIdEventType::RouteResolved);
-        return c;
-    }
-};
-
-}  // namespace
 
 TEST_CASE("RDMA CM: connect, accept, established, disconnect, timewait", "[cm][rdma_cm]") {
     World w;
