@@ -115,6 +115,10 @@ int Handler::get_event(const Command& c) {
     const int flags = fcntl(channel_->fd(), F_GETFL);
     if (const int rc = channel_->pop(resp, flags >= 0 && (flags & O_NONBLOCK) != 0); rc != 0)
         return rc;
+    // Handed over: the request no longer takes up its listener's backlog (the kernel's ucma
+    // gives the place back when GET_EVENT reads a CONNECT_REQUEST).
+    if (resp.event == static_cast<uint32_t>(tcm::CmIdEventType::ConnectRequest))
+        u_.cm()->request_reported(resp.id);
     std::memcpy(reinterpret_cast<void*>(static_cast<uintptr_t>(cmd.response)), &resp,
                 std::min(c.out, sizeof resp));
     return 0;

@@ -323,6 +323,44 @@ TEST_CASE("RDMA CM: a request withdrawn before it is accepted stays off the list
     REQUIRE(rdma_destroy_id(lid) == 0);
 }
 
+TEST_CASE("RDMA CM: a listener's backlog holds requests until their events are read", "[rdma_cm]") {
+    // Backlog 1: the second client's REQ finds no room while the first request's event waits
+    // unread, and is dropped unanswered (test_rdma_cm_peer.cpp shows it); once that event is
+    // read, the REQ's resend (about a second later) is taken.
+    Channel server_ch, client_ch;
+    const uint16_t port = next_port();
+    rdma_cm_id* lid = nullptr;
+    REQUIRE(rdma_create_id(server_ch.ch, &lid, nullptr, RDMA_PS_TCP) == 0);
+    auto at = address(devices().ip_b, port);
+    REQUIRE(rdma_bind_addr(lid, sa(at)) == 0);
+    REQUIRE(rdma_listen(lid, 1) == 0);
+    rdma_cm_id* first = resolved_client(client_ch, address(devices().ip_b, port));
+    rdma_cm_id* second = resolved_client(client_ch, address(devices().ip_b, port));
+    {
+        CmQp q1(first), q2(second);
+        rdma_conn_param cp{};
+        cp.retry_count = 7;
+        REQUIRE(rdma_connect(first, &cp) == 0);
+        REQUIRE(wait_readable(server_ch.ch->fd, kLimit));
+        REQUIRE(rdma_connect(second, &cp) == 0);
+        const rdma_cm_event req1 = server_ch.next(RDMA_CM_EVENT_CONNECT_REQUEST);
+        // Reading it made room (GET_EVENT tells the RDMA CM): without that, the second REQ
+        // would be dropped until its retries ran out.
+        const rdma_cm_event req2 = server_ch.next(RDMA_CM_EVENT_CONNECT_REQUEST);
+        CHECK(rdma_get_dst_port(req1.id) == rdma_get_src_port(first));
+        CHECK(rdma_get_dst_port(req2.id) == rdma_get_src_port(second));
+        CHECK(rdma_reject(req1.id, nullptr, 0) == 0);
+        CHECK(rdma_reject(req2.id, nullptr, 0) == 0);
+        client_ch.next(RDMA_CM_EVENT_REJECTED);
+        client_ch.next(RDMA_CM_EVENT_REJECTED);
+        REQUIRE(rdma_destroy_id(req1.id) == 0);
+        REQUIRE(rdma_destroy_id(req2.id) == 0);
+    }
+    REQUIRE(rdma_destroy_id(first) == 0);
+    REQUIRE(rdma_destroy_id(second) == 0);
+    REQUIRE(rdma_destroy_id(lid) == 0);
+}
+
 TEST_CASE("RDMA CM: a port nobody listens on is refused", "[rdma_cm]") {
     // This process listens on another port of device B, so a CM answers there.
     Channel server_ch, client_ch;

@@ -355,6 +355,11 @@ int CmAgent::notify_established(uint32_t comm_id) {
     return 0;
 }
 
+void CmAgent::abandon(uint32_t comm_id) {
+    std::lock_guard lock(mutex_);
+    if (const Connection* c = find(comm_id); c && c->state == CmState::ReqReceived) remove(comm_id);
+}
+
 void CmAgent::destroy(uint32_t comm_id) {
     const NotifyOnExit notify{*this};
     std::lock_guard lock(mutex_);

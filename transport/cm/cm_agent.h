@@ -154,6 +154,9 @@ class CmAgent {
     int send_dreq(uint32_t comm_id, std::span<const uint8_t> private_data = {});
     int send_drep(uint32_t comm_id, std::span<const uint8_t> private_data = {});
     int send_sidr_rep(uint32_t comm_id, CmSidrRep rep);
+    // Forgets a REQ it reported (ReqReceived) without a word, as the kernel's CM resets one
+    // its listener has no room for to idle: the peer's resend is taken as a new REQ.
+    void abandon(uint32_t comm_id);
     // The QP received its first packet before the RTU (RTU lost): the connection is
     // established (IBA 12.9.7.4). EINVAL unless the connection waits for an RTU.
     int notify_established(uint32_t comm_id);

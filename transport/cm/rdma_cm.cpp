@@ -332,16 +332,17 @@ int RdmaCm::query(uint32_t handle, CmIdInfo& out) {
     return 0;
 }
 
-int RdmaCm::listen(uint32_t handle, int) {
+int RdmaCm::listen(uint32_t handle, int backlog) {
     std::unique_lock lock(mutex_);
     Id* id = find(handle);
     int rc = 0;
+    if (backlog <= 0 || backlog > kMaxBacklog) backlog = kMaxBacklog;
     if (!id) {
         rc = EINVAL;
     } else if (id->ps == PortSpace::Ipoib) {
         rc = EOPNOTSUPP;
     } else if (id->state == State::Listening) {
-        rc = 0;  // the backlog changes; uroce keeps none
+        id->backlog = backlog;  // only the backlog changes
     } else {
         if (id->state == State::Idle) rc = bind_locked(*id, CmAddress{});
         if (rc == 0 && id->state != State::Bound) rc = EINVAL;
@@ -373,6 +374,7 @@ int RdmaCm::listen(uint32_t handle, int) {
                 id->listening_on.clear();
             } else {
                 id->state = State::Listening;
+                id->backlog = backlog;
                 int err = 0;
                 id->listening = PortTable(host_.port_table_path(id->ps) + ".listening")
                                     .claim(id->src.ip, id->src.port, err);
@@ -382,6 +384,21 @@ int RdmaCm::listen(uint32_t handle, int) {
     unlock_and_drain();
     lock.release();
     return rc;
+}
+
+void RdmaCm::request_reported(uint32_t handle) {
+    std::unique_lock lock(mutex_);
+    if (Id* id = find(handle)) id->reported = true;
+    unlock_and_drain();
+    lock.release();
+}
+
+size_t RdmaCm::id_count() {
+    std::unique_lock lock(mutex_);
+    const size_t n = ids_.size();
+    unlock_and_drain();
+    lock.release();
+    return n;
 }
 
 CmAgentCounters RdmaCm::counters() {

@@ -206,6 +206,9 @@ class RdmaCm {
 
     // The Q_Key of UD identifiers in the UDP port space (librdmacm's RDMA_UDP_QKEY).
     static constexpr uint32_t kUdpQkey = 0x01234567;
+    // The largest listen backlog, and the one of a listen that names none: the kernel's
+    // default net.rdma_ucm.max_backlog.
+    static constexpr int kMaxBacklog = 1024;
 
     // A new identifier (never 0), for RC connections or, `ud`, UD QPs (resolved through SIDR
     // REQ/REP: the passive side's CONNECT_REQUEST, then the active side's ESTABLISHED with
@@ -227,7 +230,17 @@ class RdmaCm {
     int resolve_addr(uint32_t id, std::optional<CmAddress> src, CmAddress dst);
     int resolve_route(uint32_t id);
     int query(uint32_t id, CmIdInfo& out);
+    // `backlog`: how many connection requests may wait for the application (not yet handed to
+    // it, nor accepted or rejected); 0, negative or above kMaxBacklog means kMaxBacklog. As
+    // in the kernel, a REQ beyond it is dropped unanswered and forgotten, so that the peer's
+    // resend is taken once there is room; a SIDR REQ beyond it is answered "rejected". A
+    // listening identifier's backlog changes with a second listen.
     int listen(uint32_t id, int backlog);
+    // The application has been handed the ConnectRequest of identifier `id` (librdmacm read its
+    // event): it no longer counts against its listener's backlog, as in the kernel's ucma.
+    void request_reported(uint32_t id);
+    // How many identifiers there are (the tests: a flood of requests must not grow it).
+    size_t id_count();
     int connect(uint32_t id, const CmConnParam& param);
     // Passive: answers the REQ with a REP. Active (`param` nullptr, after ConnectResponse):
     // sends the RTU; the connection is established without an event (librdmacm reports it).
@@ -259,6 +272,8 @@ class RdmaCm {
     Id* open_passive(const Id& listener, const CmDeviceInfo& dev, const IpCmHeader& ip,
                      const std::string& device, uint32_t comm_id);
     void on_req(const std::string& device, const CmEvent& ev);
+    // The listener's backlog is taken up by requests waiting for the application.
+    bool backlog_full(const Id& listener) const;
     void on_rep(Id& id, const CmEvent& ev);
     void on_sidr_rep(Id& id, const CmEvent& ev);
     int connect_ud(Id& id, const CmConnParam& param);

@@ -303,6 +303,17 @@ RdmaCm::Id* RdmaCm::open_passive(const Id& listener, const CmDeviceInfo& dev, co
     return ids_.emplace(handle, std::move(id)).first->second.get();
 }
 
+bool RdmaCm::backlog_full(const Id& listener) const {
+    // Counted, not kept: whatever ends a request's wait (handed over, accepted, rejected,
+    // destroyed, rejected by its requester) frees its place, with no count to keep in step.
+    int waiting = 0;
+    for (const auto& [handle, id] : ids_)
+        if (id->listen_parent == listener.handle && id->state == State::ConnectRequest &&
+            !id->reported)
+            ++waiting;
+    return waiting >= listener.backlog;
+}
+
 void RdmaCm::on_req(const std::string& device, const CmEvent& ev) {
     const Id* listener = find(static_cast<uint32_t>(ev.listener));
     auto svc = services_.find(device);
@@ -340,6 +351,19 @@ void RdmaCm::on_req(const std::string& device, const CmEvent& ev) {
         // can take (its RTR would fail, and the accept with it). The kernel's CM passes the
         // field on unchecked and leaves it to the driver; IBA has a REJ for it.
         svc->second->agent().send_rej(ev.comm_id, CmRejectReason::InvalidMtu);
+        return;
+    }
+    if (backlog_full(*listener)) {
+        // As the kernel's: no REJ (its CM resets the REQ to idle when the listener has no
+        // room), so that the peer's resend, 1 to 4 s later, may find room; the agent forgets
+        // the REQ so that the resend is a new one. A SIDR REQ is rejected.
+        if (sidr) {
+            CmSidrRep full;
+            full.status = static_cast<uint8_t>(SidrStatus::Rejected);
+            svc->second->agent().send_sidr_rep(ev.comm_id, full);
+        } else {
+            svc->second->agent().abandon(ev.comm_id);
+        }
         return;
     }
     Id* id = open_passive(*listener, *dev, ip, device, ev.comm_id);

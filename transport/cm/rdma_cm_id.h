@@ -56,6 +56,8 @@ struct RdmaCm::Id {
     std::vector<std::string> listening_on;  // devices whose CM takes this listener's REQs
     bool silent = false;                    // destroyed: report nothing more
     uint32_t listen_parent = 0;             // passive: the listener the REQ came to
+    int backlog = 0;                        // listening: requests that may wait (listen())
+    bool reported = false;                  // passive: its ConnectRequest was handed over
 
     // The connection, once there is one.
     bool active = false;
