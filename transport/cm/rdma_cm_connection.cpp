@@ -97,6 +97,7 @@ int RdmaCm::connect(uint32_t handle, const CmConnParam& param) {
             id->comm_device = id->device->name;
             by_comm_id_[{id->comm_device, comm_id}] = handle;
             id->state = State::Connecting;
+            id->had_connection = true;
         }
     }
     unlock_and_drain();
@@ -183,8 +184,13 @@ int RdmaCm::disconnect(uint32_t handle) {
     Id* id = find(handle);
     int rc = 0;
     auto svc = id ? services_.find(id->comm_device) : services_.end();
-    if (!id || id->comm_id == 0 || svc == services_.end()) {
+    if (!id) {
         rc = EINVAL;
+    } else if (id->comm_id == 0 || svc == services_.end()) {
+        // No connection now (rejected, unreachable, its timewait over; or never one). The
+        // kernel's rdma_disconnect fails only for an identifier without an IB CM identifier:
+        // one that never connected nor came from a REQ, and is no listener on a device.
+        rc = id->had_connection || (id->state == State::Listening && id->device) ? 0 : EINVAL;
     } else {
         CmAgent& agent = svc->second->agent();
         const auto st = agent.state(id->comm_id);
@@ -297,6 +303,7 @@ RdmaCm::Id* RdmaCm::open_passive(const Id& listener, const CmDeviceInfo& dev, co
     id->dst = CmAddress{ntohl(src_be), ip.source_port};
     id->device = dev;
     id->listen_parent = listener.handle;
+    id->had_connection = true;
     id->comm_id = comm_id;
     id->comm_device = device;
     by_comm_id_[{device, comm_id}] = handle;
@@ -422,6 +429,7 @@ int RdmaCm::connect_ud(Id& id, const CmConnParam& param) {
     id.comm_device = id.device->name;
     by_comm_id_[{id.comm_device, request_id}] = id.handle;
     id.state = State::Connecting;
+    id.had_connection = true;
     return 0;
 }
 

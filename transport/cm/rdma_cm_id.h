@@ -58,6 +58,9 @@ struct RdmaCm::Id {
     uint32_t listen_parent = 0;             // passive: the listener the REQ came to
     int backlog = 0;                        // listening: requests that may wait (listen())
     bool reported = false;                  // passive: its ConnectRequest was handed over
+    // It has had a connection (connected, or came from a REQ): like the kernel's IB CM
+    // identifier, which outlives the connection, it lets DISCONNECT succeed from then on.
+    bool had_connection = false;
 
     // The connection, once there is one.
     bool active = false;

@@ -118,6 +118,7 @@ TEST_CASE("RDMA CM: connect, accept, established, disconnect, timewait", "[cm][r
     REQUIRE(w.b.disconnect(server) == 0);
     CHECK(w.ea.next(CmIdEventType::TimewaitExit).id == w.client);
     CHECK(w.eb.next(CmIdEventType::TimewaitExit).id == server);
+    CHECK(w.a.disconnect(w.client) == 0);  // the kernel's answer too, once the comm ID is free
     CHECK(w.a.destroy_id(w.client) == 0);
     CHECK(w.b.destroy_id(server) == 0);
     // The listener is marked in the ".listening" table for as long as it listens.
@@ -144,9 +145,39 @@ TEST_CASE("RDMA CM: a rejected connection, with the consumer's private data", "[
     CHECK(rej.status == static_cast<int>(CmRejectReason::ConsumerReject));
     REQUIRE(rej.param.private_data.size() >= why.size());
     CHECK(std::equal(why.begin(), why.end(), rej.param.private_data.begin()));
-    // Nothing more to do on either: the connection is gone.
-    CHECK(w.a.disconnect(w.client) == EINVAL);
+    // Nothing more to do on either: the connection is gone. A disconnect still succeeds, as
+    // the kernel's rdma_disconnect does for any identifier that has had a connection (its IB
+    // CM identifier outlives the connection; only one that never had any gets EINVAL).
+    CHECK(w.a.disconnect(w.client) == 0);
+    CHECK(w.b.disconnect(server) == 0);
     CHECK(w.b.reject(server, {}) == EINVAL);
+}
+
+TEST_CASE("RDMA CM: rdma_disconnect after the connection failed succeeds, as on a kernel",
+          "[cm][rdma_cm]") {
+    // B runs no CM at all: A's REQ goes unanswered, and the connection ends UNREACHABLE.
+    World w;
+    const uint32_t c = w.a.create_id(PortSpace::Tcp);
+    REQUIRE(w.a.resolve_addr(c, CmAddress{w.p.a.ip.v4(), 0}, {w.p.b.ip.v4(), kPort}) == 0);
+    w.ea.next(CmIdEventType::AddrResolved);
+    REQUIRE(w.a.resolve_route(c) == 0);
+    w.ea.next(CmIdEventType::RouteResolved);
+    CHECK(w.a.disconnect(c) == EINVAL);  // no connection yet
+    REQUIRE(w.a.connect(c, CmConnParam{}) == 0);
+    CHECK(w.ea.next(CmIdEventType::Unreachable).status == -ETIMEDOUT);
+    CHECK(w.a.disconnect(c) == 0);
+    CHECK(w.a.disconnect(c) == 0);
+    // A listener bound to a device's address has the kernel's IB CM listener (its disconnect
+    // does nothing and succeeds); one on every device has none (EINVAL).
+    const uint32_t on_a = w.a.create_id(PortSpace::Tcp);
+    REQUIRE(w.a.bind(on_a, {w.p.a.ip.v4(), kPort}) == 0);
+    REQUIRE(w.a.listen(on_a, 1) == 0);
+    CHECK(w.a.disconnect(on_a) == 0);
+    const uint32_t on_all = w.a.create_id(PortSpace::Tcp);
+    REQUIRE(w.a.bind(on_all, {0, kPort + 1}) == 0);
+    REQUIRE(w.a.listen(on_all, 1) == 0);
+    CHECK(w.a.disconnect(on_all) == EINVAL);
+    CHECK(w.ea.pending() == 0);
 }
 
 TEST_CASE("RDMA CM: a port nobody listens on is refused", "[cm][rdma_cm]") {
