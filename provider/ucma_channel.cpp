@@ -90,13 +90,14 @@ Channel::Purged Channel::purge(uint32_t id) {
     return p;
 }
 
-uint32_t Channel::move_to(Channel& to, uint32_t id) {
+Channel::Moved Channel::move_to(Channel& to, uint32_t id) {
     std::deque<Pending> moving;
-    uint32_t reported = 0;
+    Moved moved;
     {
         std::lock_guard lock(mutex_);
         for (auto it = queue_.begin(); it != queue_.end();) {
             if (it->counted_for == id) {
+                if (it->ev.event == kConnectRequest) moved.requests.push_back(it->ev.id);
                 moving.push_back(*it);
                 it = queue_.erase(it);
             } else {
@@ -104,17 +105,17 @@ uint32_t Channel::move_to(Channel& to, uint32_t id) {
             }
         }
         if (auto it = reported_.find(id); it != reported_.end()) {
-            reported = it->second;
+            moved.reported = it->second;
             reported_.erase(it);
         }
         update_readable_locked();
     }
     std::lock_guard lock(to.mutex_);
-    to.reported_[id] += reported;
+    to.reported_[id] += moved.reported;
     for (auto& p : moving) to.queue_.push_back(p);
     to.update_readable_locked();
     to.cv_.notify_all();
-    return reported;
+    return moved;
 }
 
 void Channel::close() {

@@ -41,9 +41,12 @@ class Channel {
     // Forgets an identifier: its waiting events are dropped (connection requests for it
     // listed), and how many were handed out is returned.
     Purged purge(uint32_t id);
-    // Moves an identifier's waiting events and count to `to` (rdma_migrate_id); returns the
-    // count of events handed out from this channel.
-    uint32_t move_to(Channel& to, uint32_t id);
+    struct Moved {
+        uint32_t reported = 0;           // events of the identifier handed out from here
+        std::vector<uint32_t> requests;  // new identifiers of the CONNECT_REQUESTs moved
+    };
+    // Moves an identifier's waiting events and count to `to` (rdma_migrate_id).
+    Moved move_to(Channel& to, uint32_t id);
     // Drops the waiting events; further pops fail with EBADF, and a pop already waiting
     // waits for ever (see pop()).
     void close();

@@ -266,19 +266,31 @@ int Handler::migrate_id(const Command& c) {
     if (!take(c, cmd)) return EINVAL;
     if (cmd.response == 0) return EFAULT;
     if (c.out < sizeof(rdma_ucm_migrate_resp)) return ENOSPC;
-    std::shared_ptr<Channel> from;
+    rdma_ucm_migrate_resp resp{};
     {
+        // Held throughout: an event delivered meanwhile (under this lock) goes to the new
+        // channel after the moved ones, and a command about a moved request's identifier
+        // waits until the identifier has moved too.
         std::lock_guard lock(u_.mutex);
         const auto ch = u_.channels.find(static_cast<int>(cmd.fd));
         const auto it = u_.ids.find(cmd.id);
         if (ch == u_.channels.end() || it == u_.ids.end() ||
             it->second.channel != ch->second.channel)
             return EINVAL;
-        from = ch->second.channel;
+        const std::shared_ptr<Channel> from = ch->second.channel;
         it->second.channel = channel_;
+        if (from != channel_) {
+            Channel::Moved moved = from->move_to(*channel_, cmd.id);
+            resp.events_reported = moved.reported;
+            // A CONNECT_REQUEST read from the new channel makes librdmacm put the new
+            // identifier there and ask about it through it (QUERY, then ACCEPT): the identifier
+            // goes with its event. The kernel's ucma leaves it on the old file, where librdmacm
+            // then fails to query it and drops the request.
+            for (const uint32_t request : moved.requests)
+                if (auto r = u_.ids.find(request); r != u_.ids.end() && r->second.channel == from)
+                    r->second.channel = channel_;
+        }
     }
-    rdma_ucm_migrate_resp resp{};
-    if (from != channel_) resp.events_reported = from->move_to(*channel_, cmd.id);
     return respond(cmd.response, c.out, resp);
 }
 

@@ -418,6 +418,48 @@ TEST_CASE("RDMA CM: events follow an identifier to its new channel", "[rdma_cm]"
     REQUIRE(rdma_destroy_id(id) == 0);
 }
 
+TEST_CASE("RDMA CM: a listener moved to another channel takes its waiting requests along",
+          "[rdma_cm]") {
+    // A CONNECT_REQUEST not yet read when the listener moves is read from the new channel;
+    // librdmacm then asks about the new identifier through that channel (QUERY, ACCEPT), so
+    // the new identifier must have moved with its event, or the request is lost.
+    Channel first, second, client_ch;
+    const uint16_t port = next_port();
+    rdma_cm_id* lid = listener(first, address(devices().ip_b, port));
+    rdma_cm_id* cid = resolved_client(client_ch, address(devices().ip_b, port));
+    rdma_cm_id* sid = nullptr;
+    {
+        CmQp client(cid);
+        rdma_conn_param cp{};
+        cp.retry_count = 7;
+        cp.rnr_retry_count = 7;
+        REQUIRE(rdma_connect(cid, &cp) == 0);
+        REQUIRE(wait_readable(first.ch->fd, kLimit));  // the request waits, unread
+        REQUIRE(rdma_migrate_id(lid, second.ch) == 0);
+        CHECK_FALSE(wait_readable(first.ch->fd, std::chrono::milliseconds(0)));
+        const rdma_cm_event req = second.next(RDMA_CM_EVENT_CONNECT_REQUEST);
+        sid = req.id;
+        REQUIRE(sid != nullptr);
+        CHECK(req.listen_id == lid);
+        CHECK(sid->channel == second.ch);
+        {
+            CmQp server(sid);
+            rdma_conn_param ap{};
+            ap.rnr_retry_count = 7;
+            REQUIRE(rdma_accept(sid, &ap) == 0);
+            client_ch.next(RDMA_CM_EVENT_ESTABLISHED);
+            second.next(RDMA_CM_EVENT_ESTABLISHED);
+            REQUIRE(rdma_disconnect(cid) == 0);
+            second.next(RDMA_CM_EVENT_DISCONNECTED);
+            client_ch.next(RDMA_CM_EVENT_DISCONNECTED);
+        }
+    }
+    CHECK_FALSE(wait_readable(first.ch->fd, std::chrono::milliseconds(0)));
+    REQUIRE(rdma_destroy_id(sid) == 0);
+    REQUIRE(rdma_destroy_id(lid) == 0);
+    REQUIRE(rdma_destroy_id(cid) == 0);
+}
+
 TEST_CASE("RDMA CM: multicast joins are granted with the group's RoCE MGID", "[rdma_cm]") {
     Channel ch;
     rdma_cm_id* id = nullptr;
