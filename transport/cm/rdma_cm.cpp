@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <optional>
 #include <thread>
 
 #include "transport/cm/cm_service.h"
@@ -85,7 +86,7 @@ RdmaCm::RdmaCm(CmHost& host, EventSink sink, CmTimers timers)
 RdmaCm::~RdmaCm() {
     std::map<std::string, std::unique_ptr<CmService>> services;
     {
-        std::unique_lock lock(mutex_);
+        Lock lock(*this);
         for (auto& [handle, id] : ids_) {
             id->silent = true;
             release(*id);
@@ -131,7 +132,7 @@ CmService* RdmaCm::service(const std::string& device, int& err) {
 }
 
 uint32_t RdmaCm::create_id(PortSpace ps, bool ud) {
-    std::unique_lock lock(mutex_);
+    Lock lock(*this);
     while (next_id_ == 0 || ids_.count(next_id_)) ++next_id_;
     const uint32_t handle = next_id_++;
     auto id = std::make_unique<Id>();
@@ -140,8 +141,7 @@ uint32_t RdmaCm::create_id(PortSpace ps, bool ud) {
     id->ud = ud;
     id->qkey = ud && ps == PortSpace::Udp ? kUdpQkey : 0;
     ids_.emplace(handle, std::move(id));
-    unlock_and_drain();
-    lock.release();
+    lock.unlock_and_drain();
     return handle;
 }
 
@@ -161,7 +161,7 @@ void RdmaCm::release(Id& id) {
 }
 
 int RdmaCm::destroy_id(uint32_t handle) {
-    std::unique_lock lock(mutex_);
+    Lock lock(*this);
     Id* id = find(handle);
     int rc = EINVAL;
     if (id) {
@@ -174,16 +174,18 @@ int RdmaCm::destroy_id(uint32_t handle) {
         ids_.erase(handle);
         rc = 0;
     }
-    unlock_and_drain();
-    lock.release();
+    lock.unlock_and_drain();
     return rc;
 }
 
 void RdmaCm::destroy_all() {
     // Called at exit, perhaps from a signal handler that interrupted this very thread inside
-    // a call holding the lock: waits a little for the lock, and gives up rather than hang.
-    std::unique_lock lock(mutex_, std::defer_lock);
-    for (int i = 0; !lock.try_lock(); ++i) {
+    // a call holding the lock (then it gives up at once: a try_lock would be undefined), or
+    // while another thread holds it: waits a little for the lock, and gives up rather than
+    // hang.
+    if (held_here()) return;
+    std::optional<Lock> lock;
+    for (int i = 0; !lock.emplace(*this, std::try_to_lock).owns(); ++i) {
         if (i == 200) return;
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
@@ -193,8 +195,7 @@ void RdmaCm::destroy_all() {
     }
     ids_.clear();
     by_comm_id_.clear();
-    unlock_and_drain();
-    lock.release();
+    lock->unlock_and_drain();
 }
 
 int RdmaCm::claim_port(Id& id, uint32_t ip, uint16_t port) {
@@ -221,16 +222,15 @@ int RdmaCm::bind_locked(Id& id, CmAddress addr) {
 }
 
 int RdmaCm::bind(uint32_t handle, CmAddress addr) {
-    std::unique_lock lock(mutex_);
+    Lock lock(*this);
     Id* id = find(handle);
     const int rc = id ? bind_locked(*id, addr) : EINVAL;
-    unlock_and_drain();
-    lock.release();
+    lock.unlock_and_drain();
     return rc;
 }
 
 int RdmaCm::resolve_addr(uint32_t handle, std::optional<CmAddress> src, CmAddress dst) {
-    std::unique_lock lock(mutex_);
+    Lock lock(*this);
     Id* id = find(handle);
     int rc = 0;
     if (!id) {
@@ -273,13 +273,12 @@ int RdmaCm::resolve_addr(uint32_t handle, std::optional<CmAddress> src, CmAddres
             emit(std::move(ev));
         }
     }
-    unlock_and_drain();
-    lock.release();
+    lock.unlock_and_drain();
     return rc;
 }
 
 int RdmaCm::resolve_route(uint32_t handle) {
-    std::unique_lock lock(mutex_);
+    Lock lock(*this);
     Id* id = find(handle);
     int rc = 0;
     if (!id || (id->state != State::AddrResolved && id->state != State::RouteResolved)) {
@@ -301,17 +300,15 @@ int RdmaCm::resolve_route(uint32_t handle) {
         ev.id = handle;
         emit(std::move(ev));
     }
-    unlock_and_drain();
-    lock.release();
+    lock.unlock_and_drain();
     return rc;
 }
 
 int RdmaCm::query(uint32_t handle, CmIdInfo& out) {
-    std::unique_lock lock(mutex_);
+    Lock lock(*this);
     const Id* id = find(handle);
     if (!id) {
-        unlock_and_drain();
-        lock.release();
+        lock.unlock_and_drain();
         return EINVAL;
     }
     out = CmIdInfo{};
@@ -327,13 +324,12 @@ int RdmaCm::query(uint32_t handle, CmIdInfo& out) {
                                      id->active ? id->dst.port : id->src.port);
     out.hop_limit = kHopLimit;
     out.packet_life_time = kPacketLifeTime;
-    unlock_and_drain();
-    lock.release();
+    lock.unlock_and_drain();
     return 0;
 }
 
 int RdmaCm::listen(uint32_t handle, int backlog) {
-    std::unique_lock lock(mutex_);
+    Lock lock(*this);
     Id* id = find(handle);
     int rc = 0;
     if (backlog <= 0 || backlog > kMaxBacklog) backlog = kMaxBacklog;
@@ -381,28 +377,25 @@ int RdmaCm::listen(uint32_t handle, int backlog) {
             }
         }
     }
-    unlock_and_drain();
-    lock.release();
+    lock.unlock_and_drain();
     return rc;
 }
 
 void RdmaCm::request_reported(uint32_t handle) {
-    std::unique_lock lock(mutex_);
+    Lock lock(*this);
     if (Id* id = find(handle)) id->reported = true;
-    unlock_and_drain();
-    lock.release();
+    lock.unlock_and_drain();
 }
 
 size_t RdmaCm::id_count() {
-    std::unique_lock lock(mutex_);
+    Lock lock(*this);
     const size_t n = ids_.size();
-    unlock_and_drain();
-    lock.release();
+    lock.unlock_and_drain();
     return n;
 }
 
 CmAgentCounters RdmaCm::counters() {
-    std::unique_lock lock(mutex_);
+    Lock lock(*this);
     CmAgentCounters total;
     for (auto& [name, svc] : services_) {
         const CmAgentCounters c = svc->agent().counters();
@@ -417,8 +410,7 @@ CmAgentCounters RdmaCm::counters() {
         total.tx_resends += c.tx_resends;
         total.rej_sent += c.rej_sent;
     }
-    unlock_and_drain();
-    lock.release();
+    lock.unlock_and_drain();
     return total;
 }
 
@@ -436,7 +428,11 @@ void RdmaCm::post(Inbound in) {
         inbox_.push_back(std::move(in));
         inbox_waiting_.store(true, std::memory_order_release);
     }
-    if (mutex_.try_lock()) unlock_and_drain();
+    // Raised by an agent call this thread makes under the lock: its caller drains it before
+    // it lets go.
+    if (held_here()) return;
+    Lock lock(*this, std::try_to_lock);
+    if (lock.owns()) lock.unlock_and_drain();
 }
 
 void RdmaCm::drain_locked() {
@@ -458,10 +454,35 @@ void RdmaCm::unlock_and_drain() {
     // try_lock then succeeds, or here again.
     for (;;) {
         drain_locked();
+        holder_.store(std::thread::id{}, std::memory_order_relaxed);
         mutex_.unlock();
         if (!inbox_waiting_.load(std::memory_order_acquire)) return;
         if (!mutex_.try_lock()) return;
+        holder_.store(std::this_thread::get_id(), std::memory_order_relaxed);
     }
+}
+
+RdmaCm::Lock::Lock(RdmaCm& cm) : cm_(cm) {
+    cm_.mutex_.lock();
+    cm_.holder_.store(std::this_thread::get_id(), std::memory_order_relaxed);
+    owns_ = true;
+}
+
+RdmaCm::Lock::Lock(RdmaCm& cm, std::try_to_lock_t) : cm_(cm) {
+    if (!cm_.mutex_.try_lock()) return;  // never held by this thread: post() checks first
+    cm_.holder_.store(std::this_thread::get_id(), std::memory_order_relaxed);
+    owns_ = true;
+}
+
+RdmaCm::Lock::~Lock() {
+    if (!owns_) return;
+    cm_.holder_.store(std::thread::id{}, std::memory_order_relaxed);
+    cm_.mutex_.unlock();
+}
+
+void RdmaCm::Lock::unlock_and_drain() {
+    owns_ = false;
+    cm_.unlock_and_drain();
 }
 
 }  // namespace uroce::transport::cm

@@ -29,6 +29,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "transport/cm/cm_agent.h"
@@ -279,22 +280,46 @@ class RdmaCm {
     int connect_ud(Id& id, const CmConnParam& param);
     int accept_ud(Id& id, const CmConnParam& param);
 
-    // Agent events arrive on engine threads, sometimes while this thread holds mutex_ (an
-    // agent call made under it). They wait in the inbox and are handled by whoever holds
-    // mutex_ next, before it lets go, so they are handled in order and never lost.
+    // Agent events arrive on engine threads, and on the thread that holds mutex_ when an
+    // agent call made under it raises one (notify_established's Established). They wait in
+    // the inbox and are handled by whoever holds mutex_ next, before it lets go, so they are
+    // handled in order and never lost. The holder notes itself (holder_): its own post() must
+    // not try_lock a std::mutex its thread holds (undefined), and leaves the event to it.
     struct Inbound {
         std::string device;
         CmEvent event;
     };
     void post(Inbound in);
-    void unlock_and_drain();
+    void unlock_and_drain();  // mutex_ held by this thread; returns with it released
     void drain_locked();
+    bool held_here() const {
+        return holder_.load(std::memory_order_relaxed) == std::this_thread::get_id();
+    }
+
+    // mutex_, held by this thread and noted as such.
+    class Lock {
+      public:
+        explicit Lock(RdmaCm& cm);             // waits for mutex_
+        Lock(RdmaCm& cm, std::try_to_lock_t);  // takes mutex_ only if it is free
+        // Lets go without draining if still held (the way out of ~RdmaCm and of exceptions).
+        ~Lock();
+        Lock(const Lock&) = delete;
+        Lock& operator=(const Lock&) = delete;
+        bool owns() const { return owns_; }
+        // Handles the inbox and lets go.
+        void unlock_and_drain();
+
+      private:
+        RdmaCm& cm_;
+        bool owns_ = false;
+    };
 
     CmHost& host_;
     const EventSink sink_;
     const CmTimers timers_;
 
     std::mutex mutex_;
+    std::atomic<std::thread::id> holder_{};  // of mutex_; only the holder sets its own id
     std::map<uint32_t, std::unique_ptr<Id>> ids_;
     uint32_t next_id_ = 1;
     std::map<std::string, std::unique_ptr<CmService>> services_;  // by device name

@@ -39,7 +39,7 @@ void RdmaCm::forget_connection(Id& id) {
 }
 
 int RdmaCm::connect(uint32_t handle, const CmConnParam& param) {
-    std::unique_lock lock(mutex_);
+    Lock lock(*this);
     Id* id = find(handle);
     int rc = 0;
     if (!id || id->state != State::RouteResolved) {
@@ -100,13 +100,12 @@ int RdmaCm::connect(uint32_t handle, const CmConnParam& param) {
             id->had_connection = true;
         }
     }
-    unlock_and_drain();
-    lock.release();
+    lock.unlock_and_drain();
     return rc;
 }
 
 int RdmaCm::accept(uint32_t handle, const CmConnParam* param) {
-    std::unique_lock lock(mutex_);
+    Lock lock(*this);
     Id* id = find(handle);
     int rc = 0;
     auto svc = id ? services_.find(id->comm_device) : services_.end();
@@ -141,13 +140,12 @@ int RdmaCm::accept(uint32_t handle, const CmConnParam* param) {
         rc = svc->second->agent().send_rep(id->comm_id, rep);
         if (rc == 0) id->state = State::Accepting;
     }
-    unlock_and_drain();
-    lock.release();
+    lock.unlock_and_drain();
     return rc;
 }
 
 int RdmaCm::reject(uint32_t handle, std::span<const uint8_t> private_data) {
-    std::unique_lock lock(mutex_);
+    Lock lock(*this);
     Id* id = find(handle);
     int rc = 0;
     auto svc = id ? services_.find(id->comm_device) : services_.end();
@@ -174,13 +172,12 @@ int RdmaCm::reject(uint32_t handle, std::span<const uint8_t> private_data) {
             forget_connection(*id);  // the agent forgot it: its comm ID may name another soon
         }
     }
-    unlock_and_drain();
-    lock.release();
+    lock.unlock_and_drain();
     return rc;
 }
 
 int RdmaCm::disconnect(uint32_t handle) {
-    std::unique_lock lock(mutex_);
+    Lock lock(*this);
     Id* id = find(handle);
     int rc = 0;
     auto svc = id ? services_.find(id->comm_device) : services_.end();
@@ -209,26 +206,24 @@ int RdmaCm::disconnect(uint32_t handle) {
         }
         if (rc == 0) id->state = State::Disconnected;
     }
-    unlock_and_drain();
-    lock.release();
+    lock.unlock_and_drain();
     return rc;
 }
 
 int RdmaCm::establish(uint32_t handle) {
-    std::unique_lock lock(mutex_);
+    Lock lock(*this);
     Id* id = find(handle);
     int rc = EINVAL;
     if (id && id->state == State::Accepting) {
         if (auto svc = services_.find(id->comm_device); svc != services_.end())
             rc = svc->second->agent().notify_established(id->comm_id);
     }
-    unlock_and_drain();
-    lock.release();
+    lock.unlock_and_drain();
     return rc;
 }
 
 int RdmaCm::init_qp_attr(uint32_t handle, CmQpState state, CmQpAttr& out) {
-    std::unique_lock lock(mutex_);
+    Lock lock(*this);
     Id* id = find(handle);
     int rc = 0;
     out = CmQpAttr{};
@@ -280,8 +275,7 @@ int RdmaCm::init_qp_attr(uint32_t handle, CmQpState state, CmQpAttr& out) {
     } else {
         rc = EINVAL;
     }
-    unlock_and_drain();
-    lock.release();
+    lock.unlock_and_drain();
     return rc;
 }
 

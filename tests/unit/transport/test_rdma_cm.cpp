@@ -243,6 +243,28 @@ TEST_CASE("RDMA CM: the server disconnects after its accept, before the RTU", "[
     CHECK(w.eb.pending() == 0);
 }
 
+TEST_CASE("RDMA CM: a QP's first packet before the RTU establishes the connection once",
+          "[cm][rdma_cm]") {
+    // rdma_notify(IBV_EVENT_COMM_EST): the agent raises ESTABLISHED inside the call, on the
+    // thread that holds the RdmaCm's lock; the event waits for that thread to hand it over
+    // (it must not try to take the lock it holds).
+    World w;
+    w.listen_and_resolve();
+    REQUIRE(w.a.connect(w.client, CmConnParam{}) == 0);
+    const uint32_t server = w.eb.next(CmIdEventType::ConnectRequest).id;
+    CmConnParam ap;
+    REQUIRE(w.b.accept(server, &ap) == 0);
+    w.ea.next(CmIdEventType::ConnectResponse);
+    CHECK(w.b.establish(server) == 0);
+    CHECK(w.eb.pending() == 1);  // handed over before establish() returned
+    CHECK(w.eb.next(CmIdEventType::Established).id == server);
+    CHECK(w.b.establish(server) == EINVAL);       // established already
+    REQUIRE(w.a.accept(w.client, nullptr) == 0);  // the late RTU changes nothing
+    REQUIRE(w.a.disconnect(w.client) == 0);
+    CHECK(w.eb.next(CmIdEventType::Disconnected).id == server);  // not a second ESTABLISHED
+    CHECK(w.ea.next(CmIdEventType::Disconnected).id == w.client);
+}
+
 TEST_CASE("RDMA CM: a destroyed connection is disconnected on the wire", "[cm][rdma_cm]") {
     World w;
     w.listen_and_resolve();
