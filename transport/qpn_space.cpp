@@ -2,6 +2,7 @@
 #include "transport/qpn_space.h"
 
 #include <new>
+#include <utility>
 
 #include "transport/multicast_groups.h"
 #include "transport/random_source.h"
@@ -73,6 +74,30 @@ uint32_t QpnSpace::draw_unslotted(const std::function<bool(uint32_t)>& taken) {
     return n;
 }
 
+void QpnSpace::FreeOrder::fill(uint16_t slot) {
+    low = std::make_unique<uint16_t[]>(kPerSlot);
+    stamp = std::make_unique<uint64_t[]>(kPerSlot);  // zeroed: never handed out
+    head = 0;
+    count = capacity_of(slot);  // slot 4095's last number, the multicast QPN, left out
+    for (uint32_t i = 0; i < count; ++i) low[i] = static_cast<uint16_t>(i);
+    // Fisher-Yates: every order equally likely.
+    for (uint32_t i = count - 1; i > 0; --i) std::swap(low[i], low[random_u64() % (i + 1)]);
+}
+
+uint16_t QpnSpace::FreeOrder::pop() {
+    const uint16_t n = low[head];
+    head = (head + 1) % kPerSlot;
+    --count;
+    return n;
+}
+
+void QpnSpace::FreeOrder::push(uint16_t number, uint64_t when) {
+    const uint32_t at = (head + count) % kPerSlot;
+    low[at] = number;
+    stamp[at] = when;
+    ++count;
+}
+
 uint32_t QpnSpace::allocate(Kind kind, const std::function<bool(uint32_t)>& taken) {
     const size_t k = kind_index(kind);
     if (used_[k] >= kMaxNumbers) throw std::bad_alloc();
@@ -81,17 +106,42 @@ uint32_t QpnSpace::allocate(Kind kind, const std::function<bool(uint32_t)>& take
         ++used_[k];
         return n;
     }
-    unsigned i = 0;
+    // The slot whose next free number has rested longest: one never handed out (stamp 0)
+    // before any given back, and of those given back the oldest.
     const unsigned held = slot_count_.load(std::memory_order_relaxed);
-    while (i < held && slots_[i].used[k] >= capacity_of(slots_[i].number)) ++i;
-    if (i == held && !add_slot()) throw std::bad_alloc();
-    Held& h = slots_[i];
+    int best = -1;
+    uint64_t best_stamp = 0;
+    for (unsigned i = 0; i < held; ++i) {
+        Held& h = slots_[i];
+        if (h.used[k] >= capacity_of(h.number)) continue;
+        const uint64_t s = h.free[k].low ? h.free[k].front_stamp() : 0;
+        if (best < 0 || s < best_stamp) {
+            best = static_cast<int>(i);
+            best_stamp = s;
+        }
+    }
+    if (best < 0) {
+        if (!add_slot()) throw std::bad_alloc();
+        best = static_cast<int>(held);
+    }
+    Held& h = slots_[best];
+    FreeOrder& order = h.free[k];
+    if (!order.low) order.fill(h.number);
     const uint32_t base = uint32_t{h.number} << DeviceSlots::kQpnBits;
-    uint32_t low = static_cast<uint32_t>(random_u64() % kPerSlot);
-    while (taken(base | low) || (base | low) == kMulticastQpn) low = (low + 1) % kPerSlot;
+    // Every free number is in the order once; `taken` only guards against a caller that
+    // holds one it was not handed (then it goes to the back, as if given back now).
+    uint32_t qpn = base | order.pop();
+    for (uint32_t tries = order.count; taken(qpn) && tries > 0; --tries) {
+        order.push(static_cast<uint16_t>(qpn & (kPerSlot - 1)), ++released_);
+        qpn = base | order.pop();
+    }
+    if (taken(qpn)) {
+        order.push(static_cast<uint16_t>(qpn & (kPerSlot - 1)), ++released_);
+        throw std::bad_alloc();
+    }
     ++h.used[k];
     ++used_[k];
-    return base | low;
+    return qpn;
 }
 
 void QpnSpace::release(Kind kind, uint32_t number) {
@@ -101,9 +151,11 @@ void QpnSpace::release(Kind kind, uint32_t number) {
         return;
     }
     const int i = index_of(static_cast<uint16_t>(DeviceSlots::slot_of(number)));
-    if (i >= 0 && slots_[i].used[k] > 0) {
+    if (i >= 0 && slots_[i].used[k] > 0 && slots_[i].free[k].low) {
         --slots_[i].used[k];
         --used_[k];
+        // Behind every free number: handed out again after all of them.
+        slots_[i].free[k].push(static_cast<uint16_t>(number & (kPerSlot - 1)), ++released_);
     }
 }
 

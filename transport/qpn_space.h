@@ -15,7 +15,13 @@
 // Without a slot table (an engine alone, as in unit tests) numbers are drawn from the whole
 // 24-bit space and counters are kept privately.
 //
-// Numbers are drawn at random within a slot, so that a blind attacker cannot guess them.
+// Numbers are drawn at random within a slot, so that a blind attacker cannot guess them: a
+// slot's numbers go out in a shuffled order. A number given back goes behind every other free
+// number of the context, and the one given back longest ago goes first (IBA: no stale packet
+// for a dead QP may reach a new one; NICs and rxe also hand numbers out round-robin): a
+// context that creates and destroys QPs gets a number back only after all its other free
+// ones (thousands) went out, not at once, while a context with every number taken still gets
+// the last one free.
 // Callers serialise allocate() and release() (the engine's table lock); counters() may be
 // called concurrently with them.
 #pragma once
@@ -81,11 +87,25 @@ class QpnSpace {
     unsigned slots_held() const { return slot_count_.load(std::memory_order_acquire); }
 
   private:
+    // The free numbers (low 12 bits) of one slot and Kind in the order they go out: those
+    // never handed out first, shuffled, then those given back, in the order they came back.
+    struct FreeOrder {
+        std::unique_ptr<uint16_t[]> low;    // a ring of kPerSlot entries
+        std::unique_ptr<uint64_t[]> stamp;  // when each came back: 0 never handed out
+        uint32_t head = 0;
+        uint32_t count = 0;
+        // Every number of `slot` but the multicast QPN, in a random order.
+        void fill(uint16_t slot);
+        uint16_t pop();
+        void push(uint16_t number, uint64_t when);
+        uint64_t front_stamp() const { return stamp[head]; }
+    };
     struct Held {
         std::unique_ptr<DeviceSlot> slot;  // null for the no-slot engine's single entry
         std::unique_ptr<QpCounterTable> counters;
         uint16_t number = 0;
         uint32_t used[2] = {0, 0};  // numbers handed out, per Kind
+        FreeOrder free[2];          // per Kind, filled at its first allocation from the slot
     };
     // Index into slots_ of slot `number`, or -1.
     int index_of(uint16_t number) const;
@@ -99,6 +119,7 @@ class QpnSpace {
     // Entries [0, slot_count_) are complete: counters() reads them without the callers' lock.
     std::atomic<unsigned> slot_count_{0};
     uint32_t used_[2] = {0, 0};  // numbers handed out, per Kind, over every slot
+    uint64_t released_ = 0;      // numbers given back so far: the stamp of the next
 };
 
 }  // namespace uroce::transport

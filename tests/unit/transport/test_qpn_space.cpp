@@ -115,12 +115,61 @@ TEST_CASE(
     CHECK(&s.space->counters(in_first) != &s.space->counters(next));
     CHECK(&s.space->counters(next) == &s.space->counters(next));
 
-    // A number given back in the first slot is handed out there again, before the second
-    // slot's.
+    // A number given back in the first slot waits behind the second slot's never used ones.
     s.space->release(QpnSpace::Kind::Qp, in_first);
     s.taken.erase(in_first);
-    CHECK(s.allocate() == in_first);
+    const uint32_t after = s.allocate();
+    CHECK(after != in_first);
+    CHECK(DeviceSlots::slot_of(after) == second);
     CHECK(s.space->slots_held() == 2);
+}
+
+TEST_CASE(
+    "QpnSpace: a number given back is handed out again only after every other free number, "
+    "the one given back longest ago first",
+    "[qpn_space]") {
+    Space s;
+    const uint32_t room = capacity(s.space->primary_number());
+    // Ten QPs alive at any time: each new one after the first ten replaces the oldest, whose
+    // packets may still be on the wire. Before, a number drawn at random in the slot came back
+    // within a few dozen draws (a late packet for the old QP reached the new one).
+    constexpr size_t kAlive = 10;
+    std::vector<uint32_t> order;  // every number handed out, in order
+    std::set<uint32_t> seen;
+    for (uint32_t i = 0; i < room; ++i) {
+        if (order.size() >= kAlive) {
+            const uint32_t oldest = order[order.size() - kAlive];
+            s.space->release(QpnSpace::Kind::Qp, oldest);
+            s.taken.erase(oldest);
+        }
+        const uint32_t n = s.allocate();
+        INFO("allocation " << i);
+        REQUIRE(seen.insert(n).second);  // never one handed out before
+        order.push_back(n);
+    }
+    // Every number of the slot went out once, none in a second slot; now the first one
+    // given back comes first, then the next.
+    CHECK(s.space->slots_held() == 1);
+    for (size_t j = 0; j < 3; ++j) {
+        const uint32_t oldest = order[order.size() - kAlive];
+        s.space->release(QpnSpace::Kind::Qp, oldest);
+        s.taken.erase(oldest);
+        CHECK(s.allocate() == order[j]);
+        order.push_back(order[j]);
+    }
+}
+
+TEST_CASE("QpnSpace: a full context gets the one number given back at once", "[qpn_space]") {
+    Space s;
+    const uint32_t room = capacity(s.space->primary_number());
+    // The slot full, the number given back is its only free one: handed out again at once,
+    // rather than a second slot claimed.
+    for (uint32_t i = 0; i < room; ++i) s.allocate();
+    const uint32_t back = *s.taken.begin();
+    s.space->release(QpnSpace::Kind::Qp, back);
+    s.taken.erase(back);
+    CHECK(s.allocate() == back);  // the only free number of the slot held
+    CHECK(s.space->slots_held() == 1);
 }
 
 TEST_CASE("QpnSpace: XRC SRQ numbers are counted apart from QP numbers", "[qpn_space]") {
