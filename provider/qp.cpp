@@ -473,9 +473,12 @@ int post_send_all(ibv_qp* ibqp, ibv_send_wr* wr, size_t count,
                              : build_send_wqe(ibqp, *qp, *wr, b.wqe))
             return err;
     }
-    // Only an RC (or XRC) send queue refuses a post for want of room; UC and UD QPs send as
-    // they post.
-    if (qp->rc && qp->rc->send_room() < n) return ENOMEM;
+    // An RC (or XRC) send queue refuses a post for want of room; UC and UD QPs send as they
+    // post, and hold posts back only in SQD.
+    const size_t room = qp->rc   ? qp->rc->send_room()
+                        : qp->uc ? qp->uc->send_room()
+                                 : qp->ud->send_room();
+    if (room < n) return ENOMEM;
     auto& engine = *to_uctx(ibqp->context)->state->engine;
     int err = 0;
     for (size_t i = 0; i < n && !err; ++i) {

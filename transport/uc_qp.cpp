@@ -1,6 +1,7 @@
 #include "transport/uc_qp.h"
 
 #include <algorithm>
+#include <cstdint>
 
 #include "transport/engine.h"
 #include "transport/psn.h"
@@ -68,6 +69,8 @@ int UcQp::modify(const QpAttributes& attrs, QpState expected, QpState next) {
             break;
     }
     state_ = next;
+    // What was posted in SQD leaves now (a local error moves the QP on to ERR).
+    if (next == QpState::Rts) send_queued();
     // What was queued left above: in SQD nothing is left to drain.
     if (next == QpState::Sqd && attrs_.sqd_notify) post_async(AsyncEventType::SqDrained);
     return 0;
@@ -156,6 +159,12 @@ int UcQp::post_send(const SendWqe& wqe, bool more) {
     switch (state_) {
         case QpState::Rts:
             break;
+        case QpState::Sqd:
+            // SQD starts no new work: the post waits for the move back to RTS (or ERR's
+            // flush), as an RC post does.
+            if (queued_.size() >= std::max<uint32_t>(caps_.max_send_wr, 1)) return ENOMEM;
+            queued_.push_back(wqe);
+            return 0;
         case QpState::Err:
             complete_send(wqe, WcStatus::WrFlushErr);
             return 0;
@@ -199,6 +208,13 @@ void UcQp::complete_front(WcStatus status) {
     // Forgotten before the push: an overrun moves the QP to ERR, which flushes the queue.
     queued_.pop_front();
     if (report) push(*send_cq_, c);
+}
+
+size_t UcQp::send_room() const {
+    std::lock_guard lock(mutex_);
+    if (state_ != QpState::Sqd) return SIZE_MAX;
+    const size_t cap = std::max<uint32_t>(caps_.max_send_wr, 1);
+    return queued_.size() >= cap ? 0 : cap - queued_.size();
 }
 
 int UcQp::post_recv(const RecvWqe& wqe) {

@@ -7,7 +7,8 @@
 // or the next poll (a batch's worth leaves at once); the queued posts then leave together
 // in order, as GSO trains. A larger post leaves at once (after those queued), packet by
 // packet: UC has no flow control (qp_common.h). Queued posts leave before SQD or a change of
-// attributes, are flushed in ERR and discarded in RESET.
+// attributes, are flushed in ERR and discarded in RESET. A post in SQD waits, whatever its
+// size, for the move back to RTS (as RC's and rxe's do).
 //
 // Receive: packets are taken in PSN order; a gap (a
 // lost packet) abandons the message in progress: a SEND's receive WQE is kept for the next
@@ -50,9 +51,11 @@ class UcQp final : public QpCommon {
     // The RC attribute set; UC uses access (remote write only), the peer, MTU and PSNs.
     int modify(const QpAttributes& attrs, QpState expected, QpState next);
     // Send, SendWithImm, RdmaWrite, RdmaWriteWithImm; EINVAL for the rest or outside
-    // RTS/SQD/ERR. `more`: another work request of the same post list follows, and this one
-    // may wait for it.
+    // RTS/SQD/ERR, ENOMEM when SQD holds max_send_wr posts. `more`: another work request of
+    // the same post list follows, and this one may wait for it.
     int post_send(const SendWqe& wqe, bool more = false);
+    // How many more posts post_send takes before ENOMEM: only SQD holds posts back.
+    size_t send_room() const;
     int post_recv(const RecvWqe& wqe);
 
     void on_packet(const wire::ParsedPacket& pkt, const IpAddress& src_ip) override;

@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 
 #include "transport/engine.h"
@@ -107,7 +108,9 @@ int UdQp::modify(const UdAttributes& attrs, QpState expected, QpState next) {
             break;
     }
     state_ = next;
-    // Sends complete as they are posted: in SQD the send queue is always drained.
+    // What was posted in SQD leaves now (a local error moves the QP on to ERR).
+    if (next == QpState::Rts) send_queued();
+    // Sends complete as they leave: entering SQD, nothing is in flight.
     if (next == QpState::Sqd && attrs_.sqd_notify) post_async(AsyncEventType::SqDrained);
     return 0;
 }
@@ -215,10 +218,23 @@ int UdQp::post_send(const SendWqe& wqe, const UdDestination& dest, bool more) {
         complete_send(wqe.wr_id, wqe.signaled, WcStatus::WrFlushErr);
         return 0;
     }
-    if (state_ == QpState::Sqd) return EINVAL;  // SQD takes no new work (it has none queued)
+    if (state_ == QpState::Sqd) {
+        // SQD starts no new work: the post waits for the move back to RTS (or ERR's flush),
+        // as an RC post does.
+        if (queued_.size() >= std::max<uint32_t>(caps_.max_send_wr, 1)) return ENOMEM;
+        queued_.push_back(QueuedSend{wqe, dest});
+        return 0;
+    }
     queued_.push_back(QueuedSend{wqe, dest});
     if (!may_wait(wqe, more)) send_queued();
     return 0;
+}
+
+size_t UdQp::send_room() const {
+    std::lock_guard lock(mutex_);
+    if (state_ != QpState::Sqd) return SIZE_MAX;
+    const size_t cap = std::max<uint32_t>(caps_.max_send_wr, 1);
+    return queued_.size() >= cap ? 0 : cap - queued_.size();
 }
 
 int UdQp::post_recv(const RecvWqe& wqe) {

@@ -8,7 +8,8 @@
 // the end of the list or the next poll; the queued packets then leave together, as GSO
 // trains per destination (transmit_batch.h), in post order. A larger one leaves at once
 // (after those queued), alone: UD has no flow control (qp_common.h). Queued sends leave before the
-// QP moves to SQD or changes its attributes, are flushed in ERR and discarded in RESET.
+// QP moves to SQD or changes its attributes, are flushed in ERR and discarded in RESET. A post
+// in SQD waits, whatever its size, for the move back to RTS (as RC's and rxe's do).
 //
 // Receive: a packet whose Q_Key matches takes the next receive WQE (the QP's own or its SRQ's),
 // which gets the 40-byte GRH area first (for RoCEv2 over IPv4: 20 zero bytes, then the packet's
@@ -76,11 +77,14 @@ class UdQp final : public QpCommon {
     // Applies `attrs` and moves to `next` (the provider checked the transition from
     // `expected`); EINVAL if the QP left `expected` meanwhile.
     int modify(const UdAttributes& attrs, QpState expected, QpState next);
-    // 0 or an errno: EINVAL outside RTS/SQD/ERR or for a message longer than the MTU. Only
+    // 0 or an errno: EINVAL outside RTS/SQD/ERR or for a message longer than the MTU, ENOMEM
+    // when SQD holds max_send_wr posts. Only
     // Send and SendWithImm. `more`: another work request of the same post list follows, and
     // this one may wait for it.
     int post_send(const SendWqe& wqe, const UdDestination& dest, bool more = false);
     // EINVAL in RESET or with an SRQ, ENOMEM when full.
+    // How many more posts post_send takes before ENOMEM: only SQD holds posts back.
+    size_t send_room() const;
     int post_recv(const RecvWqe& wqe);
 
     void on_packet(const wire::ParsedPacket& pkt, const IpAddress& src_ip) override;

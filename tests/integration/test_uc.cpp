@@ -163,3 +163,47 @@ TEST_CASE("UC: a post list leaves together, in order; a refused WR stops it ther
     CHECK(ibv_destroy_qp(qa) == 0);
     CHECK(ibv_destroy_qp(qb) == 0);
 }
+
+// A post in SQD waits, as RC's does (and rxe's UC): nothing leaves before the move back to RTS,
+// and a move to ERR flushes it instead.
+TEST_CASE("UC: a post in SQD leaves on the move back to RTS, or is flushed by ERR", "[uc]") {
+    Endpoint a(devices().a), b(devices().b);
+    auto [qa, qb] = connected_uc(a, b);
+    Buffer src(a.pd, 8192, kAll), dst(b.pd, 8192, kAll);
+    fill_pattern(src.bytes.data(), 8192, 23);
+    REQUIRE(post_recv_buf(qb, dst, 0, 4096, 1) == 0);
+    ibv_qp_attr attr{};
+    attr.qp_state = IBV_QPS_SQD;
+    REQUIRE(ibv_modify_qp(qa, &attr, IBV_QP_STATE) == 0);
+    const uint64_t sent = qp_counter(qa, "tx_packets");
+    REQUIRE(post_send_msg(qa, src, 0, 3000, 10) == 0);
+    // A UC message completes as the socket takes it, within the post: none has left.
+    ibv_wc wc{};
+    CHECK(ibv_poll_cq(a.cq, 1, &wc) == 0);
+    CHECK(qp_counter(qa, "tx_packets") == sent);
+    attr.qp_state = IBV_QPS_RTS;
+    REQUIRE(ibv_modify_qp(qa, &attr, IBV_QP_STATE) == 0);
+    const auto s = wait_completions(a.cq, 1);
+    REQUIRE(s.size() == 1);
+    CHECK(s[0].status == IBV_WC_SUCCESS);
+    CHECK(s[0].wr_id == 10u);
+    const auto r = wait_completions(b.cq, 1);
+    REQUIRE(r.size() == 1);
+    CHECK(r[0].status == IBV_WC_SUCCESS);
+    CHECK(r[0].byte_len == 3000u);
+    CHECK(std::memcmp(dst.bytes.data(), src.bytes.data(), 3000) == 0);
+
+    attr.qp_state = IBV_QPS_SQD;
+    REQUIRE(ibv_modify_qp(qa, &attr, IBV_QP_STATE) == 0);
+    const uint64_t before_err = qp_counter(qa, "tx_packets");
+    REQUIRE(post_send_msg(qa, src, 4096, 100, 11) == 0);
+    attr.qp_state = IBV_QPS_ERR;
+    REQUIRE(ibv_modify_qp(qa, &attr, IBV_QP_STATE) == 0);
+    const auto f = wait_completions(a.cq, 1);
+    REQUIRE(f.size() == 1);
+    CHECK(f[0].wr_id == 11u);
+    CHECK(f[0].status == IBV_WC_WR_FLUSH_ERR);
+    CHECK(qp_counter(qa, "tx_packets") == before_err);
+    CHECK(ibv_destroy_qp(qa) == 0);
+    CHECK(ibv_destroy_qp(qb) == 0);
+}

@@ -570,3 +570,31 @@ TEST_CASE("UD: a datagram for a receive buffer whose pages are gone completes it
     CHECK(counter(b.ctx, "app_memory_faults") == 1);
     CHECK(ibv_destroy_ah(ah) == 0);  // and the region still deregisters, at the end
 }
+
+// A post in SQD waits, as RC's does (and rxe's UD): it leaves on the move back to RTS.
+TEST_CASE("UD: a post in SQD leaves on the move back to RTS", "[ud]") {
+    UdEnd a(devices().a), b(devices().b);
+    Buffer in_b(b.pd, 4096, kAccess), out_a(a.pd, 4096, kAccess);
+    fill_pattern(out_a.bytes.data(), 500, 41);
+    REQUIRE(post_recv_buf(b.qp, in_b, 0, kGrh + 500, 1) == 0);
+    ibv_ah* ah = a.ah_to(b.gid);
+    REQUIRE(ah);
+    ibv_qp_attr attr{};
+    attr.qp_state = IBV_QPS_SQD;
+    REQUIRE(ibv_modify_qp(a.qp, &attr, IBV_QP_STATE) == 0);
+    const uint64_t sent = qp_counter(a.qp, "tx_packets");
+    REQUIRE(post_ud_send(a.qp, ah, b.qp->qp_num, kQkey, out_a, 0, 500, 7) == 0);
+    ibv_wc wc{};
+    CHECK(ibv_poll_cq(a.cq, 1, &wc) == 0);  // a datagram completes within its post
+    CHECK(qp_counter(a.qp, "tx_packets") == sent);
+    attr.qp_state = IBV_QPS_RTS;
+    REQUIRE(ibv_modify_qp(a.qp, &attr, IBV_QP_STATE) == 0);
+    const ibv_wc s = one(a.cq);
+    CHECK(s.status == IBV_WC_SUCCESS);
+    CHECK(s.wr_id == 7u);
+    const ibv_wc r = one(b.cq);
+    CHECK(r.status == IBV_WC_SUCCESS);
+    CHECK(r.byte_len == kGrh + 500);
+    CHECK(std::memcmp(in_b.bytes.data() + kGrh, out_a.bytes.data(), 500) == 0);
+    CHECK(ibv_destroy_ah(ah) == 0);
+}
