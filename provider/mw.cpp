@@ -100,7 +100,8 @@ int bind_mw(ibv_qp* qp, ibv_mw* mw, ibv_mw_bind* bind) noexcept {
     w.wr_id = bind->wr_id;
     w.signaled = uqp->sq_sig_all || (bind->send_flags & IBV_SEND_SIGNALED);
     w.fence = bind->send_flags & IBV_SEND_FENCE;
-    std::lock_guard post_lock(uqp->post_mutex);
+    std::unique_lock post_lock(uqp->post_mutex, std::defer_lock);
+    if (uqp->batch) post_lock.lock();
     if (int e = uqp->rc->post_send(w)) return e;
     mw->rkey = new_rkey;
     return 0;

@@ -186,8 +186,9 @@ struct UroceQp {
     // Made by ibv_create_qp_ex with send_ops_flags: the ibv_wr_* batch being built.
     std::unique_ptr<WrBatch, WrBatchDeleter> batch;
     bool sq_sig_all = false;
-    // Held by every ibv_post_send and ibv_wr_complete: no other post comes between a batch's
-    // check of the send queue's room and its posts (all or nothing).
+    // On a QP with the ibv_wr_* API (batch), held by every ibv_post_send, ibv_bind_mw and
+    // ibv_wr_complete: no other post comes between a batch's check of the send queue's room
+    // and its posts (all or nothing). Other QPs' posts need not take it.
     std::mutex post_mutex;
     std::mutex attr_mutex;  // guards attr (the verbs view of the attributes, for query)
     ibv_qp_attr attr{};

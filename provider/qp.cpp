@@ -431,7 +431,8 @@ int post_send(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexcept {
         return EIO;
     }
     auto* qp = to_uqp(ibqp);
-    std::lock_guard post_lock(qp->post_mutex);
+    std::unique_lock post_lock(qp->post_mutex, std::defer_lock);
+    if (qp->batch) post_lock.lock();
     if (qp->ud) return post_send_ud(*qp, wr, bad_wr);
     // WQEs queued with `more` go out with the last one, or here when a WQE is refused.
     auto& engine = *to_uctx(ibqp->context)->state->engine;

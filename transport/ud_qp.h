@@ -78,13 +78,12 @@ class UdQp final : public QpCommon {
     // `expected`); EINVAL if the QP left `expected` meanwhile.
     int modify(const UdAttributes& attrs, QpState expected, QpState next);
     // 0 or an errno: EINVAL outside RTS/SQD/ERR or for a message longer than the MTU, ENOMEM
-    // when SQD holds max_send_wr posts. Only
-    // Send and SendWithImm. `more`: another work request of the same post list follows, and
-    // this one may wait for it.
+    // when SQD holds max_send_wr posts. Only Send and SendWithImm. `more`: another work
+    // request of the same post list follows, and this one may wait for it.
     int post_send(const SendWqe& wqe, const UdDestination& dest, bool more = false);
-    // EINVAL in RESET or with an SRQ, ENOMEM when full.
     // How many more posts post_send takes before ENOMEM: only SQD holds posts back.
     size_t send_room() const;
+    // EINVAL in RESET or with an SRQ, ENOMEM when full.
     int post_recv(const RecvWqe& wqe);
 
     void on_packet(const wire::ParsedPacket& pkt, const IpAddress& src_ip) override;
