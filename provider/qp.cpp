@@ -298,6 +298,12 @@ int query_qp(ibv_qp* ibqp, ibv_qp_attr* attr, int, ibv_qp_init_attr* init) noexc
     const QpState s = qp_state(*qp);
     attr->qp_state = to_ibv(s);
     attr->cur_qp_state = attr->qp_state;
+    // The PSNs in use, once the QP has them, as mlx5 and rxe report them.
+    const transport::QpCommon::Psns psns = qp->ud   ? qp->ud->psns()
+                                           : qp->uc ? qp->uc->psns()
+                                                    : qp->rc->psns();
+    if (psns.send) attr->sq_psn = *psns.send;
+    if (psns.expected) attr->rq_psn = *psns.expected;
     // Draining while requests sent before SQD are in flight: UC and UD QPs have none once
     // there (their sends complete as they leave).
     attr->sq_draining = s == QpState::Sqd && qp->rc && qp->rc->sq_draining();

@@ -8,6 +8,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 
 #include "transport/completion_queue.h"
@@ -47,6 +48,14 @@ class QpCommon : public Qp {
     virtual void ring();
     // Sends what waited for the next poll (held_posts.h); a closed QP sends nothing.
     void send_held() override;
+    // The PSNs in use, for ibv_query_qp (mlx5 and rxe report these, not those the
+    // application set): the next a new request takes, once the QP reached RTS, and the next
+    // it expects, once it reached RTR (never for UD). Unset before that and after RESET.
+    struct Psns {
+        std::optional<uint32_t> send;
+        std::optional<uint32_t> expected;
+    };
+    virtual Psns psns() const = 0;
 
   protected:
     // Counts a packet delivered to the QP; false (counted as for no QP) once it is closed.
@@ -106,6 +115,9 @@ class QpCommon : public Qp {
     QpState state_ = QpState::Reset;
     CnpPacer cnp_pacer_;
     bool held_noted_ = false;  // the engine knows this QP waits for a poll (HeldPosts::note)
+    // Whether the derived QP's send and expected PSNs are in use (psns()).
+    bool send_psn_live_ = false;
+    bool expected_psn_live_ = false;
 };
 
 }  // namespace uroce::transport

@@ -93,12 +93,14 @@ int RcQp::modify(const QpAttributes& attrs, QpState expected, QpState next) {
             selective_chain_ = 0;
             selective_open_ = false;
             goback_high_ = 0;
+            send_psn_live_ = expected_psn_live_ = false;
             break;
         case QpState::Rtr:
             answer_leads_ack_ = engine_.answer_may_lead_ack(attrs_.dst_ip);
             epsn_ = attrs_.rq_psn & kPsnMask;
             ack_psn_ = psn_add(epsn_, kPsnMask);  // nothing executed yet
             ack_msn_ = msn_;
+            expected_psn_live_ = true;
             break;
         case QpState::Rts:
             if (prev == QpState::Rtr) {
@@ -107,6 +109,7 @@ int RcQp::modify(const QpAttributes& attrs, QpState expected, QpState next) {
                 sent_high_ = next_psn_;
                 window_una_ = next_psn_;
                 goback_high_ = next_psn_;  // nothing resent: none after the first PSN
+                send_psn_live_ = true;
             }
             retries_left_ = attrs_.retry_cnt;
             rnr_retries_left_ = attrs_.rnr_retry;
@@ -153,6 +156,14 @@ int RcQp::post_send(const SendWqe& wqe, bool more) {
     if (!go && held_noted_ && ack_pending_) return 0;
     if (go || ack_pending_) send_with_ack(go, go && leads_ack(wqe));
     return 0;
+}
+
+QpCommon::Psns RcQp::psns() const {
+    std::lock_guard lock(mutex_);
+    Psns p;
+    if (send_psn_live_) p.send = next_psn_;
+    if (expected_psn_live_) p.expected = epsn_;
+    return p;
 }
 
 size_t RcQp::send_room() const {

@@ -125,6 +125,7 @@ class RcQp final : public QpCommon {
     // Sends what posts with `more` left queued: after an ibv_post_send stopped early.
     void ring() override;
     int post_recv(const RecvWqe& wqe);
+    Psns psns() const override;
 
     // Stops the QP for good: after this returns no packet, timer or async event reaches it
     // and it sends nothing more. Waits for a timer callback running on the engine thread.

@@ -55,12 +55,17 @@ int UcQp::modify(const QpAttributes& attrs, QpState expected, QpState next) {
             recv_.reset();
             in_message_ = InMessage::None;
             got_first_packet_ = false;
+            send_psn_live_ = expected_psn_live_ = false;
             break;
         case QpState::Rtr:
             epsn_ = attrs_.rq_psn & kPsnMask;
+            expected_psn_live_ = true;
             break;
         case QpState::Rts:
-            if (prev == QpState::Rtr) next_psn_ = attrs_.sq_psn & kPsnMask;
+            if (prev == QpState::Rtr) {
+                next_psn_ = attrs_.sq_psn & kPsnMask;
+                send_psn_live_ = true;
+            }
             break;
         case QpState::Err:
             enter_error();
@@ -208,6 +213,14 @@ void UcQp::complete_front(WcStatus status) {
     // Forgotten before the push: an overrun moves the QP to ERR, which flushes the queue.
     queued_.pop_front();
     if (report) push(*send_cq_, c);
+}
+
+QpCommon::Psns UcQp::psns() const {
+    std::lock_guard lock(mutex_);
+    Psns p;
+    if (send_psn_live_) p.send = next_psn_;
+    if (expected_psn_live_) p.expected = epsn_;
+    return p;
 }
 
 size_t UcQp::send_room() const {

@@ -57,6 +57,7 @@ class UcQp final : public QpCommon {
     // How many more posts post_send takes before ENOMEM: only SQD holds posts back.
     size_t send_room() const;
     int post_recv(const RecvWqe& wqe);
+    Psns psns() const override;
 
     void on_packet(const wire::ParsedPacket& pkt, const IpAddress& src_ip) override;
     // The notification point (congestion.h); UC has no window to cut for a CNP.

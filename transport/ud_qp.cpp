@@ -97,9 +97,13 @@ int UdQp::modify(const UdAttributes& attrs, QpState expected, QpState next) {
         case QpState::Reset:
             rq_.clear();  // discarded, as the IBA discards a reset QP's work queues
             queued_.clear();
+            send_psn_live_ = false;
             break;
         case QpState::Rts:
-            if (prev == QpState::Rtr) next_psn_ = attrs_.sq_psn & kPsnMask;
+            if (prev == QpState::Rtr) {
+                next_psn_ = attrs_.sq_psn & kPsnMask;
+                send_psn_live_ = true;
+            }
             break;
         case QpState::Err:
             enter_error();
@@ -228,6 +232,13 @@ int UdQp::post_send(const SendWqe& wqe, const UdDestination& dest, bool more) {
     queued_.push_back(QueuedSend{wqe, dest});
     if (!may_wait(wqe, more)) send_queued();
     return 0;
+}
+
+QpCommon::Psns UdQp::psns() const {
+    std::lock_guard lock(mutex_);
+    Psns p;
+    if (send_psn_live_) p.send = next_psn_;  // a datagram expects no PSN
+    return p;
 }
 
 size_t UdQp::send_room() const {

@@ -85,6 +85,7 @@ class UdQp final : public QpCommon {
     size_t send_room() const;
     // EINVAL in RESET or with an SRQ, ENOMEM when full.
     int post_recv(const RecvWqe& wqe);
+    Psns psns() const override;
 
     void on_packet(const wire::ParsedPacket& pkt, const IpAddress& src_ip) override;
     // A packet the socket of multicast `group` received (the engine checked its QPN).

@@ -143,6 +143,33 @@ TEST_CASE("query_qp returns the attributes and capabilities in force", "[qp]") {
     CHECK(std::memcmp(&attr.ah_attr.grh.dgid, &b.gid, sizeof b.gid) == 0);
 }
 
+// As mlx5 and rxe do, query_qp reports the PSNs in use: the next one each side sends and
+// expects, not those the application set at RTR and RTS.
+TEST_CASE("query_qp reports the next PSN sent and expected", "[qp]") {
+    Endpoint a(devices().a), b(devices().b);
+    connect(a, b);  // sq_psn and rq_psn 0x123, MTU 4096
+    Buffer src(a.pd, 16384, kAll), dst(b.pd, 16384, kAll);
+    ibv_qp_attr attr{};
+    ibv_qp_init_attr init{};
+    REQUIRE(ibv_query_qp(a.qp, &attr, IBV_QP_SQ_PSN | IBV_QP_RQ_PSN, &init) == 0);
+    CHECK(attr.sq_psn == 0x123u);
+    CHECK(attr.rq_psn == 0x123u);
+    REQUIRE(post_recv_buf(b.qp, dst, 0, 10000, 1) == 0);
+    REQUIRE(post_send_msg(a.qp, src, 0, 10000, 2) == 0);  // 3
+    REQUIRE(post_rdma(a.qp, IBV_WR_RDMA_WRITE, src, 0, 100, dst.addr(), dst.mr->rkey, 3) ==
+            0);  // 1
+    REQUIRE(post_rdma(a.qp, IBV_WR_RDMA_READ, src, 0, 9000, dst.addr(), dst.mr->rkey, 4) ==
+            0);  // 3
+    REQUIRE(wait_completions(a.cq, 3).size() == 3);
+    REQUIRE(ibv_query_qp(a.qp, &attr, IBV_QP_SQ_PSN | IBV_QP_RQ_PSN, &init) == 0);
+    CHECK(attr.sq_psn == 0x123u + 7);
+    CHECK(attr.rq_psn == 0x123u);  // b sent nothing
+    // Every request was answered, so b expects the PSN after the last one.
+    REQUIRE(ibv_query_qp(b.qp, &attr, IBV_QP_SQ_PSN | IBV_QP_RQ_PSN, &init) == 0);
+    CHECK(attr.rq_psn == 0x123u + 7);
+    CHECK(attr.sq_psn == 0x123u);
+}
+
 TEST_CASE("posting in a state that takes no work fails with EINVAL", "[qp]") {
     Endpoint a(devices().a), b(devices().b);
     Buffer buf(a.pd, 4096, kAll);

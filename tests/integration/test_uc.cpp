@@ -99,6 +99,10 @@ TEST_CASE("UC: SEND and RDMA WRITE with immediate between two devices", "[uc]") 
     REQUIRE(ibv_query_qp(qa, &qattr, IBV_QP_STATE, &qinit) == 0);
     CHECK(qinit.qp_type == IBV_QPT_UC);
     CHECK(qattr.qp_state == IBV_QPS_RTS);
+    // The PSNs in use, as rxe reports them: 10 + 20 packets of 1 KiB from 0x321.
+    CHECK(qattr.sq_psn == 0x321u + 30);
+    REQUIRE(ibv_query_qp(qb, &qattr, IBV_QP_RQ_PSN, &qinit) == 0);
+    CHECK(qattr.rq_psn == 0x321u + 30);
     CHECK(ibv_destroy_qp(qa) == 0);
     CHECK(ibv_destroy_qp(qb) == 0);
 }

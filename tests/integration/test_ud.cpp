@@ -596,5 +596,8 @@ TEST_CASE("UD: a post in SQD leaves on the move back to RTS", "[ud]") {
     CHECK(r.status == IBV_WC_SUCCESS);
     CHECK(r.byte_len == kGrh + 500);
     CHECK(std::memcmp(in_b.bytes.data() + kGrh, out_a.bytes.data(), 500) == 0);
+    ibv_qp_init_attr init{};
+    REQUIRE(ibv_query_qp(a.qp, &attr, IBV_QP_SQ_PSN, &init) == 0);
+    CHECK(attr.sq_psn == 0x43u);  // the next one, after the datagram's 0x42
     CHECK(ibv_destroy_ah(ah) == 0);
 }
