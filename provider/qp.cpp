@@ -8,6 +8,7 @@
 
 #include "provider/device_limits.h"
 #include "provider/objects.h"
+#include "provider/qp_attributes.h"
 #include "provider/qp_ex_layout.h"
 #include "provider/qp_modify.h"
 
@@ -256,27 +257,13 @@ int modify_qp(ibv_qp* ibqp, ibv_qp_attr* attr, int mask) noexcept {
     QpState next;
     const int family = to_uctx(ibqp->context)->state->device->config.ip.family();
     if (int err = check_modify(ibqp->qp_type, current, *attr, mask, family, next)) return err;
-    merge_attributes(qp->attr, *attr, mask);
-    if (next == QpState::Reset) {
-        // Back to the defaults a new QP has.
-        const ibv_qp_cap cap = qp->attr.cap;
-        const ibv_mtu mtu = mtu_enum(to_uctx(ibqp->context)->state->device->config.mtu);
-        qp->attr = ibv_qp_attr{};
-        qp->attr.cap = cap;
-        qp->attr.path_mtu = mtu;
-        qp->attr.port_num = 1;
-    }
-    qp->attr.qp_state = to_ibv(next);
-    qp->attr.cur_qp_state = to_ibv(next);
-    qp->attr.sq_draining = next == QpState::Sqd;
     const uint32_t port_mtu = to_uctx(ibqp->context)->state->device->config.mtu;
-    int err;
-    if (qp->ud)
-        err = modify_ud_qp(*qp, qp->attr, mask, current, next);
-    else if (qp->uc)
-        err = qp->uc->modify(to_transport(qp->attr, port_mtu), current, next);
-    else
-        err = qp->rc->modify(to_transport(qp->attr, port_mtu), current, next);
+    const int err = modify_attributes(
+        qp->attr, *attr, mask, to_ibv(next), mtu_enum(port_mtu), [&](const ibv_qp_attr& a) {
+            if (qp->ud) return modify_ud_qp(*qp, a, mask, current, next);
+            const transport::QpAttributes t = to_transport(a, port_mtu);
+            return qp->uc ? qp->uc->modify(t, current, next) : qp->rc->modify(t, current, next);
+        });
     if (err == 0 && next == QpState::Reset && current != QpState::Reset) {
         // Completions of work requests the reset discarded (the flushes of an earlier ERR)
         // leave the CQs, as NICs clean their CQs on reset: after RESET -> RTS the application

@@ -19,9 +19,6 @@ int check_modify(ibv_qp_type type, transport::QpState current, const ibv_qp_attr
 // family and for an unspecified address (::, 0.0.0.0).
 bool gid_to_ip(const ibv_gid& gid, int family, IpAddress& ip);
 
-// Copies the attributes named by `mask` into `stored`.
-void merge_attributes(ibv_qp_attr& stored, const ibv_qp_attr& attr, int mask);
-
 // The transport's view of the verbs attributes.
 transport::QpAttributes to_transport(const ibv_qp_attr& attr, uint32_t port_mtu);
 
