@@ -251,6 +251,7 @@ void reclaim_qp(ContextState& st, UroceQp* qp) noexcept {
 int modify_qp(ibv_qp* ibqp, ibv_qp_attr* attr, int mask) noexcept {
     if (inherited(ibqp->context)) return EIO;
     if (!attr) return EINVAL;
+    mask &= ~ignored_attributes(ibqp->qp_type);
     auto* qp = to_uqp(ibqp);
     std::lock_guard lock(qp->attr_mutex);
     const QpState current = qp_state(*qp);

@@ -1,6 +1,7 @@
-// ibv_modify_qp: which attributes each RC state change requires and allows (IBA 11.2.5,
-// table 91 "QP state transition properties"), the checks on their values, and the
-// translation into the transport's attributes.
+// ibv_modify_qp: which attributes each state change requires and allows (IBA 11.2.5,
+// table 91 "QP state transition properties", as Linux's ib_modify_qp_is_ok applies it for
+// every kernel driver), the checks on their values, and the translation into the transport's
+// attributes.
 #include <arpa/inet.h>
 
 #include <cerrno>
@@ -68,10 +69,10 @@ constexpr MaskRule kRcRules[] = {
      IBV_QP_CUR_STATE | IBV_QP_ACCESS_FLAGS | kAltPath | IBV_QP_MIN_RNR_TIMER |
          IBV_QP_PATH_MIG_STATE},
     {QpState::Sqd, QpState::Sqd, 0,
-     IBV_QP_CUR_STATE | IBV_QP_AV | kAltPath | IBV_QP_ACCESS_FLAGS | IBV_QP_PKEY_INDEX |
+     IBV_QP_PORT | IBV_QP_AV | kAltPath | IBV_QP_ACCESS_FLAGS | IBV_QP_PKEY_INDEX |
          IBV_QP_MIN_RNR_TIMER | IBV_QP_PATH_MIG_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
          IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC | IBV_QP_MAX_DEST_RD_ATOMIC},
-    {QpState::Sqe, QpState::Rts, 0, IBV_QP_CUR_STATE | IBV_QP_ACCESS_FLAGS},
+    {QpState::Sqe, QpState::Rts, 0, 0},  // an RC QP never enters SQE
 };
 
 // UC rows: RC's without what acknowledgements need (timers, retries, READ/atomic resources).
@@ -88,14 +89,13 @@ constexpr MaskRule kUcRules[] = {
     {QpState::Sqd, QpState::Rts, 0,
      IBV_QP_CUR_STATE | IBV_QP_ACCESS_FLAGS | kAltPath | IBV_QP_PATH_MIG_STATE},
     {QpState::Sqd, QpState::Sqd, 0,
-     IBV_QP_CUR_STATE | IBV_QP_AV | kAltPath | IBV_QP_ACCESS_FLAGS | IBV_QP_PKEY_INDEX |
-         IBV_QP_PATH_MIG_STATE},
+     IBV_QP_AV | kAltPath | IBV_QP_ACCESS_FLAGS | IBV_QP_PKEY_INDEX | IBV_QP_PATH_MIG_STATE},
     {QpState::Sqe, QpState::Rts, 0, IBV_QP_CUR_STATE | IBV_QP_ACCESS_FLAGS},
 };
 
 // XRC rows (IBA 11.2.5 for XRC, as Linux lays them out): the initiator needs no receive
-// resources to reach RTR, the target no retry counts or READ credits to reach RTS. Each also
-// takes the other's attributes as optional, since applications commonly pass RC's full set.
+// resources to reach RTR, the target no retry counts or READ credits to reach RTS. What a side
+// does not use is dropped from the mask before these rows are read (ignored_attributes()).
 constexpr int kRtsAttrs =
     IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC;
 constexpr int kRtrRecvAttrs = IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
@@ -103,21 +103,18 @@ constexpr MaskRule kXrcInitiatorRules[] = {
     {QpState::Reset, QpState::Init, IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS, 0},
     {QpState::Init, QpState::Init, 0, IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS},
     {QpState::Init, QpState::Rtr, IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN,
-     kAltPath | IBV_QP_ACCESS_FLAGS | IBV_QP_PKEY_INDEX | kRtrRecvAttrs},
+     kAltPath | IBV_QP_ACCESS_FLAGS | IBV_QP_PKEY_INDEX},
     {QpState::Rtr, QpState::Rts, IBV_QP_SQ_PSN | kRtsAttrs,
-     IBV_QP_CUR_STATE | kAltPath | IBV_QP_ACCESS_FLAGS | IBV_QP_MIN_RNR_TIMER |
-         IBV_QP_PATH_MIG_STATE},
+     IBV_QP_CUR_STATE | kAltPath | IBV_QP_ACCESS_FLAGS | IBV_QP_PATH_MIG_STATE},
     {QpState::Rts, QpState::Rts, 0,
-     IBV_QP_CUR_STATE | IBV_QP_ACCESS_FLAGS | kAltPath | IBV_QP_PATH_MIG_STATE |
-         IBV_QP_MIN_RNR_TIMER},
+     IBV_QP_CUR_STATE | IBV_QP_ACCESS_FLAGS | kAltPath | IBV_QP_PATH_MIG_STATE},
     {QpState::Rts, QpState::Sqd, 0, IBV_QP_EN_SQD_ASYNC_NOTIFY},
     {QpState::Sqd, QpState::Rts, 0,
-     IBV_QP_CUR_STATE | IBV_QP_ACCESS_FLAGS | kAltPath | IBV_QP_MIN_RNR_TIMER |
-         IBV_QP_PATH_MIG_STATE},
+     IBV_QP_CUR_STATE | IBV_QP_ACCESS_FLAGS | kAltPath | IBV_QP_PATH_MIG_STATE},
     {QpState::Sqd, QpState::Sqd, 0,
-     IBV_QP_CUR_STATE | IBV_QP_AV | kAltPath | IBV_QP_ACCESS_FLAGS | IBV_QP_PKEY_INDEX |
+     IBV_QP_PORT | IBV_QP_AV | kAltPath | IBV_QP_ACCESS_FLAGS | IBV_QP_PKEY_INDEX |
          IBV_QP_PATH_MIG_STATE | kRtsAttrs},
-    {QpState::Sqe, QpState::Rts, 0, IBV_QP_CUR_STATE | IBV_QP_ACCESS_FLAGS},
+    {QpState::Sqe, QpState::Rts, 0, 0},
 };
 constexpr MaskRule kXrcTargetRules[] = {
     {QpState::Reset, QpState::Init, IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS, 0},
@@ -127,7 +124,7 @@ constexpr MaskRule kXrcTargetRules[] = {
      kAltPath | IBV_QP_ACCESS_FLAGS | IBV_QP_PKEY_INDEX},
     {QpState::Rtr, QpState::Rts, IBV_QP_SQ_PSN | IBV_QP_TIMEOUT,
      IBV_QP_CUR_STATE | kAltPath | IBV_QP_ACCESS_FLAGS | IBV_QP_MIN_RNR_TIMER |
-         IBV_QP_PATH_MIG_STATE | kRtsAttrs},
+         IBV_QP_PATH_MIG_STATE},
     {QpState::Rts, QpState::Rts, 0,
      IBV_QP_CUR_STATE | IBV_QP_ACCESS_FLAGS | kAltPath | IBV_QP_PATH_MIG_STATE |
          IBV_QP_MIN_RNR_TIMER},
@@ -136,9 +133,9 @@ constexpr MaskRule kXrcTargetRules[] = {
      IBV_QP_CUR_STATE | IBV_QP_ACCESS_FLAGS | kAltPath | IBV_QP_MIN_RNR_TIMER |
          IBV_QP_PATH_MIG_STATE},
     {QpState::Sqd, QpState::Sqd, 0,
-     IBV_QP_CUR_STATE | IBV_QP_AV | kAltPath | IBV_QP_ACCESS_FLAGS | IBV_QP_PKEY_INDEX |
+     IBV_QP_PORT | IBV_QP_AV | IBV_QP_TIMEOUT | kAltPath | IBV_QP_ACCESS_FLAGS | IBV_QP_PKEY_INDEX |
          IBV_QP_MIN_RNR_TIMER | IBV_QP_PATH_MIG_STATE | IBV_QP_MAX_DEST_RD_ATOMIC},
-    {QpState::Sqe, QpState::Rts, 0, IBV_QP_CUR_STATE | IBV_QP_ACCESS_FLAGS},
+    {QpState::Sqe, QpState::Rts, 0, 0},
 };
 
 // UD rows: no connection, so no address, PSN to expect, timers or access rights; a Q_Key.
@@ -163,6 +160,13 @@ bool gid_to_ip(const ibv_gid& gid, int family, IpAddress& ip) {
     return true;
 }
 
+int ignored_attributes(ibv_qp_type type) {
+    if (type == IBV_QPT_XRC_SEND) return kRtrRecvAttrs;
+    if (type == IBV_QPT_XRC_RECV)
+        return IBV_QP_MAX_QP_RD_ATOMIC | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY;
+    return 0;
+}
+
 int check_modify(ibv_qp_type type, QpState current, const ibv_qp_attr& attr, int mask, int family,
                  QpState& next) {
     bool ok = true;
@@ -172,11 +176,13 @@ int check_modify(ibv_qp_type type, QpState current, const ibv_qp_attr& attr, int
         QpState claimed = to_state(attr.cur_qp_state, ok);
         if (!ok || claimed != current) return EINVAL;
     }
+    // Linux takes CUR_STATE only from these states (and then only where a row lists it).
+    if ((mask & IBV_QP_CUR_STATE) && current != QpState::Rtr && current != QpState::Rts &&
+        current != QpState::Sqd && current != QpState::Sqe)
+        return EINVAL;
     if (!transport::rc_transition_allowed(current, next)) return EINVAL;
     const int attrs = mask & ~IBV_QP_STATE;
-    if (next == QpState::Reset || next == QpState::Err) {
-        return (attrs & ~IBV_QP_CUR_STATE) ? EINVAL : 0;
-    }
+    if (next == QpState::Reset || next == QpState::Err) return attrs ? EINVAL : 0;
     std::span<const MaskRule> rules = kRcRules;
     if (type == IBV_QPT_UD) rules = kUdRules;
     if (type == IBV_QPT_UC) rules = kUcRules;

@@ -1,4 +1,4 @@
-// Checking and applying ibv_modify_qp attributes (RC and UD QPs).
+// Checking and applying ibv_modify_qp attributes (RC, UC, UD and XRC QPs).
 #pragma once
 
 #include <infiniband/verbs.h>
@@ -7,6 +7,11 @@
 #include "transport/rc_qp.h"
 
 namespace uroce::provider {
+
+// The attributes a QP of `type` does not use, which modify_qp drops from the mask before
+// anything else, as Linux's uverbs does: an XRC initiator's responder resources and RNR
+// timer, an XRC target's retry counts and READ credits (applications pass RC's full set).
+int ignored_attributes(ibv_qp_type type);
 
 // 0 if `mask` and the values in `attr` form a valid modify of a QP in `current` on a device
 // whose address is of `family` (AF_INET, AF_INET6); sets `next` to the state it moves to.

@@ -23,7 +23,8 @@ const char* to_string(QpState s) {
 }
 
 bool rc_transition_allowed(QpState from, QpState to) {
-    if (to == QpState::Reset || to == QpState::Err) return true;
+    if (to == QpState::Reset) return true;
+    if (to == QpState::Err) return from != QpState::Reset;  // a RESET QP has nothing to flush
     switch (from) {
         case QpState::Reset:
             return to == QpState::Init;

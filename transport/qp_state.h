@@ -9,8 +9,9 @@ enum class QpState : uint8_t { Reset, Init, Rtr, Rts, Sqd, Sqe, Err };
 
 const char* to_string(QpState s);
 
-// True if the IBA allows a modify from `from` to `to` on an RC QP. Any state may move to
-// Reset or Err; the rest follow Reset -> Init -> Rtr -> Rts <-> Sqd, Sqe -> Rts.
+// True if the IBA allows a modify from `from` to `to` (Linux's table, for every QP type): any
+// state may move to Reset, any but Reset to Err; the rest follow Reset -> Init -> Rtr -> Rts
+// <-> Sqd, Sqe -> Rts.
 bool rc_transition_allowed(QpState from, QpState to);
 
 }  // namespace uroce::transport

@@ -120,6 +120,42 @@ TEST_CASE("modify_qp enforces the IBA attribute masks", "[qp]") {
     CHECK(a.state() == IBV_QPS_RESET);
 }
 
+// Linux's table (ib_modify_qp_is_ok, which rxe and the other kernel drivers apply): RESET
+// goes to INIT or RESET only; CUR_STATE is taken only in RTR, RTS, SQD or SQE, and only on
+// the moves that list it (not to RESET or ERR, nor SQD -> SQD).
+TEST_CASE("modify_qp follows the kernel's transitions and its CUR_STATE rule", "[qp]") {
+    Endpoint a(devices().a), b(devices().b);
+    ibv_qp_attr attr{};
+    attr.qp_state = IBV_QPS_ERR;
+    CHECK(ibv_modify_qp(a.qp, &attr, IBV_QP_STATE) == EINVAL);  // RESET -> ERR
+    CHECK(a.state() == IBV_QPS_RESET);
+    attr.qp_state = IBV_QPS_RESET;
+    CHECK(ibv_modify_qp(a.qp, &attr, IBV_QP_STATE) == 0);
+    connect(a, b);
+    attr = {};
+    attr.qp_state = IBV_QPS_SQD;
+    REQUIRE(ibv_modify_qp(a.qp, &attr, IBV_QP_STATE) == 0);
+    attr.cur_qp_state = IBV_QPS_SQD;
+    CHECK(ibv_modify_qp(a.qp, &attr, IBV_QP_STATE | IBV_QP_CUR_STATE) == EINVAL);
+    attr.port_num = 1;  // the kernel's RC row for SQD -> SQD lists the port
+    CHECK(ibv_modify_qp(a.qp, &attr, IBV_QP_STATE | IBV_QP_PORT) == 0);
+    attr.qp_state = IBV_QPS_ERR;
+    CHECK(ibv_modify_qp(a.qp, &attr, IBV_QP_STATE | IBV_QP_CUR_STATE) == EINVAL);
+    attr.qp_state = IBV_QPS_RESET;
+    CHECK(ibv_modify_qp(a.qp, &attr, IBV_QP_STATE | IBV_QP_CUR_STATE) == EINVAL);
+    CHECK(a.state() == IBV_QPS_SQD);
+    attr.qp_state = IBV_QPS_RTS;  // SQD -> RTS lists it
+    CHECK(ibv_modify_qp(a.qp, &attr, IBV_QP_STATE | IBV_QP_CUR_STATE) == 0);
+    attr.qp_state = IBV_QPS_ERR;
+    attr.cur_qp_state = IBV_QPS_RTS;
+    CHECK(ibv_modify_qp(a.qp, &attr, IBV_QP_STATE | IBV_QP_CUR_STATE) == EINVAL);
+    REQUIRE(ibv_modify_qp(a.qp, &attr, IBV_QP_STATE) == 0);
+    attr.cur_qp_state = IBV_QPS_ERR;
+    CHECK(ibv_modify_qp(a.qp, &attr, IBV_QP_STATE | IBV_QP_CUR_STATE) == EINVAL);
+    CHECK(ibv_modify_qp(a.qp, &attr, IBV_QP_STATE) == 0);  // ERR -> ERR
+    CHECK(a.state() == IBV_QPS_ERR);
+}
+
 TEST_CASE("query_qp returns the attributes and capabilities in force", "[qp]") {
     Endpoint a(devices().a), b(devices().b);
     QpOptions opt;

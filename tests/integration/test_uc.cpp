@@ -179,6 +179,8 @@ TEST_CASE("UC: a post in SQD leaves on the move back to RTS, or is flushed by ER
     ibv_qp_attr attr{};
     attr.qp_state = IBV_QPS_SQD;
     REQUIRE(ibv_modify_qp(qa, &attr, IBV_QP_STATE) == 0);
+    attr.cur_qp_state = IBV_QPS_SQD;  // the kernel's UC row for SQD -> SQD has no CUR_STATE
+    CHECK(ibv_modify_qp(qa, &attr, IBV_QP_STATE | IBV_QP_CUR_STATE) == EINVAL);
     const uint64_t sent = qp_counter(qa, "tx_packets");
     REQUIRE(post_send_msg(qa, src, 0, 3000, 10) == 0);
     // A UC message completes as the socket takes it, within the post: none has left.

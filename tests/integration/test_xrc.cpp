@@ -281,6 +281,29 @@ TEST_CASE("XRC: a WRITE's rkey is checked in the PD of the SRQ it names", "[xrc]
     CHECK(ibv_dealloc_pd(pd2) == 0);
 }
 
+// The kernel's XRC rows, after uverbs drops what an XRC QP does not use (a target's retry
+// counts and READ credits, an initiator's RNR timer and responder resources): those are
+// taken on any move and ignored.
+TEST_CASE("XRC: modify_qp follows the kernel's XRC rows", "[xrc]") {
+    XrcPair p;
+    ibv_qp_attr attr{};
+    attr.qp_state = IBV_QPS_RTS;
+    attr.retry_cnt = 9;  // ignored, so not checked either
+    CHECK(ibv_modify_qp(p.tgt, &attr, IBV_QP_STATE | IBV_QP_RETRY_CNT) == 0);
+    attr = {};
+    attr.qp_state = IBV_QPS_SQD;
+    attr.max_dest_rd_atomic = 1;
+    CHECK(ibv_modify_qp(p.ini, &attr, IBV_QP_STATE | IBV_QP_MAX_DEST_RD_ATOMIC) == 0);
+    REQUIRE(ibv_modify_qp(p.tgt, &attr, IBV_QP_STATE) == 0);
+    attr.cur_qp_state = IBV_QPS_SQD;
+    CHECK(ibv_modify_qp(p.ini, &attr, IBV_QP_STATE | IBV_QP_CUR_STATE) == EINVAL);
+    CHECK(ibv_modify_qp(p.tgt, &attr, IBV_QP_STATE | IBV_QP_CUR_STATE) == EINVAL);
+    attr.port_num = 1;
+    attr.timeout = 14;
+    CHECK(ibv_modify_qp(p.ini, &attr, IBV_QP_STATE | IBV_QP_PORT | IBV_QP_TIMEOUT) == 0);
+    CHECK(ibv_modify_qp(p.tgt, &attr, IBV_QP_STATE | IBV_QP_PORT | IBV_QP_TIMEOUT) == 0);
+}
+
 TEST_CASE("XRC: what the XRC verbs refuse", "[xrc]") {
     DomainFile file;
     Endpoint e(devices().a);
