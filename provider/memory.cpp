@@ -225,9 +225,12 @@ int dereg_mr(verbs_mr* vmr) noexcept {
     if (inherited(vmr->ibv_mr.context)) return 0;  // the parent's (fork_guard.h)
     auto* mr = reinterpret_cast<UroceMr*>(vmr);
     ContextState& st = *to_uctx(vmr->ibv_mr.context)->state;
+    // Takes effect at once: waits for accesses that passed their check to finish. A region
+    // windows are bound to stays, as rxe keeps it (IBA 10.6.7.2.6).
+    if (st.engine->memory().deregister(vmr->ibv_mr.lkey) ==
+        transport::MemoryTable::Removal::WindowsBound)
+        return EINVAL;
     st.live_mrs.remove(mr);
-    // Takes effect at once: waits for accesses that passed their check to finish.
-    st.engine->memory().remove(vmr->ibv_mr.lkey);
     to_upd(vmr->ibv_mr.pd)->users.fetch_sub(1);
     delete mr;
     return 0;

@@ -83,9 +83,16 @@ bool MemoryTable::remove_window(uint32_t rkey) {
     std::unique_lock lock(mutex_);
     auto it = by_index_.find(rkey >> 8);
     if (it == by_index_.end() || !it->second.window) return false;
+    if (it->second.bound) release_region(it->second);
     if (it->second.type2 && it->second.bound) --bound_type2_;
     by_index_.erase(it);
     return true;
+}
+
+void MemoryTable::release_region(const Region& w) {
+    auto mit = by_index_.find(w.mr_lkey >> 8);
+    if (mit == by_index_.end() || mit->second.window || mit->second.keys.lkey != w.mr_lkey) return;
+    if (mit->second.bound_windows > 0) --mit->second.bound_windows;
 }
 
 KeyCheck MemoryTable::bind_window(uint32_t rkey, uint32_t new_rkey, uint32_t pd,
@@ -101,11 +108,13 @@ KeyCheck MemoryTable::bind_window(uint32_t rkey, uint32_t new_rkey, uint32_t pd,
     // range: it is invalidated by LOCAL_INV or SEND with Invalidate, never by a bind of length
     // 0 (o10-37.2.40).
     if (w.type2 && (w.bound || bind.length == 0)) return KeyCheck::NoAccess;
+    Region* target = nullptr;  // the region bound to
     if (bind.length > 0) {
         auto mit = by_index_.find(bind.mr_lkey >> 8);
         if (mit == by_index_.end() || mit->second.window || mit->second.keys.lkey != bind.mr_lkey)
             return KeyCheck::BadKey;
         const Region& mr = mit->second;
+        target = &mit->second;
         if (mr.pd != pd) return KeyCheck::WrongPd;
         if (bind.addr < mr.iova || bind.length > mr.length ||
             bind.addr - mr.iova > mr.length - bind.length)
@@ -116,9 +125,11 @@ KeyCheck MemoryTable::bind_window(uint32_t rkey, uint32_t new_rkey, uint32_t pd,
             return KeyCheck::NoAccess;
     }
     w.keys.rkey = new_rkey;
+    if (w.bound) release_region(w);  // a type 1 window bound again
     if (w.type2 && w.bound) --bound_type2_;
     w.bound = bind.length > 0;
     if (w.type2 && w.bound) ++bound_type2_;
+    if (target) ++target->bound_windows;
     w.mr_lkey = bind.mr_lkey;
     w.addr = bind.addr;
     w.length = bind.length;
@@ -136,6 +147,7 @@ KeyCheck MemoryTable::invalidate_window(uint32_t rkey, uint32_t pd, uint32_t qpn
     Region& w = it->second;
     if (w.pd != pd) return KeyCheck::WrongPd;
     if (qpn != 0 && w.qpn != qpn) return KeyCheck::NoAccess;
+    release_region(w);
     w.bound = false;
     --bound_type2_;
     return KeyCheck::Ok;
@@ -147,6 +159,7 @@ void MemoryTable::invalidate_windows_of(uint32_t qpn) {
     for (auto it = by_index_.begin(); bound_type2_ > 0 && it != by_index_.end(); ++it) {
         Region& w = it->second;
         if (w.window && w.type2 && w.bound && w.qpn == qpn) {
+            release_region(w);
             w.bound = false;
             --bound_type2_;
         }
@@ -159,6 +172,16 @@ bool MemoryTable::remove(uint32_t lkey) {
     if (it == by_index_.end() || it->second.keys.lkey != lkey) return false;
     by_index_.erase(it);
     return true;
+}
+
+MemoryTable::Removal MemoryTable::deregister(uint32_t lkey) {
+    std::unique_lock lock(mutex_);
+    auto it = by_index_.find(lkey >> 8);
+    if (it == by_index_.end() || it->second.window || it->second.keys.lkey != lkey)
+        return Removal::NoRegion;
+    if (it->second.bound_windows > 0) return Removal::WindowsBound;
+    by_index_.erase(it);
+    return Removal::Removed;
 }
 
 bool MemoryTable::modify(uint32_t lkey, const Change& change) {

@@ -43,7 +43,12 @@ class MemoryTable {
     // Throws std::invalid_argument if either range runs past 2^64, std::bad_alloc when
     // 2^24 - 1 regions are registered.
     MemoryKeys add(uint32_t pd, uint64_t addr, uint64_t length, uint64_t iova, uint32_t access);
+    // Removes the region whatever is bound to it (a closing context frees everything).
     bool remove(uint32_t lkey);
+    // ibv_dereg_mr: a region memory windows are bound to stays (IBA 10.6.7.2.6; rxe refuses
+    // it too) until they are invalidated, unbound or freed.
+    enum class Removal { Removed, NoRegion, WindowsBound };
+    Removal deregister(uint32_t lkey);
 
     // ibv_rereg_mr: what changes in the region of `lkey`; its keys stay. Takes effect as
     // remove() does: checks that start afterwards see the new region, and this waits for
@@ -121,7 +126,12 @@ class MemoryTable {
         bool bound = false;
         uint32_t mr_lkey = 0;
         uint32_t qpn = 0;
+        // A region: how many windows are bound to it now.
+        uint32_t bound_windows = 0;
     };
+    // Window `w` (bound) lets go of its region, if that is still registered. Caller holds
+    // mutex_ exclusively.
+    void release_region(const Region& w);
     uint32_t next_free_index();
     static KeyCheck check(const Region* r, uint32_t pd, uint64_t base, uint64_t addr,
                           uint64_t length, uint32_t access);

@@ -264,3 +264,45 @@ TEST_CASE("MW type 2: bound once until invalidated; a zero-length bind is no inv
     }
     CHECK(ibv_dealloc_mw(mw) == 0);
 }
+
+// IBA 10.6.7.2.6, as rxe has it: a region with windows bound to it is not deregistered
+// (EINVAL), and keeps serving them; once they are invalidated, unbound or freed, it is.
+TEST_CASE("MW: ibv_dereg_mr refuses a region windows are bound to", "[mw]") {
+    QpOptions opt;
+    opt.access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
+    Endpoint a(devices().a, opt), b(devices().b, opt);
+    connect(a, b, opt);
+    Buffer src(a.pd, 4096, kSrc);
+    fill_pattern(src.bytes.data(), 4096, 5);
+    std::vector<uint8_t> mem(4096);
+    const uint64_t base = reinterpret_cast<uint64_t>(mem.data());
+    ibv_mr* mr = ibv_reg_mr(b.pd, mem.data(), mem.size(), kMrAccess);
+    REQUIRE(mr);
+    ibv_mw* mw2 = ibv_alloc_mw(b.pd, IBV_MW_TYPE_2);
+    ibv_mw* mw1 = ibv_alloc_mw(b.pd, IBV_MW_TYPE_1);
+    REQUIRE(mw2);
+    REQUIRE(mw1);
+    const uint32_t rkey2 = ibv_inc_rkey(mw2->rkey);
+    REQUIRE(post_bind2(b.qp, mw2, rkey2, mr, base, 4096, 1) == 0);
+    CHECK(one(b.cq).status == IBV_WC_SUCCESS);
+    CHECK(ibv_dereg_mr(mr) == EINVAL);
+    REQUIRE(post_rdma(a.qp, IBV_WR_RDMA_WRITE, src, 0, 4096, base, rkey2, 2) == 0);
+    CHECK(one(a.cq).status == IBV_WC_SUCCESS);
+    CHECK(std::memcmp(mem.data(), src.bytes.data(), 4096) == 0);
+    // A type 1 window keeps it too, once the type 2 one is invalidated.
+    ibv_mw_bind bind{};
+    bind.wr_id = 3;
+    bind.send_flags = IBV_SEND_SIGNALED;
+    bind.bind_info.mr = mr;
+    bind.bind_info.addr = base;
+    bind.bind_info.length = 64;
+    bind.bind_info.mw_access_flags = IBV_ACCESS_REMOTE_WRITE;
+    REQUIRE(ibv_bind_mw(b.qp, mw1, &bind) == 0);
+    CHECK(one(b.cq).status == IBV_WC_SUCCESS);
+    REQUIRE(post_inv(b.qp, IBV_WR_LOCAL_INV, rkey2, nullptr, 4) == 0);
+    CHECK(one(b.cq).status == IBV_WC_SUCCESS);
+    CHECK(ibv_dereg_mr(mr) == EINVAL);
+    CHECK(ibv_dealloc_mw(mw1) == 0);
+    CHECK(ibv_dereg_mr(mr) == 0);
+    CHECK(ibv_dealloc_mw(mw2) == 0);
+}

@@ -362,3 +362,35 @@ TEST_CASE("MemoryTable type 2 windows: bound from free only, freed with their QP
     CHECK(t.remove_window(r3));
     t.invalidate_windows_of(8);  // nothing of 8's is left
 }
+
+TEST_CASE("MemoryTable deregister keeps a region windows are bound to", "[memory]") {
+    MemoryTable t;
+    const MemoryKeys mr = t.add(kPd, kAddr, kLen, kAddr, kAllAccess | kMwBind);
+    auto bind = [&](uint32_t rkey, uint32_t qpn, uint64_t length) {
+        MemoryTable::WindowBind b{mr.lkey, kAddr, length, kRemoteWrite, qpn};
+        const uint32_t next = (rkey & 0xffffff00u) | ((rkey + 1) & 0xffu);
+        REQUIRE(t.bind_window(rkey, next, kPd, b) == KeyCheck::Ok);
+        return next;
+    };
+    using R = MemoryTable::Removal;
+    const uint32_t w2 = bind(t.add_window(kPd, true), 7, 64);    // type 2, on QP 7
+    const uint32_t w1a = bind(t.add_window(kPd, false), 0, 64);  // type 1, bound twice
+    const uint32_t w1b = bind(w1a, 0, 32);
+    CHECK(t.deregister(mr.lkey) == R::WindowsBound);
+    t.invalidate_windows_of(7);  // QP 7 is gone: its window lets go
+    CHECK(t.deregister(mr.lkey) == R::WindowsBound);
+    const uint32_t w1c = bind(w1b, 0, 0);  // a zero-length bind unbinds a type 1 window
+    CHECK(t.deregister(mr.lkey) == R::Removed);
+    CHECK(t.deregister(mr.lkey) == R::NoRegion);
+    CHECK(t.remove_window(w2));
+    CHECK(t.remove_window(w1c));
+    // A freed window lets go too.
+    const MemoryKeys mr2 = t.add(kPd, kAddr, kLen, kAddr, kAllAccess | kMwBind);
+    MemoryTable::WindowBind b{mr2.lkey, kAddr, 64, kRemoteWrite, 0};
+    const uint32_t w = t.add_window(kPd, false);
+    const uint32_t wb = (w & 0xffffff00u) | ((w + 1) & 0xffu);
+    REQUIRE(t.bind_window(w, wb, kPd, b) == KeyCheck::Ok);
+    CHECK(t.deregister(mr2.lkey) == R::WindowsBound);
+    CHECK(t.remove_window(wb));
+    CHECK(t.deregister(mr2.lkey) == R::Removed);
+}
