@@ -4,7 +4,7 @@ set -euo pipefail
 packages=(
   g++ clang meson ninja-build pkg-config
   libibverbs-dev libevent-dev libisal-dev libcli11-dev libfmt-dev libpcap-dev libbpf-dev libseccomp-dev catch2
-  ibverbs-utils perftest tshark iproute2 procps strace  # strace: tests/scripts/test_rdma_netlink.sh
+  ibverbs-utils perftest tshark iproute2 procps strace ethtool  # strace: test_rdma_netlink.sh; ethtool: test_gro_sharing.sh
   groff-base man-db  # tests/scripts/test_man.sh (groff -ww, man --warnings)
   python3-pyverbs  # tests/scripts/test_fork.sh (fork with multiprocessing)
   ucx-utils openmpi-bin libopenmpi-dev  # tests/scripts/test_ucx.sh (ucx_perftest, mpirun, mpicc)

@@ -84,6 +84,7 @@ namespace uroce::transport {
     X(cnp_window_cuts)          /* RC send windows halved by a CNP (congestion.h) */             \
     X(tx_ce_fault)              /* sent marked ECN CE by UROCE_FAULTS' ce */                     \
     X(rx_ce_fault)              /* received, taken as ECN CE by UROCE_FAULTS' ce (dir=rx) */     \
+    X(rx_resteered)             /* other contexts' datagrams of a merged read, steered again */  \
     X(spurious_retransmits)     /* RC timer resends a duplicate's ACK proved needless (undone) */
 
 struct EngineCounters {

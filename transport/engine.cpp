@@ -408,6 +408,24 @@ void Engine::receive_from(const UdpSocket& socket, const IpAddress& group) {
     if (capture_ && handled > 0) note_capture_written();
 }
 
+bool Engine::resteered(std::span<const uint8_t> one, const IpAddress& src_ip, uint16_t src_port,
+                       uint16_t index) {
+    if (one.size() < wire::kBthBytes) return false;
+    const uint32_t qpn = uint32_t{one[5]} << 16 | uint32_t{one[6]} << 8 | one[7];
+    // Ours by its slot. QP1's (slot 0, held by no context) are steered by their content: they
+    // go back too, and return here if they are ours.
+    if (qpn == kMulticastQpn || qpn_space_.holds(static_cast<uint16_t>(DeviceSlots::slot_of(qpn))))
+        return false;
+    // The IPv4 identification its sender used, which the ICRC covers; a corrupted one is
+    // refused here, as it would be there.
+    uint16_t id = 0;
+    const wire::IpFlow flow{src_ip, config_.ip, src_port, config_.port};
+    if (wire::icrc_verify(flow, one, index, &id) == wire::IcrcCheck::Mismatch) return false;
+    if (!resteer_->send(src_ip, src_port, config_.port, one, id, rx_ecn_)) return false;
+    bump(counters_->rx_resteered);
+    return true;
+}
+
 void Engine::receive_one(std::span<const uint8_t> one, const IpAddress& src_ip, uint16_t src_port,
                          const IpAddress& group, uint16_t index) {
     if (capture_ && !one.empty())

@@ -31,6 +31,7 @@
 #include "transport/fault_plan.h"
 #include "transport/fork_gate.h"
 #include "transport/held_posts.h"
+#include "transport/kernel_resteer.h"
 #include "transport/memory_table.h"
 #include "transport/multicast_groups.h"
 #include "transport/packet_capture.h"
@@ -435,6 +436,9 @@ class Engine {
     CounterValues counters_at_start_;
     UdpSocket socket_;
     SendSockets send_sockets_;
+    // With steering: puts back a datagram of a merged buffer that is another context's
+    // (kernel_resteer.h). Null without steering or without CAP_NET_RAW.
+    std::unique_ptr<KernelResteer> resteer_;
     FaultPlan faults_;
     std::shared_ptr<PacketCapture> capture_;  // UROCE_PCAP; null: no capture
     // Sends a packet the fault injector corrupts (a copy with one bit flipped), duplicates
@@ -464,6 +468,10 @@ class Engine {
     // receive_one(). `index` is its position in its GRO train.
     void receive_read(std::span<uint8_t> one, const IpAddress& src_ip, uint16_t src_port,
                       const IpAddress& group, uint16_t index);
+    // True if `one`, not the first datagram of its buffer (`index` > 0), is for a slot this
+    // context does not hold, and went back to the kernel's steering (kernel_resteer.h).
+    bool resteered(std::span<const uint8_t> one, const IpAddress& src_ip, uint16_t src_port,
+                   uint16_t index);
     // Writes a received datagram to the capture and hands it to its QP (or group),
     // remembering the QP for the batch's ACK.
     void receive_one(std::span<const uint8_t> one, const IpAddress& src_ip, uint16_t src_port,

@@ -99,6 +99,9 @@ Engine::TransmitResult Engine::send_copy(std::span<const uint8_t> packet, const 
 
 void Engine::receive_read(std::span<uint8_t> one, const IpAddress& src_ip, uint16_t src_port,
                           const IpAddress& group, uint16_t index) {
+    // The steering program saw only the first datagram of a merged buffer.
+    if (index != 0 && resteer_ && group.is_unspecified() && resteered(one, src_ip, src_port, index))
+        return;
     if (!faults_.enabled(FaultDirection::Rx)) {
         receive_one(one, src_ip, src_port, group, index);
         return;

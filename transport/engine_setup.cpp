@@ -172,6 +172,11 @@ Engine::Engine(const EngineConfig& config, std::unique_ptr<DeviceSlot> slot,
         socket_.enable_ecn_reports();
         socket_.set_ecn(tx_ecn());
     }
+    // Made here, in the device's network namespace: a poller's thread may be in another.
+    if (steering_) {
+        resteer_ = std::make_unique<KernelResteer>(config.ip);
+        if (!resteer_->usable()) resteer_.reset();
+    }
     rx_ = gro ? std::make_unique<ReceiveBatch>(kRxBatchGro, kRxBufferBytesGro)
               : std::make_unique<ReceiveBatch>(kRxBatch, kRxBufferBytes);
 }

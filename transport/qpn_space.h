@@ -83,6 +83,8 @@ class QpnSpace {
     uint16_t primary_number() const { return slots_[0].number; }
     // The slot the context opened with; null without a slot table.
     const DeviceSlot* primary_slot() const { return slots_[0].slot.get(); }
+    // Whether `number` is one of the context's slots.
+    bool holds(uint16_t number) const { return index_of(number) >= 0; }
     // How many slots the context holds now.
     unsigned slots_held() const { return slot_count_.load(std::memory_order_acquire); }
 

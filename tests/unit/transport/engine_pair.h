@@ -181,6 +181,9 @@ struct PairOptions {
     // this host's devices (EngineConfig::host_devices): an RC answer from one to the other
     // may lead its ACK (Engine::answer_may_lead_ack).
     bool host_peers = false;
+    // a and b two contexts of one device: one address and port, one slot table, QPN
+    // steering (device sharing: root).
+    bool shared_device = false;
 };
 
 inline QpAttributes default_attributes() {
@@ -207,9 +210,12 @@ inline void bring_up(RcQp& qp, const QpAttributes& attrs) {
 class Pair {
   public:
     explicit Pair(const PairOptions& opt = {}) {
-        const Addresses addrs = opt.addresses ? *opt.addresses : next_addresses();
+        Addresses addrs = opt.addresses ? *opt.addresses : next_addresses();
         std::vector<EngineConfig::HostDevice> host;
-        if (opt.host_peers) {
+        if (opt.shared_device) {
+            addrs.b = addrs.a;
+            host = {{addrs.a, addrs.port, (scratch_dir("uroce-shared") / "slots").string()}};
+        } else if (opt.host_peers) {
             const auto dir = scratch_dir("uroce-pair");
             host = {{addrs.a, addrs.port, (dir / "a-slots").string()},
                     {addrs.b, addrs.port, (dir / "b-slots").string()}};
