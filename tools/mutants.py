@@ -11,12 +11,16 @@ compile (the mutant is then useless and must be rewritten).
 
 Usage: tools/mutants.sh [NAME_SUBSTRING ...]   (run as root: the integration tests need it)
        tools/mutants.py --check                 (the list follows the code; no build)
+With UROCE_MUTANTS_SCRATCH=DIR, DIR is the scratch directory and is kept: a later run with the
+same DIR copies only the files that changed and rebuilds only what they touch (a first build
+takes 15-30 minutes on 2 cores).
 Exit status: 0 only if every selected mutant was killed.
 """
 import os
 import shutil
 import subprocess
 import sys
+import filecmp
 import tempfile
 import time
 from dataclasses import dataclass
@@ -2012,14 +2016,39 @@ def check_list():
     return 1 if bad else 0
 
 
+def sync_copy(top, src):
+    """Makes `src` a copy of the working tree at `top` (no .git, no build directories). Files
+    that differ are copied with a new modification time, so that ninja rebuilds what they
+    touch; files gone from `top` are removed."""
+    ignore = shutil.ignore_patterns(".git", "build*")
+    if not os.path.isdir(src):
+        shutil.copytree(top, src, ignore=ignore)
+        return
+    wanted = set()
+    for root, dirs, files in os.walk(top):
+        dirs[:] = [d for d in dirs if d not in ignore(root, dirs)]
+        rel = os.path.relpath(root, top)
+        os.makedirs(os.path.join(src, rel), exist_ok=True)
+        for f in set(files) - set(ignore(root, files)):
+            a, b = os.path.join(root, f), os.path.join(src, rel, f)
+            wanted.add(os.path.normpath(b))
+            if not os.path.exists(b) or not filecmp.cmp(a, b, shallow=False):
+                shutil.copy(a, b)
+    for root, _, files in os.walk(src):
+        for f in files:
+            b = os.path.normpath(os.path.join(root, f))
+            if b not in wanted:
+                os.remove(b)
+
+
 def main():
     if sys.argv[1:] == ["--check"]:
         return check_list()
     wanted = sys.argv[1:]
     selected = [m for m in MUTANTS if not wanted or any(w in m.name for w in wanted)]
-    scratch = tempfile.mkdtemp(prefix="uroce-mutants-")
+    scratch = os.environ.get("UROCE_MUTANTS_SCRATCH") or tempfile.mkdtemp(prefix="uroce-mutants-")
     src = os.path.join(scratch, "src")
-    shutil.copytree(TOP, src, ignore=shutil.ignore_patterns(".git", "build*"))
+    sync_copy(TOP, src)
     print(f"scratch copy: {src}", flush=True)
     keys = sorted({t for m in selected for t in m.tests})
     builds = sorted({TESTS[k][0] for k in keys})
@@ -2037,7 +2066,9 @@ def main():
         return run(cmd, scratch, 1800) == 0
 
     for b in builds:
-        if run(["meson", "setup", build_dir(b), src] + BUILDS[b], scratch, 600) != 0 or not rebuild(b):
+        configured = os.path.exists(os.path.join(build_dir(b), "build.ninja"))
+        if (not configured and run(["meson", "setup", build_dir(b), src] + BUILDS[b], scratch, 600) != 0) \
+                or not rebuild(b):
             print(f"mutants: the unmutated tree does not build ({b})", file=sys.stderr)
             return 2
     # The unmutated tree must pass, or every "kill" means nothing.
@@ -2085,7 +2116,8 @@ def main():
                 print(f"SURVIVED   {m.name}  [{', '.join(m.tests)} passed, {secs:.0f} s]", flush=True)
         finally:
             open(path, "w").write(original)
-    shutil.rmtree(scratch, ignore_errors=True)
+    if not os.environ.get("UROCE_MUTANTS_SCRATCH"):
+        shutil.rmtree(scratch, ignore_errors=True)
     print(f"{killed} killed, {survived} survived" + (f", {other} stale or unbuildable" if other else ""))
     return 0 if survived == 0 and other == 0 else 1
 
