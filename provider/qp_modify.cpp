@@ -176,10 +176,8 @@ int check_modify(ibv_qp_type type, QpState current, const ibv_qp_attr& attr, int
         QpState claimed = to_state(attr.cur_qp_state, ok);
         if (!ok || claimed != current) return EINVAL;
     }
-    // Linux takes CUR_STATE only from these states (and then only where a row lists it).
-    if ((mask & IBV_QP_CUR_STATE) && current != QpState::Rtr && current != QpState::Rts &&
-        current != QpState::Sqd && current != QpState::Sqe)
-        return EINVAL;
+    // CUR_STATE is taken only where a row lists it: no row from RESET or INIT does, nor any
+    // move to RESET or ERR (Linux also checks the state it comes from; the rows imply it).
     if (!transport::rc_transition_allowed(current, next)) return EINVAL;
     const int attrs = mask & ~IBV_QP_STATE;
     if (next == QpState::Reset || next == QpState::Err) return attrs ? EINVAL : 0;
