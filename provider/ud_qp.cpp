@@ -39,8 +39,11 @@ int build_ud_wqe(const UroceQp& qp, const ibv_send_wr& wr, transport::SendWqe& w
     if (int err = fill_send_wqe(qp, wr, w, total)) return err;
     // A datagram is one packet: larger than the port's MTU is refused (the QP checks it too).
     if (total > to_uctx(ctx)->state->device->config.mtu) return EINVAL;
-    dest = transport::UdDestination{to_uah(ah)->dst_ip, wr.wr.ud.remote_qpn & 0xffffff,
-                                    wr.wr.ud.remote_qkey, to_uah(ah)->hop_limit};
+    // An AH of another PD of this context is taken here and fails when its turn comes, as in
+    // rxe (the QP checks it).
+    dest =
+        transport::UdDestination{to_uah(ah)->dst_ip, wr.wr.ud.remote_qpn & 0xffffff,
+                                 wr.wr.ud.remote_qkey, to_uah(ah)->hop_limit, to_upd(ah->pd)->id};
     return 0;
 }
 

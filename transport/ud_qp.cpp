@@ -143,6 +143,7 @@ void UdQp::complete_front(WcStatus status) {
 }
 
 WcStatus UdQp::build(const SendWqe& wqe, const UdDestination& dest, TransmitBatch& batch) {
+    if (dest.pd && *dest.pd != pd_) return WcStatus::LocQpOpErr;  // nothing leaves
     if (wqe.length > attrs_.mtu) return WcStatus::LocLenErr;
     batch.set_alone(!batched(wqe));
     const bool with_imm = wqe.opcode == SendOpcode::SendWithImm;

@@ -27,6 +27,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 
 #include "transport/completion_queue.h"
 #include "transport/qp.h"
@@ -63,6 +64,9 @@ struct UdDestination {
     // The IPv4 TTL or IPv6 hop limit of multicast packets (the AH's hop limit); unicast ones keep
     // the socket's.
     uint8_t hop_limit = 64;
+    // The PD of the address handle, where the caller has one: a QP sends only through AHs of
+    // its own PD (IBA 10.2.3); a request through another's fails (LocQpOpErr), as in rxe.
+    std::optional<uint32_t> pd = std::nullopt;
 };
 
 class UdQp final : public QpCommon {

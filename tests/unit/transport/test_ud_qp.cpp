@@ -218,3 +218,26 @@ TEST_CASE("UD: what post_send refuses, and ERR", "[ud]") {
     REQUIRE(a.qp->post_send(ud_send(4, p.a, 0, 8), a.to(b)) == 0);
     REQUIRE(p.wait_until([&] { return p.b.counters().rx_wrong_state.load() == 1; }));
 }
+
+TEST_CASE("UD: a request through an AH of another PD fails and sends nothing", "[ud]") {
+    Pair p;
+    UdOn a(p.a), b(p.b);
+    REQUIRE(b.qp->post_recv(recv_wqe(7, {p.b.sge(0, 128)})) == 0);
+    UdDestination other = a.to(b);
+    other.pd = kPd + 1;
+    const uint64_t sent = p.a.counters().tx_packets.load();
+    REQUIRE(a.qp->post_send(ud_send(1, p.a, 0, 16), other) == 0);
+    const Completion s = p.wait_one(*p.a.scq);
+    CHECK(s.wr_id == 1);
+    CHECK(s.status == WcStatus::LocQpOpErr);
+    CHECK(a.qp->state() == QpState::Err);
+    CHECK(p.a.counters().tx_packets.load() == sent);
+    CHECK(p.stays_empty(*p.b.rcq));
+    // Through one of its own PD, a QP sends as ever.
+    UdOn a2(p.a);
+    UdDestination own = a2.to(b);
+    own.pd = kPd;
+    REQUIRE(a2.qp->post_send(ud_send(2, p.a, 0, 16), own) == 0);
+    CHECK(p.wait_one(*p.a.scq).status == WcStatus::Success);
+    CHECK(p.wait_one(*p.b.rcq).status == WcStatus::Success);
+}
