@@ -3,6 +3,9 @@
 // every kernel driver), the checks on their values, and the translation into the transport's
 // attributes.
 #include <arpa/inet.h>
+#include <linux/capability.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
@@ -160,6 +163,20 @@ bool gid_to_ip(const ibv_gid& gid, int family, IpAddress& ip) {
     return true;
 }
 
+namespace {
+
+// Whether the caller may give a QP a controlled Q_Key (bit 31, IBA 10.2.4), which reaches the
+// services behind such keys (QP1's 0x80010000): Linux's ibv_modify_qp asks for CAP_NET_RAW of
+// the calling thread (its netlink privileged-qkey mode has no counterpart here).
+bool may_set_controlled_qkey() {
+    __user_cap_header_struct header{_LINUX_CAPABILITY_VERSION_3, 0};
+    __user_cap_data_struct data[2]{};
+    if (syscall(SYS_capget, &header, data) != 0) return false;
+    return (data[CAP_NET_RAW / 32].effective & (1u << (CAP_NET_RAW % 32))) != 0;
+}
+
+}  // namespace
+
 int ignored_attributes(ibv_qp_type type) {
     if (type == IBV_QPT_XRC_SEND) return kRtrRecvAttrs;
     if (type == IBV_QPT_XRC_RECV)
@@ -169,6 +186,9 @@ int ignored_attributes(ibv_qp_type type) {
 
 int check_modify(ibv_qp_type type, QpState current, const ibv_qp_attr& attr, int mask, int family,
                  QpState& next) {
+    // Before any other check, as Linux makes it.
+    if ((mask & IBV_QP_QKEY) && (attr.qkey & 0x80000000u) && !may_set_controlled_qkey())
+        return EPERM;
     bool ok = true;
     next = (mask & IBV_QP_STATE) ? to_state(attr.qp_state, ok) : current;
     if (!ok) return EINVAL;

@@ -1,5 +1,9 @@
 // UD sends the verbs take but the QP must not put on the wire as asked: what a datagram's
-// address handle may name.
+// address handle may name, and which Q_Keys a QP may hold.
+#include <linux/capability.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cstring>
@@ -8,6 +12,57 @@
 #include "tests/integration/verbs_fixture.h"
 
 using namespace uroce::test;
+
+namespace {
+
+// Takes CAP_NET_RAW out of the calling thread's effective set (capabilities are per thread,
+// and Linux checks the caller's) and puts it back when it goes.
+class WithoutNetRaw {
+  public:
+    WithoutNetRaw() {
+        REQUIRE(syscall(SYS_capget, &header_, saved_) == 0);
+        __user_cap_data_struct less[2] = {saved_[0], saved_[1]};
+        less[CAP_NET_RAW / 32].effective &= ~(1u << (CAP_NET_RAW % 32));
+        REQUIRE(syscall(SYS_capset, &header_, less) == 0);
+    }
+    ~WithoutNetRaw() { syscall(SYS_capset, &header_, saved_); }
+    WithoutNetRaw(const WithoutNetRaw&) = delete;
+    WithoutNetRaw& operator=(const WithoutNetRaw&) = delete;
+
+  private:
+    __user_cap_header_struct header_{_LINUX_CAPABILITY_VERSION_3, 0};
+    __user_cap_data_struct saved_[2]{};
+};
+
+uint32_t qkey_of(ibv_qp* qp) {
+    ibv_qp_attr a{};
+    ibv_qp_init_attr init{};
+    REQUIRE(ibv_query_qp(qp, &a, IBV_QP_QKEY, &init) == 0);
+    return a.qkey;
+}
+
+}  // namespace
+
+// Q_Keys with bit 31 set are controlled (IBA 10.2.4): a QP holding one reaches the services
+// behind them, such as QP1's 0x80010000. Linux lets ibv_modify_qp set one only with CAP_NET_RAW
+// (EPERM otherwise), and a send asking for bit 31 sends the QP's own.
+TEST_CASE("UD: setting a controlled Q_Key needs CAP_NET_RAW, as on Linux", "[ud]") {
+    UdEnd a(devices().a);
+    ibv_qp_attr attr{};
+    attr.qp_state = IBV_QPS_RTS;
+    attr.qkey = 0x80010000u;
+    {
+        WithoutNetRaw drop;
+        CHECK(ibv_modify_qp(a.qp, &attr, IBV_QP_STATE | IBV_QP_QKEY) == EPERM);
+        CHECK(qkey_of(a.qp) == kQkey);
+        attr.qkey = kQkey + 1;  // an ordinary one still changes
+        CHECK(ibv_modify_qp(a.qp, &attr, IBV_QP_STATE | IBV_QP_QKEY) == 0);
+        CHECK(qkey_of(a.qp) == kQkey + 1);
+    }
+    attr.qkey = 0x80010000u;
+    CHECK(ibv_modify_qp(a.qp, &attr, IBV_QP_STATE | IBV_QP_QKEY) == 0);
+    CHECK(qkey_of(a.qp) == 0x80010000u);
+}
 
 // An AH belongs to a PD, and a QP may send only through AHs of its own (IBA 10.2.3): as rxe
 // does, the post is taken and its request completes with a local QP operation error, nothing
