@@ -178,8 +178,10 @@ ibv_mr* reg_mr(ibv_pd* ibpd, void* addr, size_t length, uint64_t hca_va, int acc
     return &mr->vmr.ibv_mr;
 }
 
-int rereg_mr(verbs_mr* vmr, int flags, ibv_pd* ibpd, void* addr, size_t length,
-             int access) noexcept {
+namespace {
+
+int change_region(verbs_mr* vmr, int flags, ibv_pd* ibpd, void* addr, size_t length,
+                  int access) noexcept {
     ibv_context* ctx = vmr->ibv_mr.context;
     if (inherited(ctx)) return EIO;
     auto* mr = reinterpret_cast<UroceMr*>(vmr);
@@ -219,6 +221,17 @@ int rereg_mr(verbs_mr* vmr, int flags, ibv_pd* ibpd, void* addr, size_t length,
     }
     if (flags & IBV_REREG_MR_CHANGE_ACCESS) vmr->access = access;
     return 0;
+}
+
+}  // namespace
+
+int rereg_mr(verbs_mr* vmr, int flags, ibv_pd* ibpd, void* addr, size_t length,
+             int access) noexcept {
+    // libibverbs turns any failure into IBV_REREG_MR_ERR_CMD and leaves errno alone: the
+    // reason must be in errno, as a kernel provider's failed command leaves it there.
+    const int err = change_region(vmr, flags, ibpd, addr, length, access);
+    if (err) errno = err;
+    return err;
 }
 
 int dereg_mr(verbs_mr* vmr) noexcept {

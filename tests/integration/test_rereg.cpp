@@ -124,3 +124,19 @@ TEST_CASE("resize_cq: grows, shrinks down to what is waiting, keeps completions"
     CHECK(ibv_destroy_qp(qp) == 0);
     CHECK(ibv_destroy_cq(cq) == 0);
 }
+
+TEST_CASE("rereg_mr: a change the provider refuses says why in errno", "[mr][rereg]") {
+    Endpoint a(devices().a), b(devices().b);
+    Buffer dst(b.pd, 4096, kAll);
+    // A PD of another context: libibverbs passes it on, the provider refuses it. The caller
+    // learns only IBV_REREG_MR_ERR_CMD from the return value; errno tells the reason, as the
+    // kernel's answer sets it for a kernel provider.
+    errno = 0;
+    CHECK(ibv_rereg_mr(dst.mr, IBV_REREG_MR_CHANGE_PD, a.pd, nullptr, 0, 0) ==
+          IBV_REREG_MR_ERR_CMD);
+    CHECK(errno == EINVAL);
+    errno = 0;
+    CHECK(ibv_rereg_mr(dst.mr, IBV_REREG_MR_CHANGE_ACCESS, nullptr, nullptr, 0,
+                       IBV_ACCESS_REMOTE_WRITE) == IBV_REREG_MR_ERR_CMD);
+    CHECK(errno == EINVAL);
+}
