@@ -209,7 +209,10 @@ int change_region(verbs_mr* vmr, int flags, ibv_pd* ibpd, void* addr, size_t len
         change.iova = change.addr;  // as ibv_reg_mr addresses it
     }
     try {
-        if (!to_uctx(ctx)->state->engine->memory().modify(vmr->ibv_mr.lkey, change)) return EINVAL;
+        // A region memory windows are bound to stays as it is (EINVAL, as ibv_dereg_mr).
+        if (to_uctx(ctx)->state->engine->memory().modify(vmr->ibv_mr.lkey, change) !=
+            transport::MemoryTable::Modification::Modified)
+            return EINVAL;
     } catch (...) {
         return EINVAL;  // a range that runs past 2^64
     }

@@ -184,14 +184,16 @@ MemoryTable::Removal MemoryTable::deregister(uint32_t lkey) {
     return Removal::Removed;
 }
 
-bool MemoryTable::modify(uint32_t lkey, const Change& change) {
+MemoryTable::Modification MemoryTable::modify(uint32_t lkey, const Change& change) {
     if (change.translation &&
         (wraps(change.addr, change.length) || wraps(change.iova, change.length)))
         throw std::invalid_argument("memory range wraps around 2^64");
     std::unique_lock lock(mutex_);
     auto it = by_index_.find(lkey >> 8);
-    if (it == by_index_.end() || it->second.keys.lkey != lkey) return false;
+    if (it == by_index_.end() || it->second.window || it->second.keys.lkey != lkey)
+        return Modification::NoRegion;
     Region& r = it->second;
+    if (r.bound_windows > 0) return Modification::WindowsBound;
     if (change.pd) r.pd = *change.pd;
     if (change.access) r.access = *change.access;
     if (change.translation) {
@@ -199,7 +201,7 @@ bool MemoryTable::modify(uint32_t lkey, const Change& change) {
         r.length = change.length;
         r.iova = change.iova;
     }
-    return true;
+    return Modification::Modified;
 }
 
 size_t MemoryTable::size() const {

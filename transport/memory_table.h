@@ -62,8 +62,11 @@ class MemoryTable {
         uint64_t length = 0;
         uint64_t iova = 0;
     };
-    // False if `lkey` names no region. Throws std::invalid_argument for a wrapping range.
-    bool modify(uint32_t lkey, const Change& change);
+    // Like deregister(), refused while memory windows are bound to the region: they would
+    // keep granting what it may no longer allow (another PD, no local write). Throws
+    // std::invalid_argument for a wrapping range.
+    enum class Modification { Modified, NoRegion, WindowsBound };
+    Modification modify(uint32_t lkey, const Change& change);
 
     // A guard that keeps the table from changing while the caller touches the memory.
     using ReadLock = std::shared_lock<std::shared_mutex>;

@@ -306,3 +306,52 @@ TEST_CASE("MW: ibv_dereg_mr refuses a region windows are bound to", "[mw]") {
     CHECK(ibv_dereg_mr(mr) == 0);
     CHECK(ibv_dealloc_mw(mw2) == 0);
 }
+
+TEST_CASE("MW: ibv_rereg_mr refuses a region windows are bound to", "[mw][rereg]") {
+    // ibv_rereg_mr is a deregistration and a registration in one: as ibv_dereg_mr, it fails
+    // while a window is bound, or the window would keep granting what the region no longer
+    // allows (remote write without local write, access from another PD's QPs).
+    QpOptions opt;
+    opt.access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
+    Endpoint a(devices().a, opt), b(devices().b, opt);
+    connect(a, b, opt);
+    Buffer src(a.pd, 4096, kSrc), dst(b.pd, 4096, kMrAccess);
+    ibv_pd* other = ibv_alloc_pd(b.ctx);
+    REQUIRE(other);
+    ibv_mw* mw = ibv_alloc_mw(b.pd, IBV_MW_TYPE_1);
+    REQUIRE(mw);
+    ibv_mw_bind bind{};
+    bind.wr_id = 1;
+    bind.send_flags = IBV_SEND_SIGNALED;
+    bind.bind_info.mr = dst.mr;
+    bind.bind_info.addr = dst.addr();
+    bind.bind_info.length = 4096;
+    bind.bind_info.mw_access_flags = IBV_ACCESS_REMOTE_WRITE;
+    REQUIRE(ibv_bind_mw(b.qp, mw, &bind) == 0);
+    CHECK(one(b.cq).status == IBV_WC_SUCCESS);
+
+    errno = 0;
+    CHECK(ibv_rereg_mr(dst.mr, IBV_REREG_MR_CHANGE_ACCESS, nullptr, nullptr, 0,
+                       IBV_ACCESS_MW_BIND) == IBV_REREG_MR_ERR_CMD);
+    CHECK(errno == EINVAL);
+    errno = 0;
+    CHECK(ibv_rereg_mr(dst.mr, IBV_REREG_MR_CHANGE_PD, other, nullptr, 0, 0) ==
+          IBV_REREG_MR_ERR_CMD);
+    CHECK(errno == EINVAL);
+    CHECK(dst.mr->pd == b.pd);
+    CHECK(ibv_dealloc_pd(other) == 0);  // the region never went there
+    // The region is as it was: the window writes into it.
+    fill_pattern(src.bytes.data(), 4096, 4);
+    REQUIRE(post_rdma(a.qp, IBV_WR_RDMA_WRITE, src, 0, 4096, dst.addr(), mw->rkey, 2) == 0);
+    CHECK(one(a.cq).status == IBV_WC_SUCCESS);
+    CHECK(std::memcmp(dst.bytes.data(), src.bytes.data(), 4096) == 0);
+
+    // Unbound, the region changes.
+    bind.bind_info.length = 0;
+    bind.bind_info.mw_access_flags = 0;
+    REQUIRE(ibv_bind_mw(b.qp, mw, &bind) == 0);
+    CHECK(one(b.cq).status == IBV_WC_SUCCESS);
+    CHECK(ibv_rereg_mr(dst.mr, IBV_REREG_MR_CHANGE_ACCESS, nullptr, nullptr, 0,
+                       IBV_ACCESS_MW_BIND) == 0);
+    CHECK(ibv_dealloc_mw(mw) == 0);
+}

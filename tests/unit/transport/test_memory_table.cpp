@@ -377,9 +377,17 @@ TEST_CASE("MemoryTable deregister keeps a region windows are bound to", "[memory
     const uint32_t w1a = bind(t.add_window(kPd, false), 0, 64);  // type 1, bound twice
     const uint32_t w1b = bind(w1a, 0, 32);
     CHECK(t.deregister(mr.lkey) == R::WindowsBound);
+    // ibv_rereg_mr is refused alike, and changes nothing.
+    using M = MemoryTable::Modification;
+    MemoryTable::Change to_other_pd;
+    to_other_pd.pd = kOtherPd;
+    CHECK(t.modify(mr.lkey, to_other_pd) == M::WindowsBound);
+    uint64_t local = 0;
+    CHECK(t.check_remote(w1b, kPd, kAddr, 32, kRemoteWrite, local) == KeyCheck::Ok);
     t.invalidate_windows_of(7);  // QP 7 is gone: its window lets go
     CHECK(t.deregister(mr.lkey) == R::WindowsBound);
     const uint32_t w1c = bind(w1b, 0, 0);  // a zero-length bind unbinds a type 1 window
+    CHECK(t.modify(mr.lkey, MemoryTable::Change{}) == M::Modified);
     CHECK(t.deregister(mr.lkey) == R::Removed);
     CHECK(t.deregister(mr.lkey) == R::NoRegion);
     CHECK(t.remove_window(w2));
