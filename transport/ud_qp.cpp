@@ -287,8 +287,10 @@ void UdQp::receive(const wire::ParsedPacket& pkt, const IpAddress& src_ip,
         bump(engine_.counters().rx_bad_qkey);
         return;
     }
-    // A datagram longer than the port's MTU cannot have come from a conforming sender.
-    if (pkt.payload.size() > attrs_.mtu) {
+    // A datagram is taken up to the largest IBA MTU whatever this port's: its sender's port
+    // may have a larger MTU than ours (another device, an rxe peer), and the receive buffer's
+    // size is what decides, as rxe decides (IBA C9-92 checks only RC/UC against the PMTU).
+    if (pkt.payload.size() > kLargestMtu) {
         bump(engine_.counters().rx_malformed);
         return;
     }

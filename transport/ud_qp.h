@@ -69,6 +69,9 @@ struct UdDestination {
     std::optional<uint32_t> pd = std::nullopt;
 };
 
+// The largest path MTU the IBA has (IBV_MTU_4096): no datagram is longer.
+inline constexpr uint32_t kLargestMtu = 4096;
+
 class UdQp final : public QpCommon {
   public:
     UdQp(Engine& engine, uint32_t qpn, uint32_t pd, const QpCaps& caps,

@@ -197,6 +197,35 @@ TEST_CASE("UD: datagrams nobody can take", "[ud]") {
     }
 }
 
+// A datagram is taken by its receive buffer's size, not by this port's MTU: its sender's port
+// may have a larger one (another device, an rxe peer), and rxe takes it so. Beyond the
+// largest IBA MTU nothing is a datagram.
+TEST_CASE("UD: a datagram longer than the receiver's port MTU is taken if it fits the buffer",
+          "[ud]") {
+    Pair p;
+    UdOn a(p.a, kQkey, nullptr, 4096), b(p.b);  // b's port MTU: kMtu (1024)
+    REQUIRE(b.qp->post_recv(recv_wqe(7, {p.b.sge(0, 40 + 3000)})) == 0);
+    fill(p.a.at(0), 3000, 9);
+    REQUIRE(a.qp->post_send(ud_send(1, p.a, 0, 3000), a.to(b)) == 0);
+    CHECK(p.wait_one(*p.a.scq).status == WcStatus::Success);
+    const Completion r = p.wait_one(*p.b.rcq);
+    CHECK(r.status == WcStatus::Success);
+    CHECK(r.byte_len == 40 + 3000);
+    CHECK(first_mismatch(p.b.at(40), 3000, 9) == 3000);
+    CHECK(all_bytes(p.b.at(40 + 3000), 64, kUntouched));
+    CHECK(p.b.counters().rx_malformed.load() == 0);
+
+    ForgedPeer peer{*p.b.engine, p.a.ip, p.b.engine->config().port, 77, b.qp->qpn()};
+    REQUIRE(b.qp->post_recv(recv_wqe(8, {p.b.sge(8192, 40 + 8192)})) == 0);
+    wire::Headers h = peer.headers(wire::Opcode::UdSendOnly, 0);
+    h.bth.pkey = 0xffff;
+    h.deth.qkey = kQkey;
+    h.deth.src_qp = 77;
+    peer.inject(h, std::vector<uint8_t>(kLargestMtu + 4, 1));
+    CHECK(p.b.counters().rx_malformed.load() == 1);
+    CHECK(p.stays_empty(*p.b.rcq));
+}
+
 TEST_CASE("UD: what post_send refuses, and ERR", "[ud]") {
     Pair p;
     UdOn a(p.a), b(p.b);

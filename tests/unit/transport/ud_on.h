@@ -16,7 +16,8 @@ inline constexpr uint32_t kQkey = 0x11111111;
 struct UdOn {
     Side& side;
     std::shared_ptr<UdQp> qp;
-    UdOn(Side& s, uint32_t qkey = kQkey, std::shared_ptr<SharedReceiveQueue> srq = nullptr)
+    UdOn(Side& s, uint32_t qkey = kQkey, std::shared_ptr<SharedReceiveQueue> srq = nullptr,
+         uint32_t mtu = kMtu)
         : side(s) {
         qp = std::make_shared<UdQp>(*s.engine, s.engine->allocate_qpn(), kPd,
                                     QpCaps{64, 64, kMaxSge, kMaxSge, kMaxInlineData}, s.scq, s.rcq,
@@ -24,7 +25,7 @@ struct UdOn {
         s.engine->attach(qp);
         UdAttributes a;
         a.qkey = qkey;
-        a.mtu = kMtu;
+        a.mtu = mtu;
         REQUIRE(qp->modify(a, QpState::Reset, QpState::Init) == 0);
         REQUIRE(qp->modify(a, QpState::Init, QpState::Rtr) == 0);
         REQUIRE(qp->modify(a, QpState::Rtr, QpState::Rts) == 0);
