@@ -89,7 +89,10 @@ struct End {
     End(const char* device, size_t bytes) : ctx(open_device(device)), buf(bytes) {
         pd = ibv_alloc_pd(ctx);
         cq = pd ? ibv_create_cq(ctx, 4 * kList, nullptr, nullptr, 0) : nullptr;
-        mr = pd ? ibv_reg_mr(pd, buf.data(), buf.size(), IBV_ACCESS_LOCAL_WRITE) : nullptr;
+        // An int: ibv_reg_mr's macro masks the access with another enum type (clang rejects
+        // the mix).
+        const int access = IBV_ACCESS_LOCAL_WRITE;
+        mr = pd ? ibv_reg_mr(pd, buf.data(), buf.size(), access) : nullptr;
         ibv_qp_init_attr init{};
         init.send_cq = init.recv_cq = cq;
         init.qp_type = IBV_QPT_UD;
