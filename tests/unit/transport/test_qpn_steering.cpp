@@ -16,10 +16,12 @@
 #include <thread>
 #include <vector>
 
+#include "tests/unit/transport/scratch_dir.h"
 #include "transport/device_slots.h"
 #include "transport/qpn_steering.h"
 
 using namespace uroce::transport;
+using uroce::transport::test::scratch_dir;
 using namespace std::chrono_literals;
 
 namespace {
@@ -36,12 +38,9 @@ Where test_address() {
             static_cast<uint16_t>(30000 + pid % 20000)};
 }
 
+// In a directory removed when the test process ends (every run left eight behind in /tmp).
 std::string table_path() {
-    static int n = 0;
-    auto dir = std::filesystem::temp_directory_path() /
-               ("uroce-steer-" + std::to_string(::getpid()) + "-" + std::to_string(++n));
-    std::filesystem::create_directories(dir);
-    return (dir / "slots").string();
+    return (scratch_dir("uroce-steer") / "slots").string();
 }
 
 sockaddr_in sockaddr_of(Where w) {
