@@ -63,6 +63,8 @@ ibv_wc_opcode wc_opcode(transport::WcOpcode op) {
             return IBV_WC_RECV;
         case O::RecvRdmaWithImm:
             return IBV_WC_RECV_RDMA_WITH_IMM;
+        case O::AtomicWrite:
+            return IBV_WC_ATOMIC_WRITE;
     }
     return IBV_WC_SEND;
 }

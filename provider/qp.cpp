@@ -381,6 +381,12 @@ int build_send_wqe(ibv_qp* ibqp, const UroceQp& qp, ibv_send_wr& wr,
             w.opcode = transport::SendOpcode::LocalInv;
             w.rkey = wr.invalidate_rkey;
             break;
+        case IBV_WR_ATOMIC_WRITE:
+            // RC only (no XRC opcode exists for it): 8 bytes, inline or from a registered
+            // buffer, to an 8-byte aligned target.
+            w.opcode = transport::SendOpcode::AtomicWrite;
+            if (ibqp->qp_type != IBV_QPT_RC) err = EINVAL;
+            break;
         case IBV_WR_BIND_MW:
             w.opcode = transport::SendOpcode::BindMw;
             err = mw_bind_wqe(ibqp, wr.bind_mw.mw, wr.bind_mw.rkey, wr.bind_mw.bind_info,
@@ -400,6 +406,9 @@ int build_send_wqe(ibv_qp* ibqp, const UroceQp& qp, ibv_send_wr& wr,
     // An atomic returns 8 bytes into a registered buffer, from an 8-byte aligned target.
     if (!err && transport::is_atomic(w.opcode) &&
         (is_inline || total != 8 || wr.wr.atomic.remote_addr % 8 != 0))
+        err = EINVAL;
+    if (!err && w.opcode == transport::SendOpcode::AtomicWrite &&
+        (total != 8 || wr.wr.rdma.remote_addr % 8 != 0))
         err = EINVAL;
     if (err) return err;
     w.fence = wr.send_flags & IBV_SEND_FENCE;

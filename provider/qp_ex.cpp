@@ -129,6 +129,20 @@ void wr_atomic_cmp_swp(ibv_qp_ex* qpx, uint32_t rkey, uint64_t addr, uint64_t co
         wr->wr.atomic = {addr, compare, swap, rkey};
 }
 
+void wr_set_inline_data(ibv_qp_ex* qpx, void* addr, size_t length);
+
+// The 8 bytes are copied now, as inline data is: the caller may reuse its buffer at once.
+void wr_atomic_write(ibv_qp_ex* qpx, uint32_t rkey, uint64_t addr, const void* atomic_wr) {
+    ibv_send_wr* wr = begin(qpx, IBV_WR_ATOMIC_WRITE, IBV_QP_EX_WITH_ATOMIC_WRITE);
+    if (!wr) return;
+    wr->wr.rdma = {addr, rkey};
+    if (!atomic_wr) {
+        fail(batch_of(qpx), EINVAL);
+        return;
+    }
+    wr_set_inline_data(qpx, const_cast<void*>(atomic_wr), 8);
+}
+
 void wr_atomic_fetch_add(ibv_qp_ex* qpx, uint32_t rkey, uint64_t addr, uint64_t add) {
     if (ibv_send_wr* wr =
             begin(qpx, IBV_WR_ATOMIC_FETCH_AND_ADD, IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD))
@@ -222,6 +236,8 @@ constexpr uint64_t kRcOps = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM |
                             IBV_QP_EX_WITH_RDMA_READ | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP |
                             IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD | IBV_QP_EX_WITH_BIND_MW |
                             IBV_QP_EX_WITH_LOCAL_INV | IBV_QP_EX_WITH_SEND_WITH_INV;
+// ATOMIC WRITE has no XRC opcode: RC only.
+constexpr uint64_t kRcOnlyOps = IBV_QP_EX_WITH_ATOMIC_WRITE;
 constexpr uint64_t kUcOps = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM |
                             IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM;
 constexpr uint64_t kUdOps = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM;
@@ -255,7 +271,7 @@ ibv_qp* create_qp_ex(ibv_context* ctx, ibv_qp_init_attr_ex* attr) noexcept {
     }
     uint64_t ops = 0;
     if (attr->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) {
-        const uint64_t allowed = attr->qp_type == IBV_QPT_RC         ? kRcOps
+        const uint64_t allowed = attr->qp_type == IBV_QPT_RC         ? kRcOps | kRcOnlyOps
                                  : attr->qp_type == IBV_QPT_XRC_SEND ? kRcOps
                                  : attr->qp_type == IBV_QPT_UC       ? kUcOps
                                  : attr->qp_type == IBV_QPT_UD       ? kUdOps
@@ -295,6 +311,9 @@ ibv_qp* create_qp_ex(ibv_context* ctx, ibv_qp_init_attr_ex* attr) noexcept {
     x.wr_rdma_read = wr_rdma_read;
     x.wr_atomic_cmp_swp = wr_atomic_cmp_swp;
     x.wr_atomic_fetch_add = wr_atomic_fetch_add;
+    // Where a v43 or older libibverbs reads comp_mask (qp_ex_layout.h): set_qp_comp_mask
+    // overwrites it there, and such a release has no wr_atomic_write to call.
+    x.wr_atomic_write = wr_atomic_write;
     x.wr_set_ud_addr = wr_set_ud_addr;
     x.wr_set_xrc_srqn = wr_set_xrc_srqn;
     x.wr_send_inv = wr_send_inv;

@@ -138,6 +138,7 @@ uint32_t fault_op_class(uint8_t opcode) {
     if (f & wire::kWrite) return kOpWrite;
     if (f & wire::kRead) return f & wire::kRequest ? kOpRead : kOpReadResponse;
     if (f & wire::kAtomic) return f & wire::kRequest ? kOpAtomic : kOpAtomicResponse;
+    if (f & wire::kAtomicWrite) return kOpAtomic;
     if (f & wire::kAck) return kOpAck;
     return 0;
 }

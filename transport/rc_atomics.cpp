@@ -10,6 +10,12 @@
 //   replay cache: a duplicate of the request (its acknowledgement was lost) gets the same
 //   answer again and is never executed twice.
 // - Completer: writes the original value into the local buffer and completes the request.
+//
+// ATOMIC WRITE (IBA 1.5, opcode 0x1d) stores 8 bytes at once: a RETH and an 8-byte payload.
+// It takes a responder resource as an atomic does (rxe's rule: the requester's max_rd_atomic,
+// the responder's max_dest_rd_atomic), needs remote write access to the QP and the region,
+// an 8-byte aligned target, and is answered by a plain ACK, which completes it at the
+// requester. A duplicate is acknowledged as a WRITE's is, never stored twice.
 #include <atomic>
 #include <cstring>
 
@@ -56,6 +62,22 @@ WcStatus RcQp::send_atomic_request(SqEntry& e) {
     h.atomic.swap_add = cmp_swap ? e.wqe.swap : e.wqe.compare_add;
     h.atomic.compare = cmp_swap ? e.wqe.compare_add : 0;
     return transmit(h, {}, 0) ? WcStatus::Success : WcStatus::LocQpOpErr;
+}
+
+WcStatus RcQp::send_atomic_write_request(SqEntry& e) {
+    wire::Headers h;
+    h.bth.opcode = opcode(wire::Opcode::RcAtomicWrite);
+    h.bth.dest_qp = attrs_.dest_qpn;
+    h.xrc_srqn = e.wqe.remote_srqn;
+    h.bth.psn = e.psn;
+    h.bth.ack_req = true;
+    h.reth = {e.wqe.remote_addr, e.wqe.rkey, kAtomicBytes};
+    auto guard = lock_memory();
+    iovec iov[kMaxSge];
+    size_t niov = 0;
+    if (!gather(e, 0, kAtomicBytes, iov, niov)) return WcStatus::LocProtErr;
+    return transmit(h, std::span(iov, niov), kAtomicBytes) ? WcStatus::Success
+                                                           : WcStatus::LocQpOpErr;
 }
 
 // --- completer ---
@@ -207,6 +229,66 @@ void RcQp::on_duplicate_atomic(const wire::ParsedPacket& pkt) {
         return;
     }
     send_atomic_ack(*r);
+}
+
+void RcQp::execute_atomic_write(const wire::ParsedPacket& pkt) {
+    const uint32_t psn = pkt.h.bth.psn;
+    const wire::Reth& reth = pkt.h.reth;
+    if (!(attrs_.access & kRemoteWrite)) {
+        responder_error(wire::NakCode::RemoteAccessError, psn, AsyncEventType::QpAccessError);
+        return;
+    }
+    // Exactly 8 bytes, said and carried, to a naturally aligned target.
+    if (reth.dma_len != kAtomicBytes || pkt.payload.size() != kAtomicBytes || pkt.h.bth.pad != 0 ||
+        reth.va % kAtomicBytes != 0) {
+        responder_error(wire::NakCode::InvalidRequest, psn, AsyncEventType::QpRequestError);
+        return;
+    }
+    ReadResource r;
+    r.psn = psn;
+    r.npkts = 1;
+    r.va = reth.va;
+    r.rkey = reth.rkey;
+    r.length = kAtomicBytes;
+    r.mtu = attrs_.mtu;
+    r.msn = psn_add(msn_, 1);
+    r.next = 1;  // nothing to send from it: the ACK answers
+    r.sent_once = 1;
+    r.atomic_write = true;
+    r.pd = responder_pd();
+    if (reads_.admit(r) == nullptr) {
+        responder_error(wire::NakCode::InvalidRequest, psn, AsyncEventType::QpRequestError);
+        return;
+    }
+    uint64_t value = 0;
+    std::memcpy(&value, pkt.payload.data(), kAtomicBytes);  // the bytes as they came
+    {
+        auto guard = engine_.memory().lock_shared();
+        uint64_t local = 0;
+        if (engine_.memory().check_remote(reth.rkey, r.pd, reth.va, kAtomicBytes, kRemoteWrite,
+                                          local, qpn_) != KeyCheck::Ok ||
+            local % kAtomicBytes != 0) {
+            guard.unlock();
+            responder_error(wire::NakCode::RemoteAccessError, psn, AsyncEventType::QpAccessError);
+            return;
+        }
+        // One store of all 8 bytes, after everything executed before it (release).
+        auto store = [local, value] {
+            std::atomic_ref<uint64_t>(*reinterpret_cast<uint64_t*>(local))
+                .store(value, std::memory_order_release);
+        };
+        if (!guarded(store)) {
+            engine_.memory().note_fault();
+            guard.unlock();
+            responder_error(wire::NakCode::RemoteAccessError, psn, AsyncEventType::QpAccessError);
+            return;
+        }
+    }
+    ++msn_;
+    ack_psn_ = psn;
+    ack_msn_ = msn_;
+    resent_high_ = kNoResentPsn;
+    ack_pending_ = true;
 }
 
 }  // namespace uroce::transport

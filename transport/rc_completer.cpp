@@ -37,6 +37,8 @@ WcOpcode wc_opcode_for(SendOpcode op) {
             return WcOpcode::CompSwap;
         case SendOpcode::AtomicFetchAdd:
             return WcOpcode::FetchAdd;
+        case SendOpcode::AtomicWrite:
+            return WcOpcode::AtomicWrite;
     }
     return WcOpcode::Send;
 }
@@ -116,6 +118,15 @@ void RcQp::ack_through(uint32_t psn) {
             continue;
         }
         const uint32_t last = psn_add(e.psn, e.npkts - 1);
+        if (completed_by_ack(e.wqe.opcode)) {
+            // ATOMIC WRITE: the ACK is its whole answer (a duplicate is acknowledged, never
+            // executed twice, at the responder).
+            if (psn_before(psn, e.psn)) break;
+            una_psn_ = psn_add(e.psn, 1);
+            retire_front(WcStatus::Success);
+            progress = true;
+            continue;
+        }
         if (takes_responder_resource(e.wqe.opcode)) {
             if (e.read_done) {
                 retire_front(WcStatus::Success);

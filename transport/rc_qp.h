@@ -200,6 +200,7 @@ class RcQp final : public QpCommon {
     // Counts a request packet sent again (retransmitted_packets, device and QP).
     void count_request_resent();
     WcStatus send_atomic_request(SqEntry& e);
+    WcStatus send_atomic_write_request(SqEntry& e);
     // BindMw / LocalInv: the memory table change, and the status their completion carries.
     WcStatus run_local_op(const SendWqe& wqe);
     // Every local key of `e`'s buffer allows local writes (READ and atomic results land there).
@@ -290,6 +291,7 @@ class RcQp final : public QpCommon {
     void execute_read(const wire::ParsedPacket& pkt);
     // CmpSwap / FetchAdd (rc_atomics.cpp): executed once, answered from the replay cache after.
     void execute_atomic(const wire::ParsedPacket& pkt);
+    void execute_atomic_write(const wire::ParsedPacket& pkt);
     void on_duplicate_atomic(const wire::ParsedPacket& pkt);
     void send_atomic_ack(const ReadResource& r);
     bool length_ok(const wire::ParsedPacket& pkt, bool starts, bool ends) const;

@@ -50,7 +50,7 @@ bool RcQp::goes_on_after_current() const {
 }
 
 uint32_t RcQp::packets_for(const SendWqe& wqe) const {
-    if (is_atomic(wqe.opcode)) return 1;
+    if (is_atomic(wqe.opcode) || wqe.opcode == SendOpcode::AtomicWrite) return 1;
     const uint32_t mtu = std::max<uint32_t>(attrs_.mtu, 1);
     return std::max<uint32_t>(1, (wqe.length + mtu - 1) / mtu);
 }
@@ -216,6 +216,9 @@ void RcQp::pump_window() {
             send_pkt_ = e.npkts;
         } else if (is_atomic(e.wqe.opcode)) {
             status = send_atomic_request(e);
+            send_pkt_ = e.npkts;
+        } else if (e.wqe.opcode == SendOpcode::AtomicWrite) {
+            status = send_atomic_write_request(e);
             send_pkt_ = e.npkts;
         } else {
             status = send_request_packet(e, send_pkt_);

@@ -20,6 +20,10 @@ namespace {
 // requester's go-back-N sends them again.
 constexpr size_t kMaxHeld = 1024;
 
+// The requests an ACK may name: those it answers (never a READ's or an atomic's PSN, whose
+// answers are their responses).
+constexpr uint16_t kAckNamed = wire::kSend | wire::kWrite | wire::kAtomicWrite;
+
 }  // namespace
 
 void RcQp::complete_recv(WcStatus status, uint32_t byte_len, bool with_imm, uint32_t imm,
@@ -146,8 +150,8 @@ void RcQp::on_duplicate(const wire::ParsedPacket& pkt) {
     const int64_t i = r ? r->index_of(psn) : -1;
     // Never from beyond what went out once: the requester cannot ask for responses it was
     // never sent, and skipping them would leave them unsent.
-    if (r == nullptr || r->atomic || !(attrs_.access & kRemoteRead) || reth.rkey != r->rkey ||
-        i > static_cast<int64_t>(r->sent_once) ||
+    if (r == nullptr || r->atomic || r->atomic_write || !(attrs_.access & kRemoteRead) ||
+        reth.rkey != r->rkey || i > static_cast<int64_t>(r->sent_once) ||
         reth.va != r->va + r->offset_of(static_cast<uint32_t>(i)) ||
         uint64_t{reth.dma_len} != r->length - std::min<uint64_t>(r->length, r->offset_of(i))) {
         bump(engine_.counters().rx_duplicate_dropped);
@@ -166,10 +170,10 @@ void RcQp::on_request(const wire::ParsedPacket& pkt) {
     const int32_t d = psn_diff(psn, epsn_);
     // The requester has sent this far since the kept requests ran: the ACK may name it (a
     // PSN further ahead than it can send is a forgery, and proves nothing). Not a READ or
-    // an atomic: an ACK never names one (early_ack_cap_).
+    // an atomic: an ACK never names one (early_ack_cap_). An ATOMIC WRITE it does: the ACK
+    // is its answer (a resent one that never lifted the cap was refused its ACK for good).
     if (early_ack_cap_ != kNoResentPsn && psn_after(psn, early_ack_cap_) &&
-        d < static_cast<int32_t>(EarlyRequests::kSpan) &&
-        (pkt.info->flags & (wire::kSend | wire::kWrite)))
+        d < static_cast<int32_t>(EarlyRequests::kSpan) && (pkt.info->flags & kAckNamed))
         early_ack_cap_ = psn;
     if (d < 0) {
         bump(engine_.counters().rx_duplicate);
@@ -218,8 +222,7 @@ void RcQp::run_early(const wire::ParsedPacket& filled) {
     // (early_ack_cap_): it names the packet that filled the gap, or, if that was a READ or
     // an atomic, the newest SEND/WRITE executed before it (an ACK older than the requester
     // has, which it ignores).
-    const uint32_t cap =
-        (filled.info->flags & (wire::kSend | wire::kWrite)) ? filled.h.bth.psn : ack_psn_;
+    const uint32_t cap = (filled.info->flags & kAckNamed) ? filled.h.bth.psn : ack_psn_;
     StoredRequest req;
     bool ran = false;
     bool stopped = false;
@@ -310,6 +313,10 @@ void RcQp::execute_one(const wire::ParsedPacket& pkt) {
     }
     if (flags & wire::kAtomic) {
         execute_atomic(pkt);
+        return;
+    }
+    if (flags & wire::kAtomicWrite) {
+        execute_atomic_write(pkt);
         return;
     }
     if (!(flags & (wire::kSend | wire::kWrite))) {

@@ -31,14 +31,15 @@ struct ReadResource {
     uint64_t va = 0;     // RETH as accepted
     uint32_t rkey = 0;
     uint32_t length = 0;
-    uint32_t mtu = 0;        // the MTU the responses are cut with
-    uint32_t pd = 0;         // the PD its rkey is checked in (an XRC target's comes per request)
-    uint32_t msn = 0;        // MSN its responses carry, the one the request got
-    uint32_t next = 0;       // index of the next response packet to send
-    uint32_t run_start = 0;  // index where the current run of responses started (First/Only)
-    uint32_t sent_once = 0;  // packets [0, sent_once) have each gone out at least once
-    bool atomic = false;     // an atomic: one PSN, answered at once with `original`
-    uint64_t original = 0;   // the value the atomic found (its AtomicAckETH)
+    uint32_t mtu = 0;           // the MTU the responses are cut with
+    uint32_t pd = 0;            // the PD its rkey is checked in (an XRC target's comes per request)
+    uint32_t msn = 0;           // MSN its responses carry, the one the request got
+    uint32_t next = 0;          // index of the next response packet to send
+    uint32_t run_start = 0;     // index where the current run of responses started (First/Only)
+    uint32_t sent_once = 0;     // packets [0, sent_once) have each gone out at least once
+    bool atomic = false;        // an atomic: one PSN, answered at once with `original`
+    bool atomic_write = false;  // an ATOMIC WRITE: one PSN, answered by an ACK
+    uint64_t original = 0;      // the value the atomic found (its AtomicAckETH)
     // The atomic's operands: a duplicate is answered from here only if they match.
     bool cmp_swap = false;
     uint64_t swap_add = 0;

@@ -38,6 +38,7 @@ enum class SendOpcode : uint8_t {
     SendWithInv,     // a SEND whose last packet invalidates `rkey` at the responder
     BindMw,          // local: binds a memory window (`bind`)
     LocalInv,        // local: invalidates the type 2 window `rkey`
+    AtomicWrite,     // 8 bytes (the WQE's data, `length` 8) stored at remote_addr at once
 };
 
 // Executed by the QP itself, in send queue order; nothing goes on the wire.
@@ -65,10 +66,15 @@ struct MwBind {
 inline bool is_atomic(SendOpcode op) {
     return op == SendOpcode::AtomicCmpSwap || op == SendOpcode::AtomicFetchAdd;
 }
-// True for the opcodes that take a responder resource (max_rd_atomic / max_dest_rd_atomic)
-// and are answered by responses of their own (READ responses, Atomic Acknowledge).
+// True for the opcodes that take a responder resource (max_rd_atomic / max_dest_rd_atomic):
+// READs and atomics, answered by responses of their own (READ responses, Atomic
+// Acknowledge), and ATOMIC WRITE, answered by a plain ACK.
 inline bool takes_responder_resource(SendOpcode op) {
-    return op == SendOpcode::RdmaRead || is_atomic(op);
+    return op == SendOpcode::RdmaRead || is_atomic(op) || op == SendOpcode::AtomicWrite;
+}
+// A responder-resource request that an ACK covering its PSN completes (no response data).
+inline bool completed_by_ack(SendOpcode op) {
+    return op == SendOpcode::AtomicWrite;
 }
 
 enum class WcStatus : uint8_t {
@@ -96,7 +102,8 @@ enum class WcOpcode : uint8_t {
     BindMw,
     LocalInv,
     Recv,
-    RecvRdmaWithImm
+    RecvRdmaWithImm,
+    AtomicWrite,
 };
 
 struct SendWqe {

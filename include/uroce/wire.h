@@ -54,6 +54,9 @@ enum class Opcode : uint8_t {
     RcAtomicAcknowledge = 0x12,
     RcCompareSwap = 0x13,
     RcFetchAdd = 0x14,
+    // IBA 1.5's ATOMIC WRITE: a RETH and 8 bytes of payload, stored at once at the
+    // responder, answered by a plain Acknowledge.
+    RcAtomicWrite = 0x1d,
     RcSendLastInv = 0x16,
     RcSendOnlyInv = 0x17,
     UdSendOnly = 0x64,
@@ -89,7 +92,8 @@ enum OpcodeFlag : uint16_t {
     kRead = 1u << 8,  // READ request or READ response
     kAtomic = 1u << 9,
     kAck = 1u << 10,
-    kCnp = 1u << 11,  // congestion notification: neither request nor response
+    kCnp = 1u << 11,          // congestion notification: neither request nor response
+    kAtomicWrite = 1u << 12,  // ATOMIC WRITE: a responder resource, answered by an ACK
 };
 
 // The top three bits of the opcode (4 is the CNP's, which belongs to no transport).

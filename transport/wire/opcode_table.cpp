@@ -7,6 +7,8 @@
 //    operations (READ request, atomics, ACKs) are kOnly.
 //  - kRequest marks packets a requester sends, kResponse those a responder sends.
 //  - kRead is on the READ request and on every READ response packet.
+//  - kAtomicWrite is on ATOMIC WRITE alone: a request with a RETH and 8 bytes of payload
+//    that takes a responder resource like a READ or an atomic, yet is answered by an ACK.
 //  - kCnp is on the RoCEv2 CNP alone (opcode 0x81, transport bits 100): it belongs to no
 //    transport and no message; its 16 reserved bytes are read as payload.
 //  - kAck is on the packets whose whole purpose is to acknowledge (Acknowledge and Atomic
@@ -70,6 +72,7 @@ constexpr Row kRows[] = {
     {0x14, "RC Fetch Add", kHasAtomicEth, kOnly | kRequest | kAtomic},
     {0x16, "RC Send Last Invalidate", kHasIeth | P, kLast | kRequest | kSend},
     {0x17, "RC Send Only Invalidate", kHasIeth | P, kOnly | kRequest | kSend},
+    {0x1d, "RC Atomic Write", kHasReth | P, kOnly | kRequest | kAtomicWrite},
 
     // Unreliable Connection.
     {0x20, "UC Send First", P, kFirst | kRequest | kSend},
@@ -171,15 +174,31 @@ static_assert(rows_are_consistent());
 
 // Every value of the Opcode enum has a row.
 constexpr bool covers_enum() {
-    for (Opcode op :
-         {Opcode::RcSendFirst,         Opcode::RcSendMiddle,        Opcode::RcSendLast,
-          Opcode::RcSendLastImm,       Opcode::RcSendOnly,          Opcode::RcSendOnlyImm,
-          Opcode::RcWriteFirst,        Opcode::RcWriteMiddle,       Opcode::RcWriteLast,
-          Opcode::RcWriteLastImm,      Opcode::RcWriteOnly,         Opcode::RcWriteOnlyImm,
-          Opcode::RcReadRequest,       Opcode::RcReadResponseFirst, Opcode::RcReadResponseMiddle,
-          Opcode::RcReadResponseLast,  Opcode::RcReadResponseOnly,  Opcode::RcAcknowledge,
-          Opcode::RcAtomicAcknowledge, Opcode::RcCompareSwap,       Opcode::RcFetchAdd,
-          Opcode::RcSendLastInv,       Opcode::RcSendOnlyInv,       Opcode::Cnp}) {
+    for (Opcode op : {Opcode::RcSendFirst,
+                      Opcode::RcSendMiddle,
+                      Opcode::RcSendLast,
+                      Opcode::RcSendLastImm,
+                      Opcode::RcSendOnly,
+                      Opcode::RcSendOnlyImm,
+                      Opcode::RcWriteFirst,
+                      Opcode::RcWriteMiddle,
+                      Opcode::RcWriteLast,
+                      Opcode::RcWriteLastImm,
+                      Opcode::RcWriteOnly,
+                      Opcode::RcWriteOnlyImm,
+                      Opcode::RcReadRequest,
+                      Opcode::RcReadResponseFirst,
+                      Opcode::RcReadResponseMiddle,
+                      Opcode::RcReadResponseLast,
+                      Opcode::RcReadResponseOnly,
+                      Opcode::RcAcknowledge,
+                      Opcode::RcAtomicAcknowledge,
+                      Opcode::RcCompareSwap,
+                      Opcode::RcFetchAdd,
+                      Opcode::RcSendLastInv,
+                      Opcode::RcSendOnlyInv,
+                      Opcode::RcAtomicWrite,
+                      Opcode::Cnp}) {
         if (kTable[static_cast<uint8_t>(op)].name == nullptr) return false;
     }
     return true;
