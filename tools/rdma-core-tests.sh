@@ -28,11 +28,20 @@ src=/usr/share/doc/rdma-core/tests
 work=$(mktemp -d "${TMPDIR:-/tmp}/uroce-rdma-core-tests.XXXXXX")
 export UROCE_ROOT=$work/root
 dev=rct$$
+# Three tests (ODP and parent domain traffic on huge pages) need 2 MiB huge pages and skip
+# without them: reserve a few for the run if none are, and give them back after.
+hugepages=/proc/sys/vm/nr_hugepages
+huge_before=$(cat "$hugepages" 2>/dev/null || echo)
 cleanup() {
   "$uroce" del "$dev" >/dev/null 2>&1 || true
   rm -rf "$work"
+  if [[ $huge_before == 0 ]]; then echo 0 >"$hugepages" 2>/dev/null || true; fi
 }
 trap cleanup EXIT
+if [[ $huge_before == 0 ]]; then
+  echo 64 >"$hugepages" 2>/dev/null || true
+  echo "rdma-core-tests: reserved $(cat "$hugepages") huge pages of 2 MiB for the run (back to 0 after)"
+fi
 # Debian compresses the larger modules; the suite wants them as plain .py files.
 cp -r "$src" "$work/tests"
 find "$work/tests" -name '*.gz' -exec gunzip -f {} +
