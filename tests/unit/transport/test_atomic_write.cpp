@@ -80,7 +80,11 @@ TEST_CASE("ATOMIC WRITE: the responder stores 8 bytes and acknowledges them", "[
     }
     SECTION("a READ naming its PSN is not answered from its resource") {
         h.t.a_out.clear();
-        h.t.peer.inject(h.t.read(0, kTarget + 8, 8));
+        // Its very PSN, key, address and length.
+        wire::Headers read = h.t.peer.headers(wire::Opcode::RcReadRequest, 0);
+        read.bth.ack_req = true;
+        read.reth = {h.va(8), h.keys.rkey, 8};
+        h.t.peer.inject(read);
         REQUIRE(
             h.t.p.wait_until([&] { return h.t.p.a.counters().rx_duplicate_dropped.load() >= 1; }));
         CHECK(read_responses(h.t.a_out) == 0);
