@@ -411,7 +411,7 @@ void Engine::receive_from(const UdpSocket& socket, const IpAddress& group) {
 bool Engine::resteered(std::span<const uint8_t> one, const IpAddress& src_ip, uint16_t src_port,
                        uint16_t index) {
     if (one.size() < wire::kBthBytes) return false;
-    const uint32_t qpn = uint32_t{one[5]} << 16 | uint32_t{one[6]} << 8 | one[7];
+    const uint32_t qpn = wire::bth_dest_qp(one);
     // Ours by its slot. QP1's (slot 0, held by no context) are steered by their content: they
     // go back too, and return here if they are ours.
     if (qpn == kMulticastQpn || qpn_space_.holds(static_cast<uint16_t>(DeviceSlots::slot_of(qpn))))

@@ -108,8 +108,7 @@ void Engine::receive_read(std::span<uint8_t> one, const IpAddress& src_ip, uint1
     }
     const bool has_bth = one.size() >= wire::kBthBytes;
     const uint8_t opcode = has_bth ? one[0] : kNoOpcode;
-    const uint32_t dest_qp =
-        has_bth ? (uint32_t{one[5]} << 16 | uint32_t{one[6]} << 8 | one[7]) : kNoQp;
+    const uint32_t dest_qp = has_bth ? wire::bth_dest_qp(one) : kNoQp;
     const FaultDecision fault = faults_.next(FaultDirection::Rx, opcode, dest_qp);
     int copies = 1;
     switch (fault.fault) {

@@ -211,6 +211,12 @@ ParseError parse_packet(std::span<const uint8_t> udp_payload, ParsedPacket& out)
 // opcode has no table row. The pad count in h.bth.pad is written as given.
 size_t build_headers(const Headers& h, uint8_t* out);
 
+// The destination QP of a packet's BTH (bytes 5-7), read without parsing the rest (steering
+// and fault decisions before the parser runs). `udp_payload` holds at least kBthBytes.
+inline uint32_t bth_dest_qp(std::span<const uint8_t> udp_payload) {
+    return uint32_t{udp_payload[5]} << 16 | uint32_t{udp_payload[6]} << 8 | udp_payload[7];
+}
+
 // Pad bytes needed after `payload_len` bytes so the packet is 4-byte aligned.
 inline constexpr uint8_t pad_for(size_t payload_len) {
     return static_cast<uint8_t>((4 - (payload_len & 3)) & 3);
