@@ -178,6 +178,8 @@ TESTS = {
                                         "--test-args", " ".join(JUNIT)]),
     "transport-asan": ("asan", "tests/unit/transport/test_transport",
                        ["tests/unit/transport/test_transport", "[lifetime]"] + JUNIT),
+    "lifetime": ("release", "tests/unit/transport/test_transport",
+                 ["tests/unit/transport/test_transport", "[lifetime]"] + JUNIT),
 }
 
 MUTANTS = [
@@ -1632,6 +1634,17 @@ MUTANTS = [
            "transport/rc_acks.cpp",
            "        if (psn_after(psn, early_ack_cap_))\n            psn = early_ack_cap_;",
            "        if (false)\n            psn = early_ack_cap_;", ("selective",)),
+    Mutant("last ACK: not sent again as the QP stops", "transport/rc_acks.cpp",
+           "    if (std::chrono::steady_clock::now() - last_ack_sent_ >= within) return;",
+           "    if (std::chrono::steady_clock::now() - last_ack_sent_ >= within || true) return;",
+           ("lifetime",)),
+    Mutant("last ACK: sent again however long ago it left", "transport/rc_acks.cpp",
+           "    if (std::chrono::steady_clock::now() - last_ack_sent_ >= within) return;",
+           "    if (std::chrono::steady_clock::now() - last_ack_sent_ >= within && false) return;",
+           ("lifetime",)),
+    Mutant("last ACK: when it left not recorded", "transport/rc_acks.cpp",
+           "    transmit(h, {}, 0);\n    last_ack_sent_ = std::chrono::steady_clock::now();",
+           "    transmit(h, {}, 0);", ("lifetime",)),
     Mutant("selective: a QP that stops answering leaves the capped part of its ACK unsaid",
            "transport/rc_acks.cpp",
            "psn_after(ack_psn_, early_ack_cap_)) ack_pending_ = true;",

@@ -36,6 +36,7 @@ namespace uroce::transport {
     X(tx_access_naks)            /* remote access error NAKs sent */                             \
     X(tx_invalid_naks)           /* invalid request NAKs sent */                                 \
     X(tx_acks)                   /* ACKs sent */                                                 \
+    X(tx_last_ack_repeats)       /* last ACKs sent again as their QP stopped answering */        \
     X(retransmit_timeouts)       /* retransmission timer expiries */                             \
     X(retransmitted_packets)     /* request packets sent again */                                \
     X(selective_resends)         /* sequence NAKs answered with the lost packet alone */         \

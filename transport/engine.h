@@ -107,6 +107,10 @@ struct EngineConfig {
     bool hold_acks = true;
     uint32_t ack_hold_micros = 1000;
     uint32_t answer_window_micros = 1000;
+    // An RC QP that stops answering (destroyed, or to RESET or ERR) sends its last ACK again
+    // if one left within this long, or within its local ACK timeout if that is longer
+    // (RcQp::send_last_ack).
+    uint32_t last_ack_repeat_micros = 1'000'000;
     // After a batch, the engine thread reads on for a moment (Engine::spin_after_batch)
     // instead of sleeping at once, if no application thread polls or waits for a CQ event.
     bool engine_spin = true;

@@ -2,6 +2,7 @@
 // the resends a kept request waits for: docs/selective-recovery.md), and when it leaves: at
 // the end of the receive batch, held for the application's answer (engine_held_acks.cpp),
 // or as the last one when the QP stops.
+#include <algorithm>
 #include <chrono>
 
 #include "transport/engine.h"
@@ -53,6 +54,7 @@ void RcQp::send_pending_ack(bool by_hold_timer) {
     h.aeth.syndrome = wire::Aeth::make(wire::AckType::Ack, wire::kAethInvalidCredits);
     h.aeth.msn = ack_msn_ & kPsnMask;
     transmit(h, {}, 0);
+    last_ack_sent_ = std::chrono::steady_clock::now();
 }
 
 void RcQp::send_last_ack() {
@@ -66,6 +68,21 @@ void RcQp::send_last_ack() {
         early_ack_cap_ = kNoResentPsn;
         resent_high_ = kNoResentPsn;
     }
+    send_pending_ack();
+    // The ACK that named the peer's last request (just now, or shortly before) may be lost,
+    // and no resend of that request will be answered any more: the peer would retry until it
+    // failed a request that ran here; the kernel's rxe, with retry_cnt 7 (ibv_rc_pingpong's,
+    // perftest's), retries for ever. So it goes once more, naming everything executed. Only
+    // soon after an ACK: a peer that retries does so within its ACK timeout, and much later
+    // its QP number may belong to another connection.
+    if (closed_ || state_ == QpState::Err || state_ == QpState::Reset ||
+        last_ack_sent_ == std::chrono::steady_clock::time_point::min())
+        return;
+    const auto within = std::chrono::microseconds(
+        std::max<uint64_t>(engine_.config().last_ack_repeat_micros, local_ack_timeout_us()));
+    if (std::chrono::steady_clock::now() - last_ack_sent_ >= within) return;
+    ack_pending_ = true;  // a cap still set hides nothing now (above)
+    bump(engine_.counters().tx_last_ack_repeats);
     send_pending_ack();
 }
 

@@ -99,6 +99,7 @@ int RcQp::modify(const QpAttributes& attrs, QpState expected, QpState next) {
             answer_leads_ack_ = engine_.answer_may_lead_ack(attrs_.dst_ip);
             epsn_ = attrs_.rq_psn & kPsnMask;
             ack_psn_ = psn_add(epsn_, kPsnMask);  // nothing executed yet
+            last_ack_sent_ = std::chrono::steady_clock::time_point::min();
             ack_msn_ = msn_;
             expected_psn_live_ = true;
             break;

@@ -327,7 +327,10 @@ class RcQp final : public QpCommon {
     // it leaves: its requester, and whoever reads the counters, may see the ACK at once).
     void send_pending_ack(bool by_hold_timer = false);
     // The pending ACK, or the one a cap holds back, naming everything executed: the QP stops
-    // answering (destroyed, or moved to RESET or ERR by the application).
+    // answering (destroyed, or moved to RESET or ERR by the application). Then that ACK once
+    // more if an ACK left within EngineConfig::last_ack_repeat_micros (or the local ACK
+    // timeout): if the one that named the peer's last request was lost, nothing of this QP
+    // answers the resend it draws.
     void send_last_ack();
     // flush_ack() with mutex_ held.
     void flush_ack_locked(bool by_hold_timer);
@@ -490,6 +493,10 @@ class RcQp final : public QpCommon {
     uint32_t msn_ = 0;       // message sequence number
     bool nak_sent_ = false;  // a sequence NAK for epsn_ is out
     bool ack_pending_ = false;
+    // When the last plain ACK left (time_point::min(): none since RTR): send_last_ack() sends
+    // it again if that was recently.
+    std::chrono::steady_clock::time_point last_ack_sent_ =
+        std::chrono::steady_clock::time_point::min();
     bool ack_held_noted_ = false;    // the engine knows this QP holds its ACK (note_held_ack)
     bool answer_leads_ack_ = false;  // Engine::answer_may_lead_ack for the peer, at RTR
     // When the pending ACK was first held for the answer (time_point::min(): it is not

@@ -4,9 +4,11 @@
 // (Across processes, with kill -9: tests/scripts/test_device_sharing.sh.)
 #include <algorithm>
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <cstring>
 #include <memory>
 #include <set>
+#include <thread>
 #include <vector>
 
 #include "tests/integration/verbs_fixture.h"
@@ -153,6 +155,20 @@ TEST_CASE("Packets for a closed context's QP reach no QP of the context that com
     }
 }
 
+// Destroys `one`'s QP, then waits (5 s at most) until each side has received all the other
+// sent: the last ACKs a destroyed QP sends are counted at both ends.
+static void destroy_qp_and_settle(Endpoint& one, Endpoint& other) {
+    REQUIRE(ibv_destroy_qp(one.qp) == 0);
+    one.qp = nullptr;
+    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while (std::chrono::steady_clock::now() < end &&
+           (counter(one.ctx, "tx_packets") != counter(other.ctx, "rx_packets") ||
+            counter(other.ctx, "tx_packets") != counter(one.ctx, "rx_packets")))
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    REQUIRE(counter(one.ctx, "tx_packets") == counter(other.ctx, "rx_packets"));
+    REQUIRE(counter(other.ctx, "tx_packets") == counter(one.ctx, "rx_packets"));
+}
+
 TEST_CASE("A device's counters cover all its contexts, including closed ones", "[sharing]") {
     // Two pairs on the same two devices; one pair is closed before the totals are read.
     Endpoint watcher(devices().b);  // stays open: reads the device's counters
@@ -163,6 +179,10 @@ TEST_CASE("A device's counters cover all its contexts, including closed ones", "
         Endpoint a(devices().a), b(devices().b);
         connect(a, b);
         exchange_and_verify(a, b, 21);
+        // Each QP sends its last ACK again as it is destroyed: one side at a time, each
+        // ACK arrived, before b's figures are taken.
+        destroy_qp_and_settle(a, b);
+        destroy_qp_and_settle(b, a);
         tx_closed = counter(b.ctx, "tx_packets");
         rx_closed = counter(b.ctx, "rx_packets");
         REQUIRE(tx_closed > 0);

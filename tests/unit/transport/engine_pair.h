@@ -166,6 +166,8 @@ struct PairOptions {
     bool hold_acks = true;
     uint32_t ack_hold_micros = 1000;
     uint32_t answer_window_micros = 1000;
+    // EngineConfig::last_ack_repeat_micros of both.
+    uint32_t last_ack_repeat_micros = 1'000'000;
     // EngineConfig::adaptive_retransmit of both: off leaves only the local ACK timeout.
     bool adaptive = true;
     // EngineConfig::ecn_capable of both: every packet leaves ECT(0).
@@ -340,6 +342,7 @@ class Pair {
         config.hold_acks = opt.hold_acks;
         config.ack_hold_micros = opt.ack_hold_micros;
         config.answer_window_micros = opt.answer_window_micros;
+        config.last_ack_repeat_micros = opt.last_ack_repeat_micros;
         config.resend_burst = opt.resend_burst;
         config.selective_recovery = opt.selective;
         config.early_request_bytes = opt.early_bytes;

@@ -118,10 +118,76 @@ TEST_CASE("Lifetime: a QP stopped right after a receive completes still sends it
     SECTION("moved to the error state") {
         REQUIRE(p.b.qp->modify(p.b.qp->attributes(), QpState::Rts, QpState::Err) == 0);
     }
+    // Twice: the second copy is the last ACK sent again (RcQp::send_last_ack), in case the
+    // first is lost; no resend of the message would be answered any more.
     const auto acks = b_out.with_opcode(wire::Opcode::RcAcknowledge);
-    REQUIRE(acks.size() == 1);
-    CHECK(acks[0].parsed().h.bth.psn == psn);
-    CHECK(acks[0].parsed().h.aeth.type() == wire::AckType::Ack);
+    REQUIRE(acks.size() == 2);
+    for (const auto& ack : acks) {
+        CHECK(ack.parsed().h.bth.psn == psn);
+        CHECK(ack.parsed().h.aeth.type() == wire::AckType::Ack);
+        CHECK(ack.parsed().h.aeth.msn == 1);
+    }
+    CHECK(p.b.counters().tx_last_ack_repeats.load() == 1);
+}
+
+// The ACK that named the peer's last message is lost, and the application, its completion
+// seen, destroys the QP at once: no resend of that message will be answered. The last ACK,
+// sent again as the QP stops, completes it. a may not retry (retry_cnt 0) and resends only
+// after 1 s (no adaptive timer): without the second copy its SEND fails with RETRY_EXC_ERR,
+// and a peer that retries for ever (the kernel's rxe with retry_cnt 7) would hang.
+TEST_CASE("Lifetime: a QP stopped after its last ACK was lost sends that ACK again", "[lifetime]") {
+    PairOptions o;
+    o.adaptive = false;
+    o.faults_b.drop = 1.0;
+    o.faults_b.until = 1;  // the first ACK only
+    o.faults_b.op_classes = kOpAck;
+    Pair p(o);
+    QpAttributes pa = default_attributes();
+    pa.timeout = 18;  // 1.07 s
+    pa.retry_cnt = 0;
+    p.connect(pa, default_attributes());
+    fill(p.a.at(0), 256, 41);
+    REQUIRE(p.b.qp->post_recv(recv_wqe(1, {p.b.sge(0, 256)})) == 0);
+    REQUIRE(p.a.qp->post_send(send_wqe(2, {p.a.sge(0, 256)})) == 0);
+    const Completion r = p.wait_one(*p.b.rcq);
+    REQUIRE(r.status == WcStatus::Success);
+    REQUIRE(first_mismatch(p.b.at(0), 256, 41) == 256);
+    REQUIRE(eventually([&] { return p.b.counters().tx_dropped_fault.load() == 1; }));
+    SECTION("destroyed") {
+        p.b.engine->detach(p.b.qp->qpn());
+    }
+    SECTION("moved to the error state") {
+        REQUIRE(p.b.qp->modify(p.b.qp->attributes(), QpState::Rts, QpState::Err) == 0);
+    }
+    const Completion s = p.wait_one(*p.a.scq);
+    CHECK(s.wr_id == 2);
+    CHECK(s.status == WcStatus::Success);
+    CHECK(p.b.counters().tx_last_ack_repeats.load() == 1);
+    CHECK(p.a.counters().retransmitted_packets.load() == 0);
+}
+
+// Long after its last ACK (here: more than last_ack_repeat_micros and the local ACK
+// timeout), a QP that stops sends nothing: a peer that lost that ACK has retried and been
+// answered meanwhile, and its QP number may now belong to another connection.
+TEST_CASE("Lifetime: a QP stopped long after its last ACK does not send it again", "[lifetime]") {
+    PairOptions o;
+    o.last_ack_repeat_micros = 1000;
+    Pair p(o);
+    QpAttributes pb = default_attributes();
+    pb.timeout = 1;  // 8 us: the 1 ms above decides
+    p.connect(default_attributes(), pb);
+    TxRecorder b_out(*p.b.engine);  // records, and sends
+    fill(p.a.at(0), 256, 42);
+    REQUIRE(p.b.qp->post_recv(recv_wqe(1, {p.b.sge(0, 256)})) == 0);
+    REQUIRE(p.a.qp->post_send(send_wqe(2, {p.a.sge(0, 256)})) == 0);
+    REQUIRE(p.wait_one(*p.b.rcq).status == WcStatus::Success);
+    REQUIRE(p.wait_one(*p.a.scq).status == WcStatus::Success);
+    const size_t acks = b_out.count_opcode(wire::Opcode::RcAcknowledge);
+    REQUIRE(acks >= 1);
+    std::this_thread::sleep_for(20ms);
+    p.b.engine->detach(p.b.qp->qpn());
+    CHECK(b_out.count_opcode(wire::Opcode::RcAcknowledge) == acks);
+    CHECK(p.b.counters().tx_last_ack_repeats.load() == 0);
 }
 
 // close() must not return while a timer callback of the QP is running: the caller frees the

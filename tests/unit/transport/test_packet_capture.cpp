@@ -228,7 +228,10 @@ TEST_CASE("UROCE_PCAP: one frame per packet sent and received, ICRC right for it
         traffic(p);
         ip_a = p.a.ip;
         ip_b = p.b.ip;
-        // Let the last ACKs arrive before the engines close.
+        // The QPs stop (each sends its last ACK again: RcQp::send_last_ack); let the last
+        // ACKs arrive before the engines close.
+        p.a.qp->close();
+        p.b.qp->close();
         REQUIRE(p.wait_until([&] {
             return p.a.counters().rx_packets.load() == p.b.counters().tx_packets.load() &&
                    p.b.counters().rx_packets.load() == p.a.counters().tx_packets.load();
@@ -351,7 +354,9 @@ TEST_CASE("UROCE_PCAP over IPv6: IPv6 frames with their UDP checksum, ICRC right
     {
         Pair p(o);
         p.connect();
-        traffic(p);  // WRITE, SEND and READ, data checked
+        traffic(p);       // WRITE, SEND and READ, data checked
+        p.a.qp->close();  // their last ACKs again, as in the case above
+        p.b.qp->close();
         REQUIRE(p.wait_until([&] {
             return p.a.counters().rx_packets.load() == p.b.counters().tx_packets.load() &&
                    p.b.counters().rx_packets.load() == p.a.counters().tx_packets.load();
@@ -497,6 +502,8 @@ TEST_CASE("UROCE_PCAP: packets marked CE show it on both sides, and so do the CN
         Pair p(o);
         p.connect();
         traffic(p);
+        p.a.qp->close();  // their last ACKs again, as in the first case
+        p.b.qp->close();
         ip_a = p.a.ip;
         ip_b = p.b.ip;
         const EngineCounters& b = p.b.counters();
