@@ -21,22 +21,10 @@ uint64_t u64_at(const Buffer& b, size_t offset) {
     return v;
 }
 
-ibv_qp* make_qp_ex(Endpoint& ep, ibv_qp_type type, uint64_t ops) {
-    ibv_qp_init_attr_ex attr{};
-    attr.send_cq = attr.recv_cq = ep.cq;
-    attr.qp_type = type;
-    attr.cap.max_send_wr = attr.cap.max_recv_wr = 256;
-    attr.cap.max_send_sge = attr.cap.max_recv_sge = 2;
-    attr.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
-    attr.pd = ep.pd;
-    attr.send_ops_flags = ops;
-    return ibv_create_qp_ex(ep.ctx, &attr);
-}
-
 // Replaces `ep`'s RC QP by one that can ATOMIC WRITE and RDMA WRITE through ibv_wr_*.
 ibv_qp_ex* use_qp_ex(Endpoint& ep) {
     ibv_qp* qp =
-        make_qp_ex(ep, IBV_QPT_RC, IBV_QP_EX_WITH_ATOMIC_WRITE | IBV_QP_EX_WITH_RDMA_WRITE);
+        create_qp_ex(ep, IBV_QPT_RC, IBV_QP_EX_WITH_ATOMIC_WRITE | IBV_QP_EX_WITH_RDMA_WRITE, 256);
     REQUIRE(qp);
     ibv_destroy_qp(ep.qp);
     ep.qp = qp;
@@ -169,7 +157,7 @@ TEST_CASE("ATOMIC WRITE: what is refused, and how", "[atomic_write]") {
         CHECK(ibv_poll_cq(a.cq, 1, &wc) == 0);
         CHECK(u64_at(target, 0) == 0);
         // A QP created without it cannot ask for it.
-        ibv_qp* plain = make_qp_ex(a, IBV_QPT_RC, IBV_QP_EX_WITH_RDMA_WRITE);
+        ibv_qp* plain = create_qp_ex(a, IBV_QPT_RC, IBV_QP_EX_WITH_RDMA_WRITE);
         REQUIRE(plain);
         ibv_qp_ex* px = ibv_qp_to_qp_ex(plain);
         ibv_wr_start(px);
@@ -178,10 +166,10 @@ TEST_CASE("ATOMIC WRITE: what is refused, and how", "[atomic_write]") {
         CHECK(ibv_destroy_qp(plain) == 0);
         // UC and XRC have no ATOMIC WRITE.
         errno = 0;
-        CHECK(make_qp_ex(a, IBV_QPT_UC, IBV_QP_EX_WITH_ATOMIC_WRITE) == nullptr);
+        CHECK(create_qp_ex(a, IBV_QPT_UC, IBV_QP_EX_WITH_ATOMIC_WRITE) == nullptr);
         CHECK(errno == EOPNOTSUPP);
         errno = 0;
-        CHECK(make_qp_ex(a, IBV_QPT_UD, IBV_QP_EX_WITH_ATOMIC_WRITE) == nullptr);
+        CHECK(create_qp_ex(a, IBV_QPT_UD, IBV_QP_EX_WITH_ATOMIC_WRITE) == nullptr);
         CHECK(errno == EOPNOTSUPP);
         ibv_qp_init_attr uc_init{};
         uc_init.send_cq = uc_init.recv_cq = a.cq;

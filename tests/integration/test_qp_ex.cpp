@@ -24,21 +24,9 @@ constexpr uint64_t kRcOps = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM |
                             IBV_QP_EX_WITH_RDMA_READ | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP |
                             IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD;
 
-ibv_qp* make_qp_ex(Endpoint& ep, ibv_qp_type type, uint64_t ops) {
-    ibv_qp_init_attr_ex attr{};
-    attr.send_cq = attr.recv_cq = ep.cq;
-    attr.qp_type = type;
-    attr.cap.max_send_wr = attr.cap.max_recv_wr = 64;
-    attr.cap.max_send_sge = attr.cap.max_recv_sge = 4;
-    attr.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
-    attr.pd = ep.pd;
-    attr.send_ops_flags = ops;
-    return ibv_create_qp_ex(ep.ctx, &attr);
-}
-
 // Replaces `ep`'s RC QP by one made with ibv_create_qp_ex.
 ibv_qp_ex* use_qp_ex(Endpoint& ep, uint64_t ops = kRcOps) {
-    ibv_qp* qp = make_qp_ex(ep, IBV_QPT_RC, ops);
+    ibv_qp* qp = create_qp_ex(ep, IBV_QPT_RC, ops);
     REQUIRE(qp);
     ibv_destroy_qp(ep.qp);
     ep.qp = qp;
@@ -165,10 +153,10 @@ TEST_CASE("qp_ex: wr_abort sends nothing; a bad request fails its whole batch", 
 TEST_CASE("qp_ex: what ibv_create_qp_ex refuses", "[qp_ex]") {
     Endpoint a(devices().a);
     errno = 0;
-    CHECK(make_qp_ex(a, IBV_QPT_RC, IBV_QP_EX_WITH_TSO) == nullptr);
+    CHECK(create_qp_ex(a, IBV_QPT_RC, IBV_QP_EX_WITH_TSO) == nullptr);
     CHECK(errno == EOPNOTSUPP);
     errno = 0;
-    CHECK(make_qp_ex(a, IBV_QPT_UD, IBV_QP_EX_WITH_RDMA_WRITE) == nullptr);
+    CHECK(create_qp_ex(a, IBV_QPT_UD, IBV_QP_EX_WITH_RDMA_WRITE) == nullptr);
     CHECK(errno == EOPNOTSUPP);
     ibv_qp_init_attr_ex attr{};
     attr.send_cq = attr.recv_cq = a.cq;
@@ -182,7 +170,7 @@ TEST_CASE("qp_ex: what ibv_create_qp_ex refuses", "[qp_ex]") {
     CHECK(ibv_create_qp_ex(a.ctx, &attr) == nullptr);
     CHECK(errno == EOPNOTSUPP);
     // A UD QP can take the send API too (SEND, with wr_set_ud_addr for the destination).
-    ibv_qp* ud = make_qp_ex(a, IBV_QPT_UD, IBV_QP_EX_WITH_SEND);
+    ibv_qp* ud = create_qp_ex(a, IBV_QPT_UD, IBV_QP_EX_WITH_SEND);
     REQUIRE(ud);
     CHECK(ibv_qp_to_qp_ex(ud) != nullptr);
     CHECK(ibv_destroy_qp(ud) == 0);

@@ -141,6 +141,18 @@ Endpoint::~Endpoint() {
     if (ctx) ibv_close_device(ctx);
 }
 
+ibv_qp* create_qp_ex(Endpoint& ep, ibv_qp_type type, uint64_t ops, uint32_t depth, uint32_t sges) {
+    ibv_qp_init_attr_ex attr{};
+    attr.send_cq = attr.recv_cq = ep.cq;
+    attr.qp_type = type;
+    attr.cap.max_send_wr = attr.cap.max_recv_wr = depth;
+    attr.cap.max_send_sge = attr.cap.max_recv_sge = sges;
+    attr.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+    attr.pd = ep.pd;
+    attr.send_ops_flags = ops;
+    return ibv_create_qp_ex(ep.ctx, &attr);
+}
+
 ibv_qp_state Endpoint::state() {
     ibv_qp_attr attr{};
     ibv_qp_init_attr init{};

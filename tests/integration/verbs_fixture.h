@@ -67,6 +67,12 @@ struct Endpoint {
     ibv_qp_state state();
 };
 
+// A QP of `type` on `ep`'s PD and CQ made by ibv_create_qp_ex with the ibv_wr_* operations
+// `ops` (IBV_QP_EX_WITH_...), `depth` send and receive WRs, `sges` SGEs each; nullptr (errno
+// set) if refused. The caller destroys it.
+ibv_qp* create_qp_ex(Endpoint& ep, ibv_qp_type type, uint64_t ops, uint32_t depth = 64,
+                     uint32_t sges = 4);
+
 // INIT -> RTR -> RTS on both sides, each pointing at the other.
 void connect(Endpoint& a, Endpoint& b, const QpOptions& opt = {});
 void to_rts(Endpoint& local, uint32_t remote_qpn, const ibv_gid& remote_gid, const QpOptions& opt);
