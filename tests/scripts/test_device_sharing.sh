@@ -41,18 +41,32 @@ if expect_pair_ok "one device: ibv_rc_pingpong server and verifying client"; the
         "^pingpong_verify: 300 iterations of 8192 bytes: every reply equals its message" "$CLI_OUT"
 fi
 # The device's counters (uroce stats: every context of every process, closed ones too) are
-# exactly what the two processes counted (UROCE_STATS, printed as each closed the device).
+# exactly what the two processes counted (UROCE_STATS, printed as each closed the device);
+# received packets may be more by the last ACKs a QP sends again as it is destroyed
+# (RcQp::send_last_ack), which can arrive after the other process printed its figures.
+late=$(( $(counter_value "$SRV_ERR" "$A" tx_last_ack_repeats) + $(counter_value "$CLI_ERR" "$A" tx_last_ack_repeats) ))
 for c in tx_packets rx_packets tx_acks; do
     want=$(( $(counter_value "$SRV_ERR" "$A" "$c") + $(counter_value "$CLI_ERR" "$A" "$c") ))
     got=$("$UROCE" stats "$A" | awk -v k="$c" '$1 == k { print $2 }')
-    expect_eq "uroce stats $A: $c is the sum of both processes' ($want)" "$want" "$got"
+    if [[ $c == rx_packets ]]; then
+        if [[ -n $got ]] && ((got >= want && got <= want + late)); then
+            ok "uroce stats $A: $c is the sum of both processes' ($want) + at most $late last ACKs sent again ($got)"
+        else
+            not_ok "uroce stats $A: $c is the sum of both processes' + at most $late last ACKs sent again" \
+                "want: $want .. $((want + late))" "got:  ${got:-none}"
+        fi
+    else
+        expect_eq "uroce stats $A: $c is the sum of both processes' ($want)" "$want" "$got"
+    fi
 done
 # The server's one QP did all of its process's traffic: its counters (read after the process
-# exited) equal the process's.
+# exited) equal the process's, less what came for no QP (the client's last ACK sent again
+# after this QP was destroyed).
 srv_qpn=$(awk '/local address:/ { for (i = 1; i < NF; i++) if ($i == "QPN") { sub(",", "", $(i + 1)); print $(i + 1) } }' "$SRV_OUT")
 if [[ -n $srv_qpn ]]; then
     for c in tx_packets rx_packets; do
         want=$(counter_value "$SRV_ERR" "$A" "$c")
+        [[ $c == rx_packets ]] && want=$((want - $(counter_value "$SRV_ERR" "$A" rx_unknown_qp)))
         got=$("$UROCE" stats "$A" --qp "$srv_qpn" | awk -v k="$c" '$1 == k { print $2 }')
         expect_eq "uroce stats $A --qp $srv_qpn (the server's QP, process gone): $c ($want)" "$want" "$got"
     done
