@@ -347,6 +347,17 @@ counter_value() {
     grep -ao "uroce $2 counters:.*" "$1" 2>/dev/null | tail -n 1 | tr ' ' '\n' | awk -F= -v k="$3" '$1 == k { print $2 }'
 }
 
+# captures_fit N1 N2 S_TOTAL C_TOTAL S_REPEATS C_REPEATS: true if the two capture files'
+# frame counts N1 and N2 are, in some order, the server's and the client's: each the packets
+# its process counted sent and received (S_TOTAL, C_TOTAL), plus at most the peer's last ACKs
+# sent again as its QP was destroyed (tx_last_ack_repeats), which can arrive after a process
+# printed its counters.
+captures_fit() {
+    local n1=$1 n2=$2 s=$3 c=$4 s_rep=$5 c_rep=$6
+    { ((n1 >= s && n1 <= s + c_rep && n2 >= c && n2 <= c + s_rep)); } ||
+        { ((n2 >= s && n2 <= s + c_rep && n1 >= c && n1 <= c + s_rep)); }
+}
+
 # counters_line FILE DEVICE: the whole last counters line of DEVICE in FILE.
 counters_line() {
     grep -ao "uroce $2 counters:.*" "$1" 2>/dev/null | tail -n 1

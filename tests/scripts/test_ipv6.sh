@@ -160,10 +160,8 @@ if expect_pair_ok "capture"; then
     c_rep=$(counter_value "$CLI_ERR" "$B" tx_last_ack_repeats)
     got=()
     for f in "${files[@]}"; do got+=("$(tshark -r "$f" -T fields -e frame.number 2>/dev/null | wc -l)"); done
-    fits() { (($1 >= $2 && $1 <= $2 + $3)); }
     if [[ ${#got[@]} -eq 2 && -n $s_rep && -n $c_rep ]] &&
-        { { fits "${got[0]}" "$want" "$c_rep" && fits "${got[1]}" "$want_c" "$s_rep"; } ||
-            { fits "${got[1]}" "$want" "$c_rep" && fits "${got[0]}" "$want_c" "$s_rep"; }; }; then
+        captures_fit "${got[0]}" "${got[1]}" "$want" "$want_c" "$s_rep" "$c_rep"; then
         ok "capture: one frame per packet sent and received (${got[*]}; server $want, client $want_c)"
     else
         not_ok "capture: one frame per packet sent and received" "frames: ${got[*]}" \

@@ -99,9 +99,7 @@ captured() {
     local f n counts=()
     for f in "${files[@]}"; do counts+=("$(tsh -r "$f" -T fields -e frame.number | wc -l)"); done
     local s_tot=$((s_tx + s_rx)) c_tot=$((c_tx + c_rx))
-    fits() { (($1 >= $2 && $1 <= $2 + $3)); }
-    if { fits "${counts[0]}" $s_tot "$c_rep" && fits "${counts[1]}" $c_tot "$s_rep"; } ||
-        { fits "${counts[1]}" $s_tot "$c_rep" && fits "${counts[0]}" $c_tot "$s_rep"; }; then
+    if captures_fit "${counts[0]}" "${counts[1]}" $s_tot $c_tot "$s_rep" "$c_rep"; then
         ok "$label: one frame per packet sent and received in each file (${counts[*]}; server $s_tot, client $c_tot)"
     else
         not_ok "$label: one frame per packet sent and received in each file" \
