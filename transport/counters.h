@@ -32,6 +32,7 @@ namespace uroce::transport {
     X(rx_duplicate)              /* duplicate requests answered again */                         \
     X(rx_out_of_sequence)        /* requests ahead of the expected PSN */                        \
     X(tx_seq_naks)               /* PSN sequence error NAKs sent */                              \
+    X(tx_seq_nak_repeats)        /* of them, sent again: the newest early packet came again */   \
     X(tx_rnr_naks)               /* receiver-not-ready NAKs sent */                              \
     X(tx_access_naks)            /* remote access error NAKs sent */                             \
     X(tx_invalid_naks)           /* invalid request NAKs sent */                                 \

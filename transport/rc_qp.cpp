@@ -82,6 +82,7 @@ int RcQp::modify(const QpAttributes& attrs, QpState expected, QpState next) {
             in_message_ = InMessage::None;
             forget_pending_ack();
             nak_sent_ = false;
+            newest_ahead_live_ = false;
             got_first_packet_ = false;
             msn_ = 0;
             reads_.clear();
@@ -92,6 +93,7 @@ int RcQp::modify(const QpAttributes& attrs, QpState expected, QpState next) {
             keep_strikes_ = 0;
             selective_chain_ = 0;
             selective_open_ = false;
+            selective_retries_ = 0;
             goback_high_ = 0;
             send_psn_live_ = expected_psn_live_ = false;
             break;

@@ -225,10 +225,12 @@ class RcQp final : public QpCommon {
     // Sends packet `psn` and the newest one sent, asking for an ACK; false (nothing sent) if
     // `psn` is not a SEND or WRITE packet.
     bool resend_selected(uint32_t psn, Resend why = Resend::Loss);
-    // The probe after a sequence NAK's resend (resend_unacknowledged) to a peer known to
-    // keep: the oldest unacknowledged packet and the newest, as a selective resend; false
-    // (nothing sent) for any other peer, or when a selective resend is not possible.
-    bool probe_selected();
+    // A sequence NAK's selective resend again, when no answer came (a probe, the adaptive
+    // timeout) or the peer sent the same NAK again (its resent packet was lost): the oldest
+    // unacknowledged packet and the newest. A few times per NAK (rc_selective_resend.cpp);
+    // false (nothing sent) without a NAK, to a peer that keeps nothing, past that bound, or
+    // when a selective resend is not possible: the caller goes back N.
+    bool resend_selected_again();
     // What an answer acknowledging everything up to `acked` says of the peer.
     void judge_selective(uint32_t acked);
     // The sq_ index of the SEND or WRITE whose PSNs hold `psn` (the only requests a peer
@@ -281,6 +283,7 @@ class RcQp final : public QpCommon {
     // A request in sequence: executed, or held behind READ responses. False if refused
     // before its PSN was accepted (too many held).
     bool accept_in_sequence(const wire::ParsedPacket& pkt);
+    void send_sequence_nak();  // for epsn_
     // Keeps a request that came `ahead` PSNs early (early_requests.h), if the engine does.
     void keep_early(const wire::ParsedPacket& pkt, uint32_t ahead);
     // Runs the kept requests that follow in sequence now that `filled` came.
@@ -432,12 +435,14 @@ class RcQp final : public QpCommon {
     // everything from that PSN on must go again anyway. With a second probe of the last
     // packet alone, each such loss waited for the adaptive timeout (at least 1 ms): 23 times
     // in a 71 ms `ib_write_bw` of 300 x 64 KiB under 5% loss. A lost probe or a lost ACK of
-    // it (1 in 10 under 5% loss each way) costs the window in exchange. To a peer known to
-    // keep (below), the probe after a NAK's resend is a selective resend of the packet the
-    // NAK named (the oldest unacknowledged: the NAK acknowledged all before it) and the last
-    // one (probe_selected). Not the probes without a NAK: the packet the peer waits for is
-    // unknown then, and the oldest unacknowledged one, which it may well have (it ACKs only
-    // what asks for an ACK), draws a duplicate's ACK for that packet alone.
+    // it (1 in 10 under 5% loss each way) costs the window in exchange. uroce's responder
+    // (selective recovery) does answer a probe of its newest packet ahead of a gap: with its
+    // NAK again, so the first probe finds a lost NAK. To a peer that keeps or may keep
+    // (below), the probe after a NAK's resend is a selective resend of the packet the NAK
+    // named (the oldest unacknowledged: the NAK acknowledged all before it) and the last one
+    // (resend_selected_again). Not the probes without a NAK: the packet the peer waits for
+    // is unknown then, and the oldest unacknowledged one, which it may well have (it ACKs
+    // only what asks for an ACK), draws a duplicate's ACK for that packet alone.
     bool probe_armed_ = false;                     // the timer stands for the probe
     static constexpr unsigned kMaxTailProbes = 2;  // then the retransmission timeout
     unsigned probes_sent_ = 0;                     // since the last progress
@@ -452,9 +457,10 @@ class RcQp final : public QpCommon {
     // after the one it resent: bounded, so that a peer that stopped keeping (its budget
     // spent) is repaired by going back N rather than one packet per round trip.
     uint8_t selective_chain_ = 0;
-    bool selective_open_ = false;  // a selective resend waits for its answer
-    uint32_t selective_psn_ = 0;   // the missing packet it sent again
-    uint32_t selective_tail_ = 0;  // the newest packet it sent with it
+    bool selective_open_ = false;    // a selective resend waits for its answer
+    uint8_t selective_retries_ = 0;  // repeats of a NAK's selective resend (no answer)
+    uint32_t selective_psn_ = 0;     // the missing packet it sent again
+    uint32_t selective_tail_ = 0;    // the newest packet it sent with it
     // The PSN after the newest packet a go-back-N sent again (pump_window): an answer to a
     // selective resend proves no keeping if a go-back-N had already sent the packet after
     // the resent one again (a late NAK, after the timer's resend), which the peer then
@@ -492,6 +498,10 @@ class RcQp final : public QpCommon {
     uint32_t epsn_ = 0;      // expected request PSN
     uint32_t msn_ = 0;       // message sequence number
     bool nak_sent_ = false;  // a sequence NAK for epsn_ is out
+    // The newest PSN that arrived ahead of epsn_ since the sequence NAK (read only while
+    // nak_sent_; not live after an RNR NAK): a copy of it draws the NAK again (on_request).
+    uint32_t newest_ahead_ = 0;
+    bool newest_ahead_live_ = false;
     bool ack_pending_ = false;
     // When the last plain ACK left (time_point::min(): none since RTR): send_last_ack() sends
     // it again if that was recently.

@@ -186,17 +186,33 @@ void RcQp::on_request(const wire::ParsedPacket& pkt) {
         keep_early(pkt, static_cast<uint32_t>(d));
         if (!nak_sent_) {
             nak_sent_ = true;
-            bump(engine_.counters().tx_seq_naks);
-            bump(qp_counters_.tx_naks);
-            bump(qp_counters_.tx_seq_naks);
-            send_ack(epsn_,
-                     wire::Aeth::make(wire::AckType::Nak,
-                                      static_cast<uint8_t>(wire::NakCode::PsnSequenceError)));
+            newest_ahead_ = psn;
+            newest_ahead_live_ = d < static_cast<int32_t>(EarlyRequests::kSpan);
+            send_sequence_nak();
+        } else if (newest_ahead_live_ && d < static_cast<int32_t>(EarlyRequests::kSpan)) {
+            if (psn == newest_ahead_ && engine_.config().selective_recovery) {
+                // The newest packet again: a requester that keeps track of what the peer
+                // keeps probes with it when its NAK never came (lost) or its resend of the
+                // missing packet was lost. Silence would leave it guessing where the gap
+                // is, and it would go back N (docs/selective-recovery.md).
+                bump(engine_.counters().tx_seq_nak_repeats);
+                send_sequence_nak();
+            } else if (psn_after(psn, newest_ahead_)) {
+                newest_ahead_ = psn;
+            }
         }
         return;
     }
     if (!accept_in_sequence(pkt)) return;
     if (!early_.empty()) run_early(pkt);
+}
+
+void RcQp::send_sequence_nak() {
+    bump(engine_.counters().tx_seq_naks);
+    bump(qp_counters_.tx_naks);
+    bump(qp_counters_.tx_seq_naks);
+    send_ack(epsn_, wire::Aeth::make(wire::AckType::Nak,
+                                     static_cast<uint8_t>(wire::NakCode::PsnSequenceError)));
 }
 
 void RcQp::keep_early(const wire::ParsedPacket& pkt, uint32_t ahead) {
@@ -342,6 +358,7 @@ void RcQp::execute_one(const wire::ParsedPacket& pkt) {
         bump(qp_counters_.tx_naks);
         bump(qp_counters_.tx_rnr_naks);
         nak_sent_ = true;
+        newest_ahead_live_ = false;  // an RNR NAK: the requester waits, whatever comes again
         epsn_ = psn;
         held_.clear();
         early_.clear();

@@ -113,6 +113,11 @@ void RcQp::fire_timer(std::chrono::steady_clock::time_point now) {
         // The adaptive timeout: resend early, keep the local ACK timeout running.
         bump(engine_.counters().early_retransmits);
         bump(qp_counters_.early_retransmits);
+        if (resend_selected_again()) {
+            ++rto_backoff_;
+            arm_timer();
+            return;
+        }
     }
     ++rto_backoff_;
     last_rewind_psn_ = 0xffffffff;
@@ -230,7 +235,7 @@ void RcQp::resend_unacknowledged() {
     ++probes_sent_;
     bump(engine_.counters().tail_probes);
     bump(qp_counters_.tail_probes);
-    if (!nak_resent_ || !probe_selected()) rewind_to(oldest_unacked(), Resend::Probe);
+    if (!resend_selected_again()) rewind_to(oldest_unacked(), Resend::Probe);
     pump();
 }
 

@@ -15,18 +15,23 @@
 //     from X, one round trip later; after kKeepStrikes such answers before any proof of
 //     keeping, it goes back N at once for the rest of the connection (the kernel's rxe and
 //     NICs without out-of-order placement cost two round trips, once).
-// Once the peer is known to keep:
-//   - a NAK for X + 1 (X + 1 lost too) is answered by another selective resend, up to
-//     kSelectiveChain in a row; then the requester goes back N, in case the peer stopped
-//     keeping (its budget spent) and would otherwise be repaired one packet per round trip;
-//   - the probe after a NAK's resend (a lost X, a lost answer) resends X and the newest
-//     packet, as a selective resend does, instead of everything from X on.
-// Under 5% loss, go-back-Ns resent about 4,900 packets per ib_write_bw -n 2000 (against
-// 2,400 for the selective resends), two fifths of them from those two cases.
-// A peer not (yet) known to keep gets no second selective resend: two losses in a row go
-// back N, and so do the timer's resends. A NAK while a go-back-N is still under way goes
-// back N for any peer, and so do the probes without a NAK (the packet the peer waits for
-// is unknown: rc_qp.h) and the retransmission timeout.
+// Once the peer is known to keep, a NAK for X + 1 (X + 1 lost too) is answered by another
+// selective resend, up to kSelectiveChain in a row; then the requester goes back N, in case
+// the peer stopped keeping (its budget spent) and would otherwise be repaired one packet per
+// round trip.
+// When a selective resend draws no answer in time (X or the answer lost, or a peer slow to
+// run), the probe or the adaptive timeout sends X and T again instead of everything from X
+// on: up to kSelectiveRetriesKeeping times to a peer known to keep, and
+// kSelectiveRetriesUnknown times to one not known yet while the first resend's verdict is
+// open (going back N would resend X + 1 and spoil the verdict; a late answer on a busy host
+// is the likelier cause). The same NAK coming again does the same at once: a keeping
+// responder sends it again when the newest packet comes again ahead of its gap
+// (rc_responder.cpp), here T without X. Under 5% loss that took ib_write_bw -n 2000 from
+// about 6,000 packets resent to 4,700 (docs/selective-recovery.md).
+// A peer known to keep nothing gets go-back-N for every loss. A NAK while a go-back-N is
+// still under way goes back N for any peer, and so do the probes without a NAK (the packet
+// the peer waits for is unknown: rc_qp.h; a keeping peer answers a probe of its newest
+// packet with the NAK again) and the retransmission timeout.
 #include "transport/engine.h"
 #include "transport/psn.h"
 #include "transport/rc_qp.h"
@@ -44,13 +49,27 @@ constexpr uint8_t kKeepStrikes = 2;
 // lost in a row are about one loss in 400.
 constexpr uint8_t kSelectiveChain = 3;
 
+// Repeats of a NAK's selective resend that got no answer in time (probes, adaptive
+// timeouts) before the requester goes back N: to a peer known to keep, and to one not known
+// yet while the first resend's verdict is open.
+constexpr uint8_t kSelectiveRetriesKeeping = 4;
+constexpr uint8_t kSelectiveRetriesUnknown = 2;
+
 }  // namespace
 
 void RcQp::on_sequence_nak(uint32_t psn) {
     // Resend from the PSN the responder expects, once per PSN: the NAKs for a burst of
     // out-of-order packets all name the same one.
     spurious_.on_loss();
-    if (!has_outstanding() || psn == last_rewind_psn_) return;
+    if (!has_outstanding()) return;
+    if (psn == last_rewind_psn_) {
+        // The same NAK again: a keeping peer saw the newest packet come again without the
+        // one it asked for (it NAKs again only then), so this requester's resend of that
+        // one was lost. Once more, selectively, as a probe would after waiting (to a peer
+        // not known to keep, only while the first selective resend awaits its verdict).
+        if (resend_selected_again()) restart_timer();
+        return;
+    }
     last_rewind_psn_ = psn;
     bool go_back = peer_keeps_ == PeerKeeps::No || !engine_.config().selective_recovery;
     if (selective_open_) {
@@ -81,6 +100,7 @@ void RcQp::on_sequence_nak(uint32_t psn) {
     // The peer is alive and waiting for the resent packets: give them a whole timeout from
     // now, and a probe if they do not come (rc_qp.h).
     nak_resent_ = true;
+    selective_retries_ = 0;
     restart_timer();
 }
 
@@ -103,9 +123,21 @@ void RcQp::judge_selective(uint32_t acked) {
     }
 }
 
-bool RcQp::probe_selected() {
-    if (peer_keeps_ != PeerKeeps::Yes || !engine_.config().selective_recovery) return false;
-    return resend_selected(oldest_unacked(), Resend::Probe);
+bool RcQp::resend_selected_again() {
+    if (!nak_resent_ || !engine_.config().selective_recovery) return false;
+    // A peer known to keep loses only time to a late answer. One not known yet (the answer
+    // is the verdict) gets the same, a bounded number of times: a peer that keeps nothing
+    // and whose NAK for X + 1 was lost answers the repeat with nothing (it NAKs once), and
+    // only going back N repairs it.
+    uint8_t bound = 0;
+    if (peer_keeps_ == PeerKeeps::Yes)
+        bound = kSelectiveRetriesKeeping;
+    else if (peer_keeps_ == PeerKeeps::Unknown && selective_open_)
+        bound = kSelectiveRetriesUnknown;
+    if (selective_retries_ >= bound) return false;
+    if (!resend_selected(oldest_unacked(), Resend::Probe)) return false;
+    ++selective_retries_;
+    return true;
 }
 
 int64_t RcQp::keepable_request_at(uint32_t psn) const {

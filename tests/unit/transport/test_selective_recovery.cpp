@@ -245,6 +245,57 @@ TEST_CASE(
     CHECK(region(t.p.a, kAt, 64) == bytes(64, 8));
 }
 
+TEST_CASE(
+    "Responder: the newest packet ahead of a gap coming again draws the NAK again; nothing "
+    "else does",
+    "[selective][responder]") {
+    Hostile t;
+    const auto data = bytes(4 * kMtu, 7);
+    // Packets 1-3 of a 4-packet WRITE: 0 was lost, one NAK.
+    t.peer.inject(t.write(wire::Opcode::RcWriteMiddle, 1, 0, 0, false), part(data, 1));
+    t.peer.inject(t.write(wire::Opcode::RcWriteMiddle, 2, 0, 0, false), part(data, 2));
+    t.peer.inject(t.write(wire::Opcode::RcWriteLast, 3, 0, 0, true), part(data, 3));
+    REQUIRE(naks(t.a_out, wire::NakCode::PsnSequenceError, 0) == 1);
+    t.a_out.clear();
+    // An older kept packet again (a requester going back N, its resend of 0 lost): silence,
+    // as IBA's responder keeps after its NAK.
+    t.peer.inject(t.write(wire::Opcode::RcWriteMiddle, 2, 0, 0, true), part(data, 2));
+    CHECK(sent(t.a_out).empty());
+    // The newest again (a probe, or the tail of a selective resend whose 0 was lost): the
+    // NAK again, each time.
+    t.peer.inject(t.write(wire::Opcode::RcWriteLast, 3, 0, 0, true), part(data, 3));
+    CHECK(naks(t.a_out, wire::NakCode::PsnSequenceError, 0) == 1);
+    t.peer.inject(t.write(wire::Opcode::RcWriteLast, 3, 0, 0, true), part(data, 3));
+    CHECK(naks(t.a_out, wire::NakCode::PsnSequenceError, 0) == 2);
+    CHECK(t.p.a.counters().tx_seq_nak_repeats.load() == 2);
+    CHECK(t.p.a.counters().tx_seq_naks.load() == 3);
+    CHECK(acks(t.a_out).empty());
+    t.a_out.clear();
+    // Once the gap fills, the same packet is a duplicate: an ACK, no NAK.
+    t.peer.inject(t.write(wire::Opcode::RcWriteFirst, 0, kAt, 4 * kMtu, true), part(data, 0));
+    CHECK(region(t.p.a, kAt, data.size()) == data);
+    t.peer.inject(t.write(wire::Opcode::RcWriteLast, 3, 0, 0, true), part(data, 3));
+    CHECK(naks(t.a_out, wire::NakCode::PsnSequenceError, 0) == 0);
+    CHECK(acks(t.a_out) == std::vector<uint32_t>{0, 3});
+    CHECK(t.p.a.counters().tx_seq_nak_repeats.load() == 2);
+    CHECK(t.p.a.qp->state() == QpState::Rts);
+}
+
+TEST_CASE("Responder: after an RNR NAK, a packet that comes again draws no sequence NAK",
+          "[selective][responder]") {
+    Hostile t;
+    // A SEND finds no receive WQE: RNR NAK; the requester's next packets are dropped, also
+    // when one of them comes twice (it waits for the RNR timer, not for a sequence NAK).
+    t.peer.inject(t.peer.headers(wire::Opcode::RcSendOnly, 0), bytes(64, 1));
+    REQUIRE(naks(t.a_out, wire::NakCode::PsnSequenceError, 0) == 0);
+    REQUIRE(t.p.a.counters().tx_rnr_naks.load() == 1);
+    t.a_out.clear();
+    t.peer.inject(t.write(wire::Opcode::RcWriteOnly, 1, kAt, 64, true), bytes(64, 2));
+    t.peer.inject(t.write(wire::Opcode::RcWriteOnly, 1, kAt, 64, true), bytes(64, 2));
+    CHECK(sent(t.a_out).empty());
+    CHECK(t.p.a.counters().tx_seq_nak_repeats.load() == 0);
+}
+
 TEST_CASE("Responder: a QP that stops answering acknowledges all that kept requests completed",
           "[selective][responder]") {
     Hostile t;
@@ -583,6 +634,12 @@ TEST_CASE("Responder: with selective recovery off, requests after a lost one are
     CHECK(t.p.a.counters().rx_early_kept.load() == 0);
     t.peer.inject(t.write(wire::Opcode::RcWriteLast, 1, 0, 0, true), part(data, 1));
     CHECK(region(t.p.a, kAt, data.size()) == data);
+    // Nor does the newest packet ahead of a gap draw the NAK again: IBA's responder.
+    t.a_out.clear();
+    t.peer.inject(t.write(wire::Opcode::RcWriteOnly, 3, kAt, 64, true), bytes(64, 3));
+    t.peer.inject(t.write(wire::Opcode::RcWriteOnly, 3, kAt, 64, true), bytes(64, 3));
+    CHECK(naks(t.a_out, wire::NakCode::PsnSequenceError, 2) == 1);
+    CHECK(t.p.a.counters().tx_seq_nak_repeats.load() == 0);
 }
 
 // --- both ends, for real ---

@@ -161,6 +161,60 @@ TEST_CASE("Requester: a peer that kept is answered selectively, three losses in 
     CHECK(t.p.a.counters().selective_resends.load() == 11);
 }
 
+// A responder that keeps sends its NAK again when the newest packet comes again ahead of the
+// gap (rc_responder.cpp): after a selective resend, that says the resent packet was lost.
+TEST_CASE("Requester: the same NAK again after a selective resend draws it again, a few times",
+          "[selective][requester]") {
+    SilentResponder t;
+    SECTION("a peer not known to keep yet: twice") {
+        t.write8(1);  // PSNs 0-7
+        t.nak(2);
+        CHECK(t.psns(2) == Psns{2, 7});
+        t.selectively({2, 2}, 7);
+        t.nak(2);
+        CHECK(t.psns(0).empty());
+        CHECK(t.p.a.counters().retransmitted_packets.load() == 6);
+        t.done(7, 1);
+    }
+    SECTION("a peer known to keep: four times") {
+        t.write8(1);
+        t.nak(2);
+        CHECK(t.psns(2) == Psns{2, 7});
+        t.nak(5);  // 3 and 4 kept: known to keep
+        CHECK(t.psns(2) == Psns{5, 7});
+        t.selectively({5, 5, 5, 5}, 7);
+        t.nak(5);
+        CHECK(t.psns(0).empty());
+        t.done(7, 1);
+    }
+    SECTION("a peer known to keep, after a go-back-N: selectively") {
+        t.write8(1);  // PSNs 0-7: known to keep
+        t.nak(2);
+        CHECK(t.psns(2) == Psns{2, 7});
+        t.nak(5);
+        CHECK(t.psns(2) == Psns{5, 7});
+        t.done(7, 1);
+        t.write8(2);  // PSNs 8-15: three in a row, then back N from 13
+        t.selectively({10, 11, 12}, 15);
+        t.nak(13);
+        CHECK(t.psns(3) == Psns{13, 14, 15});
+        t.nak(13);  // 13 lost again: the peer kept 14 and 15
+        CHECK(t.psns(2) == Psns{13, 15});
+        t.done(15, 2);
+    }
+    SECTION("a peer not known yet, after a go-back-N: nothing, it is under way") {
+        t.write8(1);
+        t.nak(2);
+        CHECK(t.psns(2) == Psns{2, 7});
+        t.nak(3);  // nothing kept: back N from 3
+        CHECK(t.psns(5) == Psns{3, 4, 5, 6, 7});
+        t.nak(3);
+        CHECK(t.psns(0).empty());
+        t.done(7, 1);
+    }
+    CHECK(t.p.a.counters().retransmit_timeouts.load() == 0);
+}
+
 TEST_CASE("Requester: an answer to packets a go-back-N sent again proves nothing kept",
           "[selective][requester]") {
     SilentResponder t;
