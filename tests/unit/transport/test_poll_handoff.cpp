@@ -628,7 +628,9 @@ TEST_CASE("A resend during a long park brings the watch period back", "[poll_han
     CHECK(c.status == WcStatus::Success);
     CHECK(first_mismatch(p.b.at(8192), 2 * kMtu, 70) == 2 * kMtu);
     CHECK(p.a.counters().retransmitted_packets.load() > resent);
-    CHECK(p.b.counters().tx_seq_naks.load() == 1);
+    // One gap, one NAK; on a slow machine (ASan) a's first timer expiry, a probe of the
+    // newest packet, may come before that NAK is read and draw it again.
+    CHECK(p.b.counters().tx_seq_naks.load() - p.b.counters().tx_seq_nak_repeats.load() == 1);
     CHECK(p.a.engine->socket_watch_micros() <= PollHandoff::kWatchMicros);
 }
 
