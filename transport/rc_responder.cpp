@@ -187,7 +187,7 @@ void RcQp::on_request(const wire::ParsedPacket& pkt) {
         if (!nak_sent_) {
             nak_sent_ = true;
             newest_ahead_ = psn;
-            newest_ahead_live_ = d < static_cast<int32_t>(EarlyRequests::kSpan);
+            newest_ahead_live_ = true;
             send_sequence_nak();
         } else if (newest_ahead_live_ && d < static_cast<int32_t>(EarlyRequests::kSpan)) {
             if (psn == newest_ahead_ && engine_.config().selective_recovery) {

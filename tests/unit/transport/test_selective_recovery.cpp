@@ -281,6 +281,31 @@ TEST_CASE(
     CHECK(t.p.a.qp->state() == QpState::Rts);
 }
 
+TEST_CASE("Responder: a packet further ahead than any window never draws the NAK again",
+          "[selective][responder]") {
+    Hostile t;
+    constexpr uint32_t kFar = EarlyRequests::kSpan + 10;  // no requester sent it since the gap
+    SECTION("as the first packet ahead") {
+        t.peer.inject(t.write(wire::Opcode::RcWriteOnly, kFar, kAt, 64, true), bytes(64, 1));
+        REQUIRE(naks(t.a_out, wire::NakCode::PsnSequenceError, 0) == 1);
+        t.peer.inject(t.write(wire::Opcode::RcWriteOnly, kFar, kAt, 64, true), bytes(64, 1));
+    }
+    SECTION("after a packet in the window") {
+        t.peer.inject(t.write(wire::Opcode::RcWriteOnly, 2, kAt, 64, true), bytes(64, 2));
+        REQUIRE(naks(t.a_out, wire::NakCode::PsnSequenceError, 0) == 1);
+        t.peer.inject(t.write(wire::Opcode::RcWriteOnly, kFar, kAt, 64, true), bytes(64, 1));
+        t.peer.inject(t.write(wire::Opcode::RcWriteOnly, kFar, kAt, 64, true), bytes(64, 1));
+        CHECK(naks(t.a_out, wire::NakCode::PsnSequenceError, 0) == 1);
+        // The newest packet in the window is still the one whose copy draws it.
+        t.peer.inject(t.write(wire::Opcode::RcWriteOnly, 2, kAt, 64, true), bytes(64, 2));
+        CHECK(naks(t.a_out, wire::NakCode::PsnSequenceError, 0) == 2);
+        CHECK(t.p.a.counters().tx_seq_nak_repeats.load() == 1);
+        return;
+    }
+    CHECK(naks(t.a_out, wire::NakCode::PsnSequenceError, 0) == 1);
+    CHECK(t.p.a.counters().tx_seq_nak_repeats.load() == 0);
+}
+
 TEST_CASE("Responder: after an RNR NAK, a packet that comes again draws no sequence NAK",
           "[selective][responder]") {
     Hostile t;
