@@ -67,6 +67,12 @@ ReceiveBatch::ReceiveBatch(size_t count, size_t buffer_bytes)
         h.msg_control = controls_[i].bytes;
         h.msg_controllen = sizeof controls_[i].bytes;
     }
+    // Every page written now, when the device opens, not by the first reads: each page's
+    // first write faults, and on a VM whose hypervisor shadows the guest's page tables a
+    // fault costs ~14 us (perf, the AMD VM of docs/performance-log.md, 2026-12-05): 256 of
+    // them in a GRO batch's 1 MiB made the first receive batch of a stream take 2-10 ms
+    // (median 6.4, 2.0 after), and its sender's first timeouts fire meanwhile.
+    std::memset(buffers_.data(), 0, count_ * buffer_bytes_);
 }
 
 ReceiveBatch::~ReceiveBatch() = default;
