@@ -427,17 +427,19 @@ class RcQp final : public QpCommon {
     // acknowledged for about two round trips, the last packet sent goes again, alone and
     // asking for an ACK: if the tail of a burst (or its ACK) was lost, that repairs it for
     // one packet; a loss earlier in the burst gets the responder's NAK. Twice per stall at
-    // most, armed again only after progress. The second, after twice the wait, goes back N
-    // from the oldest unacknowledged packet, and so does a probe armed after a sequence
-    // NAK's rewind: a responder NAKs a sequence error once and then drops every later packet
-    // silently until the PSN it asked for comes (rxe and uroce alike), so when that NAK is
-    // lost, or the resend it asked for, a probe of the last packet is never answered, and
-    // everything from that PSN on must go again anyway. With a second probe of the last
-    // packet alone, each such loss waited for the adaptive timeout (at least 1 ms): 23 times
-    // in a 71 ms `ib_write_bw` of 300 x 64 KiB under 5% loss. A lost probe or a lost ACK of
-    // it (1 in 10 under 5% loss each way) costs the window in exchange. uroce's responder
-    // (selective recovery) does answer a probe of its newest packet ahead of a gap: with its
-    // NAK again, so the first probe finds a lost NAK. To a peer that keeps or may keep
+    // most, armed again only after progress. To a peer known to keep nothing (or with
+    // selective recovery off) the second, after twice the wait, goes back N from the oldest
+    // unacknowledged packet, and so does a probe armed after a sequence NAK's rewind: such a
+    // responder NAKs a sequence error once and then drops every later packet silently until
+    // the PSN it asked for comes (rxe), so when that NAK is lost, or the resend it asked
+    // for, a probe of the last packet is never answered, and everything from that PSN on
+    // must go again anyway. With a second probe of the last packet alone, each such loss
+    // waited for the adaptive timeout (at least 1 ms): 23 times in a 71 ms `ib_write_bw` of
+    // 300 x 64 KiB under 5% loss. uroce's responder (selective recovery) does answer a probe
+    // of its newest packet ahead of a gap, with its NAK again, so the first probe finds a
+    // lost NAK: to a peer not known to keep nothing, the second probe without a NAK is the
+    // last packet alone again (a silent peer is then most likely one off the CPU, and a
+    // go-back-N resent the window for nothing). To a peer that keeps or may keep
     // (below), the probe after a NAK's resend is a selective resend of the packet the NAK
     // named (the oldest unacknowledged: the NAK acknowledged all before it) and the last one
     // (resend_selected_again). Not the probes without a NAK: the packet the peer waits for
