@@ -119,13 +119,14 @@ TEST_CASE("Requester: a sequence NAK draws the lost packet and the newest one, a
     t.done(7, 1);
 }
 
-TEST_CASE("Requester: a peer that keeps nothing gets go-back-N, after two tries for good",
+TEST_CASE("Requester: a peer that keeps nothing gets go-back-N, after three tries for good",
           "[selective][requester]") {
     SilentResponder t;
-    t.tried_then_back(1, 0);  // PSNs 0-7: a first try
-    t.tried_then_back(2, 8);  // PSNs 8-15: a second
-    t.back_at_once(3, 16);    // PSNs 16-23: no more
-    CHECK(t.p.a.counters().selective_resends.load() == 2);
+    t.tried_then_back(1, 0);   // PSNs 0-7: a first try
+    t.tried_then_back(2, 8);   // PSNs 8-15: a second
+    t.tried_then_back(3, 16);  // PSNs 16-23: a third
+    t.back_at_once(4, 24);     // PSNs 24-31: no more
+    CHECK(t.p.a.counters().selective_resends.load() == 3);
 }
 
 TEST_CASE("Requester: a peer that kept is answered selectively, three losses in a row at most",
@@ -229,11 +230,12 @@ TEST_CASE("Requester: an answer to packets a go-back-N sent again proves nothing
     t.nak(5);
     CHECK(t.psns(2) == Psns{5, 7});
     t.done(7, 1);
-    // Still not known to keep: the next loss in a row goes back N, and that is the second
-    // strike.
+    // Still not known to keep: the next two losses in a row go back N, and they are the
+    // second and third strikes.
     t.tried_then_back(2, 8);
-    t.back_at_once(3, 16);
-    CHECK(t.p.a.counters().selective_resends.load() == 3);
+    t.tried_then_back(3, 16);
+    t.back_at_once(4, 24);
+    CHECK(t.p.a.counters().selective_resends.load() == 4);
 }
 
 TEST_CASE("Requester: with selective recovery off, a sequence NAK goes back N",
@@ -273,10 +275,11 @@ TEST_CASE("Requester: an answer covering only packets sent again proves nothing 
     t.nak(2);
     CHECK(t.psns(2) == Psns{2, 3});
     t.done(3, 1);  // 2 and 3 both came again: no proof that the peer keeps
-    // So two answers showing nothing kept still make it give up.
+    // So three answers showing nothing kept still make it give up.
     t.tried_then_back(2, 4);   // PSNs 4-11
     t.tried_then_back(3, 12);  // PSNs 12-19
-    t.back_at_once(4, 20);     // PSNs 20-27
+    t.tried_then_back(4, 20);  // PSNs 20-27
+    t.back_at_once(5, 28);     // PSNs 28-35
 }
 
 TEST_CASE("Requester: a NAK in the middle of a go-back-N goes back N", "[selective][requester]") {
@@ -314,7 +317,7 @@ TEST_CASE("Requester: a NAK for a READ after a selective resend is no strike aga
     // Twice: a 2-packet WRITE, a READ, a 2-packet WRITE; the WRITE's second packet is lost
     // (a selective resend), then the peer NAKs the READ after it, which no peer keeps. That
     // says nothing of keeping: back N from the READ, and no strike.
-    for (uint32_t round = 0; round < 2; ++round) {
+    for (uint32_t round = 0; round < 3; ++round) {
         INFO("round " << round);
         const uint32_t first = 5 * round;
         const uint64_t id = 10 * round;
@@ -341,9 +344,9 @@ TEST_CASE("Requester: a NAK for a READ after a selective resend is no strike aga
         for (const Completion& c : done) CHECK(c.status == WcStatus::Success);
         CHECK(std::vector<uint8_t>(t.p.a.at(64 * 1024), t.p.a.at(64 * 1024) + 64) == data);
     }
-    // The next loss still gets a selective resend: two strikes would have ended them.
-    t.write8(30);  // PSNs 10-17
-    t.nak(12);
-    CHECK(t.psns(2) == Psns{12, 17});
-    t.done(17, 30);
+    // The next loss still gets a selective resend: three strikes would have ended them.
+    t.write8(30);  // PSNs 15-22
+    t.nak(17);
+    CHECK(t.psns(2) == Psns{17, 22});
+    t.done(22, 30);
 }
