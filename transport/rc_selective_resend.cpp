@@ -28,10 +28,10 @@
 // responder sends it again when the newest packet comes again ahead of its gap
 // (rc_responder.cpp), here T without X. Under 5% loss that took ib_write_bw -n 2000 from
 // about 6,000 packets resent to 4,700 (docs/selective-recovery.md).
-// A peer known to keep nothing gets go-back-N for every loss. A NAK while a go-back-N is
-// still under way goes back N for any peer, and so do the probes without a NAK (the packet
-// the peer waits for is unknown: rc_qp.h; a keeping peer answers a probe of its newest
-// packet with the NAK again) and the retransmission timeout.
+// A peer known to keep nothing gets go-back-N for every loss, and for its second probe
+// without a NAK. A NAK while a go-back-N is still under way goes back N for any peer, and so
+// do the adaptive and the local ACK timeouts without a NAK (the packet the peer waits for is
+// unknown: rc_qp.h; a keeping peer answers a probe of its newest packet with the NAK again).
 #include "transport/engine.h"
 #include "transport/psn.h"
 #include "transport/rc_qp.h"
