@@ -416,7 +416,7 @@ TEST_CASE("A lost tail-loss probe is followed by the newest packet again", "[rc]
 namespace {
 
 // Losses whose NAK b, which keeps nothing (no bytes for early requests), answers after a's
-// selective resend with a NAK for the next packet, until a knows it (two such tries,
+// selective resend with a NAK for the next packet, until a knows it (three such tries,
 // rc_selective_resend.cpp): a NAK then draws go-back-N at once. False if that never came in
 // 5 losses.
 bool learn_that_b_keeps_nothing(MeasuredPair& m) {
