@@ -342,9 +342,15 @@ TEST_CASE("The WQEs of one ibv_post_send leave together, even when one is refuse
     chain(kChain, wrs, sges);
     ibv_send_wr* bad = nullptr;
     REQUIRE(ibv_post_send(a.qp, wrs, &bad) == 0);
-    CHECK(counter(a.ctx, "tx_gso_sends") == 1);
-    CHECK(counter(a.ctx, "tx_packets") == kChain);
+    CHECK(counter(a.ctx, "tx_gso_sends") >= 1);  // left at the post, as a train
     REQUIRE(wait_completions(a.cq, kChain).size() == kChain);
+    // All acknowledged: the counters no longer move. A resend may have gone out meanwhile
+    // (the first expiry comes 1 ms after the train, no round trip being measured yet, and an
+    // ASan build on a loaded host took longer than that to read the counters after the post:
+    // 17 packets seen). The first transmissions are the 16, in one train unless resent.
+    const uint64_t resent = counter(a.ctx, "retransmitted_packets");
+    CHECK(counter(a.ctx, "tx_packets") - resent == kChain);
+    if (resent == 0) CHECK(counter(a.ctx, "tx_gso_sends") == 1);
     REQUIRE(std::memcmp(sa.bytes.data(), sb.bytes.data(), kChain * kSmall) == 0);
 
     // A chain whose last WQE is refused (more SGEs than the QP takes): the ones before it
