@@ -107,11 +107,8 @@ void check_pairs_after_burst(const std::vector<SentPacket>& sent, size_t pairs) 
 bool resent_before_first_nak(const TxRecorder& a_out, const TxRecorder& b_out) {
     const std::vector<SentPacket> from_a = a_out.packets();
     if (from_a.size() <= kBurst) return false;
-    for (const SentPacket& s : b_out.packets()) {
-        const wire::ParsedPacket pkt = s.parsed();
-        if (is_op(pkt, wire::Opcode::RcAcknowledge) && pkt.h.aeth.type() == wire::AckType::Nak)
-            return from_a[kBurst].when < s.when;
-    }
+    for (const SentPacket& s : b_out.with_opcode(wire::Opcode::RcAcknowledge))
+        if (s.parsed().h.aeth.type() == wire::AckType::Nak) return from_a[kBurst].when < s.when;
     return true;  // no NAK from b at all: not the run the test arranged
 }
 
