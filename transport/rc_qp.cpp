@@ -54,6 +54,11 @@ uint64_t RcQp::smoothed_rtt_us() const {
     return rtt_.measured() ? rtt_.smoothed_us() : 0;
 }
 
+bool RcQp::peer_keeps_nothing() const {
+    std::lock_guard lock(mutex_);
+    return peer_keeps_ == PeerKeeps::No;
+}
+
 int RcQp::modify(const QpAttributes& attrs, QpState expected, QpState next) {
     std::lock_guard lock(mutex_);
     const QpState prev = state_;

@@ -108,6 +108,9 @@ class RcQp final : public QpCommon {
     // The requester's smoothed round trip (rtt_estimator.h), 0 before any sample: for
     // diagnostics and tests.
     uint64_t smoothed_rtt_us() const;
+    // Whether the requester has learnt that its peer keeps nothing that follows a gap (it
+    // goes back N at a sequence NAK then, rc_selective_resend.cpp): for diagnostics and tests.
+    bool peer_keeps_nothing() const;
     // Applies `attrs` and moves to `next` (the provider has checked the transition from
     // `expected`). EINVAL if the QP left `expected` meanwhile (the transport moved it to ERR).
     int modify(const QpAttributes& attrs, QpState expected, QpState next);

@@ -170,6 +170,9 @@ struct PairOptions {
     uint32_t last_ack_repeat_micros = 1'000'000;
     // EngineConfig::adaptive_retransmit of both: off leaves only the local ACK timeout.
     bool adaptive = true;
+    // ... and of a alone, where `adaptive` is on: false leaves a only its local ACK timeout
+    // (b probes, a never does).
+    bool adaptive_a = true;
     // EngineConfig::ecn_capable of both: every packet leaves ECT(0).
     bool ecn = false;
     // EngineConfig::resend_burst of both.
@@ -223,9 +226,9 @@ class Pair {
                     {addrs.b, addrs.port, (dir / "b-slots").string()}};
         }
         setup(a, addrs.a, addrs.port, opt.faults_a, opt.rules_a, opt, 0x100000000000ull, opt.gso_a,
-              opt.gro_a, opt.inline_a, opt.pcap_a, host);
+              opt.gro_a, opt.inline_a, opt.adaptive && opt.adaptive_a, opt.pcap_a, host);
         setup(b, addrs.b, addrs.port, opt.faults_b, opt.rules_b, opt, 0x200000000000ull, opt.gso_b,
-              opt.gro_b, opt.inline_b, opt.pcap_b, host);
+              opt.gro_b, opt.inline_b, opt.adaptive, opt.pcap_b, host);
     }
 
     ~Pair() {
@@ -319,7 +322,7 @@ class Pair {
   private:
     static void setup(Side& s, const IpAddress& ip, uint16_t port, const FaultConfig& faults,
                       const std::vector<FaultConfig>& more_faults, const PairOptions& opt,
-                      uint64_t iova, bool gso, bool gro, bool inline_progress,
+                      uint64_t iova, bool gso, bool gro, bool inline_progress, bool adaptive,
                       const std::string& pcap,
                       const std::vector<EngineConfig::HostDevice>& host_devices) {
         s.ip = ip;
@@ -335,7 +338,7 @@ class Pair {
         config.gso = gso;
         config.gro = gro;
         config.inline_progress = inline_progress;
-        config.adaptive_retransmit = opt.adaptive;
+        config.adaptive_retransmit = adaptive;
         config.ecn_capable = opt.ecn;
         config.hold_posts = opt.hold_posts;
         config.engine_spin = opt.engine_spin;
