@@ -41,15 +41,20 @@ void send_one(Pair& p, uint32_t len, uint64_t seed) {
 // counted from there.
 struct MeasuredPair {
     Pair p;
-    uint64_t probes0 = 0, early0 = 0;
+    uint64_t probes0 = 0, early0 = 0, spurious0 = 0;
     explicit MeasuredPair(const PairOptions& o = {}) : p(o) {
         p.connect();
         for (uint64_t i = 1; i <= 3; ++i) send_one(p, 64, i);
         probes0 = p.a.counters().tail_probes.load();
         early0 = p.a.counters().early_retransmits.load();
+        spurious0 = p.a.counters().spurious_retransmits.load();
     }
     uint64_t probes() { return p.a.counters().tail_probes.load() - probes0; }
     uint64_t early_resends() { return p.a.counters().early_retransmits.load() - early0; }
+    // Resends proven needless since the three SENDs above: one of those may have been probed
+    // already (its ACK later than the first wait, 1 ms with no round trip measured, on a
+    // loaded machine: seen in CI's ASan run) and proven needless.
+    uint64_t spurious() { return p.a.counters().spurious_retransmits.load() - spurious0; }
     // An engine thread held off the CPU past a probe's wait or the adaptive timeout (1 ms)
     // turns a late ACK into a further probe or an early resend, which changes what is sent.
     bool disturbed(uint64_t probes_expected) {
@@ -162,7 +167,7 @@ TEST_CASE("A lost last packet is sent again alone, asking for an ACK (tail-loss 
         CHECK(probe.h.bth.ack_req);
         CHECK(m.probes() == 1);
         // The probe repaired a loss: nothing to undo (spurious_resend.h).
-        CHECK(p.a.counters().spurious_retransmits.load() == 0);
+        CHECK(m.spurious() == 0);
         return true;
     });
 }
@@ -171,6 +176,7 @@ TEST_CASE("A probe whose ACK was what got lost is answered as a duplicate", "[rc
     Pair p;
     p.connect();
     for (uint64_t i = 1; i <= 3; ++i) send_one(p, 64, i);
+    const uint64_t spurious0 = p.a.counters().spurious_retransmits.load();
     // b's first ACK after this point is lost: a's SEND arrived, a does not know it.
     int lose_left = 1;
     TxRecorder b_out(*p.b.engine, [&lose_left](const wire::ParsedPacket& pkt) {
@@ -186,7 +192,7 @@ TEST_CASE("A probe whose ACK was what got lost is answered as a duplicate", "[rc
     CHECK(p.b.rcq->depth() == 0);
     CHECK(p.a.counters().retransmit_timeouts.load() == 0);
     // The duplicate's ACK was the first news of the SEND: the probe was needed.
-    CHECK(p.a.counters().spurious_retransmits.load() == 0);
+    CHECK(p.a.counters().spurious_retransmits.load() == spurious0);
 }
 
 TEST_CASE("A READ is never probed: its request would be executed again", "[rc][retransmit]") {
@@ -422,7 +428,7 @@ TEST_CASE("A lost tail-loss probe is followed by the newest packet again", "[rc]
             CHECK(sent[i].parsed().h.bth.ack_req);
         }
         CHECK(m.probes() == 2);
-        CHECK(p.a.counters().spurious_retransmits.load() == 0);
+        CHECK(m.spurious() == 0);
         return true;
     });
 }
