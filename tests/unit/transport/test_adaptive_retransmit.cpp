@@ -266,6 +266,7 @@ TEST_CASE("A sequence NAK measures the round trip when nothing else can", "[rc][
             continue;
         REQUIRE(p.a.counters().rx_naks.load() == 1);
         measured_by_nak = true;
+        CHECK(p.a.qp->smoothed_rtt_us() > 0);
         // ... and it is enough for the next tail loss to get a probe (which needs a measured
         // round trip) instead of an early timeout.
         int lose_next = 1;
