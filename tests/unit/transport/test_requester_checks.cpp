@@ -194,7 +194,13 @@ TEST_CASE("Requester: retransmissions follow timeout and retry_cnt exactly", "[r
 }
 
 TEST_CASE("Requester: an RNR NAK waits the time its timer code gives", "[requester]") {
-    Pair p;
+    // a has only its local ACK timeout (67 ms): with adaptive retransmission, a has no round
+    // trip measured (an RNR NAK gives none) and probes its resend after 1-4 ms when b's RNR
+    // NAK comes later than that, a gap shorter than the RNR wait that the wait did not make
+    // (CI, and 4 in 60 runs beside two busy loops, 2026-12-06).
+    PairOptions o;
+    o.adaptive_a = false;
+    Pair p(o);
     QpAttributes pa = default_attributes();
     QpAttributes pb = default_attributes();
     pb.min_rnr_timer = 18;  // IBA table: 5.12 ms
@@ -216,6 +222,7 @@ TEST_CASE("Requester: an RNR NAK waits the time its timer code gives", "[request
         INFO("gap " << i << ": " << us_of(gap) << " us");
         CHECK(gap >= 5100us);
     }
+    CHECK(p.a.counters().tail_probes.load() == 0);
 }
 
 // READ responses must come in order (FIRST, MIDDLE..., LAST, or ONLY) with full-MTU payloads
