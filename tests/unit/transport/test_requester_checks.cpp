@@ -303,7 +303,9 @@ TEST_CASE("Requester: nothing posted after a failed bind reaches the peer", "[re
 TEST_CASE("Requester: a READ its responder stops part-way fails with the NAK's error",
           "[requester][read]") {
     QpAttributes attrs = default_attributes();
-    attrs.timeout = 10;  // 4 ms
+    // ~1 s: two timeouts of 4 ms (retry_cnt 1) failed the READ before the forged answers
+    // whenever the test thread was held off the CPU that long.
+    attrs.timeout = 18;
     attrs.retry_cnt = 1;
     Hostile t(attrs);
     auto& a = t.p.a;

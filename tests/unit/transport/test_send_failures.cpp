@@ -180,7 +180,9 @@ TEST_CASE("A full socket buffer is counted and recovered, never a silent loss", 
     REQUIRE(std::system("tc qdisc add dev lo root tbf rate 8kbit burst 1600 limit 1000000") == 0);
     Pair p;
     QpAttributes attrs = default_attributes();
-    attrs.timeout = 14;  // ~67 ms: several timeouts' time to lift the congestion
+    // ~268 ms: eight timeouts (retry_cnt 7), over 2 s, to lift the congestion (two
+    // fork+execs of tc on a busy machine), which 67 ms left at about half a second.
+    attrs.timeout = 16;
     p.connect(attrs, attrs);
     const int fd = p.a.engine->sender_for_qpn(p.a.qp->qpn()).fd();
     const int tiny = 1;  // rounded up to the kernel's minimum (a few KiB)

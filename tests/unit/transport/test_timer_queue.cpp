@@ -171,11 +171,13 @@ TEST_CASE("A deadline moved later fires then, after one early expiry", "[timer_q
     Tagged a{&r, 1};
     TimerQueue::Timer ta(loop.timers(), &Tagged::fire, &a);
     const int64_t now = TimerQueue::now_ns();
-    ta.arm_at(now + 10 * kMs);
-    ta.arm_at(now + 60 * kMs);
+    // 50 ms apart and from now: a test thread held off the CPU for 10 ms between the two
+    // arms (a busy CI machine) saw the first deadline fire.
+    ta.arm_at(now + 50 * kMs);
+    ta.arm_at(now + 100 * kMs);
     REQUIRE(wait_count(r.count, 1));
-    CHECK(TimerQueue::now_ns() >= now + 60 * kMs);
-    // At +10 ms, nothing was due (unless the loop's thread was held off for 50 ms).
+    CHECK(TimerQueue::now_ns() >= now + 100 * kMs);
+    // At +50 ms, nothing was due (unless the loop's thread was held off for 50 ms).
     CHECK(loop.timers().early_wakes() <= 1);
     std::this_thread::sleep_for(20ms);
     CHECK(r.count.load() == 1);
@@ -188,7 +190,7 @@ TEST_CASE("A timer cancelled and armed again fires only when due", "[timer_queue
     TimerQueue::Timer ta(loop.timers(), &Tagged::fire, &a);
     const uint64_t sets0 = loop.timers().timerfd_sets();
     for (int i = 0; i < 20; ++i) {
-        ta.arm_in(5 * kMs);
+        ta.arm_in(50 * kMs);  // not due while the loop runs, even on a busy machine
         ta.cancel();
     }
     CHECK(loop.timers().timerfd_sets() == sets0 + 1);  // the first arm only
