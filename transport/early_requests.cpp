@@ -14,7 +14,7 @@ wire::ParsedPacket StoredRequest::view() const {
     return p;
 }
 
-bool EarlyRequestBudget::take(size_t bytes) {
+bool EarlyRequestPool::take(size_t bytes) {
     size_t used = used_.load(std::memory_order_relaxed);
     do {
         if (bytes > limit_ || used > limit_ - bytes) return false;
@@ -22,8 +22,61 @@ bool EarlyRequestBudget::take(size_t bytes) {
     return true;
 }
 
-void EarlyRequestBudget::give(size_t bytes) {
+void EarlyRequestPool::give(size_t bytes) {
     used_.fetch_sub(bytes, std::memory_order_relaxed);
+}
+
+std::vector<uint8_t> EarlyRequestPool::buffer() {
+    std::lock_guard lock(mutex_);
+    if (buffers_.empty()) return {};
+    std::vector<uint8_t> b = std::move(buffers_.back());
+    buffers_.pop_back();
+    buffer_bytes_ -= b.capacity();
+    return b;
+}
+
+void EarlyRequestPool::recycle(std::vector<uint8_t> buffer) {
+    const size_t capacity = buffer.capacity();
+    if (capacity == 0) return;
+    buffer.clear();
+    std::lock_guard lock(mutex_);
+    if (capacity > kSpareBytes - buffer_bytes_ || buffers_.size() >= EarlyRequests::kSpan)
+        return;  // freed on return
+    buffer_bytes_ += capacity;
+    buffers_.push_back(std::move(buffer));
+}
+
+std::unique_ptr<KeptSlot[]> EarlyRequestPool::table() {
+    {
+        std::lock_guard lock(mutex_);
+        if (!tables_.empty()) {
+            std::unique_ptr<KeptSlot[]> t = std::move(tables_.back());
+            tables_.pop_back();
+            return t;
+        }
+    }
+    return std::make_unique<KeptSlot[]>(EarlyRequests::kSpan);
+}
+
+void EarlyRequestPool::recycle(std::unique_ptr<KeptSlot[]> table) {
+    if (!table) return;
+    std::lock_guard lock(mutex_);
+    if (tables_.size() < kSpareTables) tables_.push_back(std::move(table));
+}
+
+size_t EarlyRequestPool::spare_buffers() const {
+    std::lock_guard lock(mutex_);
+    return buffers_.size();
+}
+
+size_t EarlyRequestPool::spare_bytes() const {
+    std::lock_guard lock(mutex_);
+    return buffer_bytes_;
+}
+
+size_t EarlyRequestPool::spare_tables() const {
+    std::lock_guard lock(mutex_);
+    return tables_.size();
 }
 
 namespace {
@@ -51,7 +104,7 @@ EarlyRequests::Kept EarlyRequests::keep(const wire::ParsedPacket& pkt, uint32_t 
         // Not kept; but where a SEND or WRITE is kept for its PSN one of the two is not the
         // requester's, as with two different copies: both go, the resend decides.
         if (slots_ && ahead > 0 && ahead < kSpan) {
-            Slot& s = slots_[psn % kSpan];
+            KeptSlot& s = slots_[psn % kSpan];
             if (s.used && s.psn == psn) {
                 release(s);
                 return Kept::Conflict;
@@ -61,7 +114,7 @@ EarlyRequests::Kept EarlyRequests::keep(const wire::ParsedPacket& pkt, uint32_t 
     }
     if (ahead == 0 || ahead >= kSpan) return Kept::TooFar;
     if (slots_) {
-        Slot& s = slots_[psn % kSpan];
+        KeptSlot& s = slots_[psn % kSpan];
         if (s.used && s.psn == psn) {
             if (same_request(s.req, pkt)) {
                 s.req.h.bth.ack_req = s.req.h.bth.ack_req || pkt.h.bth.ack_req;
@@ -73,14 +126,15 @@ EarlyRequests::Kept EarlyRequests::keep(const wire::ParsedPacket& pkt, uint32_t 
         if (s.used) release(s);  // a PSN the expected one has passed
     }
     const size_t bytes = pkt.payload.size() + kOverhead;
-    if (!budget_.take(bytes)) return Kept::NoBudget;
-    if (!slots_) slots_ = std::make_unique<Slot[]>(kSpan);
-    Slot& s = slots_[psn % kSpan];
+    if (!pool_.take(bytes)) return Kept::NoBudget;
+    if (!slots_) slots_ = pool_.table();
+    KeptSlot& s = slots_[psn % kSpan];
     s.used = true;
     s.psn = psn;
     s.bytes = bytes;
     s.req.h = pkt.h;
     s.req.info = pkt.info;
+    s.req.payload = pool_.buffer();
     s.req.payload.assign(pkt.payload.begin(), pkt.payload.end());
     ++count_;
     return Kept::Yes;
@@ -88,18 +142,24 @@ EarlyRequests::Kept EarlyRequests::keep(const wire::ParsedPacket& pkt, uint32_t 
 
 bool EarlyRequests::take(uint32_t psn, StoredRequest& out) {
     if (!slots_) return false;
-    Slot& s = slots_[psn % kSpan];
+    KeptSlot& s = slots_[psn % kSpan];
     if (!s.used || s.psn != psn) return false;
-    out = std::move(s.req);
-    s.req = StoredRequest{};
+    out.h = s.req.h;
+    out.info = s.req.info;
+    std::swap(out.payload, s.req.payload);  // out's old buffer goes back with the slot
     release(s);
     return true;
+}
+
+void EarlyRequests::give_back(StoredRequest& taken) {
+    pool_.recycle(std::move(taken.payload));
+    taken.payload = {};
 }
 
 void EarlyRequests::forget_before(uint32_t expected) {
     if (!slots_) return;
     for (uint32_t i = 0; i < kSpan && count_ > 0; ++i) {
-        Slot& s = slots_[i];
+        KeptSlot& s = slots_[i];
         if (s.used && psn_before(s.psn, expected)) release(s);
     }
 }
@@ -108,15 +168,17 @@ void EarlyRequests::clear() {
     if (!slots_) return;
     for (uint32_t i = 0; i < kSpan && count_ > 0; ++i)
         if (slots_[i].used) release(slots_[i]);
-    slots_.reset();
+    pool_.recycle(std::move(slots_));  // empty: release() gave it back with the last slot
     count_ = 0;
 }
 
-void EarlyRequests::release(Slot& s) {
-    budget_.give(s.bytes);
+void EarlyRequests::release(KeptSlot& s) {
+    pool_.give(s.bytes);
+    pool_.recycle(std::move(s.req.payload));
+    s.req.payload = {};
     s.used = false;
     --count_;
-    if (count_ == 0) slots_.reset();  // `s` is gone with it
+    if (count_ == 0) pool_.recycle(std::move(slots_));  // `s` is gone with it
 }
 
 }  // namespace uroce::transport

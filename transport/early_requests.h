@@ -23,6 +23,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <vector>
 
 #include "uroce/wire.h"
@@ -40,19 +41,14 @@ struct StoredRequest {
     wire::ParsedPacket view() const;
 };
 
-// The payload bytes all the QPs of an engine may keep together.
-class EarlyRequestBudget {
-  public:
-    explicit EarlyRequestBudget(size_t limit) : limit_(limit) {}
-    // False (and nothing taken) if `bytes` more would exceed the limit.
-    bool take(size_t bytes);
-    void give(size_t bytes);
-    size_t in_use() const { return used_.load(std::memory_order_relaxed); }
-    size_t limit() const { return limit_; }
+class EarlyRequestPool;
 
-  private:
-    const size_t limit_;
-    std::atomic<size_t> used_{0};
+// One PSN's place in an EarlyRequests store.
+struct KeptSlot {
+    bool used = false;
+    uint32_t psn = 0;
+    size_t bytes = 0;  // what it counts against the pool's budget
+    StoredRequest req;
 };
 
 class EarlyRequests {
@@ -63,7 +59,7 @@ class EarlyRequests {
     // Bytes a kept packet counts against the budget besides its payload (its headers).
     static constexpr size_t kOverhead = 64;
 
-    explicit EarlyRequests(EarlyRequestBudget& budget) : budget_(budget) {}
+    explicit EarlyRequests(EarlyRequestPool& pool) : pool_(pool) {}
     ~EarlyRequests() { clear(); }
     EarlyRequests(const EarlyRequests&) = delete;
     EarlyRequests& operator=(const EarlyRequests&) = delete;
@@ -80,29 +76,75 @@ class EarlyRequests {
     // Keeps `pkt`, whose PSN is `ahead` PSNs after the expected one.
     Kept keep(const wire::ParsedPacket& pkt, uint32_t ahead);
     // Moves the packet kept for `psn` into `out` and forgets it; false if there is none.
+    // The buffer `out` held before goes back to the pool.
     bool take(uint32_t psn, StoredRequest& out);
+    // Gives the buffer of a request take() filled back to the pool, once it has run.
+    void give_back(StoredRequest& taken);
     // Forgets every packet whose PSN lies before `expected` (a READ accepted in sequence
     // moved the expected PSN past PSNs the requester cannot have used for a SEND or WRITE).
     void forget_before(uint32_t expected);
-    // Forgets everything and frees the store (an RNR NAK, an error, a reset).
+    // Forgets everything and gives the store back (an RNR NAK, an error, a reset).
     void clear();
     bool empty() const { return count_ == 0; }
     size_t size() const { return count_; }
 
   private:
-    struct Slot {
-        bool used = false;
-        uint32_t psn = 0;
-        size_t bytes = 0;  // what it counts against the budget
-        StoredRequest req;
-    };
-    void release(Slot& s);
+    void release(KeptSlot& s);
 
-    EarlyRequestBudget& budget_;
-    // kSpan slots, indexed by PSN modulo kSpan; allocated at the first keep, freed when the
-    // last kept packet is taken, so that a QP without loss costs nothing.
-    std::unique_ptr<Slot[]> slots_;
+    EarlyRequestPool& pool_;
+    // kSpan slots, indexed by PSN modulo kSpan; taken from the pool at the first keep and
+    // given back when the last kept packet is taken, so that a QP without loss holds nothing.
+    std::unique_ptr<KeptSlot[]> slots_;
     size_t count_ = 0;
+};
+
+// What the QPs of an engine share to keep early requests: a budget of payload bytes, and
+// spare memory to keep them in.
+//
+// A loss makes a QP keep what follows it in flight, and the packet that fills the gap frees
+// all of it. Allocated for each kept packet and freed after each loss, that memory went back
+// to the kernel at the free (glibc trims the top of the engine thread's heap with madvise)
+// and was faulted in again, page by page, at the next loss: a quarter of a receiver's CPU
+// under 1% loss (docs/performance-log.md). So what a QP frees waits here for the next loss
+// of any QP of the engine: payload buffers up to kSpareBytes of capacity (and kSpan of
+// them), slot tables up to kSpareTables; beyond that it is freed. An engine's memory for early
+// requests is bounded by the budget plus those spares. Thread-safe (QPs keep and run under their
+// own locks); used only when packets are kept or run, never on a path without loss.
+class EarlyRequestPool {
+  public:
+    static constexpr size_t kSpareBytes = size_t{1} << 20;
+    static constexpr size_t kSpareTables = 4;
+
+    explicit EarlyRequestPool(size_t limit) : limit_(limit) {}
+    EarlyRequestPool(const EarlyRequestPool&) = delete;
+    EarlyRequestPool& operator=(const EarlyRequestPool&) = delete;
+
+    // The budget: false (and nothing taken) if `bytes` more would exceed the limit.
+    bool take(size_t bytes);
+    void give(size_t bytes);
+    size_t in_use() const { return used_.load(std::memory_order_relaxed); }
+    size_t limit() const { return limit_; }
+
+    // An empty buffer for a kept payload: a spare one (with the capacity it had) if any.
+    std::vector<uint8_t> buffer();
+    // Keeps `buffer` for a later buffer() if the spares have room; frees it otherwise.
+    void recycle(std::vector<uint8_t> buffer);
+    // EarlyRequests::kSpan unused slots: a spare table if any.
+    std::unique_ptr<KeptSlot[]> table();
+    // Keeps `table` (every slot unused, holding no buffer) for a later table(), or frees it.
+    void recycle(std::unique_ptr<KeptSlot[]> table);
+
+    size_t spare_buffers() const;
+    size_t spare_bytes() const;
+    size_t spare_tables() const;
+
+  private:
+    const size_t limit_;
+    std::atomic<size_t> used_{0};
+    mutable std::mutex mutex_;
+    std::vector<std::vector<uint8_t>> buffers_;        // guarded by mutex_
+    size_t buffer_bytes_ = 0;                          // their capacities; guarded by mutex_
+    std::vector<std::unique_ptr<KeptSlot[]>> tables_;  // guarded by mutex_
 };
 
 }  // namespace uroce::transport

@@ -173,7 +173,7 @@ class Engine {
     // Bounds the early resends and tail-loss probes of all this engine's QPs together.
     ResendBudget& resend_budget() { return resend_budget_; }
     // What RC responders may keep of packets that came early, all QPs together.
-    EarlyRequestBudget& early_request_budget() { return early_request_budget_; }
+    EarlyRequestPool& early_request_pool() { return early_request_pool_; }
     // Held by the engine thread around every callback it runs (fork_gate.h): each callback
     // registered with base() takes it first.
     ForkGate& fork_gate() { return fork_gate_; }
@@ -490,7 +490,7 @@ class Engine {
     void capture_sent(const TransmitBatch& batch, size_t first, size_t count);
     MemoryTable memory_;
     ResendBudget resend_budget_{config_.resend_burst};
-    EarlyRequestBudget early_request_budget_{
+    EarlyRequestPool early_request_pool_{
         config_.selective_recovery ? config_.early_request_bytes : 0};
     ForkGate fork_gate_;  // outlives the engine thread (joined in ~Engine)
     event_base* base_ = nullptr;

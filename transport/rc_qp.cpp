@@ -15,7 +15,7 @@ RcQp::RcQp(Engine& engine, uint32_t qpn, uint32_t pd, const QpCaps& caps,
       xrc_role_(xrc_role),
       xrcd_(xrcd),
       opcode_base_(xrc_role == XrcRole::None ? 0 : wire::kXrcOpcodeBase),
-      early_(engine.early_request_budget()) {
+      early_(engine.early_request_pool()) {
     timer_ = std::make_unique<TimerQueue::Timer>(engine_.timers(), &RcQp::timer_trampoline, this);
     responder_event_ = event_new(engine_.base(), -1, 0, &RcQp::responder_trampoline, this);
 }

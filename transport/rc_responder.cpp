@@ -253,6 +253,7 @@ void RcQp::run_early(const wire::ParsedPacket& filled) {
         }
     }
     draining_early_ = false;
+    early_.give_back(req);
     if (stopped || state_ == QpState::Err) {
         early_.clear();  // refused, or receiver not ready: the requester sends them again
     } else {

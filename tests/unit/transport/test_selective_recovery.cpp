@@ -6,6 +6,8 @@
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cstring>
+#include <memory>
+#include <set>
 
 #include "tests/unit/transport/engine_pair.h"
 #include "tests/unit/transport/forged_peer.h"
@@ -38,7 +40,7 @@ constexpr size_t kKept = 1024 + EarlyRequests::kOverhead;  // what a full packet
 
 TEST_CASE("EarlyRequests: a kept packet comes back whole, once, and its bytes are given back",
           "[selective][early]") {
-    EarlyRequestBudget budget(1 << 20);
+    EarlyRequestPool budget(1 << 20);
     EarlyRequests store(budget);
     const auto a = bytes(1024, 1), b = bytes(1024, 2);
     CHECK(store.keep(packet(wire::Opcode::RcWriteMiddle, 11, a), 1) == EarlyRequests::Kept::Yes);
@@ -61,7 +63,7 @@ TEST_CASE("EarlyRequests: a kept packet comes back whole, once, and its bytes ar
 }
 
 TEST_CASE("EarlyRequests: what is not kept", "[selective][early]") {
-    EarlyRequestBudget budget(3 * kKept);
+    EarlyRequestPool budget(3 * kKept);
     EarlyRequests store(budget);
     const auto a = bytes(1024, 1);
     SECTION("READ and atomic requests") {
@@ -94,7 +96,7 @@ TEST_CASE(
     "EarlyRequests: a second copy that differs throws both away; the same one changes "
     "nothing but AckReq",
     "[selective][early]") {
-    EarlyRequestBudget budget(1 << 20);
+    EarlyRequestPool budget(1 << 20);
     EarlyRequests store(budget);
     const auto a = bytes(1024, 1);
     CHECK(store.keep(packet(wire::Opcode::RcWriteMiddle, 7, a), 3) == EarlyRequests::Kept::Yes);
@@ -136,7 +138,7 @@ TEST_CASE(
 
 TEST_CASE("EarlyRequests: PSNs the expected one has passed are forgotten, across the wrap",
           "[selective][early]") {
-    EarlyRequestBudget budget(1 << 20);
+    EarlyRequestPool budget(1 << 20);
     EarlyRequests store(budget);
     const auto a = bytes(64, 1);
     const uint32_t base = wire::kPsnMask - 2;  // 0xfffffd: the PSNs wrap after two
@@ -150,6 +152,99 @@ TEST_CASE("EarlyRequests: PSNs the expected one has passed are forgotten, across
     CHECK(store.take(1, out));
     CHECK(store.take(2, out));
     CHECK(budget.in_use() == 0);
+}
+
+TEST_CASE("EarlyRequests: the memory of one loss is used again at the next, by any QP",
+          "[selective][early]") {
+    EarlyRequestPool pool(1 << 20);
+    const auto a = bytes(1024, 1);
+    std::set<const uint8_t*> used;  // the buffers the first loss's packets were kept in
+    {
+        EarlyRequests store(pool);
+        for (uint32_t psn = 11; psn <= 13; ++psn)
+            REQUIRE(store.keep(packet(wire::Opcode::RcWriteMiddle, psn, a), psn - 10) ==
+                    EarlyRequests::Kept::Yes);
+        CHECK(pool.spare_tables() == 0);
+        CHECK(pool.spare_buffers() == 0);
+        StoredRequest out;
+        for (uint32_t psn = 11; psn <= 13; ++psn) {
+            REQUIRE(store.take(psn, out));
+            CHECK(out.payload == a);
+            used.insert(out.payload.data());
+        }
+        store.give_back(out);
+        CHECK(out.payload.empty());
+        CHECK(store.empty());
+    }
+    REQUIRE(used.size() == 3);
+    CHECK(pool.spare_tables() == 1);  // the store's slots, given back with its last packet
+    CHECK(pool.spare_buffers() == 3);
+    CHECK(pool.spare_bytes() >= 3 * a.size());
+
+    // Another QP's loss takes them, and keeps its own bytes in them.
+    EarlyRequests other(pool);
+    const auto b = bytes(1024, 2);
+    for (uint32_t psn = 40; psn <= 42; ++psn)
+        REQUIRE(other.keep(packet(wire::Opcode::RcSendMiddle, psn, b), psn - 39) ==
+                EarlyRequests::Kept::Yes);
+    CHECK(pool.spare_tables() == 0);
+    CHECK(pool.spare_buffers() == 0);
+    CHECK(pool.spare_bytes() == 0);
+    StoredRequest out;
+    for (uint32_t psn = 40; psn <= 42; ++psn) {
+        REQUIRE(other.take(psn, out));
+        CHECK(out.payload == b);
+        CHECK(used.count(out.payload.data()) == 1);
+    }
+    // clear() gives back what is still kept, as the last take does.
+    REQUIRE(other.keep(packet(wire::Opcode::RcSendMiddle, 50, b), 1) == EarlyRequests::Kept::Yes);
+    other.clear();
+    CHECK(pool.spare_tables() == 1);
+    CHECK(pool.spare_buffers() == 2);  // out still holds the third
+    other.give_back(out);
+    CHECK(pool.spare_buffers() == 3);
+    CHECK(pool.in_use() == 0);
+}
+
+TEST_CASE("EarlyRequestPool: spares beyond its bounds are freed", "[selective][early]") {
+    EarlyRequestPool pool(size_t{8} << 20);
+    SECTION("buffers: at most kSpareBytes of capacity") {
+        EarlyRequests store(pool);
+        const auto big = bytes(8192, 3);
+        for (uint32_t psn = 1; psn < EarlyRequests::kSpan; ++psn)
+            REQUIRE(store.keep(packet(wire::Opcode::RcWriteMiddle, psn, big), psn) ==
+                    EarlyRequests::Kept::Yes);
+        store.clear();
+        CHECK(pool.spare_bytes() <= EarlyRequestPool::kSpareBytes);
+        CHECK(pool.spare_bytes() >= EarlyRequestPool::kSpareBytes - big.size());
+        CHECK(pool.spare_buffers() == EarlyRequestPool::kSpareBytes / big.size());
+    }
+    SECTION("buffers: at most kSpan of them, however small") {
+        EarlyRequests one(pool), two(pool);
+        const auto tiny = bytes(16, 4);
+        for (uint32_t psn = 1; psn < EarlyRequests::kSpan; ++psn) {
+            REQUIRE(one.keep(packet(wire::Opcode::RcSendMiddle, psn, tiny), psn) ==
+                    EarlyRequests::Kept::Yes);
+            REQUIRE(two.keep(packet(wire::Opcode::RcSendMiddle, psn, tiny), psn) ==
+                    EarlyRequests::Kept::Yes);
+        }
+        one.clear();
+        two.clear();
+        CHECK(pool.spare_buffers() == EarlyRequests::kSpan);
+    }
+    SECTION("slot tables: at most kSpareTables") {
+        std::vector<std::unique_ptr<EarlyRequests>> stores;
+        const auto a = bytes(64, 5);
+        for (size_t i = 0; i < EarlyRequestPool::kSpareTables + 3; ++i) {
+            stores.push_back(std::make_unique<EarlyRequests>(pool));
+            REQUIRE(stores.back()->keep(packet(wire::Opcode::RcSendOnly, 9, a), 2) ==
+                    EarlyRequests::Kept::Yes);
+        }
+        CHECK(pool.spare_tables() == 0);
+        stores.clear();  // each store's destructor gives its table back
+        CHECK(pool.spare_tables() == EarlyRequestPool::kSpareTables);
+        CHECK(pool.in_use() == 0);
+    }
 }
 
 // --- the responder ---
@@ -228,6 +323,9 @@ TEST_CASE(
     t.peer.inject(t.write(wire::Opcode::RcWriteFirst, 0, kAt, 4 * kMtu, true), part(data, 0));
     CHECK(region(t.p.a, kAt, data.size()) == data);
     CHECK(t.p.a.counters().rx_early_run.load() == 3);
+    // Their memory waits in the engine's pool for the next loss, the last one run included.
+    CHECK(t.p.a.engine->early_request_pool().spare_buffers() == 3);
+    CHECK(t.p.a.engine->early_request_pool().spare_tables() == 1);
     // The ACK names PSN 0, the newest the requester has sent since the NAK: a requester that
     // goes back N is still to send 1-3 again (rxe stops if an ACK completes what it resends).
     CHECK(acks(t.a_out) == std::vector<uint32_t>{0});
@@ -237,7 +335,7 @@ TEST_CASE(
     t.peer.inject(t.write(wire::Opcode::RcWriteLast, 3, 0, 0, true), part(data, 3));
     CHECK(acks(t.a_out) == std::vector<uint32_t>{3});
     CHECK(t.p.a.qp->state() == QpState::Rts);
-    CHECK(t.p.a.engine->early_request_budget().in_use() == 0);
+    CHECK(t.p.a.engine->early_request_pool().in_use() == 0);
     // A new request in sequence is taken as usual.
     t.a_out.clear();
     t.peer.inject(t.write(wire::Opcode::RcWriteOnly, 4, kAt, 64, true), bytes(64, 8));
@@ -424,7 +522,7 @@ TEST_CASE("Responder: a kept request passes every check when it runs", "[selecti
               std::vector<uint8_t>(before.begin() + 2 * kMtu, before.end()));
         CHECK(t.p.a.counters().rx_early_run.load() == 2);
     }
-    CHECK(t.p.a.engine->early_request_budget().in_use() == 0);
+    CHECK(t.p.a.engine->early_request_pool().in_use() == 0);
 }
 
 TEST_CASE(
@@ -448,7 +546,7 @@ TEST_CASE(
     for (const Sent& s : sent(t.a_out)) CHECK(s.is_plain_ack());
     CHECK(acks(t.a_out) == std::vector<uint32_t>{0});
     CHECK(t.p.a.counters().tx_rnr_naks.load() == 0);
-    CHECK(t.p.a.engine->early_request_budget().in_use() == 0);
+    CHECK(t.p.a.engine->early_request_pool().in_use() == 0);
     // Sent again in sequence, PSN 1 draws the RNR NAK.
     send.bth.psn = 1;
     t.peer.inject(send, bytes(16, 1));
@@ -639,7 +737,7 @@ TEST_CASE("Responder: a READ at the PSN of a kept WRITE throws the kept one away
     REQUIRE(t.p.a.counters().rx_early_kept.load() == 1);
     t.peer.inject(t.read(1, 0, 64));  // the same PSN, another request: one is not the peer's
     CHECK(t.p.a.counters().rx_early_dropped.load() == 1);
-    CHECK(t.p.a.engine->early_request_budget().in_use() == 0);
+    CHECK(t.p.a.engine->early_request_pool().in_use() == 0);
     t.peer.inject(t.write(wire::Opcode::RcWriteOnly, 0, kAt + 128, 64, true), bytes(64, 6));
     CHECK(t.p.a.counters().rx_early_run.load() == 0);
     CHECK(region(t.p.a, kAt, 64) == before);
@@ -711,5 +809,5 @@ TEST_CASE("Selective recovery: a stream under loss or reordering arrives whole, 
         CHECK(p.b.counters().rx_early_kept.load() == 0);
         CHECK(p.a.counters().selective_resends.load() == 0);
     }
-    CHECK(p.b.engine->early_request_budget().in_use() == 0);
+    CHECK(p.b.engine->early_request_pool().in_use() == 0);
 }
