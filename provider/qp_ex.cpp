@@ -6,7 +6,6 @@
 // whole batch at wr_complete, with nothing posted.
 #include <cerrno>
 #include <cstring>
-#include <deque>
 #include <memory>
 #include <new>
 #include <vector>
@@ -18,12 +17,22 @@
 namespace uroce::provider {
 
 struct WrBatch {
+    // Where one request's SGEs and inline bytes lie in the batch's flat arrays. Only the newest
+    // request can be changed, so its pieces are always at the arrays' ends.
+    struct Pieces {
+        size_t sge_first = 0;
+        size_t inline_first = 0;  // its copy of inline data, if `inline_sge`
+        bool inline_sge = false;  // its one SGE points into inline_bytes (fixed up at the end)
+    };
+    // Every container keeps its capacity from batch to batch: a request allocates nothing
+    // once the batches have been as large before (perftest posts through this API).
     std::vector<ibv_send_wr> wrs;
-    std::deque<std::vector<ibv_sge>> sges;         // stable storage for sg_list
-    std::deque<std::vector<uint8_t>> inline_data;  // copies of inline buffers
-    std::vector<BuiltSend> built;                  // post_send_all's scratch, kept
-    uint64_t ops = 0;                              // IBV_QP_EX_WITH_* the QP was created with
-    int error = 0;                                 // first build error, reported by wr_complete
+    std::vector<Pieces> pieces;         // one per request
+    std::vector<ibv_sge> sges;          // all requests' SGEs, back to back
+    std::vector<uint8_t> inline_bytes;  // copies of inline buffers, back to back
+    std::vector<BuiltSend> built;       // post_send_all's scratch, kept
+    uint64_t ops = 0;                   // IBV_QP_EX_WITH_* the QP was created with
+    int error = 0;                      // first build error, reported by wr_complete
 };
 
 namespace {
@@ -49,7 +58,7 @@ ibv_send_wr* begin(ibv_qp_ex* qpx, ibv_wr_opcode opcode, uint64_t op_flag) {
         wr.opcode = opcode;
         wr.send_flags = static_cast<int>(qpx->wr_flags);
         b.wrs.push_back(wr);
-        b.sges.emplace_back();
+        b.pieces.push_back({b.sges.size(), b.inline_bytes.size(), false});
     } catch (...) {
         fail(b, ENOMEM);
         return nullptr;
@@ -70,8 +79,9 @@ ibv_send_wr* current(ibv_qp_ex* qpx) {
 void wr_start(ibv_qp_ex* qpx) {
     WrBatch& b = batch_of(qpx);
     b.wrs.clear();
+    b.pieces.clear();
     b.sges.clear();
-    b.inline_data.clear();
+    b.inline_bytes.clear();
     b.error = 0;
 }
 
@@ -84,8 +94,13 @@ int wr_complete(ibv_qp_ex* qpx) {
     int err = b.error;
     if (!err && !b.wrs.empty()) {
         for (size_t i = 0; i < b.wrs.size(); ++i) {
-            b.wrs[i].sg_list = b.sges[i].data();
-            b.wrs[i].num_sge = static_cast<int>(b.sges[i].size());
+            const WrBatch::Pieces& p = b.pieces[i];
+            const size_t end = i + 1 < b.pieces.size() ? b.pieces[i + 1].sge_first : b.sges.size();
+            b.wrs[i].sg_list = end > p.sge_first ? &b.sges[p.sge_first] : nullptr;
+            b.wrs[i].num_sge = static_cast<int>(end - p.sge_first);
+            if (p.inline_sge)  // the copy's place is final only now
+                b.sges[p.sge_first].addr =
+                    reinterpret_cast<uint64_t>(b.inline_bytes.data() + p.inline_first);
             b.wrs[i].next = i + 1 < b.wrs.size() ? &b.wrs[i + 1] : nullptr;
         }
         // All or nothing (post_send stops at the first request it refuses, after it queued
@@ -186,8 +201,11 @@ void wr_set_sge_list(ibv_qp_ex* qpx, size_t num_sge, const ibv_sge* sg_list) {
         fail(b, EINVAL);
         return;
     }
+    WrBatch::Pieces& p = b.pieces.back();
     try {
-        b.sges.back().assign(sg_list, sg_list + num_sge);
+        b.sges.resize(p.sge_first);  // a second call replaces the first one's list
+        b.sges.insert(b.sges.end(), sg_list, sg_list + num_sge);
+        p.inline_sge = false;
     } catch (...) {
         fail(b, ENOMEM);
     }
@@ -208,17 +226,19 @@ void wr_set_inline_data_list(ibv_qp_ex* qpx, size_t num_buf, const ibv_data_buf*
         fail(b, EINVAL);
         return;
     }
+    WrBatch::Pieces& p = b.pieces.back();
     try {
-        std::vector<uint8_t> data(total);
-        size_t off = 0;
+        b.inline_bytes.resize(p.inline_first + total);  // replaces an earlier call's copy
+        size_t off = p.inline_first;
         for (size_t i = 0; i < num_buf; ++i) {
-            if (bufs[i].length) std::memcpy(data.data() + off, bufs[i].addr, bufs[i].length);
+            if (bufs[i].length)
+                std::memcpy(b.inline_bytes.data() + off, bufs[i].addr, bufs[i].length);
             off += bufs[i].length;
         }
-        b.inline_data.push_back(std::move(data));
-        const std::vector<uint8_t>& kept = b.inline_data.back();
-        b.sges.back().assign(
-            1, ibv_sge{reinterpret_cast<uint64_t>(kept.data()), static_cast<uint32_t>(total), 0});
+        // Its address is set at wr_complete: the copies may still move as the batch grows.
+        b.sges.resize(p.sge_first);
+        b.sges.push_back(ibv_sge{0, static_cast<uint32_t>(total), 0});
+        p.inline_sge = true;
         wr->send_flags |= IBV_SEND_INLINE;
     } catch (...) {
         fail(b, ENOMEM);

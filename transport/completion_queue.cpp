@@ -136,10 +136,14 @@ uint32_t CompletionQueue::capacity() const {
 size_t CompletionQueue::remove_qp(uint32_t qpn, bool keep_receives) {
     std::lock_guard lock(mutex_);
     const size_t before = queue_.size();
-    std::erase_if(queue_, [qpn, keep_receives](const Completion& c) {
+    size_t kept = 0;  // the others move up, in order
+    for (size_t i = 0; i < before; ++i) {
+        const Completion c = queue_[i];
         const bool receive = c.opcode == WcOpcode::Recv || c.opcode == WcOpcode::RecvRdmaWithImm;
-        return c.qp_num == qpn && !(keep_receives && receive);
-    });
+        if (c.qp_num == qpn && !(keep_receives && receive)) continue;
+        queue_[kept++] = c;
+    }
+    queue_.truncate(kept);
     size_.store(queue_.size(), std::memory_order_release);
     return before - queue_.size();
 }

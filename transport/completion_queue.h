@@ -4,11 +4,11 @@
 
 #include <atomic>
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <mutex>
 #include <span>
 
+#include "transport/ring_queue.h"
 #include "transport/work_request.h"
 
 namespace uroce::transport {
@@ -54,7 +54,10 @@ class CompletionQueue {
     std::function<void()> on_event_;
     std::function<void()> on_overflow_;
     mutable std::mutex mutex_;
-    std::deque<Completion> queue_;
+    // A ring, not a std::deque: the deque took a block for every ten completions the engine
+    // thread added and freed one for every ten the application took, a free across threads.
+    // The ring grows to the most completions ever waiting at once (never past capacity_).
+    RingQueue<Completion> queue_;
     // queue_.size(), also readable without the lock: a thread that spins on an empty CQ
     // never takes the mutex, so the engine thread adding a completion never finds it held by
     // a poller the scheduler preempted (it would sleep on the futex, then wait for that

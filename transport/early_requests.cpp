@@ -40,7 +40,7 @@ void EarlyRequestPool::recycle(std::vector<uint8_t> buffer) {
     if (capacity == 0) return;
     buffer.clear();
     std::lock_guard lock(mutex_);
-    if (capacity > kSpareBytes - buffer_bytes_ || buffers_.size() >= EarlyRequests::kSpan)
+    if (capacity > kSpareBytes - buffer_bytes_ || buffers_.size() >= kSpareBuffers)
         return;  // freed on return
     buffer_bytes_ += capacity;
     buffers_.push_back(std::move(buffer));

@@ -106,14 +106,17 @@ class EarlyRequests {
 // to the kernel at the free (glibc trims the top of the engine thread's heap with madvise)
 // and was faulted in again, page by page, at the next loss: a quarter of a receiver's CPU
 // under 1% loss (docs/performance-log.md). So what a QP frees waits here for the next loss
-// of any QP of the engine: payload buffers up to kSpareBytes of capacity (and kSpan of
-// them), slot tables up to kSpareTables; beyond that it is freed. An engine's memory for early
+// of any QP of the engine: payload buffers up to kSpareBytes of capacity (and kSpareBuffers
+// of them), slot tables up to kSpareTables; beyond that it is freed. An engine's memory for early
 // requests is bounded by the budget plus those spares. Thread-safe (QPs keep and run under their
-// own locks); used only when packets are kept or run, never on a path without loss.
+// own locks); used only when packets are kept, held or run. Requests a responder holds
+// behind READ responses (RcQp::held_) take their buffers from here too.
 class EarlyRequestPool {
   public:
-    static constexpr size_t kSpareBytes = size_t{1} << 20;
-    static constexpr size_t kSpareTables = 4;
+    // A window of one QP is 1 MiB at most (256 packets of 4 KiB); several QPs lose at once.
+    static constexpr size_t kSpareBytes = size_t{4} << 20;
+    static constexpr size_t kSpareBuffers = 1024;
+    static constexpr size_t kSpareTables = 16;
 
     explicit EarlyRequestPool(size_t limit) : limit_(limit) {}
     EarlyRequestPool(const EarlyRequestPool&) = delete;

@@ -140,6 +140,7 @@ void RcQp::run_held(uint32_t budget) {
             req.kept && early_ack_cap_ != kNoResentPsn && psn_after(req.h.bth.psn, early_ack_cap_);
         execute_request(req.view());
         draining_early_ = false;
+        engine_.early_request_pool().recycle(std::move(req.payload));
     }
 }
 

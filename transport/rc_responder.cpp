@@ -275,8 +275,11 @@ bool RcQp::accept_in_sequence(const wire::ParsedPacket& pkt) {
     epsn_ = psn_add(
         epsn_, (flags & wire::kRead) ? read_response_packets(pkt.h.reth.dma_len, attrs_.mtu) : 1);
     if (wait) {
-        held_.push_back(HeldRequest{{pkt.h, pkt.info, {pkt.payload.begin(), pkt.payload.end()}},
-                                    draining_early_});
+        // Its copy in a buffer of the engine's pool, given back once it ran (run_held): a
+        // stream of WRITEs behind READ responses allocates nothing per packet.
+        std::vector<uint8_t> payload = engine_.early_request_pool().buffer();
+        payload.assign(pkt.payload.begin(), pkt.payload.end());
+        held_.push_back(HeldRequest{{pkt.h, pkt.info, std::move(payload)}, draining_early_});
         schedule_responder();
         return true;
     }

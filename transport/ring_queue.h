@@ -55,6 +55,8 @@ class RingQueue {
         head_ = (head_ + 1) & mask();
         --count_;
     }
+    // Keeps the first `n` elements (all of them if there are fewer), drops the rest.
+    void truncate(size_t n) { count_ = std::min(count_, n); }
     // Empties the queue; the array stays.
     void clear() {
         head_ = 0;

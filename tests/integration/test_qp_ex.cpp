@@ -107,6 +107,70 @@ TEST_CASE("qp_ex: every RC opcode in one batch, with SGE lists and inline data",
     CHECK(counter == 99);
 }
 
+TEST_CASE(
+    "qp_ex: many inline requests in one batch each carry their own bytes; a setter called "
+    "twice replaces the first; batches reuse the QP's storage",
+    "[qp_ex]") {
+    Endpoint a(devices().a), b(devices().b);
+    ibv_qp_ex* qpx = use_qp_ex(a);
+    connect(a, b);
+    Buffer src(a.pd, 4096, IBV_ACCESS_LOCAL_WRITE), dst(b.pd, 64 * 256, IBV_ACCESS_LOCAL_WRITE);
+    fill_pattern(src.bytes.data(), 4096, 21);
+    constexpr uint32_t kSends = 48;  // the inline copies grow past several reallocations
+    for (int round = 0; round < 2; ++round) {
+        std::memset(dst.bytes.data(), 0, dst.bytes.size());
+        for (uint32_t i = 0; i < kSends; ++i)
+            REQUIRE(post_recv_buf(b.qp, dst, i * 256, 256, 1000 + i) == 0);
+        std::vector<std::vector<uint8_t>> sent(kSends);
+        ibv_wr_start(qpx);
+        for (uint32_t i = 0; i < kSends; ++i) {
+            qpx->wr_id = i;
+            qpx->wr_flags = IBV_SEND_SIGNALED;
+            ibv_wr_send(qpx);
+            std::vector<uint8_t> bytes(1 + (i * 37 + static_cast<uint32_t>(round) * 11) % 256);
+            fill_pattern(bytes.data(), bytes.size(), static_cast<uint8_t>(i + 40 * round));
+            if (i % 4 == 1) {
+                // Inline data, then an SGE: the SGE is the request's (sent inline all the
+                // same, as the flag stays), the copy is left unused.
+                ibv_wr_set_inline_data(qpx, bytes.data(), bytes.size());
+                ibv_wr_set_sge(qpx, src.mr->lkey, src.addr() + i, 100);
+                bytes.assign(src.bytes.begin() + i, src.bytes.begin() + i + 100);
+            } else if (i % 4 == 2) {
+                // An SGE, then inline data: the copy is the request's.
+                ibv_wr_set_sge(qpx, src.mr->lkey, src.addr(), 200);
+                ibv_wr_set_inline_data(qpx, bytes.data(), bytes.size());
+            } else if (i % 4 == 3) {
+                // Two SGE lists: the second one only.
+                const ibv_sge first[2] = {{src.addr(), 10, src.mr->lkey},
+                                          {src.addr() + 20, 10, src.mr->lkey}};
+                ibv_wr_set_sge_list(qpx, 2, first);
+                ibv_wr_set_sge(qpx, src.mr->lkey, src.addr() + 3000, 64);
+                bytes.assign(src.bytes.begin() + 3000, src.bytes.begin() + 3064);
+            } else {
+                // Inline data twice: the second copy only.
+                std::vector<uint8_t> other(255, 0xee);
+                ibv_wr_set_inline_data(qpx, other.data(), other.size());
+                ibv_wr_set_inline_data(qpx, bytes.data(), bytes.size());
+            }
+            sent[i] = bytes;
+            std::fill(bytes.begin(), bytes.end(), 0);  // inline data is copied at once
+        }
+        REQUIRE(ibv_wr_complete(qpx) == 0);
+        const auto s = wait_completions(a.cq, kSends);
+        REQUIRE(s.size() == kSends);
+        const auto r = wait_completions(b.cq, kSends);
+        REQUIRE(r.size() == kSends);
+        for (uint32_t i = 0; i < kSends; ++i) {
+            CHECK(s[i].status == IBV_WC_SUCCESS);
+            CHECK(s[i].wr_id == i);
+            CHECK(r[i].status == IBV_WC_SUCCESS);
+            CHECK(r[i].wr_id == 1000 + i);
+            CHECK(r[i].byte_len == sent[i].size());
+            CHECK(std::memcmp(dst.bytes.data() + i * 256, sent[i].data(), sent[i].size()) == 0);
+        }
+    }
+}
+
 TEST_CASE("qp_ex: wr_abort sends nothing; a bad request fails its whole batch", "[qp_ex]") {
     Endpoint a(devices().a), b(devices().b);
     ibv_qp_ex* qpx = use_qp_ex(a, IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_RDMA_WRITE);

@@ -362,6 +362,36 @@ TEST_CASE("CQ: remove_qp takes out one QP's completions and keeps the order of t
     CHECK(cq.remove_qp(9) == 0);
 }
 
+TEST_CASE("CQ: remove_qp keeps the order of the rest when the queue has wrapped", "[cq]") {
+    CompletionQueue cq(8, nullptr, nullptr);
+    Completion out[8];
+    uint64_t next = 0;
+    auto push = [&](uint32_t qpn) {
+        Completion c;
+        c.wr_id = next++;
+        c.qp_num = qpn;
+        c.opcode = qpn == 5 ? WcOpcode::Recv : WcOpcode::Send;
+        REQUIRE(cq.push(c));
+    };
+    // Round after round, so that the queue's front moves around its array.
+    for (int round = 0; round < 7; ++round) {
+        const uint64_t first = next;
+        for (uint32_t i = 0; i < 6; ++i) push(i % 3 == 0 ? 5 : 9);  // 5 at 0 and 3
+        push(11);
+        CHECK(cq.remove_qp(5, round % 2 == 1) == (round % 2 == 1 ? 0u : 2u));
+        CHECK(cq.remove_qp(11) == 1);
+        std::vector<uint64_t> want;
+        for (uint32_t i = 0; i < 6; ++i)
+            if (i % 3 != 0 || round % 2 == 1) want.push_back(first + i);
+        push(9);  // after the removal, behind what stayed
+        want.push_back(first + 7);
+        const size_t n = cq.poll(std::span(out, 8));
+        REQUIRE(n == want.size());
+        for (size_t i = 0; i < n; ++i) CHECK(out[i].wr_id == want[i]);
+        CHECK(cq.depth() == 0);
+    }
+}
+
 TEST_CASE("CQ: resize keeps what waits and refuses to shrink below it", "[cq]") {
     CompletionQueue cq(2, nullptr, nullptr);
     Completion c;

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <deque>
 #include <random>
+#include <vector>
 
 #include "transport/ring_queue.h"
 #include "transport/work_request.h"
@@ -79,6 +80,27 @@ TEST_CASE("RingQueue builds in place and keeps its array across clear", "[ring_q
     q.push_back(Item{42});
     CHECK(q.front().id == 42);
     CHECK(q.size() == 1);
+}
+
+TEST_CASE("RingQueue truncate keeps the first elements, wrapped or not", "[ring_queue]") {
+    RingQueue<Item> q;
+    for (uint64_t i = 0; i < 6; ++i) q.push_back(Item{i});
+    for (int i = 0; i < 5; ++i) q.pop_front();  // the front near the array's end
+    for (uint64_t i = 6; i < 10; ++i) q.push_back(Item{i});
+    REQUIRE(q.size() == 5);  // 5..9, wrapped
+    const size_t capacity = q.capacity();
+    q.truncate(9);  // more than it holds: nothing changes
+    CHECK(q.size() == 5);
+    q.truncate(3);
+    REQUIRE(q.size() == 3);
+    q.push_back(Item{42});
+    std::vector<uint64_t> got;
+    while (!q.empty()) {
+        got.push_back(q.front().id);
+        q.pop_front();
+    }
+    CHECK(got == std::vector<uint64_t>{5, 6, 7, 42});
+    CHECK(q.capacity() == capacity);
 }
 
 TEST_CASE("RingQueue holds work requests whole", "[ring_queue]") {

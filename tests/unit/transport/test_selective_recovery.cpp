@@ -207,30 +207,35 @@ TEST_CASE("EarlyRequests: the memory of one loss is used again at the next, by a
 }
 
 TEST_CASE("EarlyRequestPool: spares beyond its bounds are freed", "[selective][early]") {
-    EarlyRequestPool pool(size_t{8} << 20);
+    EarlyRequestPool pool(size_t{16} << 20);
     SECTION("buffers: at most kSpareBytes of capacity") {
-        EarlyRequests store(pool);
+        // 8 KiB payloads, 255 per store: more than kSpareBytes across three stores.
         const auto big = bytes(8192, 3);
-        for (uint32_t psn = 1; psn < EarlyRequests::kSpan; ++psn)
-            REQUIRE(store.keep(packet(wire::Opcode::RcWriteMiddle, psn, big), psn) ==
-                    EarlyRequests::Kept::Yes);
-        store.clear();
+        std::vector<std::unique_ptr<EarlyRequests>> stores;
+        for (int k = 0; k < 3; ++k) {
+            stores.push_back(std::make_unique<EarlyRequests>(pool));
+            for (uint32_t psn = 1; psn < EarlyRequests::kSpan; ++psn)
+                REQUIRE(stores.back()->keep(packet(wire::Opcode::RcWriteMiddle, psn, big), psn) ==
+                        EarlyRequests::Kept::Yes);
+        }
+        REQUIRE(3 * (EarlyRequests::kSpan - 1) * big.size() > EarlyRequestPool::kSpareBytes);
+        stores.clear();
         CHECK(pool.spare_bytes() <= EarlyRequestPool::kSpareBytes);
         CHECK(pool.spare_bytes() >= EarlyRequestPool::kSpareBytes - big.size());
         CHECK(pool.spare_buffers() == EarlyRequestPool::kSpareBytes / big.size());
+        CHECK(pool.in_use() == 0);
     }
-    SECTION("buffers: at most kSpan of them, however small") {
-        EarlyRequests one(pool), two(pool);
+    SECTION("buffers: at most kSpareBuffers of them, however small") {
         const auto tiny = bytes(16, 4);
-        for (uint32_t psn = 1; psn < EarlyRequests::kSpan; ++psn) {
-            REQUIRE(one.keep(packet(wire::Opcode::RcSendMiddle, psn, tiny), psn) ==
-                    EarlyRequests::Kept::Yes);
-            REQUIRE(two.keep(packet(wire::Opcode::RcSendMiddle, psn, tiny), psn) ==
-                    EarlyRequests::Kept::Yes);
+        std::vector<std::unique_ptr<EarlyRequests>> stores;
+        while (stores.size() * (EarlyRequests::kSpan - 1) <= EarlyRequestPool::kSpareBuffers) {
+            stores.push_back(std::make_unique<EarlyRequests>(pool));
+            for (uint32_t psn = 1; psn < EarlyRequests::kSpan; ++psn)
+                REQUIRE(stores.back()->keep(packet(wire::Opcode::RcSendMiddle, psn, tiny), psn) ==
+                        EarlyRequests::Kept::Yes);
         }
-        one.clear();
-        two.clear();
-        CHECK(pool.spare_buffers() == EarlyRequests::kSpan);
+        stores.clear();
+        CHECK(pool.spare_buffers() == EarlyRequestPool::kSpareBuffers);
     }
     SECTION("slot tables: at most kSpareTables") {
         std::vector<std::unique_ptr<EarlyRequests>> stores;
