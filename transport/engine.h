@@ -490,8 +490,8 @@ class Engine {
     void capture_sent(const TransmitBatch& batch, size_t first, size_t count);
     MemoryTable memory_;
     ResendBudget resend_budget_{config_.resend_burst};
-    EarlyRequestPool early_request_pool_{
-        config_.selective_recovery ? config_.early_request_bytes : 0};
+    EarlyRequestPool early_request_pool_{config_.selective_recovery ? config_.early_request_bytes
+                                                                    : 0};
     ForkGate fork_gate_;  // outlives the engine thread (joined in ~Engine)
     event_base* base_ = nullptr;
     std::unique_ptr<TimerQueue> timers_;  // every timer of the engine; freed before base_
