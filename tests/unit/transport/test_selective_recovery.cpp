@@ -646,6 +646,9 @@ TEST_CASE("Responder: a kept SEND held behind READ responses draws no RNR NAK ei
     CHECK(t.p.a.counters().rx_early_run.load() == 2);
     CHECK(region(t.p.a, kAt, 64) == bytes(64, 1));
     CHECK(region(t.p.a, kAt + 64, 64) == bytes(64, 2));
+    // Every buffer went back to the engine's pool: the three copies held behind the
+    // response once they ran, and the last of the two kept ones (the first held a copy).
+    CHECK(t.p.a.engine->early_request_pool().spare_buffers() == 4);
     // SEND 3 found no WQE: it goes silently, since an RNR NAK for 3 would acknowledge the
     // kept WRITE 2 before the requester sent it again. The ACK names 1.
     CHECK(t.p.a.counters().tx_rnr_naks.load() == 0);
