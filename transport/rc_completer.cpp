@@ -129,19 +129,27 @@ void RcQp::ack_through(uint32_t psn) {
         }
         if (takes_responder_resource(e.wqe.opcode)) {
             if (e.read_done) {
+                // Complete, perhaps while an earlier READ still lacked responses.
+                una_psn_ = psn_add(e.psn, e.npkts);
                 retire_front(WcStatus::Success);
                 progress = true;
                 continue;
             }
             // An ACK beyond a READ whose responses have not all come (or an atomic whose
-            // acknowledgement has not) means they were lost: ask again for the rest (once
-            // until the timer runs out). An atomic asked again is answered from the
-            // responder's replay cache, not executed again.
-            if (!psn_before(psn, last) && !e.read_gap_retried) {
+            // acknowledgement has not) means they were lost: ask again for the rest (a READ
+            // as ask_again_for_read allows, an atomic once until the timer runs out). An
+            // atomic asked again is answered from the responder's replay cache, not
+            // executed again.
+            if (psn_before(psn, last)) break;
+            if (e.wqe.opcode == SendOpcode::RdmaRead) {
+                ask_again_for_read(e);
+                if (state_ == QpState::Err) return;
+                break;
+            }
+            if (!e.read_gap_retried) {
                 e.read_gap_retried = true;
                 rtt_timing_ = false;  // a resent request times nothing
-                const WcStatus status =
-                    is_atomic(e.wqe.opcode) ? send_atomic_request(e) : send_read_request(e);
+                const WcStatus status = send_atomic_request(e);
                 if (status != WcStatus::Success) {
                     e.failed = status;
                     enter_error();
@@ -165,6 +173,8 @@ void RcQp::ack_through(uint32_t psn) {
         break;
     }
     if (!has_outstanding()) una_psn_ = sq_.empty() || !sq_.front().assigned ? next_psn_ : una_psn_;
+    // Acknowledged now, the hint says nothing more (and would look new again after a wrap).
+    if (read_implied_valid_ && psn_before(read_implied_ack_, una_psn_)) read_implied_valid_ = false;
     if (progress) {
         if (spurious_.armed()) spurious_.on_progress(una_psn_, std::chrono::steady_clock::now());
         rnr_retries_left_ = attrs_.rnr_retry;
@@ -293,11 +303,27 @@ void RcQp::on_read_response(const wire::ParsedPacket& pkt) {
         bump(engine_.counters().rx_response_out_of_window);
         return;
     }
-    // Responses imply the ACK of every request before the READ they answer.
-    ack_through(psn_add(psn, kPsnMask));
+    // Responses imply the ACK of every request before the READ they answer. The front may
+    // be a READ still missing responses, which stops ack_through there: what lies behind it
+    // is acknowledged once it completes (read_implied_ack_).
+    const uint32_t implied = psn_add(psn, kPsnMask);
+    if (!read_implied_valid_ || psn_after(implied, read_implied_ack_)) {
+        read_implied_ack_ = implied;
+        read_implied_valid_ = true;
+    }
+    ack_through(implied);
     if (!has_outstanding()) return;
-    SqEntry& e = sq_.front();
-    if (e.wqe.opcode != SendOpcode::RdmaRead || e.read_done) return;
+    // The responder answers READs in PSN order: a response to this one means that every
+    // earlier READ has had all of its responses sent, and those missing were lost.
+    ask_again_for_reads_before(psn);
+    if (state_ == QpState::Err) return;
+    SqEntry* found = entry_for_psn(psn);
+    if (!found || found->wqe.opcode != SendOpcode::RdmaRead || found->read_done) return;
+    SqEntry& e = *found;
+    // Responses to a READ behind one still missing some are kept (placed in its buffer) as
+    // they come in order for their own READ: a loss then costs the rest of one READ, not
+    // every READ in flight after it, each asked for again once that one completes.
+    const bool front = &e == &sq_.front();
     const uint32_t expected = psn_add(e.psn, e.read_pkts);
     const int32_t d = psn_diff(psn, expected);
     if (d < 0) return;  // a duplicate of a response we already have
@@ -307,16 +333,7 @@ void RcQp::on_read_response(const wire::ParsedPacket& pkt) {
         // would look like a new gap; answering every one with a new request makes the
         // responder replay the READ again and again.
         // Only this READ is asked for again: the requests after it were not lost.
-        if (!e.read_gap_retried) {
-            e.read_gap_retried = true;
-            rtt_timing_ = false;
-            if (const WcStatus status = send_read_request(e); status != WcStatus::Success) {
-                e.failed = status;
-                enter_error();
-            } else {
-                count_request_resent();
-            }
-        }
+        ask_again_for_read(e);
         return;
     }
     const uint16_t flags = pkt.info->flags;
@@ -363,13 +380,46 @@ void RcQp::on_read_response(const wire::ParsedPacket& pkt) {
     }
     e.read_bytes += len;
     e.read_pkts = is_last ? e.npkts : e.read_pkts + 1;
+    if (is_last) e.read_done = true;
+    // Only the front's progress restarts the timer: the timer waits for the front.
+    if (!front) return;
     note_progress();
     if (is_last) {
-        e.read_done = true;
         una_psn_ = psn_add(e.psn, e.npkts);
-        ack_through(psn_add(e.psn, e.npkts - 1));
+        // The READs already complete behind it, and the requests between them that their
+        // responses acknowledged, complete with it.
+        uint32_t through = psn_add(e.psn, e.npkts - 1);
+        if (read_implied_valid_ && psn_after(read_implied_ack_, through))
+            through = read_implied_ack_;
+        ack_through(through);
     } else {
         restart_timer();
+    }
+}
+
+void RcQp::ask_again_for_read(SqEntry& e) {
+    // Responses the responder sent before the last request for them still arrive after it,
+    // each showing the same gap; once responses to that request have come (progress since),
+    // a gap is a loss among them.
+    if (e.read_gap_retried && e.read_pkts <= e.read_retried_at) return;
+    e.read_gap_retried = true;
+    e.read_retried_at = e.read_pkts;
+    rtt_timing_ = false;  // a resent request times nothing
+    if (const WcStatus status = send_read_request(e); status != WcStatus::Success) {
+        e.failed = status;
+        enter_error();
+        return;
+    }
+    count_request_resent();
+}
+
+void RcQp::ask_again_for_reads_before(uint32_t psn) {
+    for (size_t i = 0; i < sq_.size() && state_ != QpState::Err; ++i) {
+        SqEntry& e = sq_[i];
+        if (!e.assigned || !psn_before(e.psn, psn)) return;
+        const bool holds = psn_diff(psn, e.psn) < static_cast<int32_t>(e.npkts);
+        if (holds) return;
+        if (e.wqe.opcode == SendOpcode::RdmaRead && !e.read_done) ask_again_for_read(e);
     }
 }
 

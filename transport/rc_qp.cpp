@@ -117,6 +117,7 @@ int RcQp::modify(const QpAttributes& attrs, QpState expected, QpState next) {
                 sent_high_ = next_psn_;
                 window_una_ = next_psn_;
                 goback_high_ = next_psn_;  // nothing resent: none after the first PSN
+                read_implied_valid_ = false;
                 send_psn_live_ = true;
             }
             retries_left_ = attrs_.retry_cnt;

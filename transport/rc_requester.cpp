@@ -202,6 +202,13 @@ void RcQp::pump_window() {
             if (takes_responder_resource(e.wqe.opcode)) ++reads_outstanding_;
             send_pkt_ = 0;
         }
+        if (e.wqe.opcode == SendOpcode::RdmaRead && e.read_done) {
+            // Going back N over a READ whose responses all came (behind one that lacked
+            // some): nothing to ask for.
+            ++send_index_;
+            send_pkt_ = 0;
+            continue;
+        }
         const uint32_t psn = psn_add(e.psn, send_pkt_);
         if (psn_diff(psn, una_psn_) >= window) break;
         if (ack_in_pump_ == AckInPump::BeforeCompletion && send_pkt_ + 1 >= e.npkts &&

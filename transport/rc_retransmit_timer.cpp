@@ -68,6 +68,8 @@ void RcQp::fire_timer(std::chrono::steady_clock::time_point now) {
         if (!engine_.resend_budget().take(now)) {
             ++probes_sent_;  // skipped: the next wait is the second probe's, or the resend's
             bump(engine_.counters().resends_held_back);
+        } else if (read_probe_possible()) {
+            probe_front_read();
         } else if (probes_sent_ == 0 && !nak_resent_) {
             note_timer_resend(now);
             send_tail_probe();
@@ -138,7 +140,9 @@ void RcQp::fire_timer(std::chrono::steady_clock::time_point now) {
     }
     ++rto_backoff_;
     last_rewind_psn_ = 0xffffffff;
-    sq_.front().read_gap_retried = false;
+    // Every READ goes again from its first missing response: each may be asked for again
+    // once more when a gap shows.
+    for (size_t i = 0; i < sq_.size() && sq_[i].assigned; ++i) sq_[i].read_gap_retried = false;
     note_timer_resend(now);
     const uint32_t window_before = window_.packets();
     // An early resend before any round trip was measured proves no loss (its wait was a
@@ -175,7 +179,7 @@ void RcQp::arm_timer() {
         const uint64_t probe_us =
             probes_sent_ == 0 ? rtt_.probe_us() : std::min(rtt_.probe_us() << probes_sent_, us);
         if (probes_sent_ < kMaxTailProbes && rtt_.measured() && probe_us <= us &&
-            (nak_resent_ || tail_probe_possible())) {
+            (nak_resent_ || tail_probe_possible() || read_probe_possible())) {
             us = probe_us;
             probe_armed_ = true;
         }
@@ -237,6 +241,21 @@ bool RcQp::tail_probe_possible() const {
         return d < static_cast<int32_t>(e.npkts) && !takes_responder_resource(e.wqe.opcode);
     }
     return false;
+}
+
+bool RcQp::read_probe_possible() const {
+    if (!has_outstanding() || resending()) return false;
+    const SqEntry& e = sq_.front();
+    return e.wqe.opcode == SendOpcode::RdmaRead && !e.read_done;
+}
+
+void RcQp::probe_front_read() {
+    ++probes_sent_;
+    bump(engine_.counters().tail_probes);
+    bump(qp_counters_.tail_probes);
+    SqEntry& e = sq_.front();
+    e.read_gap_retried = false;  // whatever was asked before went unanswered
+    ask_again_for_read(e);
 }
 
 void RcQp::send_tail_probe() {

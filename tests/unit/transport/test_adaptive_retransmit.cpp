@@ -204,21 +204,78 @@ TEST_CASE("A probe whose ACK was what got lost is answered as a duplicate", "[rc
     });
 }
 
-TEST_CASE("A READ is never probed: its request would be executed again", "[rc][retransmit]") {
-    MeasuredPair m;  // probes counted from here: a late ACK may draw one before
-    Pair& p = m.p;
-    // The first READ response is lost; the requester asks again only after its timeout.
-    int lose_left = 1;
-    TxRecorder b_out(*p.b.engine, [&lose_left](const wire::ParsedPacket& pkt) {
-        return is_op(pkt, wire::Opcode::RcReadResponseOnly) && lose_left-- > 0;
+TEST_CASE("A READ whose only response is lost is asked for again by the probe",
+          "[rc][retransmit][read_recovery]") {
+    // Nothing after the lost response shows the loss: only the timer can. The probe asks
+    // for the READ again (a READ's responses are the responder's to send again, and asking
+    // twice only replays them), two round trips after the request, not 1 ms later.
+    until_undisturbed([](MeasuredPair& m) {
+        Pair& p = m.p;
+        int lose_left = 1;
+        TxRecorder b_out(*p.b.engine, [&lose_left](const wire::ParsedPacket& pkt) {
+            return is_op(pkt, wire::Opcode::RcReadResponseOnly) && lose_left-- > 0;
+        });
+        TxRecorder a_out(*p.a.engine);
+        const uint64_t dup0 = p.b.counters().rx_duplicate.load();
+        fill(p.b.at(0), 256, 5);
+        REQUIRE(p.a.qp->post_send(rdma_wqe(SendOpcode::RdmaRead, 3, {p.a.sge(0, 256)}, p.b.iova,
+                                           p.b.keys.rkey)) == 0);
+        REQUIRE(p.wait_one(*p.a.scq).status == WcStatus::Success);
+        CHECK(first_mismatch(p.a.at(0), 256, 5) == 256);
+        CHECK(p.a.counters().retransmit_timeouts.load() == 0);
+        if (m.disturbed(1)) return false;
+        CHECK(m.probes() == 1);
+        // The request and the probe: the same PSN, address and length.
+        const auto reqs = a_out.with_opcode(wire::Opcode::RcReadRequest);
+        REQUIRE(reqs.size() == 2);
+        const wire::ParsedPacket first = reqs[0].parsed(), probe = reqs[1].parsed();
+        CHECK(probe.h.bth.psn == first.h.bth.psn);
+        CHECK(probe.h.reth.va == first.h.reth.va);
+        CHECK(probe.h.reth.dma_len == 256);
+        CHECK(p.b.counters().rx_duplicate.load() - dup0 == 1);
+        CHECK(b_out.count_opcode(wire::Opcode::RcReadResponseOnly) == 2);
+        return true;
     });
-    fill(p.b.at(0), 256, 5);
-    REQUIRE(p.a.qp->post_send(rdma_wqe(SendOpcode::RdmaRead, 3, {p.a.sge(0, 256)}, p.b.iova,
-                                       p.b.keys.rkey)) == 0);
-    REQUIRE(p.wait_one(*p.a.scq).status == WcStatus::Success);
-    CHECK(first_mismatch(p.a.at(0), 256, 5) == 256);
-    CHECK(m.probes() == 0);
-    CHECK(m.early_resends() >= 1);
+}
+
+TEST_CASE("A READ whose second request was lost too is asked for again by the probe",
+          "[rc][retransmit][read_recovery]") {
+    // A response in the middle of the READ is lost: the next one shows the gap and the READ
+    // is asked for again at once, from there; that request is lost too. Nothing more comes,
+    // and the mark that kept the gap's later responses from asking again must not keep the
+    // probe from asking.
+    until_undisturbed([](MeasuredPair& m) {
+        Pair& p = m.p;
+        constexpr uint32_t kLen = 3 * kMtu;
+        int responses_to_lose = 1;
+        TxRecorder b_out(*p.b.engine, [&responses_to_lose](const wire::ParsedPacket& pkt) {
+            return is_op(pkt, wire::Opcode::RcReadResponseMiddle) && responses_to_lose-- > 0;
+        });
+        int requests_seen = 0;
+        TxRecorder a_out(*p.a.engine, [&requests_seen](const wire::ParsedPacket& pkt) {
+            return is_op(pkt, wire::Opcode::RcReadRequest) && ++requests_seen == 2;
+        });
+        fill(p.b.at(0), kLen, 6);
+        REQUIRE(p.a.qp->post_send(rdma_wqe(SendOpcode::RdmaRead, 4, {p.a.sge(0, kLen)}, p.b.iova,
+                                           p.b.keys.rkey)) == 0);
+        REQUIRE(p.wait_one(*p.a.scq).status == WcStatus::Success);
+        CHECK(first_mismatch(p.a.at(0), kLen, 6) == kLen);
+        CHECK(p.a.counters().retransmit_timeouts.load() == 0);
+        if (m.disturbed(1)) return false;
+        CHECK(m.probes() == 1);
+        // The request, the one the gap asked for (lost), and the probe's, the same as that.
+        const auto reqs = a_out.with_opcode(wire::Opcode::RcReadRequest);
+        REQUIRE(reqs.size() == 3);
+        CHECK(reqs[1].lost);
+        const wire::ParsedPacket first = reqs[0].parsed(), gap = reqs[1].parsed(),
+                                 probe = reqs[2].parsed();
+        CHECK(gap.h.bth.psn == first.h.bth.psn + 1);
+        CHECK(gap.h.reth.dma_len == 2 * kMtu);
+        CHECK(probe.h.bth.psn == gap.h.bth.psn);
+        CHECK(probe.h.reth.va == gap.h.reth.va);
+        CHECK(probe.h.reth.dma_len == 2 * kMtu);
+        return true;
+    });
 }
 
 TEST_CASE("Before any round trip is measured, a loss waits the initial guess, not 67 ms",

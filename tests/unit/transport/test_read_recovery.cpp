@@ -1,0 +1,261 @@
+// A requester's recovery of lost READ responses (rc_completer.cpp): responses to the READs
+// behind one that lacks some are kept in their buffers, each READ is asked for again only for
+// what it lacks, as soon as a later response shows the loss, and a go-back-N passes over the
+// READs already complete.
+//
+// a is the requester under test; b is silent and the test answers for it with forged
+// responses, in the order each case needs (hostile_peer.h). What a sends is recorded.
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "tests/unit/transport/engine_pair.h"
+#include "tests/unit/transport/forged_peer.h"
+#include "tests/unit/transport/hostile_peer.h"
+
+using namespace uroce::transport;
+using namespace uroce::transport::test;
+using namespace std::chrono_literals;
+namespace wire = uroce::wire;
+
+namespace {
+
+constexpr uint32_t kPkts = 4;  // responses per READ
+constexpr uint32_t kLen = kPkts * kMtu;
+constexpr uint32_t kReads = 4;
+
+QpAttributes requester_attributes(uint8_t timeout) {
+    QpAttributes a = default_attributes();
+    a.timeout = timeout;
+    a.max_rd_atomic = kReads;
+    return a;
+}
+
+PairOptions no_adaptive_timer() {
+    PairOptions o;
+    o.adaptive = false;  // only the local ACK timeout: no probe changes what a sends
+    return o;
+}
+
+// kReads READs of kLen bytes each, READ r from b's region at r * kLen into a's at r * kLen,
+// PSNs r * kPkts (and `write_after_first`: a one-packet WRITE between READ 0 and READ 1, its
+// PSN kPkts, every later READ one PSN further).
+struct ReadStream {
+    Hostile t;
+    bool with_write;
+    std::vector<std::vector<uint8_t>> data;  // what b's READ r returns
+
+    explicit ReadStream(uint8_t timeout = 18, bool write_after_first = false)
+        : t(requester_attributes(timeout), no_adaptive_timer()), with_write(write_after_first) {
+        auto& a = t.p.a;
+        uint64_t id = 0;
+        for (uint32_t r = 0; r < kReads; ++r) {
+            data.emplace_back(kLen);
+            fill(data.back().data(), kLen, 500 + r);
+            REQUIRE(a.qp->post_send(rdma_wqe(SendOpcode::RdmaRead, id++, {a.sge(r * kLen, kLen)},
+                                             t.p.b.iova + r * kLen, t.p.b.keys.rkey)) == 0);
+            if (r == 0 && with_write)
+                REQUIRE(a.qp->post_send(
+                            rdma_wqe(SendOpcode::RdmaWrite, id++, {a.sge(kReads * kLen, 64)},
+                                     t.p.b.iova + kReads * kLen, t.p.b.keys.rkey)) == 0);
+        }
+        REQUIRE(t.p.wait_until([&] { return requests().size() >= kReads; }));
+    }
+
+    uint32_t psn_of(uint32_t r) const { return r * kPkts + (with_write && r > 0 ? 1 : 0); }
+
+    // Response `i` of READ `r`, as the first of a run (a FIRST, or the ONLY one of a run
+    // of one) when `starts_run`: a READ asked for again is answered from there.
+    void respond(uint32_t r, uint32_t i, bool starts_run = false) {
+        const bool last = i + 1 == kPkts;
+        wire::Opcode op = wire::Opcode::RcReadResponseMiddle;
+        if ((i == 0 || starts_run) && last)
+            op = wire::Opcode::RcReadResponseOnly;
+        else if (i == 0 || starts_run)
+            op = wire::Opcode::RcReadResponseFirst;
+        else if (last)
+            op = wire::Opcode::RcReadResponseLast;
+        t.peer.inject(t.peer.headers(op, psn_of(r) + i),
+                      std::span(data[r].data() + i * kMtu, kMtu));
+    }
+    void respond_all(uint32_t r) {
+        for (uint32_t i = 0; i < kPkts; ++i) respond(r, i);
+    }
+
+    std::vector<wire::ParsedPacket> requests() const {
+        std::vector<wire::ParsedPacket> out;
+        for (const SentPacket& s : t.a_out.with_opcode(wire::Opcode::RcReadRequest))
+            out.push_back(s.parsed());
+        return out;
+    }
+    // The PSNs of a's READ requests, in the order sent (for failure reports).
+    std::string request_psns() const {
+        std::string s;
+        for (const wire::ParsedPacket& q : requests()) s += std::to_string(q.h.bth.psn) + " ";
+        return s;
+    }
+    // Checks that `q` asks for READ r from its response i to its end.
+    void check_asks_from(const wire::ParsedPacket& q, uint32_t r, uint32_t i) const {
+        INFO("READ " << r << " from response " << i);
+        CHECK(q.h.bth.psn == psn_of(r) + i);
+        CHECK(q.h.reth.va == t.p.b.iova + r * kLen + i * kMtu);
+        CHECK(q.h.reth.rkey == t.p.b.keys.rkey);
+        CHECK(q.h.reth.dma_len == kLen - i * kMtu);
+    }
+
+    // Every work request completes, successfully and in order, and every READ's buffer
+    // holds what b returned.
+    void check_all_complete(size_t expected) {
+        const auto cs = t.p.wait(*t.p.a.scq, expected, 5s);
+        REQUIRE(cs.size() == expected);
+        for (size_t i = 0; i < cs.size(); ++i) {
+            INFO("completion " << i);
+            CHECK(cs[i].wr_id == i);
+            CHECK(cs[i].status == WcStatus::Success);
+        }
+        for (uint32_t r = 0; r < kReads; ++r) {
+            INFO("READ " << r);
+            CHECK(first_mismatch(t.p.a.at(r * kLen), kLen, 500 + r) == kLen);
+        }
+        CHECK(t.p.a.qp->state() == QpState::Rts);
+        CHECK(t.p.a.counters().retransmit_timeouts.load() == 0);
+    }
+};
+
+}  // namespace
+
+TEST_CASE("A lost READ response costs the rest of its READ, not the READs behind it",
+          "[rc][read_recovery]") {
+    ReadStream s;
+    INFO("requests sent (PSNs): " << s.request_psns());
+    // READ 0's second response is lost; the rest of READ 0 and all of READs 1-3 come.
+    s.respond(0, 0);
+    s.respond(0, 2);
+    s.respond(0, 3);
+    for (uint32_t r = 1; r < kReads; ++r) s.respond_all(r);
+    // At the first response after the gap, READ 0 is asked for again from there, once: the
+    // responses that followed it and those of the later READs show the same gap.
+    auto q = s.requests();
+    REQUIRE(q.size() == kReads + 1);
+    s.check_asks_from(q[kReads], 0, 1);
+    // Nothing completes before READ 0: completions come in order.
+    CHECK(s.t.p.stays_empty(*s.t.p.a.scq));
+    // The answer to it: READ 0 from its second response. All four complete, and none of the
+    // later READs was asked for again (their responses were kept).
+    for (uint32_t i = 1; i < kPkts; ++i) s.respond(0, i, i == 1);
+    s.check_all_complete(kReads);
+    CHECK(s.requests().size() == kReads + 1);
+}
+
+TEST_CASE("A READ behind one lacking a response is asked again when a later READ answers",
+          "[rc][read_recovery]") {
+    ReadStream s;
+    INFO("requests sent (PSNs): " << s.request_psns());
+    s.respond(0, 0);
+    s.respond(0, 2);  // READ 0 is asked for again from its response 1
+    s.respond(0, 3);
+    for (uint32_t i = 0; i + 1 < kPkts; ++i) s.respond(1, i);  // READ 1's LAST is lost
+    REQUIRE(s.requests().size() == kReads + 1);
+    // READ 2's first response shows that READ 1's last one is not coming: READ 1 alone is
+    // asked for again, for its last response (READ 0 has been asked for already).
+    s.respond(2, 0);
+    auto q = s.requests();
+    REQUIRE(q.size() == kReads + 2);
+    s.check_asks_from(q[kReads], 0, 1);
+    s.check_asks_from(q[kReads + 1], 1, kPkts - 1);
+    for (uint32_t i = 1; i < kPkts; ++i) s.respond(2, i);
+    s.respond_all(3);
+    CHECK(s.requests().size() == kReads + 2);
+    for (uint32_t i = 1; i < kPkts; ++i) s.respond(0, i, i == 1);
+    s.respond(1, kPkts - 1, true);
+    s.check_all_complete(kReads);
+    CHECK(s.requests().size() == kReads + 2);
+}
+
+TEST_CASE("A response lost again after its READ was asked for again is asked for at once",
+          "[rc][read_recovery]") {
+    ReadStream s;
+    INFO("requests sent (PSNs): " << s.request_psns());
+    s.respond(0, 0);
+    s.respond(0, 2);
+    REQUIRE(s.requests().size() == kReads + 1);  // READ 0 from response 1
+    // The original response 3, sent before b took the second request, still arrives: it
+    // shows the same gap and asks for nothing more.
+    s.respond(0, 3);
+    CHECK(s.requests().size() == kReads + 1);
+    // b answers the second request: response 1 comes, 2 is lost, 3 comes. Responses to that
+    // request have come since it was sent: the gap is a new loss, asked for at once (not
+    // after the timer, 1 s here).
+    s.respond(0, 1, true);
+    s.respond(0, 3);
+    auto q = s.requests();
+    REQUIRE(q.size() == kReads + 2);
+    s.check_asks_from(q[kReads], 0, 1);
+    s.check_asks_from(q[kReads + 1], 0, 2);
+    s.respond(0, 2, true);
+    s.respond(0, 3);
+    for (uint32_t r = 1; r < kReads; ++r) s.respond_all(r);
+    s.check_all_complete(kReads);
+    CHECK(s.requests().size() == kReads + 2);
+}
+
+TEST_CASE("A timeout's go-back-N asks again only for the READs that lack responses",
+          "[rc][read_recovery]") {
+    // timeout 12: the local ACK timeout is 16.8 ms.
+    ReadStream s(12);
+    INFO("requests sent (PSNs): " << s.request_psns());
+    s.respond(0, 0);
+    s.respond(0, 2);  // READ 0 asked for again from 1: that request goes unanswered
+    s.respond(0, 3);
+    s.respond_all(1);
+    s.respond_all(2);
+    s.respond(3, 0);
+    s.respond(3, 1);  // READ 3 lacks its last two
+    REQUIRE(s.requests().size() == kReads + 1);
+    // The timer goes back N from READ 0: READ 0 and READ 3 again, each from what it lacks;
+    // READs 1 and 2 are complete and not asked for again.
+    REQUIRE(s.t.p.wait_until([&] { return s.requests().size() >= kReads + 3; }, 5s));
+    CHECK(s.t.p.a.counters().retransmit_timeouts.load() >= 1);
+    auto q = s.requests();
+    s.check_asks_from(q[kReads + 1], 0, 1);
+    s.check_asks_from(q[kReads + 2], 3, 2);
+    // Whatever further timeouts sent (the test thread held off the CPU), only READs 0 and 3.
+    for (size_t i = kReads + 1; i < q.size(); ++i) {
+        INFO("request " << i);
+        const uint32_t psn = q[i].h.bth.psn;
+        CHECK((psn == s.psn_of(0) + 1 || psn == s.psn_of(3) + 2));
+    }
+    for (uint32_t i = 1; i < kPkts; ++i) s.respond(0, i, i == 1);
+    s.respond(3, 2, true);
+    s.respond(3, 3);
+    const auto cs = s.t.p.wait(*s.t.p.a.scq, kReads, 5s);
+    REQUIRE(cs.size() == kReads);
+    for (size_t i = 0; i < cs.size(); ++i) {
+        CHECK(cs[i].wr_id == i);
+        CHECK(cs[i].status == WcStatus::Success);
+    }
+    for (uint32_t r = 0; r < kReads; ++r)
+        CHECK(first_mismatch(s.t.p.a.at(r * kLen), kLen, 500 + r) == kLen);
+}
+
+TEST_CASE("The front READ completes what the later READs' responses acknowledged",
+          "[rc][read_recovery]") {
+    // READ 0, a WRITE, READs 1-3. Responses to READ 1 mean that b executed the WRITE; b sends
+    // no ACK for it (nothing asks), so READ 0's completion must complete the WRITE and the
+    // READs already answered with it.
+    ReadStream s(18, true);
+    INFO("requests sent (PSNs): " << s.request_psns());
+    REQUIRE(
+        s.t.p.wait_until([&] { return s.t.a_out.count_opcode(wire::Opcode::RcWriteOnly) == 1; }));
+    s.respond(0, 0);
+    s.respond(0, 2);
+    s.respond(0, 3);
+    for (uint32_t r = 1; r < kReads; ++r) s.respond_all(r);
+    CHECK(s.t.p.stays_empty(*s.t.p.a.scq));
+    for (uint32_t i = 1; i < kPkts; ++i) s.respond(0, i, i == 1);
+    s.check_all_complete(kReads + 1);
+    CHECK(s.requests().size() == kReads + 1);
+    CHECK(s.t.a_out.count_opcode(wire::Opcode::RcWriteOnly) == 1);
+}
