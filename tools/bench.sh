@@ -597,40 +597,48 @@ for pct in 1 5; do
     "$([[ $pct == 1 ]] && echo 0.5 || echo 0.25)"
 done
 
-note "bench: ib_write_bw -s 65536 -n $loss_bw_n: lossless, 1% and 5% loss, $loss_rounds rounds"
-loss_bw() { # loss_bw LABEL FAULTS: sets lbw (GB/s or a status)
-  lo_pair "$1" "$loss_tmo" "$2" ib_write_bw -x 0 -s 65536 -n "$loss_bw_n"
+# ib_write_bw has the issue's targets; ib_read_bw's rows show how READ responses recover
+# (no target of their own: the same ratios as a guide).
+loss_bw() { # loss_bw TOOL LABEL FAULTS: sets lbw (GB/s or a status)
+  lo_pair "$2" "$loss_tmo" "$3" "$1" -x 0 -s 65536 -n "$loss_bw_n"
   if ((pair_ok)); then
-    lbw=$(gbs_of_mib "$(perf_col "$out/$1.log" "BW average")")
+    lbw=$(gbs_of_mib "$(perf_col "$out/$2.log" "BW average")")
   else
     lbw=$pair_rc
   fi
 }
-# Each figure is the median of $loss_rounds runs, the three kinds interleaved so that the VM's
-# drift reaches all of them: one short lossless run alone moved between 1.9 and 3.9 GB/s
-# from one bench to the next (2026-12-02), and the ratios with it.
-declare -A loss_runs=()
-for ((r = 1; r <= loss_rounds; r++)); do
-  for kind in lossless drop1 drop5; do
-    case $kind in
-      lossless) faults="" ;;
-      drop1) faults="drop=0.01" ;;
-      drop5) faults="drop=0.05" ;;
-    esac
-    loss_bw "write_bw-$kind.r$r" "$faults"
-    loss_runs[$kind]+=" $lbw"
+for tool in ib_write_bw ib_read_bw; do
+  label=${tool#ib_}
+  note "bench: $tool -s 65536 -n $loss_bw_n: lossless, 1% and 5% loss, $loss_rounds rounds"
+  # Each figure is the median of $loss_rounds runs, the three kinds interleaved so that the
+  # VM's drift reaches all of them: one short lossless run alone moved between 1.9 and 3.9
+  # GB/s from one bench to the next (2026-12-02), and the ratios with it.
+  declare -A loss_runs=()
+  for ((r = 1; r <= loss_rounds; r++)); do
+    for kind in lossless drop1 drop5; do
+      case $kind in
+        lossless) faults="" ;;
+        drop1) faults="drop=0.01" ;;
+        drop5) faults="drop=0.05" ;;
+      esac
+      loss_bw "$tool" "$label-$kind.r$r" "$faults"
+      loss_runs[$kind]+=" $lbw"
+    done
   done
-done
-for kind in lossless drop1 drop5; do
-  put "write_bw_${kind}_n${loss_bw_n}_runs_GBps" "$(echo ${loss_runs[$kind]} | tr ' ' ',')"
-done
-bw_lossless=$(median_of ${loss_runs[lossless]})
-put write_bw_lossless_n${loss_bw_n}_GBps "$bw_lossless"
-for pct in 1 5; do
-  lbw=$(median_of ${loss_runs[drop$pct]})
-  put "write_bw_drop${pct}_GBps" "$lbw"
-  row "ib_write_bw -s 65536 -n $loss_bw_n, $pct% loss (GB/s)" "$lbw" "lossless, same -n" \
-    "$bw_lossless" / ">=" "$([[ $pct == 1 ]] && echo 0.5 || echo 0.2)"
+  for kind in lossless drop1 drop5; do
+    put "${label}_${kind}_n${loss_bw_n}_runs_GBps" "$(echo ${loss_runs[$kind]} | tr ' ' ',')"
+  done
+  bw_lossless=$(median_of ${loss_runs[lossless]})
+  put ${label}_lossless_n${loss_bw_n}_GBps "$bw_lossless"
+  for pct in 1 5; do
+    lbw=$(median_of ${loss_runs[drop$pct]})
+    put "${label}_drop${pct}_GBps" "$lbw"
+    op=">="
+    [[ $tool == ib_write_bw ]] || op=""
+    row "$tool -s 65536 -n $loss_bw_n, $pct% loss (GB/s)" "$lbw" "lossless, same -n" \
+      "$bw_lossless" / "$op" "$([[ $pct == 1 ]] && echo 0.5 || echo 0.2)"
+  done
+  unset loss_runs
 done
 # ---- 4. many QPs in one process (tools/bench/many_qps.cpp) ----
 mq_n=10000

@@ -249,8 +249,9 @@ class RcQp final : public QpCommon {
     // completer (rc_completer.cpp, rc_retransmit_timer.cpp)
     void on_response(const wire::ParsedPacket& pkt);
     void on_read_response(const wire::ParsedPacket& pkt);
-    // Sends READ request `e` again for the responses it lacks, once until the timer runs
-    // out (read_gap_retried).
+    // Sends READ request `e` again for the responses it lacks, from the first missing one;
+    // not again (read_gap_retried) until responses to that request have come, or the timer
+    // clears the mark.
     void ask_again_for_read(SqEntry& e);
     // Every READ before the one that `psn` answers that still lacks responses: they were
     // lost (the responder answers in PSN order).
