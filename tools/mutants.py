@@ -552,6 +552,11 @@ MUTANTS = [
            "transport/rc_completer.cpp",
            "        if (read_implied_valid_ && psn_after(read_implied_ack_, through))",
            "        if (false)", ("read-recovery",)),
+    Mutant("read recovery: a READ asked for again waits for room in the window",
+           "transport/rc_requester.cpp",
+           "            e.wqe.opcode == SendOpcode::RdmaRead && e.assigned && psn_before(e.psn, "
+           "sent_high_);",
+           "            false && e.assigned && psn_before(e.psn, sent_high_);", ("read-recovery",)),
     Mutant("read recovery: the probe never asks for a READ's missing responses",
            "transport/rc_retransmit_timer.cpp",
            "    return e.wqe.opcode == SendOpcode::RdmaRead && !e.read_done;",

@@ -210,7 +210,13 @@ void RcQp::pump_window() {
             continue;
         }
         const uint32_t psn = psn_add(e.psn, send_pkt_);
-        if (psn_diff(psn, una_psn_) >= window) break;
+        // A READ sent before is asked for again (a go-back-N) whatever the window: the window
+        // admitted its responses when it first went, and counted in PSNs a window cut to its
+        // floor holds one 64 KiB READ, so the READs behind the front one waited for it to
+        // complete, and no probe could go meanwhile (a go-back-N under way).
+        const bool read_again =
+            e.wqe.opcode == SendOpcode::RdmaRead && e.assigned && psn_before(e.psn, sent_high_);
+        if (!read_again && psn_diff(psn, una_psn_) >= window) break;
         if (ack_in_pump_ == AckInPump::BeforeCompletion && send_pkt_ + 1 >= e.npkts &&
             may_complete_at_peer(e.wqe.opcode)) {
             ack_in_pump_ = AckInPump::No;

@@ -8,6 +8,7 @@
 #include <catch2/catch.hpp>
 
 #include <chrono>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -258,4 +259,59 @@ TEST_CASE("The front READ completes what the later READs' responses acknowledged
     s.check_all_complete(kReads + 1);
     CHECK(s.requests().size() == kReads + 1);
     CHECK(s.t.a_out.count_opcode(wire::Opcode::RcWriteOnly) == 1);
+}
+
+TEST_CASE("A READ asked for again after a sequence NAK goes whatever the cut window",
+          "[rc][read_recovery]") {
+    // Two READs of 128 packets: 256 PSNs, the whole window. b's sequence NAK for READ 1's
+    // PSN (its request was lost) halves the window to 128 PSNs, which READ 0 fills until it
+    // completes; READ 1 must be asked for again at once all the same (its responses were
+    // admitted when it first went), not after READ 0 has completed, or after a timeout.
+    constexpr uint32_t kBigPkts = 128;
+    constexpr uint32_t kBig = kBigPkts * kMtu;
+    PairOptions o = no_adaptive_timer();
+    o.mem_bytes = 2 * kBig;
+    QpAttributes attrs = requester_attributes(18);
+    attrs.max_rd_atomic = 2;
+    Hostile t(attrs, o);
+    auto& a = t.p.a;
+    std::vector<uint8_t> data(2 * kBig);
+    fill(data.data(), data.size(), 77);
+    for (uint32_t r = 0; r < 2; ++r)
+        REQUIRE(a.qp->post_send(rdma_wqe(SendOpcode::RdmaRead, r, {a.sge(r * kBig, kBig)},
+                                         t.p.b.iova + r * kBig, t.p.b.keys.rkey)) == 0);
+    auto request_psns = [&t] {
+        std::vector<uint32_t> psns;
+        for (const SentPacket& s : t.a_out.with_opcode(wire::Opcode::RcReadRequest))
+            psns.push_back(s.parsed().h.bth.psn);
+        return psns;
+    };
+    REQUIRE(t.p.wait_until([&] { return request_psns().size() >= 2; }));
+    t.peer.inject(t.peer.ack(kBigPkts, wire::AckType::Nak,
+                             static_cast<uint8_t>(wire::NakCode::PsnSequenceError)));
+    // READ 0 again (the NAK acknowledges PSNs before READ 1, and READ 0 has no response),
+    // and READ 1 again from its first PSN.
+    const auto psns = request_psns();
+    REQUIRE(psns.size() == 4);
+    CHECK(psns[2] == 0);
+    CHECK(psns[3] == kBigPkts);
+    CHECK(a.counters().send_window_cuts.load() == 1);
+    // The answers: both READs whole, each a FIRST, MIDDLEs and a LAST.
+    for (uint32_t r = 0; r < 2; ++r) {
+        for (uint32_t i = 0; i < kBigPkts; ++i) {
+            wire::Opcode op = wire::Opcode::RcReadResponseMiddle;
+            if (i == 0) op = wire::Opcode::RcReadResponseFirst;
+            if (i + 1 == kBigPkts) op = wire::Opcode::RcReadResponseLast;
+            t.peer.inject(t.peer.headers(op, r * kBigPkts + i),
+                          std::span(data.data() + r * kBig + i * kMtu, kMtu));
+        }
+    }
+    const auto cs = t.p.wait(*a.scq, 2, 5s);
+    REQUIRE(cs.size() == 2);
+    CHECK(cs[0].wr_id == 0);
+    CHECK(cs[1].wr_id == 1);
+    CHECK(cs[0].status == WcStatus::Success);
+    CHECK(cs[1].status == WcStatus::Success);
+    CHECK(std::memcmp(a.at(0), data.data(), 2 * kBig) == 0);
+    CHECK(request_psns().size() == 4);
 }
