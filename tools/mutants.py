@@ -557,6 +557,10 @@ MUTANTS = [
            "            e.wqe.opcode == SendOpcode::RdmaRead && e.assigned && psn_before(e.psn, "
            "sent_high_);",
            "            false && e.assigned && psn_before(e.psn, sent_high_);", ("read-recovery",)),
+    Mutant("probe: waits for room in a window cut below what is in flight",
+           "transport/rc_requester.cpp",
+           "        const bool probe = probe_in_pump_ && psn == probe_psn_;",
+           "        const bool probe = probe_in_pump_ && false;", ("probe",)),
     Mutant("read recovery: the probe never asks for a READ's missing responses",
            "transport/rc_retransmit_timer.cpp",
            "    return e.wqe.opcode == SendOpcode::RdmaRead && !e.read_done;",

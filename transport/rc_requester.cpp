@@ -216,7 +216,8 @@ void RcQp::pump_window() {
         // complete, and no probe could go meanwhile (a go-back-N under way).
         const bool read_again =
             e.wqe.opcode == SendOpcode::RdmaRead && e.assigned && psn_before(e.psn, sent_high_);
-        if (!read_again && psn_diff(psn, una_psn_) >= window) break;
+        const bool probe = probe_in_pump_ && psn == probe_psn_;
+        if (!read_again && !probe && psn_diff(psn, una_psn_) >= window) break;
         if (ack_in_pump_ == AckInPump::BeforeCompletion && send_pkt_ + 1 >= e.npkts &&
             may_complete_at_peer(e.wqe.opcode)) {
             ack_in_pump_ = AckInPump::No;

@@ -264,7 +264,9 @@ void RcQp::send_tail_probe() {
     bump(engine_.counters().tail_probes);
     bump(qp_counters_.tail_probes);
     rewind_to(probe_psn_, Resend::Probe);
+    probe_in_pump_ = true;
     pump();
+    probe_in_pump_ = false;
 }
 
 void RcQp::resend_unacknowledged() {

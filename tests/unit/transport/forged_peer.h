@@ -110,6 +110,11 @@ class TxRecorder {
         std::lock_guard lock(mutex_);
         return lost_;
     }
+    // How many packets went (or were lost), without copying them.
+    size_t size() const {
+        std::lock_guard lock(mutex_);
+        return sent_.size();
+    }
     void clear() {
         std::lock_guard lock(mutex_);
         sent_.clear();

@@ -737,3 +737,69 @@ TEST_CASE("To a peer known to keep, a NAK's resend lost too goes again with the 
         return true;
     });
 }
+
+TEST_CASE("A tail-loss probe goes when a cut window holds fewer packets than are in flight",
+          "[rc][retransmit]") {
+    // b is silent and the test answers for it. A WRITE of 200 packets goes out whole (the
+    // window holds 256); a loss early in it draws a selective resend and halves the window
+    // to 128, and b's ACK of the repair (it kept what followed the loss up to the 11th
+    // packet) leaves 189 packets in flight: more than the window. The probe that follows
+    // stands for one of them and must go, not wait for room (a go-back-N would then stand
+    // "under way", and the next wait would be the early resend's).
+    constexpr uint32_t kPkts = 200;
+    PairOptions o;
+    o.mem_bytes = 512 * 1024;
+    // Everything b sends comes 20 ms late: once a has measured that, its probe waits about
+    // 40 ms, so the test's forged answers come first even on a loaded machine.
+    o.faults_b.delay_us = 20'000;
+    QpAttributes attrs = default_attributes();
+    attrs.timeout = 18;  // 1 s: only the adaptive waits act while the test answers
+    for (int attempt = 0; attempt < 5; ++attempt) {
+        INFO("attempt " << attempt);
+        Pair p(o);
+        p.connect(attrs, attrs);
+        // The round trip: the first SENDs are probed (1 ms before any is measured), which
+        // the late ACKs prove needless; later ones measure it.
+        for (uint64_t i = 1; i <= 5; ++i) send_one(p, 64, i);
+        const auto& c = p.a.counters();
+        const uint64_t probes0 = c.tail_probes.load(), early0 = c.early_retransmits.load(),
+                       cuts0 = c.send_window_cuts.load();
+        TxRecorder silent_b(*p.b.engine, {}, false);
+        TxRecorder a_out(*p.a.engine);
+        const ForgedPeer peer{*p.a.engine, p.b.ip, p.a.engine->config().port, p.b.qp->qpn(),
+                              p.a.qp->qpn()};
+        fill(p.a.at(0), kPkts * kMtu, 9);
+        REQUIRE(p.a.qp->post_send(rdma_wqe(SendOpcode::RdmaWrite, 1, {p.a.sge(0, kPkts * kMtu)},
+                                           p.b.iova, p.b.keys.rkey)) == 0);
+        REQUIRE(p.wait_until([&] { return a_out.size() >= kPkts; }));
+        const uint32_t first = a_out.packets().front().psn();
+        const auto psn = [first](uint32_t n) { return (first + n) & wire::kPsnMask; };
+        peer.inject(peer.ack(psn(5), wire::AckType::Nak,
+                             static_cast<uint8_t>(wire::NakCode::PsnSequenceError)));
+        const auto resent = a_out.packets();
+        a_out.clear();
+        peer.inject(peer.ack(psn(10)));
+        // A probe or an early resend before the test's answers (its thread held off the CPU
+        // that long) changes what follows: such a run is disturbed.
+        if (c.tail_probes.load() != probes0 || c.early_retransmits.load() != early0 ||
+            resent.size() != kPkts + 2)
+            continue;
+        // The selective resend: the packet the NAK named, and the newest.
+        CHECK(resent[kPkts].psn() == psn(5));
+        CHECK(resent[kPkts + 1].psn() == psn(kPkts - 1));
+        CHECK(c.send_window_cuts.load() == cuts0 + 1);
+        // Nothing more from b: the first thing a sends is the probe, the newest packet alone.
+        REQUIRE(p.wait_until([&] { return a_out.size() > 0; }, 5s));
+        const wire::ParsedPacket probe = a_out.packets().front().parsed();
+        CHECK(probe.h.bth.psn == psn(kPkts - 1));
+        CHECK(probe.h.bth.ack_req);
+        CHECK(c.tail_probes.load() == probes0 + 1);
+        CHECK(c.early_retransmits.load() == early0);
+        peer.inject(peer.ack(psn(kPkts - 1)));
+        const Completion done = p.wait_one(*p.a.scq);
+        CHECK(done.wr_id == 1);
+        CHECK(done.status == WcStatus::Success);
+        return;
+    }
+    FAIL("every run was disturbed: a probe or an early resend came before the test's answers");
+}
