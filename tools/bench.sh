@@ -381,6 +381,18 @@ bw_rows() { # bw_rows TOOL: ib_*_bw 64 KiB: bandwidth against GSO+GRO and TCP, C
   if [[ $tool == ib_send_bw ]]; then
     rc_mode=gso-rc rc_label="UDP GSO, copies, CRC" rc_first=$b_gsorc
   fi
+  # What a run costs whatever it moves: perftest's own start (it calibrates its clock in a
+  # busy loop, about 0.22 CPU s of the client here) and uroce's set-up; the CPU row subtracts
+  # it. -N (no peak figure) in both: perftest's peak computation grows with -n (0.5 CPU s of
+  # 0.8 at -n 20000) and is not the transfer's either.
+  local setup_cpu=""
+  lo_pair "$label.setup" "$tmo" "" "$tool" -x 0 -s 65536 -n 5 -N
+  if ((pair_ok)); then
+    s=$(cpu_of "$out/$label.setup.srv.cpu")
+    c=$(cpu_of "$out/$label.setup.cli.cpu")
+    if num "$s" && num "$c"; then setup_cpu=$(fmt "%.3f" "$s + $c"); fi
+  fi
+  put "${label}_setup_cpu_s" "$setup_cpu"
   for ((r = 1; r <= bw_rounds; r++)); do
     rl=$label.r$r
     base "gso-$rl" 30 gso --seconds "$secs"
@@ -396,14 +408,14 @@ bw_rows() { # bw_rows TOOL: ib_*_bw 64 KiB: bandwidth against GSO+GRO and TCP, C
     v=$(kv "$out/base-$rc_mode-$rl.log" goodput_Bps)
     if num "$v"; then rc_runs+=("$v"); fi
     note "bench: $tool -s 65536 -n $bw_n (round $r of $bw_rounds)"
-    lo_pair "$rl" "$tmo" "" "$tool" -x 0 -s 65536 -n "$bw_n"
+    lo_pair "$rl" "$tmo" "" "$tool" -x 0 -s 65536 -n "$bw_n" -N
     if ((pair_ok)); then
       mib=$(perf_col "$out/$rl.log" "BW average")
       gbs_runs+=("$(gbs_of_mib "$mib")")
       s=$(cpu_of "$out/$rl.srv.cpu")
       c=$(cpu_of "$out/$rl.cli.cpu")
-      if num "$s" && num "$c"; then
-        cpu_runs+=("$(fmt "%.4f" "($s + $c) / ($bw_n * 65536 / 1e9)")")
+      if num "$s" && num "$c" && num "$setup_cpu"; then
+        cpu_runs+=("$(fmt "%.4f" "($s + $c - $setup_cpu) / (($bw_n - 5) * 65536 / 1e9)")")
       fi
     else
       gbs_runs+=("$pair_rc")
