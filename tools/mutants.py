@@ -737,6 +737,8 @@ MUTANTS = [
     Mutant("qpn space: a number given back is handed out again at once (a stale packet may reach its next QP)",
            "transport/qpn_space.cpp", "    const uint32_t at = (head + count) % kPerSlot;",
            "    head = (head + kPerSlot - 1) % kPerSlot;\n    const uint32_t at = head;", ("qpn-space",)),
+    Mutant("qpn space: a slot's order is the same in every context (no random values)",
+           "transport/qpn_space.cpp", "    random_fill(r);\n", "", ("qpn-space",)),
     Mutant("gso: a packet too big for one QP's path turns GSO off for the whole engine",
            "transport/engine_transmit.cpp",
            "            if (sent_alone > 0) gso_.store(false, std::memory_order_relaxed);",

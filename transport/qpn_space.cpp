@@ -3,6 +3,7 @@
 
 #include <new>
 #include <utility>
+#include <vector>
 
 #include "transport/multicast_groups.h"
 #include "transport/random_source.h"
@@ -80,8 +81,12 @@ void QpnSpace::FreeOrder::fill(uint16_t slot) {
     head = 0;
     count = capacity_of(slot);  // slot 4095's last number, the multicast QPN, left out
     for (uint32_t i = 0; i < count; ++i) low[i] = static_cast<uint16_t>(i);
-    // Fisher-Yates: every order equally likely.
-    for (uint32_t i = count - 1; i > 0; --i) std::swap(low[i], low[random_u64() % (i + 1)]);
+    if (count < 2) return;
+    // Fisher-Yates: every order equally likely (a 64-bit value modulo at most 4,096: no bias
+    // worth the name), its values from one read of the kernel's pool.
+    std::vector<uint64_t> r(count - 1);
+    random_fill(r);
+    for (uint32_t i = count - 1; i > 0; --i) std::swap(low[i], low[r[i - 1] % (i + 1)]);
 }
 
 uint16_t QpnSpace::FreeOrder::pop() {
