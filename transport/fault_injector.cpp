@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <chrono>
 #include <cmath>
 
 #include "uroce/wire.h"
@@ -26,7 +27,11 @@ enum Stream : uint64_t {
     kJitterStream,
     kReorderStream,
     kCeStream,
+    kOutageStream,
 };
+
+// An outage models a link that is down for a while: at most ten seconds.
+constexpr uint64_t kMaxOutageUs = 10'000'000;
 
 // Delays are for experiments on a host, not for storing packets: at most a second.
 constexpr uint32_t kMaxDelayUs = 1'000'000;
@@ -173,6 +178,24 @@ std::optional<FaultConfig> parse_fault_config(std::string_view spec, std::string
                 !parse_probability("burst LEAVE", value.substr(colon + 1), cfg.burst_leave, error,
                                    /*zero_ok=*/false))
                 return std::nullopt;
+        } else if (key == "outage") {
+            const size_t colon = value.find(':');
+            uint64_t us = 0;
+            if (colon == std::string::npos) {
+                error =
+                    "outage must be ENTER:US (a probability and microseconds), got '" + value + "'";
+                return std::nullopt;
+            }
+            if (!parse_probability("outage ENTER", value.substr(0, colon), cfg.outage_enter,
+                                   error) ||
+                !parse_unsigned("outage US", std::string_view(value).substr(colon + 1), us, error,
+                                kMaxOutageUs))
+                return std::nullopt;
+            if (us == 0) {
+                error = "outage US must be at least 1 microsecond, got '" + value + "'";
+                return std::nullopt;
+            }
+            cfg.outage_us = static_cast<uint32_t>(us);
         } else if (key == "seed" || key == "until") {
             if (!parse_unsigned(key, value, key == "seed" ? cfg.seed : cfg.until, error))
                 return std::nullopt;
@@ -201,15 +224,21 @@ std::optional<FaultConfig> parse_fault_config(std::string_view spec, std::string
             if (!parse_op_classes(value, cfg.op_classes, error)) return std::nullopt;
         } else {
             error = "unknown fault '" + std::string(key) +
-                    "' (known: drop, burst, corrupt, duplicate, delay, reorder, ce, dir, qp, "
-                    "op, seed, until)";
+                    "' (known: drop, burst, outage, corrupt, duplicate, delay, reorder, ce, dir, "
+                    "qp, op, seed, until)";
             return std::nullopt;
         }
     }
     return cfg;
 }
 
-FaultInjector::FaultInjector(const FaultConfig& config)
+int64_t FaultInjector::steady_now_ns() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(
+               std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+}
+
+FaultInjector::FaultInjector(const FaultConfig& config, Clock clock)
     : drop_(threshold(config.drop)),
       corrupt_(threshold(config.corrupt)),
       duplicate_(threshold(config.duplicate)),
@@ -217,6 +246,9 @@ FaultInjector::FaultInjector(const FaultConfig& config)
       burst_leave_(threshold(config.burst_leave)),
       reorder_(threshold(config.reorder)),
       ce_(threshold(config.ce)),
+      outage_enter_(config.outage_us != 0 ? threshold(config.outage_enter) : 0),
+      outage_ns_(int64_t{config.outage_us} * 1000),
+      clock_(clock),
       delay_us_(config.delay_us),
       jitter_us_(config.jitter_us),
       reorder_us_(config.reorder_us),
@@ -238,15 +270,28 @@ FaultDecision FaultInjector::next() {
     };
     uint64_t n = 0;
     bool burst_lost = false;
-    if (burst_enter_ != 0) {
+    if (burst_enter_ != 0 || outage_enter_ != 0) {
         // Packet numbers are handed out under the lock, so the channel steps through them in
         // order even when several threads send.
         std::lock_guard lock(burst_mutex_);
         n = counter_.fetch_add(1, std::memory_order_relaxed);
         if (until_ == 0 || n < until_) {
-            const uint64_t d = draw(n, kBurstStream);
-            burst_bad_ = burst_bad_ ? d >= burst_leave_ : d < burst_enter_;
-            burst_lost = burst_bad_;
+            if (burst_enter_ != 0) {
+                const uint64_t d = draw(n, kBurstStream);
+                burst_bad_ = burst_bad_ ? d >= burst_leave_ : d < burst_enter_;
+                burst_lost = burst_bad_;
+            }
+            if (outage_enter_ != 0) {
+                const int64_t now = clock_();
+                if (down_until_ns_ != 0 && now < down_until_ns_) {
+                    burst_lost = true;
+                } else if (draw(n, kOutageStream) < outage_enter_) {
+                    down_until_ns_ = now + outage_ns_;
+                    burst_lost = true;
+                } else {
+                    down_until_ns_ = 0;
+                }
+            }
         }
     } else {
         n = counter_.fetch_add(1, std::memory_order_relaxed);

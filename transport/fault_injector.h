@@ -10,15 +10,18 @@
 // `op=CLASS[+CLASS...]`. For each packet it sees the rule decides one fault (or none): `drop` loses
 // it, `burst=ENTER:LEAVE` loses it while a two-state Gilbert-Elliott channel is in its bad state
 // (entered with probability ENTER per packet, left with probability LEAVE: mean burst length
-// 1/LEAVE), `corrupt` flips one bit of it on the way out (the receiver's ICRC check must catch
-// it), `duplicate` sends it twice; independently of that, `delay=US[:JITTER]` holds every
-// packet back US microseconds (give or take up to JITTER, uniformly: jitter reorders) and
-// `reorder=P[:US]` holds a packet back with probability P for US microseconds (200 by
-// default), so that the packets after it overtake it; `ce=P` marks a packet Congestion
-// Experienced in its IP header's ECN field, as a congested switch would (on the way out it
-// leaves marked; on the way in it is taken as having arrived marked: congestion.h). Decisions come
-// from a counter-based generator seeded by `seed`, so the same program with the same seed gets the
-// same faults at the same positions of its transmission sequence. With `until=N` only the first N
+// 1/LEAVE), `outage=ENTER:US` takes the link down for US microseconds (entered with probability
+// ENTER per packet while it is up: every packet the rule sees until then is lost, however few
+// are sent meanwhile, as in a link's outage), `corrupt` flips one bit of it on the way out (the
+// receiver's ICRC check must catch it), `duplicate` sends it twice; independently of that,
+// `delay=US[:JITTER]` holds every packet back US microseconds (give or take up to JITTER,
+// uniformly: jitter reorders) and `reorder=P[:US]` holds a packet back with probability P for US
+// microseconds (200 by default), so that the packets after it overtake it; `ce=P` marks a packet
+// Congestion Experienced in its IP header's ECN field, as a congested switch would (on the way out
+// it leaves marked; on the way in it is taken as having arrived marked: congestion.h). Decisions
+// come from a counter-based generator seeded by `seed`, so the same program with the same seed gets
+// the same faults at the same positions of its transmission sequence (an outage starts at the same
+// position; which packets it takes depends on when they are sent). With `until=N` only the first N
 // packets are candidates: the rest of the run is fault-free, so a program's teardown (which no
 // transport can make loss-proof) is not part of the experiment.
 #pragma once
@@ -60,11 +63,13 @@ struct FaultConfig {
     uint64_t until = 0;  // packets 0..until-1 may be faulted; 0 = no limit
     double corrupt = 0.0;
     double duplicate = 0.0;
-    double burst_enter = 0.0;  // Gilbert-Elliott: good -> bad, per packet
-    double burst_leave = 1.0;  // bad -> good, per packet (every packet is lost while bad)
-    uint32_t delay_us = 0;     // every packet held back this long
-    uint32_t jitter_us = 0;    // ... give or take up to this much
-    double reorder = 0.0;      // probability that a packet is held back reorder_us
+    double burst_enter = 0.0;   // Gilbert-Elliott: good -> bad, per packet
+    double burst_leave = 1.0;   // bad -> good, per packet (every packet is lost while bad)
+    double outage_enter = 0.0;  // the link goes down, per packet while it is up
+    uint32_t outage_us = 0;     // ... for this long
+    uint32_t delay_us = 0;      // every packet held back this long
+    uint32_t jitter_us = 0;     // ... give or take up to this much
+    double reorder = 0.0;       // probability that a packet is held back reorder_us
     uint32_t reorder_us = 200;
     double ce = 0.0;  // probability that a packet is marked ECN Congestion Experienced
     FaultDirection direction = FaultDirection::Tx;
@@ -88,14 +93,18 @@ std::optional<FaultConfig> parse_fault_config(std::string_view spec, std::string
 
 class FaultInjector {
   public:
-    explicit FaultInjector(const FaultConfig& config);
+    // The clock an outage is timed by, in nanoseconds (tests pass their own).
+    using Clock = int64_t (*)();
+    static int64_t steady_now_ns();
+
+    explicit FaultInjector(const FaultConfig& config, Clock clock = &steady_now_ns);
     bool enabled() const {
         return drop_ != 0 || corrupt_ != 0 || duplicate_ != 0 || burst_enter_ != 0 ||
-               delay_us_ != 0 || jitter_us_ != 0 || reorder_ != 0 || ce_ != 0;
+               outage_enter_ != 0 || delay_us_ != 0 || jitter_us_ != 0 || reorder_ != 0 || ce_ != 0;
     }
     // Whether some packet may leave altered or at another time (corrupted, twice, held back
     // or marked CE): such a packet travels alone, outside any GSO train. A rule that only
-    // loses packets (`drop`, `burst`) never does.
+    // loses packets (`drop`, `burst`, `outage`) never does.
     bool singles_out() const {
         return corrupt_ != 0 || duplicate_ != 0 || delay_us_ != 0 || jitter_us_ != 0 ||
                reorder_ != 0 || ce_ != 0;
@@ -103,9 +112,9 @@ class FaultInjector {
     // Whether the rule sees a packet travelling `direction` with this BTH opcode and
     // destination QP.
     bool matches(FaultDirection direction, uint8_t opcode, uint32_t dest_qp) const;
-    // The fault for the next packet the rule sees. A burst loss and a drop both come back
-    // as Drop (a burst takes precedence, then drop, corrupt, duplicate); the delay comes
-    // on top of any of them.
+    // The fault for the next packet the rule sees. A burst or outage loss and a drop all come
+    // back as Drop (a burst or outage takes precedence, then drop, corrupt, duplicate); the delay
+    // comes on top of any of them.
     FaultDecision next();
     bool drop_next() { return next().fault == Fault::Drop; }
 
@@ -116,7 +125,9 @@ class FaultInjector {
   private:
     // Thresholds: the fault happens when its 64-bit draw is below.
     uint64_t drop_ = 0, corrupt_ = 0, duplicate_ = 0, burst_enter_ = 0, burst_leave_ = 0;
-    uint64_t reorder_ = 0, ce_ = 0;
+    uint64_t reorder_ = 0, ce_ = 0, outage_enter_ = 0;
+    int64_t outage_ns_ = 0;
+    Clock clock_;
     uint32_t delay_us_, jitter_us_, reorder_us_;
     FaultDirection direction_;
     std::optional<uint32_t> qpn_;
@@ -124,10 +135,11 @@ class FaultInjector {
     uint64_t seed_;
     uint64_t until_;
     std::atomic<uint64_t> counter_{0};
-    // The burst channel's state follows the packets in order: kept under a lock.
+    // The burst channel's and the link's state follow the packets in order: kept under a lock.
     std::mutex burst_mutex_;
     uint64_t burst_next_ = 0;  // the packet number the state is for
     bool burst_bad_ = false;
+    int64_t down_until_ns_ = 0;  // the outage's end (clock_), 0: the link is up
 };
 
 }  // namespace uroce::transport

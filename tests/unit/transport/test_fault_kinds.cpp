@@ -121,6 +121,21 @@ TEST_CASE("burst=ENTER:LEAVE: runs of lost packets are recovered", "[faults][fau
     CHECK(p.b.counters().tx_dropped_fault.load() > 0);
 }
 
+TEST_CASE("outage=ENTER:US: a link down for milliseconds at a time is recovered from",
+          "[faults][fault_kinds]") {
+    FaultConfig fa, fb;
+    fa.outage_enter = 0.03;
+    fa.outage_us = 3000;  // longer than the first retransmission waits (1 ms)
+    fa.seed = 51;
+    fb = fa;
+    fb.seed = 52;
+    Pair p(pair_with(fa, fb));
+    p.connect();
+    exchange(p, 6);
+    CHECK(p.a.counters().tx_dropped_fault.load() > 0);
+    CHECK(p.b.counters().tx_dropped_fault.load() > 0);
+}
+
 TEST_CASE("reorder=P: packets overtaken by later ones are put right", "[faults][fault_kinds]") {
     FaultConfig fa, fb;
     fa.reorder = 0.1;

@@ -255,6 +255,125 @@ TEST_CASE("FaultInjector: burst losses come in runs of mean length 1/LEAVE", "[f
     CHECK(late == 0);
 }
 
+namespace {
+// The clock an outage test's injector reads: the test moves it.
+int64_t g_fake_now_ns = 0;
+int64_t fake_now_ns() {
+    return g_fake_now_ns;
+}
+}  // namespace
+
+TEST_CASE("parse_fault_config takes outage=ENTER:US", "[faults]") {
+    std::string error;
+    auto c = parse_fault_config("outage=0.001:5000,seed=4", error);
+    REQUIRE(c);
+    CHECK(c->outage_enter == Approx(0.001));
+    CHECK(c->outage_us == 5000);
+    CHECK(c->seed == 4);
+    c = parse_fault_config("outage=1:10000000", error);
+    REQUIRE(c);
+    CHECK(c->outage_us == 10'000'000);
+    for (const char* bad :
+         {"outage=0.1", "outage=0.1:", "outage=:100", "outage=2:100", "outage=0.1:0",
+          "outage=0.1:10000001", "outage=0.1:5:3", "outage=0.1:-5", "outage=x:100"}) {
+        INFO(bad);
+        error.clear();
+        CHECK_FALSE(parse_fault_config(bad, error));
+        CHECK(error.find("outage") != std::string::npos);
+    }
+}
+
+TEST_CASE("FaultInjector: an outage loses every packet for its time, however few are sent",
+          "[faults]") {
+    FaultConfig cfg;
+    cfg.outage_enter = 0.01;
+    cfg.outage_us = 500;
+    cfg.seed = 9;
+    g_fake_now_ns = 1'000'000;
+    FaultInjector f(cfg, &fake_now_ns);
+    REQUIRE(f.enabled());
+    CHECK_FALSE(f.singles_out());  // only losses: trains stay whole
+    // A packet every 10 us: each outage takes the 50 packets sent in its 500 us.
+    constexpr int kPackets = 100000;
+    std::vector<bool> lost(kPackets);
+    int runs = 0;
+    for (int i = 0; i < kPackets; ++i) {
+        lost[i] = f.next().fault == Fault::Drop;
+        g_fake_now_ns += 10'000;
+    }
+    for (int i = 0; i < kPackets;) {
+        if (!lost[i]) {
+            ++i;
+            continue;
+        }
+        int run = 0;
+        while (i < kPackets && lost[i]) ++run, ++i;
+        ++runs;
+        INFO("run ending at packet " << i);
+        // Back-to-back outages join: a run is a whole number of outages.
+        if (i < kPackets) CHECK(run % 50 == 0);
+    }
+    CHECK(runs > 500);  // about 100000 / (100 + 50)
+    CHECK(runs < 900);
+
+    // A sparse sender (a packet every 200 us, as a retry is) loses three packets to an
+    // outage of 500 us, where a per-packet burst would take as many packets as it lasts.
+    cfg.outage_enter = 1.0;
+    g_fake_now_ns = 5'000'000;
+    FaultInjector sparse(cfg, &fake_now_ns);
+    std::vector<bool> got;
+    for (int i = 0; i < 4; ++i) {
+        got.push_back(sparse.next().fault == Fault::Drop);
+        g_fake_now_ns += 200'000;
+    }
+    // Packets at 0, 200 and 400 us fall in the outage the first one began; the one at 600
+    // us finds the link up (and, with ENTER 1, takes it down again itself).
+    CHECK(got == std::vector<bool>{true, true, true, true});
+    cfg.outage_enter = 0.5;
+    cfg.seed = 3;
+    g_fake_now_ns = 5'000'000;
+    FaultInjector half(cfg, &fake_now_ns);
+    int up_after_outage = 0;
+    bool down = false;
+    int64_t down_until = 0;
+    for (int i = 0; i < 2000; ++i) {
+        const bool l = half.next().fault == Fault::Drop;
+        const bool inside = down && g_fake_now_ns < down_until;
+        if (inside) CHECK(l);                          // nothing gets through a running outage
+        if (!inside && down && !l) ++up_after_outage;  // and the link comes back after it
+        if (l && !inside) {
+            down = true;
+            down_until = g_fake_now_ns + 500'000;
+        }
+        g_fake_now_ns += 200'000;
+    }
+    CHECK(up_after_outage > 100);
+
+    // The same seed and the same times, the same losses; until= ends them.
+    cfg.outage_enter = 0.01;
+    cfg.seed = 9;
+    g_fake_now_ns = 1;
+    FaultInjector g(cfg, &fake_now_ns);
+    std::vector<bool> again;
+    for (int i = 0; i < 5000; ++i) {
+        again.push_back(g.next().fault == Fault::Drop);
+        g_fake_now_ns += 10'000;
+    }
+    CHECK(std::equal(again.begin(), again.end(), lost.begin()));
+    cfg.until = 1000;
+    g_fake_now_ns = 1;
+    FaultInjector u(cfg, &fake_now_ns);
+    int late = 0, early = 0;
+    for (int i = 0; i < 20000; ++i) {
+        const bool l = u.next().fault != Fault::None;
+        late += l && i >= 1000;
+        early += l && i < 1000;
+        g_fake_now_ns += 10'000;
+    }
+    CHECK(early > 0);
+    CHECK(late == 0);
+}
+
 TEST_CASE("FaultInjector::corrupt flips one bit, never in the BTH's reserved byte", "[faults]") {
     std::vector<uint8_t> packet(64, 0);
     std::vector<int> hits(packet.size(), 0);
