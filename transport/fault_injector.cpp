@@ -269,25 +269,25 @@ FaultDecision FaultInjector::next() {
         return splitmix64((seed_ + stream * 0x9e3779b97f4a7c15ull) ^ splitmix64(n));
     };
     uint64_t n = 0;
-    bool burst_lost = false;
+    bool channel_lost = false;  // to a burst or an outage
     if (burst_enter_ != 0 || outage_enter_ != 0) {
         // Packet numbers are handed out under the lock, so the channel steps through them in
         // order even when several threads send.
-        std::lock_guard lock(burst_mutex_);
+        std::lock_guard lock(channel_mutex_);
         n = counter_.fetch_add(1, std::memory_order_relaxed);
         if (until_ == 0 || n < until_) {
             if (burst_enter_ != 0) {
                 const uint64_t d = draw(n, kBurstStream);
                 burst_bad_ = burst_bad_ ? d >= burst_leave_ : d < burst_enter_;
-                burst_lost = burst_bad_;
+                channel_lost = burst_bad_;
             }
             if (outage_enter_ != 0) {
                 const int64_t now = clock_();
                 if (down_until_ns_ != 0 && now < down_until_ns_) {
-                    burst_lost = true;
+                    channel_lost = true;
                 } else if (draw(n, kOutageStream) < outage_enter_) {
                     down_until_ns_ = now + outage_ns_;
-                    burst_lost = true;
+                    channel_lost = true;
                 } else {
                     down_until_ns_ = 0;
                 }
@@ -298,7 +298,7 @@ FaultDecision FaultInjector::next() {
     }
     if (until_ != 0 && n >= until_) return {};
     FaultDecision d;
-    if (burst_lost) {
+    if (channel_lost) {
         d.fault = Fault::Drop;
     } else if (drop_ != 0 && splitmix64(seed_ ^ splitmix64(n)) < drop_) {
         // drop's stream is the one before the other faults existed: seeds keep their meaning.

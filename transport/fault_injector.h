@@ -136,7 +136,7 @@ class FaultInjector {
     uint64_t until_;
     std::atomic<uint64_t> counter_{0};
     // The burst channel's and the link's state follow the packets in order: kept under a lock.
-    std::mutex burst_mutex_;
+    std::mutex channel_mutex_;
     uint64_t burst_next_ = 0;  // the packet number the state is for
     bool burst_bad_ = false;
     int64_t down_until_ns_ = 0;  // the outage's end (clock_), 0: the link is up
