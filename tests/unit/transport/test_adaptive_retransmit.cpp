@@ -41,7 +41,7 @@ void send_one(Pair& p, uint32_t len, uint64_t seed) {
 // counted from there; `a_attrs` are a's attributes (b has the defaults).
 struct MeasuredPair {
     Pair p;
-    uint64_t probes0 = 0, early0 = 0, spurious0 = 0;
+    uint64_t probes0 = 0, early0 = 0, spurious0 = 0, timeouts0 = 0;
     explicit MeasuredPair(const PairOptions& o = {},
                           const QpAttributes& a_attrs = default_attributes())
         : p(o) {
@@ -50,18 +50,24 @@ struct MeasuredPair {
         probes0 = p.a.counters().tail_probes.load();
         early0 = p.a.counters().early_retransmits.load();
         spurious0 = p.a.counters().spurious_retransmits.load();
+        timeouts0 = p.a.counters().retransmit_timeouts.load();
     }
     uint64_t probes() { return p.a.counters().tail_probes.load() - probes0; }
     uint64_t early_resends() { return p.a.counters().early_retransmits.load() - early0; }
+    uint64_t timeouts() { return p.a.counters().retransmit_timeouts.load() - timeouts0; }
     // Resends proven needless since the three SENDs above: one of those may have been probed
     // (its ACK later than the first wait, 1 ms with no round trip measured, on a loaded
     // machine: seen in CI's ASan run) and proven needless; disturbed() is true then.
     uint64_t spurious() { return p.a.counters().spurious_retransmits.load() - spurious0; }
-    // An engine thread held off the CPU past a probe's wait or the adaptive timeout (1 ms)
-    // turns a late ACK into a further probe or an early resend, which changes what is sent.
-    // So does a probe of the three SENDs above, whose needless-resend verdict may come later.
+    // An engine thread held off the CPU past a probe's wait, the adaptive timeout (1 ms) or
+    // the QP's own timeout turns a late ACK into a further probe, an early resend or a
+    // timeout's resend, which changes what is sent (CI's ASan run: a timeout went back N a
+    // second time after the scenario's two probes). So does a probe of the three SENDs
+    // above, whose needless-resend verdict may come later. The scenarios that ask expect no
+    // timeout: a build that always times out fails in until_undisturbed.
     bool disturbed(uint64_t probes_expected) {
-        return probes0 + early0 > 0 || early_resends() > 0 || probes() > probes_expected;
+        return probes0 + early0 + timeouts0 > 0 || early_resends() > 0 || timeouts() > 0 ||
+               probes() > probes_expected;
     }
 };
 
@@ -158,7 +164,6 @@ TEST_CASE("A lost last packet is sent again alone, asking for an ACK (tail-loss 
         // The WRITE's last packet is lost the first time it is sent.
         TxRecorder a_out(*p.a.engine, lose_write_last(1));
         write_burst(p, 77);
-        CHECK(p.a.counters().retransmit_timeouts.load() == 0);
         if (m.disturbed(1)) return false;
 
         // FIRST, MIDDLE x 6, LAST (lost), then the probe: that LAST again, and nothing before
@@ -191,7 +196,6 @@ TEST_CASE("A probe whose ACK was what got lost is answered as a duplicate", "[rc
         const uint64_t dup0 = p.b.counters().rx_duplicate.load();
         send_one(p, 3 * kMtu, 41);
         CHECK(b_out.lost() == 1);
-        CHECK(p.a.counters().retransmit_timeouts.load() == 0);
         if (m.disturbed(1)) return false;
         // The probe reached b as a duplicate of the SEND's last packet: ACKed again, not
         // delivered twice (b's receive queue held one WQE, and no second completion came).
@@ -222,7 +226,6 @@ TEST_CASE("A READ whose only response is lost is asked for again by the probe",
                                            p.b.keys.rkey)) == 0);
         REQUIRE(p.wait_one(*p.a.scq).status == WcStatus::Success);
         CHECK(first_mismatch(p.a.at(0), 256, 5) == 256);
-        CHECK(p.a.counters().retransmit_timeouts.load() == 0);
         if (m.disturbed(1)) return false;
         CHECK(m.probes() == 1);
         // The request and the probe: the same PSN, address and length.
@@ -260,7 +263,6 @@ TEST_CASE("A READ whose second request was lost too is asked for again by the pr
                                            p.b.keys.rkey)) == 0);
         REQUIRE(p.wait_one(*p.a.scq).status == WcStatus::Success);
         CHECK(first_mismatch(p.a.at(0), kLen, 6) == kLen);
-        CHECK(p.a.counters().retransmit_timeouts.load() == 0);
         if (m.disturbed(1)) return false;
         CHECK(m.probes() == 1);
         // The request, the one the gap asked for (lost), and the probe's, the same as that.
@@ -499,7 +501,6 @@ TEST_CASE("A lost tail-loss probe is followed by the newest packet again", "[rc]
         // The WRITE's last packet is lost the first two times it is sent.
         TxRecorder a_out(*p.a.engine, lose_write_last(2));
         write_burst(p, 78);
-        CHECK(p.a.counters().retransmit_timeouts.load() == 0);
         if (m.disturbed(2)) return false;
 
         // The burst (its LAST lost), the first probe (lost), the second: nothing else.
@@ -546,7 +547,6 @@ bool lost_probe_goes_back_n(MeasuredPair& m) {
     const uint64_t probes = m.probes();
     TxRecorder a_out(*p.a.engine, lose_write_last(2));
     write_burst(p, 78);
-    CHECK(p.a.counters().retransmit_timeouts.load() == 0);
     if (m.disturbed(probes + 2)) return false;
     CHECK(a_out.packets().size() == 2 * kBurst + 1);
     check_probe_then_burst_again(a_out.packets());
@@ -592,7 +592,6 @@ TEST_CASE("A NAK's resend that is lost too goes again at the NAK sent again", "[
         TxRecorder a_out(*p.a.engine, lose_first_middle(2));
         write_burst(p, 79);
         CHECK(a_out.lost() == 2);
-        CHECK(p.a.counters().retransmit_timeouts.load() == 0);
         if (m.disturbed(0)) return false;
         check_pairs_after_burst(a_out.packets(), 2);
         CHECK(p.a.counters().rx_naks.load() == 2);
@@ -618,7 +617,6 @@ TEST_CASE("A NAK's resend lost too, and the NAK sent again lost: the probe resen
         write_burst(p, 85);
         CHECK(a_out.lost() == 2);
         CHECK(b_out.lost() == 1);
-        CHECK(p.a.counters().retransmit_timeouts.load() == 0);
         if (m.disturbed(1) || probed_before_the_nak(a_out)) return false;
         check_pairs_after_burst(a_out.packets(), 2);
         CHECK(m.probes() == 1);
@@ -650,7 +648,6 @@ TEST_CASE("A NAK's resend lost too, with a READ sent last, goes again after a pr
         CHECK(first_mismatch(p.b.at(0), len, 84) == len);
         CHECK(first_mismatch(p.a.at(back), len, 84) == len);
         CHECK(a_out.lost() == 2);
-        CHECK(p.a.counters().retransmit_timeouts.load() == 0);
         if (m.disturbed(UINT64_MAX)) return false;
         CHECK(m.probes() >= 1);
         return true;
@@ -671,7 +668,6 @@ TEST_CASE("A lost sequence NAK is sent again when the probe comes", "[rc][retran
         write_burst(p, 80);
         CHECK(a_out.lost() == 1);
         CHECK(b_out.lost() == 1);
-        CHECK(p.a.counters().retransmit_timeouts.load() == 0);
         if (m.disturbed(1)) return false;
 
         // The burst, the probe of its LAST, then its lost MIDDLE and LAST: 11 packets.
@@ -724,7 +720,6 @@ TEST_CASE("To a peer known to keep, a NAK's resend lost too goes again with the 
         TxRecorder a_out(*p.a.engine, lose_first_middle(2));
         write_burst(p, 83);
         CHECK(a_out.lost() == 2);
-        CHECK(p.a.counters().retransmit_timeouts.load() == 0);
         if (m.disturbed(probes)) return false;
 
         // The burst, the NAK's selective resend (its first packet lost), then the same again:
