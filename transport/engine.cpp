@@ -328,7 +328,10 @@ void Engine::progress() {
     // that has not polled long enough to park (ib_write_lat polls only between its post
     // and the ACK) would otherwise send the ACK alone just before the answer.
     batch_may_hold_acks_ = config_.hold_acks;
-    receive_batch();
+    {
+        const PollHandoff::ReadingScope reading(*handoff_);
+        receive_batch();
+    }
     batch_may_hold_acks_ = false;
     if (const uint64_t read = counters_->rx_packets.load(std::memory_order_relaxed) - before)
         bump(counters_->rx_polled_packets, read);

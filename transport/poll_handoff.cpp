@@ -154,7 +154,8 @@ void PollHandoff::on_watch(void* arg) {
     const int64_t period = h->watch_ns_.load(std::memory_order_relaxed);
     const int64_t now = now_ns();
     const int64_t gap = now - h->last_poll_ns_.load(std::memory_order_relaxed);
-    if (gap < period && h->parked_.load(std::memory_order_relaxed)) {
+    const bool reading = h->reading_.load(std::memory_order_relaxed);
+    if ((gap < period || reading) && h->parked_.load(std::memory_order_relaxed)) {
         // Still polled: the socket stays out of the loop (an unpark racing with a new park
         // may have put it back). A poller that keeps polling costs this thread a wake-up
         // per period: the period grows back towards kWatchMicros, and once the park has

@@ -92,6 +92,25 @@ class PollHandoff {
     // a QP's lock) does not count as a gap between its polls, and its posts count towards
     // the streak at its next poll, if that comes without a gap (a post never parks).
     void on_post();
+    // An application thread reads the socket for as long as it holds a ReadingScope
+    // (Engine::progress, under the receive lock): it is polling all that time, and the watch
+    // leaves the socket parked however long the read takes. A poll whose batch of ACKs let
+    // eight QPs send their next trains outlasted the watch period: the socket went back to
+    // the engine thread, which could not read it (the poller held the lock) and parked it
+    // again, about 110 times in a 30 ms `ib_write_bw -q 8` (docs/performance-log.md). One
+    // reader at a time (the lock's holder): a plain flag, no locked instruction per poll.
+    class ReadingScope {
+      public:
+        explicit ReadingScope(PollHandoff& handoff) : handoff_(handoff) {
+            handoff_.reading_.store(true, std::memory_order_relaxed);
+        }
+        ~ReadingScope() { handoff_.reading_.store(false, std::memory_order_relaxed); }
+        ReadingScope(const ReadingScope&) = delete;
+        ReadingScope& operator=(const ReadingScope&) = delete;
+
+      private:
+        PollHandoff& handoff_;
+    };
     // An application thread asked for a completion event (ibv_req_notify_cq): it is about
     // to sleep until the engine thread wakes it, and needs a CPU then.
     void on_arm();
@@ -131,6 +150,7 @@ class PollHandoff {
     std::atomic<int64_t> last_arm_ns_{0};
     std::atomic<uint32_t> streak_{0};
     std::atomic<bool> parked_{false};
+    std::atomic<bool> reading_{false};      // an application thread reads (ReadingScope)
     std::atomic<int64_t> parked_at_ns_{0};  // when the current park began
     std::atomic<bool> last_poll_found_{false};
     std::atomic<uint64_t> handbacks_{0};  // this handoff's own (the counters may be shared)

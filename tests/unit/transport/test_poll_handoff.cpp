@@ -716,3 +716,43 @@ TEST_CASE("Posts count towards a busy poll at their thread's next poll; only a p
     // The poller stops: the socket goes back to the engine thread as after any park.
     REQUIRE(wait_for_handback(e));
 }
+
+// A poll that reads for longer than a watch period keeps the socket: the poller holds the
+// receive lock all that time, so the engine thread could not read it anyway (it would only
+// park it again). Here b's poll is held inside its read by its own ACK, whose send sleeps in
+// the transmit filter; before ReadingScope, a poll whose batch let eight QPs send their next
+// trains lost the socket that way about 110 times in a 30 ms `ib_write_bw -q 8`.
+TEST_CASE("A poll that reads for longer than a watch period keeps the socket", "[poll_handoff]") {
+    Pair p;
+    p.connect();
+    const std::thread::id poller = std::this_thread::get_id();
+    bool exercised = false;
+    for (uint64_t attempt = 0; attempt < 5 && !exercised; ++attempt) {
+        INFO("attempt " << attempt);
+        REQUIRE(busy_poll(*p.b.engine, [&] { return p.b.engine->socket_parked(); }));
+        std::atomic<bool> slept{false};
+        std::atomic<uint64_t> handbacks_during{0};
+        p.b.engine->set_transmit_filter([&](std::span<const uint8_t>, const uroce::IpAddress&) {
+            // Only a send from b's polling thread, inside its read: the ACK of a's WRITE.
+            if (std::this_thread::get_id() != poller || slept.exchange(true)) return true;
+            const uint64_t before = p.b.engine->socket_handbacks();
+            std::this_thread::sleep_for(20ms);  // 200 watch periods of a young park
+            handbacks_during = p.b.engine->socket_handbacks() - before;
+            return true;
+        });
+        constexpr uint32_t kLen = 4 * kMtu;
+        fill(p.a.at(0), kLen, 40 + attempt);
+        REQUIRE(p.a.qp->post_send(rdma_wqe(SendOpcode::RdmaWrite, 40 + attempt, {p.a.sge(0, kLen)},
+                                           p.b.iova, p.b.keys.rkey)) == 0);
+        Completion c;
+        REQUIRE(busy_poll(*p.b.engine, [&] { return p.a.scq->poll(std::span(&c, 1)) == 1; }));
+        p.b.engine->set_transmit_filter({});
+        CHECK(c.status == WcStatus::Success);
+        CHECK(first_mismatch(p.b.at(0), kLen, 40 + attempt) == kLen);
+        // The engine thread read the WRITE (the poller was held off meanwhile): try again.
+        if (!slept) continue;
+        exercised = true;
+        CHECK(handbacks_during == 0);
+    }
+    CHECK(exercised);
+}
