@@ -1603,7 +1603,7 @@ MUTANTS = [
            "burst_bad_ = burst_bad_ ? d >= burst_leave_ : d < burst_enter_;",
            "burst_bad_ = burst_bad_ ? true : d < burst_enter_;", ("faults",)),
     Mutant("faults: an outage takes only the packet that began it", "transport/fault_injector.cpp",
-           "                if (down_until_ns_ != 0 && now < down_until_ns_) {",
+           "                if (now < down_until_ns_) {",
            "                if (false) {", ("faults",)),
     Mutant("faults: an outage never ends", "transport/fault_injector.cpp",
            "                    down_until_ns_ = now + outage_ns_;",

@@ -283,13 +283,11 @@ FaultDecision FaultInjector::next() {
             }
             if (outage_enter_ != 0) {
                 const int64_t now = clock_();
-                if (down_until_ns_ != 0 && now < down_until_ns_) {
+                if (now < down_until_ns_) {
                     channel_lost = true;
                 } else if (draw(n, kOutageStream) < outage_enter_) {
                     down_until_ns_ = now + outage_ns_;
                     channel_lost = true;
-                } else {
-                    down_until_ns_ = 0;
                 }
             }
         }

@@ -139,7 +139,7 @@ class FaultInjector {
     std::mutex channel_mutex_;
     uint64_t burst_next_ = 0;  // the packet number the state is for
     bool burst_bad_ = false;
-    int64_t down_until_ns_ = 0;  // the outage's end (clock_), 0: the link is up
+    int64_t down_until_ns_ = 0;  // the outage's end (clock_): up once it has passed
 };
 
 }  // namespace uroce::transport
