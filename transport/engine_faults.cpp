@@ -4,21 +4,19 @@
 // Faults act where the wire meets the engine, so a capture (UROCE_PCAP) shows what crossed
 // the wire at this end: a packet lost on the way out or in is not in it, a corrupted one is
 // written corrupted, a duplicated one twice, a held-back one when it leaves or is handled.
-#include <chrono>
 #include <vector>
 
 #include "transport/app_memory_guard.h"
 #include "transport/congestion.h"
 #include "transport/engine.h"
+#include "transport/steady_clock.h"
 
 namespace uroce::transport {
 
 namespace {
 
 uint64_t now_ns() {
-    return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                     std::chrono::steady_clock::now().time_since_epoch())
-                                     .count());
+    return static_cast<uint64_t>(steady_now_ns());
 }
 
 // A datagram too short for a BTH matches no rule limited to a QP or an opcode class.

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <charconv>
-#include <chrono>
 #include <cmath>
 
 #include "uroce/wire.h"
@@ -230,12 +229,6 @@ std::optional<FaultConfig> parse_fault_config(std::string_view spec, std::string
         }
     }
     return cfg;
-}
-
-int64_t FaultInjector::steady_now_ns() {
-    return std::chrono::duration_cast<std::chrono::nanoseconds>(
-               std::chrono::steady_clock::now().time_since_epoch())
-        .count();
 }
 
 FaultInjector::FaultInjector(const FaultConfig& config, Clock clock)

@@ -35,6 +35,8 @@
 #include <string_view>
 #include <vector>
 
+#include "transport/steady_clock.h"
+
 namespace uroce::transport {
 
 // Which way the packets a rule sees travel.
@@ -93,9 +95,9 @@ std::optional<FaultConfig> parse_fault_config(std::string_view spec, std::string
 
 class FaultInjector {
   public:
-    // The clock an outage is timed by, in nanoseconds (tests pass their own).
+    // The clock an outage is timed by, in nanoseconds (tests pass their own; by default the
+    // steady clock, steady_clock.h).
     using Clock = int64_t (*)();
-    static int64_t steady_now_ns();
 
     explicit FaultInjector(const FaultConfig& config, Clock clock = &steady_now_ns);
     bool enabled() const {

@@ -3,7 +3,6 @@
 #include <sys/socket.h>
 
 #include <algorithm>
-#include <chrono>
 #include <utility>
 
 namespace uroce::transport {
@@ -22,12 +21,6 @@ struct ThreadPosts {
 __attribute__((tls_model("initial-exec"))) thread_local ThreadPosts t_posts;
 
 }  // namespace
-
-int64_t PollHandoff::now_ns() {
-    return std::chrono::duration_cast<std::chrono::nanoseconds>(
-               std::chrono::steady_clock::now().time_since_epoch())
-        .count();
-}
 
 PollHandoff::PollHandoff(TimerQueue& timers, event* rx_event, ForkGate& gate,
                          EngineCounters& counters, bool enabled, std::function<void()> handed_back)

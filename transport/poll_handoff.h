@@ -121,8 +121,8 @@ class PollHandoff {
         if (watch_ns_.load(std::memory_order_relaxed) > kWatchMicros * 1000)
             watch_ns_.store(kWatchMicros * 1000, std::memory_order_relaxed);
     }
-    // The clock of these times: the steady clock, in nanoseconds.
-    static int64_t now_ns();
+    // The clock of these times: the steady clock (steady_clock.h), in nanoseconds.
+    static int64_t now_ns() { return steady_now_ns(); }
     // Whether no application thread polled, posted or armed a CQ for `quiet_ns` before
     // `now` (now_ns()): nobody of this process waits on a CPU for the engine's work
     // (see Engine::spin_after_batch).

@@ -4,18 +4,9 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <utility>
 
 namespace uroce::transport {
-
-int64_t TimerQueue::now_ns() {
-    // steady_clock is CLOCK_MONOTONIC (libstdc++ on Linux), the timerfd's clock: QPs arm
-    // deadlines they computed with it.
-    return std::chrono::duration_cast<std::chrono::nanoseconds>(
-               std::chrono::steady_clock::now().time_since_epoch())
-        .count();
-}
 
 bool TimerQueue::Timer::pending() const {
     std::lock_guard lock(queue_.mutex_);

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "transport/counters.h"
+#include "transport/steady_clock.h"
 
 namespace uroce::transport {
 
@@ -76,8 +77,8 @@ class TimerQueue {
     bool ok() const { return event_ != nullptr; }
     // How late a timer may fire, at most, to spare a timerfd_settime.
     static constexpr int64_t kMaxSlackNs = 250'000;
-    // The clock of every deadline: CLOCK_MONOTONIC (std::chrono::steady_clock), nanoseconds.
-    static int64_t now_ns();
+    // The clock of every deadline (steady_clock.h), nanoseconds.
+    static int64_t now_ns() { return steady_now_ns(); }
     // Times the timerfd was set or disarmed (each is one timerfd_settime).
     uint64_t timerfd_sets() const { return sets_.load(std::memory_order_relaxed); }
     // Expiries of the timerfd that found no timer due (a deadline had moved later).
