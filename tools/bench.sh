@@ -450,6 +450,28 @@ bw_rows ib_write_bw
 bw_rows ib_read_bw
 bw_rows ib_send_bw
 
+# Eight QPs of one process streaming at once (-q 8, each QP -n / 8): what a poll that reads
+# for many QPs costs (docs/performance-log.md, 2026-12-06 16:06). No target: against the
+# GSO+GRO baseline of the WRITE row and the one-QP WRITE row, medians of $bw_rounds runs.
+q8_n=$((bw_n / 8))
+q8_runs=()
+for ((r = 1; r <= bw_rounds; r++)); do
+  note "bench: ib_write_bw -q 8 -s 65536 -n $q8_n (round $r of $bw_rounds)"
+  lo_pair "write_q8.r$r" "$tmo" "" ib_write_bw -x 0 -q 8 -s 65536 -n "$q8_n" -N
+  if ((pair_ok)); then
+    q8_runs+=("$(gbs_of_mib "$(perf_col "$out/write_q8.r$r.log" "BW average")")")
+  else
+    q8_runs+=("$pair_rc")
+  fi
+done
+q8=$(median_of "${q8_runs[@]}")
+put write_bw_q8_GBps "$q8"
+put write_bw_q8_GBps_runs "$(IFS=,; echo "${q8_runs[*]}")"
+w_gso=$(kv "$results" write_bw_base_gso_goodput_Bps)
+row "ib_write_bw -q 8 -s 65536 (GB/s)" "$q8" "UDP GSO+GRO" "$(gbs_of_bytes "$w_gso")" / "" ""
+row "ib_write_bw -q 8 -s 65536 (GB/s)" "$q8" "ib_write_bw, one QP" \
+  "$(kv "$results" write_bw_GBps)" / "" ""
+
 # The latency rows and the 64 KiB ping-pong rows: $lat_rounds rounds, each the UDP baselines
 # then the uroce runs compared with them, so that the VM's drift reaches both alike; every
 # figure is the median over the rounds (its runs in results.txt as KEY_runs). One run of each
