@@ -17,7 +17,8 @@
 #     it goes back N;
 #   - rc_verify (tools/interop) with 5% of uroce's packets dropped: WRITEs and READs back,
 #     every byte and the guards around the buffers checked, both sides' PSNs starting just
-#     before the 24-bit wrap, uroce the requester, then rxe;
+#     before the 24-bit wrap, uroce the requester (keeping READ responses after a loss and
+#     asking rxe for the gap alone: rx_read_kept must not be 0), then rxe;
 #   - ibv_uc_pingpong and ibv_srq_pingpong -c, ibv_ud_pingpong (UD with GRH, addressed by
 #     GID), ib_atomic_bw (both atomics) and ib_read_bw -s 65536 (READs in flight), each way;
 #   - rping -V, uroce's RDMA CM (user space) against the kernel's, both ways;
@@ -187,7 +188,8 @@ UV="$UROCE run -- rc_verify -d ur0 -g 0 -s 4096 -q 4 --stall 60 --psn 16777100"
 VLOSS="UROCE_STATS=1 UROCE_FAULTS='drop=0.05,seed=21;dir=rx,drop=0.05,seed=22'"
 run "rc_verify WRITE+READ 4 KiB across the PSN wrap, 5% loss each way at uroce, uroce the requester" 18705 rxe \
     "^RESULT" "$KV -p 18705" "$UR env $VLOSS $UV -n 200 -p 18705 10.77.0.1"
-lossy "  that run's loss" /tmp/cli
+# uroce kept READ responses that followed a lost one and asked rxe for the gap alone.
+lossy "  that run's loss" /tmp/cli rx_read_kept
 run "rc_verify WRITE+READ 4 KiB across the PSN wrap, 5% loss each way at uroce, rxe the requester" 18706 uroce \
     "^RESULT" "$UR env $VLOSS $UV -p 18706" "$KV -n 200 -p 18706 10.77.0.2"
 lossy "  that run's loss" /tmp/srv rx_early_run

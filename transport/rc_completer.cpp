@@ -320,71 +320,66 @@ void RcQp::on_read_response(const wire::ParsedPacket& pkt) {
     SqEntry* found = entry_for_psn(psn);
     if (!found || found->wqe.opcode != SendOpcode::RdmaRead || found->read_done) return;
     SqEntry& e = *found;
-    // Responses to a READ behind one still missing some are kept (placed in its buffer) as
-    // they come in order for their own READ: a loss then costs the rest of one READ, not
-    // every READ in flight after it, each asked for again once that one completes.
+    // Responses to a READ behind one still missing some are taken (placed in its buffer):
+    // a loss then costs the rest of one READ, not every READ in flight after it, each asked
+    // for again once that one completes. Within a READ, those that follow a missing one are
+    // kept too (read_kept, up to 63 beyond it), and only the gap is asked for again.
     const bool front = &e == &sq_.front();
     const uint32_t expected = psn_add(e.psn, e.read_pkts);
     const int32_t d = psn_diff(psn, expected);
     if (d < 0) return;  // a duplicate of a response we already have
+    const uint32_t index = e.read_pkts + static_cast<uint32_t>(d);
+    const uint16_t flags = pkt.info->flags;
+    const bool is_first = flags & (wire::kFirst | wire::kOnly);
+    const bool is_last = flags & (wire::kLast | wire::kOnly);
+    const auto len = static_cast<uint32_t>(pkt.payload.size());
+    // Every response but the READ's last carries one MTU; the last the rest. The READ's
+    // first and last responses are a First/Only and a Last/Only; in between any opcode,
+    // since a response asked for again starts a run of its own (a First, or rxe's Middle)
+    // and one that asked for a part ends it (a Last).
+    const uint32_t want = index + 1 < e.npkts ? attrs_.mtu : e.wqe.length - index * attrs_.mtu;
+    const bool sequence_ok = (index != 0 || is_first) && (index + 1 != e.npkts || is_last);
     if (d > 0) {
-        // A response went missing: ask for the rest right away, but only once until the
-        // timer runs out. Responses of the earlier request are still arriving and each one
-        // would look like a new gap; answering every one with a new request makes the
-        // responder replay the READ again and again.
+        // A response went missing. Kept if it is in reach, well formed, and new; the gap is
+        // asked for right away, but only once until the timer runs out: responses of the
+        // earlier request are still arriving and each one would look like a new gap, and
+        // answering every one with a new request makes the responder replay again and again.
         // Only this READ is asked for again: the requests after it were not lost.
+        if (d < 64 && !((e.read_kept >> d) & 1) && sequence_ok && len == want) {
+            if (!place_read_response(e, index, pkt.payload)) return;
+            e.read_kept |= uint64_t{1} << d;
+            bump(engine_.counters().rx_read_kept);
+        }
         ask_again_for_read(e);
         return;
     }
-    const uint16_t flags = pkt.info->flags;
-    const bool first_expected = e.read_pkts == 0;
-    const bool is_first = flags & (wire::kFirst | wire::kOnly);
-    const bool is_last = flags & (wire::kLast | wire::kOnly);
-    const uint32_t remaining = e.wqe.length - e.read_bytes;
-    const uint32_t len = static_cast<uint32_t>(pkt.payload.size());
-    // A retried READ starts with a First/Only response even in mid-message.
-    const bool sequence_ok = first_expected ? is_first : true;
-    const bool length_ok = is_last ? len == remaining : (len == attrs_.mtu && len < remaining);
-    if (!sequence_ok || !length_ok) {
+    if (!sequence_ok || len != want) {
         e.failed = WcStatus::BadResp;
         enter_error();
         return;
     }
-    {
-        auto guard = engine_.memory().lock_shared();
-        uint32_t skip = e.read_bytes;
-        uint32_t done = 0;
-        for (uint32_t i = 0; i < e.wqe.sgl.count && done < len; ++i) {
-            const Sge& s = e.wqe.sgl.sge[i];
-            if (skip >= s.length) {
-                skip -= s.length;
-                continue;
-            }
-            const uint32_t take = std::min(len - done, s.length - skip);
-            if (engine_.memory().check_local(s.lkey, pd_, s.addr + skip, take, kLocalWrite) !=
-                KeyCheck::Ok) {
-                e.failed = WcStatus::LocProtErr;
-                enter_error();
-                return;
-            }
-            if (!guarded_copy(reinterpret_cast<void*>(s.addr + skip), pkt.payload.data() + done,
-                              take)) {
-                engine_.memory().note_fault();
-                e.failed = WcStatus::LocProtErr;
-                enter_error();
-                return;
-            }
-            done += take;
-            skip = 0;
-        }
+    if (!place_read_response(e, index, pkt.payload)) return;
+    // This one, and those kept after it up to the next missing one.
+    do {
+        ++e.read_pkts;
+        e.read_kept >>= 1;
+    } while (e.read_kept & 1);
+    e.read_bytes = std::min(e.wqe.length, e.read_pkts * attrs_.mtu);
+    const bool done = e.read_pkts == e.npkts;
+    if (done) e.read_done = true;
+    // Once the part the last request asked for has come: kept responses beyond a new gap
+    // mean that gap is lost already (the responder sends in PSN order), and so is what
+    // follows a Last that ended the answer to that part (the responder answered it after
+    // every response it had sent before). Asked for now, not on the next response or the
+    // timer.
+    if (!done && e.read_pkts >= e.read_asked_end && (e.read_kept != 0 || is_last)) {
+        ask_again_for_read(e);
+        if (state_ == QpState::Err) return;
     }
-    e.read_bytes += len;
-    e.read_pkts = is_last ? e.npkts : e.read_pkts + 1;
-    if (is_last) e.read_done = true;
     // Only the front's progress restarts the timer: the timer waits for the front.
     if (!front) return;
     note_progress();
-    if (is_last) {
+    if (done) {
         una_psn_ = psn_add(e.psn, e.npkts);
         // The READs already complete behind it, and the requests between them that their
         // responses acknowledged, complete with it.
@@ -395,6 +390,38 @@ void RcQp::on_read_response(const wire::ParsedPacket& pkt) {
     } else {
         restart_timer();
     }
+}
+
+bool RcQp::place_read_response(SqEntry& e, uint32_t index, std::span<const uint8_t> payload) {
+    const auto len = static_cast<uint32_t>(payload.size());
+    auto guard = engine_.memory().lock_shared();
+    uint64_t skip = uint64_t{index} * attrs_.mtu;
+    uint32_t done = 0;
+    for (uint32_t i = 0; i < e.wqe.sgl.count && done < len; ++i) {
+        const Sge& s = e.wqe.sgl.sge[i];
+        if (skip >= s.length) {
+            skip -= s.length;
+            continue;
+        }
+        const auto take = static_cast<uint32_t>(std::min<uint64_t>(len - done, s.length - skip));
+        if (engine_.memory().check_local(s.lkey, pd_, s.addr + skip, take, kLocalWrite) !=
+            KeyCheck::Ok) {
+            guard.unlock();
+            e.failed = WcStatus::LocProtErr;
+            enter_error();
+            return false;
+        }
+        if (!guarded_copy(reinterpret_cast<void*>(s.addr + skip), payload.data() + done, take)) {
+            engine_.memory().note_fault();
+            guard.unlock();
+            e.failed = WcStatus::LocProtErr;
+            enter_error();
+            return false;
+        }
+        done += take;
+        skip = 0;
+    }
+    return true;
 }
 
 void RcQp::ask_again_for_read(SqEntry& e) {

@@ -161,8 +161,12 @@ class RcQp final : public QpCommon {
         bool assigned = false;    // PSNs given out
         uint32_t psn = 0;         // first PSN
         uint32_t npkts = 0;       // PSNs the request consumes
-        uint32_t read_bytes = 0;  // READ: bytes of response received
-        uint32_t read_pkts = 0;
+        uint32_t read_bytes = 0;  // READ: bytes of the responses [0, read_pkts), in place
+        uint32_t read_pkts = 0;   // READ: responses received in order (the first missing one)
+        // READ: responses kept beyond the first missing one, in place: bit k is response
+        // read_pkts + k (bit 0, the missing one, is never set).
+        uint64_t read_kept = 0;
+        uint32_t read_asked_end = 0;  // READ: the response its last request asked up to
         bool read_done = false;
         bool read_gap_retried = false;        // a missing response was already asked for again
         uint32_t read_retried_at = 0;         // read_pkts when it was
@@ -249,9 +253,12 @@ class RcQp final : public QpCommon {
     // completer (rc_completer.cpp, rc_retransmit_timer.cpp)
     void on_response(const wire::ParsedPacket& pkt);
     void on_read_response(const wire::ParsedPacket& pkt);
-    // Sends READ request `e` again for the responses it lacks, from the first missing one;
-    // not again (read_gap_retried) until responses to that request have come, or the timer
-    // clears the mark.
+    // Response `index` of READ `e`, whose opcode and length were checked, copied into the
+    // READ's buffer at its place; false (the QP in ERR) if the buffer refused it.
+    bool place_read_response(SqEntry& e, uint32_t index, std::span<const uint8_t> payload);
+    // Sends READ request `e` again for the responses it lacks, from the first missing one to
+    // the first kept one (read_kept) or the end; not again (read_gap_retried) until
+    // responses to that request have come, or the timer clears the mark.
     void ask_again_for_read(SqEntry& e);
     // Every READ before the one that `psn` answers that still lacks responses: they were
     // lost (the responder answers in PSN order).

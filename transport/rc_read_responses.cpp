@@ -71,7 +71,7 @@ void RcQp::send_responses(uint32_t budget) {
         const uint32_t i = r->next;
         const uint32_t len = r->length_of(i);
         const bool first = i == r->run_start;
-        const bool last = i + 1 == r->npkts;
+        const bool last = i + 1 == r->run_stop();
         wire::Opcode op = wire::Opcode::RcReadResponseMiddle;
         if (first && last)
             op = wire::Opcode::RcReadResponseOnly;

@@ -1,5 +1,6 @@
 // RC requester: send work requests become request packets.
 #include <algorithm>
+#include <bit>
 
 #include "transport/engine.h"
 #include "transport/psn.h"
@@ -126,10 +127,17 @@ WcStatus RcQp::send_read_request(SqEntry& e) {
     h.bth.opcode = opcode(wire::Opcode::RcReadRequest);
     h.bth.dest_qp = attrs_.dest_qpn;
     h.xrc_srqn = e.wqe.remote_srqn;
-    // A retried READ asks only for what has not arrived yet (IBA 9.7.4.1.6).
+    // A retried READ asks only for what has not arrived yet (IBA 9.7.4.1.6): from the first
+    // missing response to the first one kept after it (every response between is a full
+    // MTU), or to the end. Each retry starts at or after the one before: rxe's responder
+    // refuses one that starts before the last part it answered.
     h.bth.psn = psn_add(e.psn, e.read_pkts);
     h.bth.ack_req = true;
-    h.reth = {e.wqe.remote_addr + e.read_bytes, e.wqe.rkey, e.wqe.length - e.read_bytes};
+    const uint32_t gap =
+        e.read_kept != 0 ? static_cast<uint32_t>(std::countr_zero(e.read_kept)) : 0;
+    const uint32_t len = gap != 0 ? gap * attrs_.mtu : e.wqe.length - e.read_bytes;
+    h.reth = {e.wqe.remote_addr + e.read_bytes, e.wqe.rkey, len};
+    e.read_asked_end = gap != 0 ? e.read_pkts + gap : e.npkts;
     // The local buffer must be writable before we ask for data to land in it.
     if (!local_buffer_writable(e)) return WcStatus::LocProtErr;
     return transmit(h, {}, 0) ? WcStatus::Success : WcStatus::LocQpOpErr;

@@ -143,24 +143,33 @@ void RcQp::on_duplicate(const wire::ParsedPacket& pkt) {
         return;
     }
     // A READ is answered again only from the resource of the READ that was executed, for
-    // exactly the part asked for: from the requested PSN to the end.
-    // Anything else is a replay or a forgery, and sending it would multiply traffic.
+    // the part asked for: from the requested PSN, at the VA of that response, to the end or
+    // to a response's end before it (a requester that kept the responses after a gap asks
+    // for the gap alone; rxe's responder answers such a part too). Anything else is a
+    // replay or a forgery, and sending it would multiply traffic.
     const wire::Reth& reth = pkt.h.reth;
     ReadResource* r = reads_.find(psn);
     const int64_t i = r ? r->index_of(psn) : -1;
+    const uint64_t offset = i >= 0 ? r->offset_of(static_cast<uint32_t>(i)) : 0;
+    const uint64_t rest = r ? r->length - std::min<uint64_t>(r->length, offset) : 0;
+    const uint64_t asked = reth.dma_len;
+    const bool whole_packets = asked > 0 && r && r->mtu > 0 && asked % r->mtu == 0;
     // Never from beyond what went out once: the requester cannot ask for responses it was
     // never sent, and skipping them would leave them unsent.
     if (r == nullptr || r->atomic || r->atomic_write || !(attrs_.access & kRemoteRead) ||
         reth.rkey != r->rkey || i > static_cast<int64_t>(r->sent_once) ||
-        reth.va != r->va + r->offset_of(static_cast<uint32_t>(i)) ||
-        uint64_t{reth.dma_len} != r->length - std::min<uint64_t>(r->length, r->offset_of(i))) {
+        reth.va != r->va + offset || asked > rest || (asked != rest && !whole_packets)) {
         bump(engine_.counters().rx_duplicate_dropped);
         return;
     }
     // Start again from there (not a second copy): the responses carry the MSN of the
-    // original, and the first of them is a First (or Only).
+    // original, and the first of them is a First (or Only), the last a Last. A READ whose
+    // responses have not all gone out once goes on to its end whatever was asked.
     r->next = static_cast<uint32_t>(i);
     r->run_start = static_cast<uint32_t>(i);
+    r->run_end = asked == rest || !r->finished_once()
+                     ? ReadResource::kToTheEnd
+                     : static_cast<uint32_t>(i + static_cast<int64_t>(asked / r->mtu));
     send_responses(kResponseBurst);
     if (reads_.busy()) schedule_responder();
 }

@@ -141,8 +141,12 @@ void RcQp::fire_timer(std::chrono::steady_clock::time_point now) {
     ++rto_backoff_;
     last_rewind_psn_ = 0xffffffff;
     // Every READ goes again from its first missing response: each may be asked for again
-    // once more when a gap shows.
-    for (size_t i = 0; i < sq_.size() && sq_[i].assigned; ++i) sq_[i].read_gap_retried = false;
+    // once more when a gap shows. To its end, the responses kept after a gap forgotten: a
+    // responder that answers only the rest of a READ (not a part) still completes it.
+    for (size_t i = 0; i < sq_.size() && sq_[i].assigned; ++i) {
+        sq_[i].read_gap_retried = false;
+        sq_[i].read_kept = 0;
+    }
     note_timer_resend(now);
     const uint32_t window_before = window_.packets();
     // An early resend before any round trip was measured proves no loss (its wait was a
@@ -255,6 +259,7 @@ void RcQp::probe_front_read() {
     bump(qp_counters_.tail_probes);
     SqEntry& e = sq_.front();
     e.read_gap_retried = false;  // whatever was asked before went unanswered
+    e.read_kept = 0;             // the rest, as a go-back-N asks for it
     ask_again_for_read(e);
 }
 

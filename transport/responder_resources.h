@@ -26,16 +26,21 @@ inline uint32_t read_response_packets(uint32_t dma_len, uint32_t mtu) {
 }
 
 struct ReadResource {
+    static constexpr uint32_t kToTheEnd = UINT32_MAX;  // run_end: the READ's last response
+
     uint32_t psn = 0;    // PSN of the request = PSN of its first response
     uint32_t npkts = 1;  // response packets (PSNs) the READ consumes
     uint64_t va = 0;     // RETH as accepted
     uint32_t rkey = 0;
     uint32_t length = 0;
-    uint32_t mtu = 0;           // the MTU the responses are cut with
-    uint32_t pd = 0;            // the PD its rkey is checked in (an XRC target's comes per request)
-    uint32_t msn = 0;           // MSN its responses carry, the one the request got
-    uint32_t next = 0;          // index of the next response packet to send
-    uint32_t run_start = 0;     // index where the current run of responses started (First/Only)
+    uint32_t mtu = 0;        // the MTU the responses are cut with
+    uint32_t pd = 0;         // the PD its rkey is checked in (an XRC target's comes per request)
+    uint32_t msn = 0;        // MSN its responses carry, the one the request got
+    uint32_t next = 0;       // index of the next response packet to send
+    uint32_t run_start = 0;  // index where the current run of responses started (First/Only)
+    // Index the current run stops before (its last response a Last/Only): a duplicate that
+    // asked for part of what follows run_start; kToTheEnd (npkts) otherwise.
+    uint32_t run_end = kToTheEnd;
     uint32_t sent_once = 0;     // packets [0, sent_once) have each gone out at least once
     bool atomic = false;        // an atomic: one PSN, answered at once with `original`
     bool atomic_write = false;  // an ATOMIC WRITE: one PSN, answered by an ACK
@@ -45,7 +50,8 @@ struct ReadResource {
     uint64_t swap_add = 0;
     uint64_t compare = 0;
 
-    bool sending() const { return next < npkts; }
+    uint32_t run_stop() const { return run_end < npkts ? run_end : npkts; }
+    bool sending() const { return next < run_stop(); }
     // Every response has gone out once: a conforming requester may have finished the READ.
     bool finished_once() const { return sent_once >= npkts; }
     // Index of `p` among the READ's response PSNs, or -1.

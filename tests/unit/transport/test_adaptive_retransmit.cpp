@@ -243,8 +243,10 @@ TEST_CASE("A READ whose only response is lost is asked for again by the probe",
 
 TEST_CASE("A READ whose second request was lost too is asked for again by the probe",
           "[rc][retransmit][read_recovery]") {
-    // A response in the middle of the READ is lost: the next one shows the gap and the READ
-    // is asked for again at once, from there; that request is lost too. Nothing more comes,
+    // A response in the middle of the READ is lost: the next one shows the gap (and is
+    // kept) and the READ is asked for again at once, for the gap; that request is lost too.
+    // The probe asks for the rest (what it kept forgotten: a responder may answer only the
+    // rest of a READ). Nothing more comes,
     // and the mark that kept the gap's later responses from asking again must not keep the
     // probe from asking.
     until_undisturbed([](MeasuredPair& m) {
@@ -265,14 +267,14 @@ TEST_CASE("A READ whose second request was lost too is asked for again by the pr
         CHECK(first_mismatch(p.a.at(0), kLen, 6) == kLen);
         if (m.disturbed(1)) return false;
         CHECK(m.probes() == 1);
-        // The request, the one the gap asked for (lost), and the probe's, the same as that.
+        // The request, the one the gap asked for (lost), and the probe's, from the same PSN.
         const auto reqs = a_out.with_opcode(wire::Opcode::RcReadRequest);
         REQUIRE(reqs.size() == 3);
         CHECK(reqs[1].lost);
         const wire::ParsedPacket first = reqs[0].parsed(), gap = reqs[1].parsed(),
                                  probe = reqs[2].parsed();
         CHECK(gap.h.bth.psn == first.h.bth.psn + 1);
-        CHECK(gap.h.reth.dma_len == 2 * kMtu);
+        CHECK(gap.h.reth.dma_len == kMtu);
         CHECK(probe.h.bth.psn == gap.h.bth.psn);
         CHECK(probe.h.reth.va == gap.h.reth.va);
         CHECK(probe.h.reth.dma_len == 2 * kMtu);

@@ -1,7 +1,8 @@
 // A requester's recovery of lost READ responses (rc_completer.cpp): responses to the READs
-// behind one that lacks some are kept in their buffers, each READ is asked for again only for
-// what it lacks, as soon as a later response shows the loss, and a go-back-N passes over the
-// READs already complete.
+// behind one that lacks some, and those after a gap within a READ, are kept in their buffers,
+// each READ is asked for again only for the gap it has (the rest, if nothing after it came),
+// as soon as a later response shows the loss, and a go-back-N passes over the READs already
+// complete.
 //
 // a is the requester under test; b is silent and the test answers for it with forged
 // responses, in the order each case needs (hostile_peer.h). What a sends is recorded.
@@ -68,16 +69,21 @@ struct ReadStream {
     uint32_t psn_of(uint32_t r) const { return r * kPkts + (with_write && r > 0 ? 1 : 0); }
 
     // Response `i` of READ `r`, as the first of a run (a FIRST, or the ONLY one of a run
-    // of one) when `starts_run`: a READ asked for again is answered from there.
-    void respond(uint32_t r, uint32_t i, bool starts_run = false) {
-        const bool last = i + 1 == kPkts;
+    // of one) when `starts_run`, as the last of one (a LAST) when `ends_run`: a READ asked
+    // for again is answered from there, as uroce's responder answers, up to the part's end.
+    void respond(uint32_t r, uint32_t i, bool starts_run = false, bool ends_run = false) {
+        const bool first = i == 0 || starts_run;
+        const bool last = i + 1 == kPkts || ends_run;
         wire::Opcode op = wire::Opcode::RcReadResponseMiddle;
-        if ((i == 0 || starts_run) && last)
+        if (first && last)
             op = wire::Opcode::RcReadResponseOnly;
-        else if (i == 0 || starts_run)
+        else if (first)
             op = wire::Opcode::RcReadResponseFirst;
         else if (last)
             op = wire::Opcode::RcReadResponseLast;
+        respond_as(r, i, op);
+    }
+    void respond_as(uint32_t r, uint32_t i, wire::Opcode op) {
         t.peer.inject(t.peer.headers(op, psn_of(r) + i),
                       std::span(data[r].data() + i * kMtu, kMtu));
     }
@@ -97,13 +103,15 @@ struct ReadStream {
         for (const wire::ParsedPacket& q : requests()) s += std::to_string(q.h.bth.psn) + " ";
         return s;
     }
-    // Checks that `q` asks for READ r from its response i to its end.
-    void check_asks_from(const wire::ParsedPacket& q, uint32_t r, uint32_t i) const {
-        INFO("READ " << r << " from response " << i);
+    // Checks that `q` asks for READ r's `n` responses from its response i (to its end
+    // without `n`).
+    void check_asks_from(const wire::ParsedPacket& q, uint32_t r, uint32_t i,
+                         uint32_t n = 0) const {
+        INFO("READ " << r << " from response " << i << ", " << n << " responses (0: the rest)");
         CHECK(q.h.bth.psn == psn_of(r) + i);
         CHECK(q.h.reth.va == t.p.b.iova + r * kLen + i * kMtu);
         CHECK(q.h.reth.rkey == t.p.b.keys.rkey);
-        CHECK(q.h.reth.dma_len == kLen - i * kMtu);
+        CHECK(q.h.reth.dma_len == (n == 0 ? kLen - i * kMtu : n * kMtu));
     }
 
     // Every work request completes, successfully and in order, and every READ's buffer
@@ -127,7 +135,7 @@ struct ReadStream {
 
 }  // namespace
 
-TEST_CASE("A lost READ response costs the rest of its READ, not the READs behind it",
+TEST_CASE("A lost READ response costs itself alone, not the rest of its READ or the READs behind",
           "[rc][read_recovery]") {
     ReadStream s;
     INFO("requests sent (PSNs): " << s.request_psns());
@@ -136,18 +144,58 @@ TEST_CASE("A lost READ response costs the rest of its READ, not the READs behind
     s.respond(0, 2);
     s.respond(0, 3);
     for (uint32_t r = 1; r < kReads; ++r) s.respond_all(r);
-    // At the first response after the gap, READ 0 is asked for again from there, once: the
-    // responses that followed it and those of the later READs show the same gap.
+    // At the first response after the gap, READ 0 is asked for again for the gap alone,
+    // once: the responses that followed it were kept, and they and those of the later READs
+    // show the same gap.
+    auto q = s.requests();
+    REQUIRE(q.size() == kReads + 1);
+    s.check_asks_from(q[kReads], 0, 1, 1);
+    CHECK(s.t.p.a.counters().rx_read_kept.load() == 2);
+    // Nothing completes before READ 0: completions come in order.
+    CHECK(s.t.p.stays_empty(*s.t.p.a.scq));
+    // The answer to it, as uroce's responder gives it: the one response, an ONLY. All four
+    // complete, with the kept responses in place, and nothing was asked for again.
+    s.respond(0, 1, true, true);
+    s.check_all_complete(kReads);
+    CHECK(s.requests().size() == kReads + 1);
+}
+
+TEST_CASE("A READ's gap answered as rxe answers a part (MIDDLEs, then a LAST) completes it",
+          "[rc][read_recovery]") {
+    // rxe's responder answers a part that starts inside a READ with MIDDLEs and a LAST at
+    // the part's end (a lone LAST for one response), never a FIRST.
+    ReadStream s;
+    INFO("requests sent (PSNs): " << s.request_psns());
+    s.respond(0, 0);
+    s.respond(0, 3);  // responses 1 and 2 lost
+    for (uint32_t r = 1; r < kReads; ++r) s.respond_all(r);
+    auto q = s.requests();
+    REQUIRE(q.size() == kReads + 1);
+    s.check_asks_from(q[kReads], 0, 1, 2);
+    s.respond_as(0, 1, wire::Opcode::RcReadResponseMiddle);
+    s.respond_as(0, 2, wire::Opcode::RcReadResponseLast);
+    s.check_all_complete(kReads);
+    CHECK(s.requests().size() == kReads + 1);
+}
+
+TEST_CASE("A READ's kept responses are checked: wrong length or place is not kept",
+          "[rc][read_recovery]") {
+    ReadStream s;
+    INFO("requests sent (PSNs): " << s.request_psns());
+    s.respond(0, 0);
+    // After the gap: a response one byte short, and a MIDDLE where the READ's LAST belongs.
+    // Neither is kept (nor fails the READ: it may be a stale copy); the gap is asked for,
+    // to the end, since nothing after it was kept.
+    s.t.peer.inject(s.t.peer.headers(wire::Opcode::RcReadResponseMiddle, s.psn_of(0) + 2),
+                    std::span(s.data[0].data() + 2 * kMtu, kMtu - 1));
+    s.respond_as(0, 3, wire::Opcode::RcReadResponseMiddle);
     auto q = s.requests();
     REQUIRE(q.size() == kReads + 1);
     s.check_asks_from(q[kReads], 0, 1);
-    // Nothing completes before READ 0: completions come in order.
-    CHECK(s.t.p.stays_empty(*s.t.p.a.scq));
-    // The answer to it: READ 0 from its second response. All four complete, and none of the
-    // later READs was asked for again (their responses were kept).
+    CHECK(s.t.p.a.counters().rx_read_kept.load() == 0);
     for (uint32_t i = 1; i < kPkts; ++i) s.respond(0, i, i == 1);
+    for (uint32_t r = 1; r < kReads; ++r) s.respond_all(r);
     s.check_all_complete(kReads);
-    CHECK(s.requests().size() == kReads + 1);
 }
 
 TEST_CASE("A READ behind one lacking a response is asked again when a later READ answers",
@@ -155,7 +203,7 @@ TEST_CASE("A READ behind one lacking a response is asked again when a later READ
     ReadStream s;
     INFO("requests sent (PSNs): " << s.request_psns());
     s.respond(0, 0);
-    s.respond(0, 2);  // READ 0 is asked for again from its response 1
+    s.respond(0, 2);  // READ 0 is asked for again for its response 1
     s.respond(0, 3);
     for (uint32_t i = 0; i + 1 < kPkts; ++i) s.respond(1, i);  // READ 1's LAST is lost
     REQUIRE(s.requests().size() == kReads + 1);
@@ -164,39 +212,39 @@ TEST_CASE("A READ behind one lacking a response is asked again when a later READ
     s.respond(2, 0);
     auto q = s.requests();
     REQUIRE(q.size() == kReads + 2);
-    s.check_asks_from(q[kReads], 0, 1);
+    s.check_asks_from(q[kReads], 0, 1, 1);
     s.check_asks_from(q[kReads + 1], 1, kPkts - 1);
     for (uint32_t i = 1; i < kPkts; ++i) s.respond(2, i);
     s.respond_all(3);
     CHECK(s.requests().size() == kReads + 2);
-    for (uint32_t i = 1; i < kPkts; ++i) s.respond(0, i, i == 1);
+    s.respond(0, 1, true, true);
     s.respond(1, kPkts - 1, true);
     s.check_all_complete(kReads);
     CHECK(s.requests().size() == kReads + 2);
 }
 
-TEST_CASE("A response lost again after its READ was asked for again is asked for at once",
+TEST_CASE("The rest of a READ lost behind its gap is asked for when the gap's answer ends",
           "[rc][read_recovery]") {
     ReadStream s;
     INFO("requests sent (PSNs): " << s.request_psns());
+    // Responses 1 and 3 (the LAST) are lost: response 2 shows the first gap, which is asked
+    // for alone (response 2 was kept).
     s.respond(0, 0);
     s.respond(0, 2);
-    REQUIRE(s.requests().size() == kReads + 1);  // READ 0 from response 1
-    // The original response 3, sent before b took the second request, still arrives: it
-    // shows the same gap and asks for nothing more.
-    s.respond(0, 3);
+    REQUIRE(s.requests().size() == kReads + 1);
+    // A second copy of the kept response changes nothing and asks for nothing more.
+    s.respond(0, 2);
     CHECK(s.requests().size() == kReads + 1);
-    // b answers the second request: response 1 comes, 2 is lost, 3 comes. Responses to that
-    // request have come since it was sent: the gap is a new loss, asked for at once (not
-    // after the timer, 1 s here).
-    s.respond(0, 1, true);
-    s.respond(0, 3);
+    CHECK(s.t.p.a.counters().rx_read_kept.load() == 1);
+    // The answer to the gap ends with its ONLY: the responder had sent every response of
+    // the READ before it, so the missing LAST is lost too and is asked for at once (not
+    // after the timer, 1 s here), to the end.
+    s.respond(0, 1, true, true);
     auto q = s.requests();
     REQUIRE(q.size() == kReads + 2);
-    s.check_asks_from(q[kReads], 0, 1);
-    s.check_asks_from(q[kReads + 1], 0, 2);
-    s.respond(0, 2, true);
-    s.respond(0, 3);
+    s.check_asks_from(q[kReads], 0, 1, 1);
+    s.check_asks_from(q[kReads + 1], 0, 3);
+    s.respond(0, 3, true);
     for (uint32_t r = 1; r < kReads; ++r) s.respond_all(r);
     s.check_all_complete(kReads);
     CHECK(s.requests().size() == kReads + 2);
@@ -208,18 +256,20 @@ TEST_CASE("A timeout's go-back-N asks again only for the READs that lack respons
     ReadStream s(12);
     INFO("requests sent (PSNs): " << s.request_psns());
     s.respond(0, 0);
-    s.respond(0, 2);  // READ 0 asked for again from 1: that request goes unanswered
+    s.respond(0, 2);  // READ 0 asked for again for 1: that request goes unanswered
     s.respond(0, 3);
     s.respond_all(1);
     s.respond_all(2);
     s.respond(3, 0);
     s.respond(3, 1);  // READ 3 lacks its last two
     REQUIRE(s.requests().size() == kReads + 1);
-    // The timer goes back N from READ 0: READ 0 and READ 3 again, each from what it lacks;
+    // The timer goes back N from READ 0: READ 0 and READ 3 again, each from what it lacks to
+    // its end (the responses READ 0 kept forgotten: a responder may answer only the rest);
     // READs 1 and 2 are complete and not asked for again.
     REQUIRE(s.t.p.wait_until([&] { return s.requests().size() >= kReads + 3; }, 5s));
     CHECK(s.t.p.a.counters().retransmit_timeouts.load() >= 1);
     auto q = s.requests();
+    s.check_asks_from(q[kReads], 0, 1, 1);
     s.check_asks_from(q[kReads + 1], 0, 1);
     s.check_asks_from(q[kReads + 2], 3, 2);
     // Whatever further timeouts sent (the test thread held off the CPU), only READs 0 and 3.
@@ -255,7 +305,7 @@ TEST_CASE("The front READ completes what the later READs' responses acknowledged
     s.respond(0, 3);
     for (uint32_t r = 1; r < kReads; ++r) s.respond_all(r);
     CHECK(s.t.p.stays_empty(*s.t.p.a.scq));
-    for (uint32_t i = 1; i < kPkts; ++i) s.respond(0, i, i == 1);
+    s.respond(0, 1, true, true);
     s.check_all_complete(kReads + 1);
     CHECK(s.requests().size() == kReads + 1);
     CHECK(s.t.a_out.count_opcode(wire::Opcode::RcWriteOnly) == 1);
