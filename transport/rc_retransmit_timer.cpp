@@ -259,7 +259,6 @@ void RcQp::probe_front_read() {
     bump(qp_counters_.tail_probes);
     SqEntry& e = sq_.front();
     e.read_gap_retried = false;  // whatever was asked before went unanswered
-    e.read_kept = 0;             // the rest, as a go-back-N asks for it
     ask_again_for_read(e);
 }
 
