@@ -3,10 +3,10 @@
 #include <algorithm>
 #include <cstring>
 
-#include "transport/app_memory_guard.h"
 #include "transport/engine.h"
 #include "transport/psn.h"
 #include "transport/rc_qp.h"
+#include "transport/scatter.h"
 
 namespace uroce::transport {
 
@@ -393,35 +393,15 @@ void RcQp::on_read_response(const wire::ParsedPacket& pkt) {
 }
 
 bool RcQp::place_read_response(SqEntry& e, uint32_t index, std::span<const uint8_t> payload) {
-    const auto len = static_cast<uint32_t>(payload.size());
-    auto guard = engine_.memory().lock_shared();
-    uint64_t skip = uint64_t{index} * attrs_.mtu;
-    uint32_t done = 0;
-    for (uint32_t i = 0; i < e.wqe.sgl.count && done < len; ++i) {
-        const Sge& s = e.wqe.sgl.sge[i];
-        if (skip >= s.length) {
-            skip -= s.length;
-            continue;
-        }
-        const auto take = static_cast<uint32_t>(std::min<uint64_t>(len - done, s.length - skip));
-        if (engine_.memory().check_local(s.lkey, pd_, s.addr + skip, take, kLocalWrite) !=
-            KeyCheck::Ok) {
-            guard.unlock();
-            e.failed = WcStatus::LocProtErr;
-            enter_error();
-            return false;
-        }
-        if (!guarded_copy(reinterpret_cast<void*>(s.addr + skip), payload.data() + done, take)) {
-            engine_.memory().note_fault();
-            guard.unlock();
-            e.failed = WcStatus::LocProtErr;
-            enter_error();
-            return false;
-        }
-        done += take;
-        skip = 0;
-    }
-    return true;
+    // Checked lengths keep it inside the READ's buffer, whose SGEs are each checked for local
+    // write before any byte lands.
+    const std::span<const uint8_t> pieces[] = {payload};
+    if (scatter_checked(engine_.memory(), e.wqe.sgl, pd_, index * attrs_.mtu, pieces) ==
+        KeyCheck::Ok)
+        return true;
+    e.failed = WcStatus::LocProtErr;
+    enter_error();
+    return false;
 }
 
 void RcQp::ask_again_for_read(SqEntry& e) {
