@@ -221,7 +221,7 @@ TEST_CASE("a signal without SA_RESTART interrupts a blocking read with EINTR", "
     CHECK(channel->pending() == 0);
 }
 
-TEST_CASE("a signal with SA_RESTART does not end a blocking read", "[comp_channel]") {
+TEST_CASE("a signal with SA_RESTART does not end a blocking read", "[comp_channel][sa_restart]") {
     auto channel = make_channel();
     ScopedHandler handler(SIGUSR1, /*restart=*/true);
     BlockedReader reader(channel->fd());

@@ -78,6 +78,27 @@ inline size_t first_mismatch(const uint8_t* p, size_t n, uint64_t seed) {
     return n;
 }
 
+// Whether p[0..n) shows the pattern yet: a target that spins on its memory for a WRITE, as an
+// RDMA application may, reads bytes while the engine writes them. Such a read races the write
+// by design (nothing but the bytes tells it they came), so the ThreadSanitizer build's
+// suppressions (tests/tsan.supp) name this function; checks after a completion use
+// first_mismatch, which they do not name. Kept whole, so that it shows in every stack: not
+// inlined, and (g++'s noipa) its reads not moved into the caller, which g++ does for a
+// pointer only read through.
+#if defined(__clang__)
+#define UROCE_TEST_KEPT_WHOLE __attribute__((noinline))
+#else
+#define UROCE_TEST_KEPT_WHOLE __attribute__((noipa))
+#endif
+UROCE_TEST_KEPT_WHOLE inline bool landed(const uint8_t* p, size_t n, uint64_t seed) {
+    return first_mismatch(p, n, seed) == n;
+}
+
+// The same for one byte: whether *p equals `value` yet.
+UROCE_TEST_KEPT_WHOLE inline bool landed_byte(const uint8_t* p, uint8_t value) {
+    return *p == value;
+}
+
 inline bool all_bytes(const uint8_t* p, size_t n, uint8_t value) {
     return std::all_of(p, p + n, [value](uint8_t b) { return b == value; });
 }

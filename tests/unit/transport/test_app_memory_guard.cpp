@@ -107,7 +107,7 @@ TEST_CASE("Guarded accesses land on the thread that faulted", "[app_memory]") {
         threads.emplace_back([&, t] {
             uint8_t src[32] = {};
             for (int i = 0; i < 200; ++i) {
-                failed[t] += guarded_copy(m.gone() + t, src, sizeof src) ? 0 : 1;
+                failed[t] += guarded_copy(m.gone() + 64 * t, src, sizeof src) ? 0 : 1;
                 failed[t] += guarded_copy(m.first + 64 * t, src, sizeof src) ? 0 : 100000;
             }
         });

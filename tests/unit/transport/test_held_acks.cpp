@@ -68,7 +68,7 @@ struct AnsweringPair {
         fill(p.a.at(0), kLen, seed);
         REQUIRE(p.a.qp->post_send(rdma_wqe(SendOpcode::RdmaWrite, seed, {p.a.sge(0, kLen)},
                                            p.b.iova, p.b.keys.rkey)) == 0);
-        REQUIRE(eventually([&] { return first_mismatch(p.b.at(0), kLen, seed) == kLen; }));
+        REQUIRE(eventually([&] { return landed(p.b.at(0), kLen, seed); }));
     }
 };
 
@@ -596,8 +596,7 @@ TEST_CASE("A poller's ACK waits for the answer before the socket is parked", "[h
                                            p.b.keys.rkey)) == 0);
         // Polls far enough apart never to be a busy poll.
         const auto deadline = std::chrono::steady_clock::now() + kWait;
-        while (first_mismatch(p.b.at(0), kLen, 251) != kLen &&
-               std::chrono::steady_clock::now() < deadline) {
+        while (!landed(p.b.at(0), kLen, 251) && std::chrono::steady_clock::now() < deadline) {
             std::this_thread::sleep_for(200us);
             p.b.engine->on_cq_poll(true);
         }

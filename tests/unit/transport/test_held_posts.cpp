@@ -120,8 +120,7 @@ TEST_CASE("What a poller held goes out when it stops polling", "[held_posts]") {
         bool arrived = false;
         while (!arrived && std::chrono::steady_clock::now() < deadline) {
             std::this_thread::sleep_for(1ms);
-            arrived =
-                first_mismatch(p.b.at(8192 + 7 * kSmall), kSmall, 700 + 10 * round + 7) == kSmall;
+            arrived = landed(p.b.at(8192 + 7 * kSmall), kSmall, 700 + 10 * round + 7);
         }
         CHECK(arrived);
         complete_all(p, 8);

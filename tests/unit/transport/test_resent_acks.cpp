@@ -24,10 +24,8 @@ struct Resender {
         REQUIRE(t.p.a.qp->post_recv(recv_wqe(1, {t.p.a.sge(0, kPackets * kMtu)})) == 0);
         for (uint32_t psn = 0; psn < kPackets; ++psn) send(psn, 10 + psn, psn + 1 == kPackets);
         if (writes) {
-            REQUIRE(t.p.wait_until([&] {
-                return first_mismatch(t.p.a.at((kPackets - 1) * kMtu), kMtu, 10 + kPackets - 1) ==
-                       kMtu;
-            }));
+            REQUIRE(t.p.wait_until(
+                [&] { return landed(t.p.a.at((kPackets - 1) * kMtu), kMtu, 10 + kPackets - 1); }));
         } else {
             const Completion c = t.p.wait_one(*t.p.a.rcq);
             REQUIRE(c.status == WcStatus::Success);

@@ -29,7 +29,7 @@ void post_writes(Pair& p, UcPair& uc, uint32_t n, uint64_t seed, bool more = fal
 bool writes_arrived(Pair& p, uint32_t n, uint64_t seed) {
     return p.wait_until([&] {
         for (uint32_t i = 0; i < n; ++i)
-            if (first_mismatch(p.b.at(8192 + i * kSmall), kSmall, seed + i) != kSmall) return false;
+            if (!landed(p.b.at(8192 + i * kSmall), kSmall, seed + i)) return false;
         return true;
     });
 }
@@ -68,7 +68,7 @@ TEST_CASE("UC: a message above 1 KiB waits for nothing and leaves packet by pack
     CHECK(p.a.counters().tx_multi_sends.load() == calls);
     CHECK(statuses(p.wait(*p.a.scq, 4), 400) == std::vector(4, WcStatus::Success));
     CHECK(writes_arrived(p, 3, 400));
-    CHECK(p.wait_until([&] { return first_mismatch(p.b.at(32768), kLen, 40) == kLen; }));
+    CHECK(p.wait_until([&] { return landed(p.b.at(32768), kLen, 40); }));
 }
 
 TEST_CASE("UC: posts of a busy poller wait for its next poll and leave as one train",
@@ -151,7 +151,7 @@ TEST_CASE("UC: a queue ends as the IBA says: a bad key, ERR, RESET", "[uc][held_
                                          p.b.iova + 16384, p.b.keys.rkey)) == 0);
         CHECK(statuses(p.wait(*p.a.scq, 1), 329) == std::vector{WcStatus::Success});
         CHECK(p.a.counters().tx_packets.load() - sent == 1);
-        CHECK(p.wait_until([&] { return first_mismatch(p.b.at(16384), kSmall, 329) == kSmall; }));
+        CHECK(p.wait_until([&] { return landed(p.b.at(16384), kSmall, 329); }));
         CHECK(all_bytes(p.b.at(8192), 4 * kSmall, kUntouched));
     }
 }
