@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The whole test suite: install, build (normal, ASan+UBSan, ThreadSanitizer for the unit tests
-# with threads, and clang and -O3 as compile checks), run every test.
+# The whole test suite: install, build (normal, ASan+UBSan, ThreadSanitizer for the tests with
+# threads, and clang and -O3 as compile checks), run every test.
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 "$top/tools/setup.sh"
@@ -18,16 +18,17 @@ ninja -C "$top/build-asan" >/dev/null
 echo "== build with clang (compile check)"
 [[ -f "$top/build-clang/build.ninja" ]] || CXX=clang++ meson setup "$top/build-clang" "$top" >/dev/null
 ninja -C "$top/build-clang" >/dev/null
-# ThreadSanitizer, for the unit tests whose code runs threads (the engine with its pollers,
-# posts and timers; completion channels): their ordering bugs rarely show in a run, races do.
-# Only those targets are built. tests/tsan.supp lists what is shared on purpose, and why.
-echo "== build with ThreadSanitizer (unit tests with threads)"
+# ThreadSanitizer, for the tests whose code runs threads (the engine with its pollers, posts
+# and timers; completion channels; the provider's contexts, shared devices and RDMA CM in the
+# integration tests): ordering bugs rarely show in a run, races do. Only those targets are
+# built. tests/tsan.supp lists what is shared on purpose, and why.
+echo "== build with ThreadSanitizer (tests with threads)"
 [[ -f "$top/build-tsan/build.ninja" ]] ||
   meson setup "$top/build-tsan" "$top" -Db_sanitize=thread -Db_lundef=false >/dev/null
-tsan_tests=(transport transport-scheduling comp_channel comp_channel_unhooked)
+tsan_tests=(transport transport-scheduling comp_channel comp_channel_unhooked integration)
 ninja -C "$top/build-tsan" tests/unit/transport/test_transport \
   tests/unit/comp_channel/test_comp_channel tests/unit/comp_channel/test_comp_channel_unhooked \
-  >/dev/null
+  tests/integration/test_integration tools/uroce provider/liburoce-rdmav34.so >/dev/null
 # GCC at -O3 (buildtype release): some warnings come only from its optimizer's flow
 # analysis (-Wstringop-overflow, -Wmaybe-uninitialized), and a user's release build must
 # compile too.
@@ -46,8 +47,9 @@ UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
     --num-processes "$jobs" --print-errorlogs || status=1
 
 echo "== tests under ThreadSanitizer (${tsan_tests[*]})"
-TSAN_OPTIONS="suppressions=$top/tests/tsan.supp second_deadlock_stack=1" \
-  meson test -C "$top/build-tsan" --no-rebuild "${tsan_tests[@]}" \
+# history_size=7: both stacks of a race restored, which the suppressions match against.
+TSAN_OPTIONS="suppressions=$top/tests/tsan.supp history_size=7 second_deadlock_stack=1" \
+  meson test -C "$top/build-tsan" --no-rebuild "${tsan_tests[@]}" --timeout-multiplier 2 \
     --num-processes "$jobs" --print-errorlogs || status=1
 
 # A 60 s libFuzzer run of the receive path (clang, ASan+UBSan; tools/fuzz/).

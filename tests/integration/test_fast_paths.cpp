@@ -102,15 +102,13 @@ void small_writes(Endpoint& a, Endpoint& b, size_t count, uint64_t seed) {
 }
 
 // Waits (20 s at most) until `at` holds the kSmall bytes of pattern `seed`, as written by the
-// provider's threads: read through volatile, byte by byte, and compared whole.
+// provider's threads (bytes_landed).
 bool arrives(const uint8_t* at, uint64_t seed) {
-    uint8_t want[kSmall], seen[kSmall];
+    uint8_t want[kSmall];
     fill_pattern(want, kSmall, seed);
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
     for (long i = 0; i < 2'000'000'000L; ++i) {
-        const volatile uint8_t* v = at;
-        for (size_t k = 0; k < kSmall; ++k) seen[k] = v[k];
-        if (std::memcmp(seen, want, kSmall) == 0) return true;
+        if (bytes_landed(at, want, kSmall)) return true;
         if ((i & 1023) == 0 && std::chrono::steady_clock::now() > deadline) return false;
     }
     return false;

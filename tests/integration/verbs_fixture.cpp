@@ -364,4 +364,11 @@ void fill_pattern(uint8_t* p, size_t n, uint64_t seed) {
     }
 }
 
+bool bytes_landed(const uint8_t* at, const uint8_t* want, size_t n) {
+    const volatile uint8_t* v = at;
+    for (size_t k = 0; k < n; ++k)
+        if (v[k] != want[k]) return false;
+    return true;
+}
+
 }  // namespace uroce::test

@@ -137,4 +137,10 @@ int post_atomic(ibv_qp* qp, ibv_wr_opcode op, const Buffer& local, size_t offset
 
 void fill_pattern(uint8_t* p, size_t n, uint64_t seed);
 
+// Whether at[0..n) equals want[0..n) yet, read through volatile: a poll of memory a WRITE
+// lands in with no completion on this side, as an RDMA target may spin on its memory. Its
+// reads race the provider's copy by design; the ThreadSanitizer build's suppressions
+// (tests/tsan.supp) name this function.
+bool bytes_landed(const uint8_t* at, const uint8_t* want, size_t n);
+
 }  // namespace uroce::test
