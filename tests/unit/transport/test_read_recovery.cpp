@@ -365,3 +365,20 @@ TEST_CASE("A READ asked for again after a sequence NAK goes whatever the cut win
     CHECK(std::memcmp(a.at(0), data.data(), 2 * kBig) == 0);
     CHECK(request_psns().size() == 4);
 }
+
+TEST_CASE("READ responses for a buffer deregistered since the request went land nowhere",
+          "[rc][read_recovery]") {
+    // The buffer's key was checked when the READ was sent; each response is checked again
+    // where it lands, so a region gone meanwhile takes no byte and fails the READ.
+    ReadStream s;
+    REQUIRE(s.t.p.a.engine->memory().remove(s.t.p.a.keys.lkey));
+    s.respond_all(0);
+    const auto cs = s.t.p.wait(*s.t.p.a.scq, kReads, 5s);
+    REQUIRE(cs.size() == kReads);
+    CHECK(cs[0].wr_id == 0);
+    CHECK(cs[0].status == WcStatus::LocProtErr);
+    for (size_t i = 1; i < cs.size(); ++i) CHECK(cs[i].status == WcStatus::WrFlushErr);
+    CHECK(s.t.p.a.qp->state() == QpState::Err);
+    // Hostile filled a's memory with pattern 1: not a byte of b's data (pattern 500) came.
+    CHECK(first_mismatch(s.t.p.a.at(0), kReads * kLen, 1) == kReads * kLen);
+}
