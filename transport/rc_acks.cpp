@@ -100,6 +100,7 @@ std::chrono::steady_clock::time_point RcQp::flush_ack_held_before(
 }
 
 void RcQp::flush_ack_locked(bool by_hold_timer) {
+    restart_timer_if_progressed();
     send_due_responses();
     ack_held_noted_ = false;
     send_pending_ack(by_hold_timer);
@@ -119,6 +120,7 @@ bool RcQp::answering(std::chrono::steady_clock::time_point now) const {
 
 void RcQp::finish_batch(bool may_hold_ack) {
     std::lock_guard lock(mutex_);
+    restart_timer_if_progressed();
     send_due_responses();
     if (may_hold_ack && ack_pending_ && !ack_now_ && !closed_ && state_ == QpState::Rts) {
         const auto now = std::chrono::steady_clock::now();  // one clock read for both uses

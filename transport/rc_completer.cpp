@@ -388,7 +388,7 @@ void RcQp::on_read_response(const wire::ParsedPacket& pkt) {
             through = read_implied_ack_;
         ack_through(through);
     } else {
-        restart_timer();
+        progress_restart_due_ = true;
     }
 }
 

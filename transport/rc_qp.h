@@ -274,6 +274,8 @@ class RcQp final : public QpCommon {
     void arm_timer();
     void restart_timer();
     void cancel_timer();
+    // The restart a READ's responses owe the timer, once per receive batch (mutex_ held).
+    void restart_timer_if_progressed();
     // Arms the timer `us` after `now` (the caller's clock reading: arm_timer has one already).
     void start_timer(uint64_t us, std::chrono::steady_clock::time_point now);
     bool has_outstanding() const;
@@ -428,6 +430,11 @@ class RcQp final : public QpCommon {
     bool rnr_wait_ = false;  // the timer is an RNR back-off, not a retransmission timeout
     uint32_t rnr_psn_ = 0;
     bool timer_armed_ = false;
+    // A response moved the front READ on in this receive batch: the timer restarts once,
+    // at the batch's end (finish_batch, flush_ack), not at each response (a clock read and
+    // a timer update per packet, a tenth of a READ stream's requester), and a timer that
+    // comes due before then restarts instead of resending.
+    bool progress_restart_due_ = false;
     uint32_t last_rewind_psn_ = 0xffffffff;
     // The timer's event waits for the hand-back (start_timer, Engine::defer_timers); the QP
     // is noted with the engine until then.

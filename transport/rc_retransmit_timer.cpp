@@ -47,6 +47,12 @@ void RcQp::fire_timer(std::chrono::steady_clock::time_point now) {
         add_timer_event(timer_deadline_);
         return;
     }
+    // Progress whose batch has not ended yet (a poller's run_due_timer between two reads):
+    // the wait starts again, as it would have at that response.
+    if (progress_restart_due_ && !rnr_wait_) {
+        restart_timer_if_progressed();
+        return;
+    }
     timer_armed_ = false;
     const bool probe = probe_armed_;
     probe_armed_ = false;
@@ -335,6 +341,12 @@ void RcQp::restart_timer() {
     arm_timer();
 }
 
+void RcQp::restart_timer_if_progressed() {
+    if (!progress_restart_due_) return;
+    progress_restart_due_ = false;
+    if (state_ == QpState::Rts || state_ == QpState::Sqd) restart_timer();
+}
+
 void RcQp::cancel_timer() {
     if (timer_armed_) {
         timer_->cancel();
@@ -343,6 +355,7 @@ void RcQp::cancel_timer() {
     probe_armed_ = false;
     ack_deadline_set_ = false;
     rnr_wait_ = false;
+    progress_restart_due_ = false;  // a restart, or nothing left to wait for
 }
 
 }  // namespace uroce::transport

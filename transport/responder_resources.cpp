@@ -25,9 +25,10 @@ ReadResource* ReadResources::admit(const ReadResource& r) {
     // One whose PSNs the new request's overlap is from an earlier lap of the 24-bit PSN
     // space (a requester never has two requests at one PSN): left in place, it would answer
     // the new one's duplicates (find() looks from the oldest).
-    std::erase_if(entries_, [&r](const ReadResource& e) {
-        return e.index_of(r.psn) >= 0 || r.index_of(e.psn) >= 0;
-    });
+    if (std::erase_if(entries_, [&r](const ReadResource& e) {
+            return e.index_of(r.psn) >= 0 || r.index_of(e.psn) >= 0;
+        }) != 0)
+        sending_from_ = 0;
     while (entries_.size() >= capacity_) {
         // A READ whose responses have not all gone out is one the requester cannot have
         // finished, so it still counts against its max_rd_atomic. One that has may be
@@ -36,20 +37,24 @@ ReadResource* ReadResources::admit(const ReadResource& r) {
                                [](const ReadResource& e) { return e.finished_once(); });
         if (it == entries_.end()) return nullptr;
         entries_.erase(it);
+        sending_from_ = 0;
     }
     entries_.push_back(r);
     return &entries_.back();
 }
 
 ReadResource* ReadResources::find(uint32_t psn) {
-    for (ReadResource& e : entries_)
-        if (e.index_of(psn) >= 0) return &e;
+    for (size_t i = 0; i < entries_.size(); ++i) {
+        if (entries_[i].index_of(psn) < 0) continue;
+        sending_from_ = std::min(sending_from_, i);
+        return &entries_[i];
+    }
     return nullptr;
 }
 
 ReadResource* ReadResources::next_to_send() {
-    for (ReadResource& e : entries_)
-        if (e.sending()) return &e;
+    for (; sending_from_ < entries_.size(); ++sending_from_)
+        if (entries_[sending_from_].sending()) return &entries_[sending_from_];
     return nullptr;
 }
 

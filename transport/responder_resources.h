@@ -63,7 +63,10 @@ struct ReadResource {
 
 class ReadResources {
   public:
-    void clear() { entries_.clear(); }
+    void clear() {
+        entries_.clear();
+        sending_from_ = 0;
+    }
     // max_dest_rd_atomic of the QP (clamped to kMaxDestRdAtomic).
     void set_capacity(uint32_t n);
     uint32_t capacity() const { return capacity_; }
@@ -74,9 +77,11 @@ class ReadResources {
     // requester has more READs outstanding than max_dest_rd_atomic (every resource holds a
     // READ it cannot have finished).
     ReadResource* admit(const ReadResource& r);
-    // The resource whose response PSNs include `psn`, or nullptr.
+    // The resource whose response PSNs include `psn`, or nullptr. The caller may move its
+    // cursor back (a duplicate READ): it then has responses to send again.
     ReadResource* find(uint32_t psn);
-    // The oldest resource with responses left to send, or nullptr.
+    // The oldest resource with responses left to send, or nullptr. Called for every response
+    // packet: it starts where the last call found one, not at the oldest resource.
     ReadResource* next_to_send();
     bool busy() { return next_to_send() != nullptr; }
     size_t size() const { return entries_.size(); }
@@ -84,6 +89,10 @@ class ReadResources {
   private:
     std::vector<ReadResource> entries_;  // in PSN (= arrival) order
     uint32_t capacity_ = 1;
+    // No resource before this index has responses left to send. A resource sends only
+    // forward once returned by next_to_send() or admit(); only one find() returned can
+    // start sending again, and find() moves this index back to it.
+    size_t sending_from_ = 0;
 };
 
 }  // namespace uroce::transport

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tests/unit/transport/engine_pair.h"
@@ -158,6 +159,23 @@ TEST_CASE("A lost READ response costs itself alone, not the rest of its READ or 
     s.respond(0, 1, true, true);
     s.check_all_complete(kReads);
     CHECK(s.requests().size() == kReads + 1);
+}
+
+TEST_CASE("A READ whose responses keep coming is not asked for again, however long they take",
+          "[rc][read_recovery]") {
+    // timeout 16: the local ACK timeout is 268 ms. READ 0's responses come 120 ms apart, 360
+    // ms in all: each one restarts the wait (once per receive batch, rc_qp.h), so none of
+    // the READs is asked for again and no timeout is counted. A timer that went on from the
+    // requests would have gone back N at 268 ms.
+    ReadStream s(16);
+    INFO("requests sent (PSNs): " << s.request_psns());
+    for (uint32_t i = 0; i < kPkts; ++i) {
+        if (i != 0) std::this_thread::sleep_for(120ms);
+        s.respond(0, i);
+    }
+    for (uint32_t r = 1; r < kReads; ++r) s.respond_all(r);
+    s.check_all_complete(kReads);
+    CHECK(s.requests().size() == kReads);
 }
 
 TEST_CASE("A READ's gap answered as rxe answers a part (MIDDLEs, then a LAST) completes it",
