@@ -46,11 +46,23 @@ class IpAddress {
     // The address of an AF_INET or AF_INET6 socket address; nullopt for other families.
     static std::optional<IpAddress> from_sockaddr(const sockaddr* sa, socklen_t len);
 
-    // IPv4-mapped (::ffff:0:0/96).
+    // IPv4-mapped (::ffff:0:0/96). An 8-byte and a 4-byte compare, not a loop over the
+    // bytes: the send path asks several times per packet (the ICRC's pseudo-header), where
+    // the loop took a third of the ICRC code's own time (docs/performance-log.md).
     constexpr bool is_v4() const {
-        for (size_t i = 0; i < 10; ++i)
-            if (bytes_[i] != 0) return false;
-        return bytes_[10] == 0xff && bytes_[11] == 0xff;
+        if (std::is_constant_evaluated()) {
+            for (size_t i = 0; i < 10; ++i)
+                if (bytes_[i] != 0) return false;
+            return bytes_[10] == 0xff && bytes_[11] == 0xff;
+        }
+        constexpr uint8_t kMappedTail[4] = {0, 0, 0xff, 0xff};  // bytes 8-11 of the prefix
+        uint64_t head;
+        uint32_t tail;
+        uint32_t mapped_tail;
+        std::memcpy(&head, bytes_.data(), sizeof head);
+        std::memcpy(&tail, bytes_.data() + 8, sizeof tail);
+        std::memcpy(&mapped_tail, kMappedTail, sizeof mapped_tail);
+        return head == 0 && tail == mapped_tail;
     }
     // The IPv4 address in host order; 0 for an IPv6 address.
     constexpr uint32_t v4() const {

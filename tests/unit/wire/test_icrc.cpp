@@ -754,6 +754,33 @@ TEST_CASE("IpAddress: equal only when all 16 bytes are", "[ipv6]") {
     static_assert(IpAddress::v4(1) != IpAddress::v4(2));
 }
 
+TEST_CASE("IpAddress: IPv4 only with the whole ::ffff:0:0/96 prefix", "[ipv6]") {
+    // The same answer at run time (word compares) as at compile time (the bytes one by one).
+    static_assert(IpAddress::v4(0x7f000001).is_v4());
+    static_assert(!IpAddress{}.is_v4());
+    const IpAddress a = IpAddress::v4(0x0a000001);
+    REQUIRE(a.is_v4());
+    for (size_t i = 0; i < 12; ++i) {
+        for (uint8_t bit : {uint8_t{0x01}, uint8_t{0x80}}) {
+            auto bytes = a.bytes();
+            bytes[i] ^= bit;
+            CAPTURE(i, static_cast<int>(bit));
+            const IpAddress other = IpAddress::from_bytes(bytes.data());
+            CHECK_FALSE(other.is_v4());
+            CHECK(other.family() == AF_INET6);
+            CHECK(other.v4() == 0);
+        }
+    }
+    // The address bytes themselves do not matter.
+    for (uint32_t host : {0u, 1u, 0xffffffffu, 0x80000000u}) CHECK(IpAddress::v4(host).is_v4());
+    CHECK_FALSE(v6("::1").is_v4());
+    CHECK_FALSE(v6("::fffe:0:1").is_v4());
+    const auto mapped = IpAddress::parse("::ffff:0:1");  // ::ffff:0.0.0.1
+    REQUIRE(mapped);
+    CHECK(mapped->is_v4());
+    CHECK(mapped->v4() == 1);
+}
+
 TEST_CASE("IPv6: the kernel's packets verify Exact and follow the pseudo-header by hand",
           "[icrc][ipv6][captures]") {
     const auto& packets = wiretest::ipv6_packets();
