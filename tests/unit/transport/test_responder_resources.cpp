@@ -4,6 +4,7 @@
 // a resource that a duplicate made send again, behind one that is sending.
 #include <algorithm>
 #include <catch2/catch.hpp>
+#include <initializer_list>
 
 #include "transport/responder_resources.h"
 
@@ -20,12 +21,28 @@ ReadResource read_at(uint32_t psn, uint32_t npkts) {
     return r;
 }
 
+// A responder with `capacity` resources, given READs of `npkts` responses at `psns`.
+ReadResources holding(uint32_t capacity, std::initializer_list<uint32_t> psns, uint32_t npkts) {
+    ReadResources reads;
+    reads.set_capacity(capacity);
+    for (uint32_t psn : psns) REQUIRE(reads.admit(read_at(psn, npkts)) != nullptr);
+    return reads;
+}
+
 // Sends every response of `r` (what RcQp::send_responses does, packet by packet).
 void send_all(ReadResource& r) {
     while (r.sending()) {
         r.next += 1;
         r.sent_once = std::max(r.sent_once, r.next);
     }
+}
+
+// The READ next_to_send() gives, which must be the one at `psn`.
+ReadResource& next_is(ReadResources& reads, uint32_t psn) {
+    ReadResource* r = reads.next_to_send();
+    REQUIRE(r != nullptr);
+    CHECK(r->psn == psn);
+    return *r;
 }
 
 }  // namespace
@@ -41,43 +58,27 @@ TEST_CASE("Responder resources: the oldest READ with responses left sends first"
     REQUIRE(reads.admit(read_at(104, 2)) != nullptr);
     REQUIRE(reads.admit(read_at(106, 3)) != nullptr);
 
-    ReadResource* r = reads.next_to_send();
-    REQUIRE(r != nullptr);
-    CHECK(r->psn == 100);
+    ReadResource& first = next_is(reads, 100);
     // Part-way through, it is still the one.
-    r->next = 2;
-    CHECK(reads.next_to_send() == r);
-    send_all(*r);
-    r = reads.next_to_send();
-    REQUIRE(r != nullptr);
-    CHECK(r->psn == 104);
-    send_all(*r);
-    r = reads.next_to_send();
-    REQUIRE(r != nullptr);
-    CHECK(r->psn == 106);
-    send_all(*r);
+    first.next = 2;
+    CHECK(reads.next_to_send() == &first);
+    send_all(first);
+    send_all(next_is(reads, 104));
+    send_all(next_is(reads, 106));
     CHECK(reads.next_to_send() == nullptr);
     CHECK_FALSE(reads.busy());
 
     // A READ admitted after all went out sends next.
     REQUIRE(reads.admit(read_at(109, 1)) != nullptr);
-    r = reads.next_to_send();
-    REQUIRE(r != nullptr);
-    CHECK(r->psn == 109);
+    next_is(reads, 109);
 }
 
 TEST_CASE("Responder resources: a duplicate makes an older READ send again, before newer ones",
           "[responder_resources]") {
-    ReadResources reads;
-    reads.set_capacity(4);
-    REQUIRE(reads.admit(read_at(200, 4)) != nullptr);
-    REQUIRE(reads.admit(read_at(204, 4)) != nullptr);
-    ReadResource* first = reads.next_to_send();
-    REQUIRE(first != nullptr);
+    ReadResources reads = holding(4, {200, 204}, 4);
+    ReadResource* first = &next_is(reads, 200);
     send_all(*first);
-    ReadResource* second = reads.next_to_send();
-    REQUIRE(second != nullptr);
-    CHECK(second->psn == 204);
+    ReadResource* second = &next_is(reads, 204);
     second->next = 1;  // the second READ is under way
 
     // A duplicate of the first READ's response 2 (RcQp::on_duplicate_read moves its cursor).
@@ -100,27 +101,16 @@ TEST_CASE("Responder resources: a duplicate makes an older READ send again, befo
 
 TEST_CASE("Responder resources: recycling the oldest finished READ keeps the order",
           "[responder_resources]") {
-    ReadResources reads;
-    reads.set_capacity(2);
-    REQUIRE(reads.admit(read_at(300, 2)) != nullptr);
-    REQUIRE(reads.admit(read_at(302, 2)) != nullptr);
+    ReadResources reads = holding(2, {300, 302}, 2);
     // Both still have responses to go out: a third READ finds no resource.
     CHECK(reads.admit(read_at(304, 2)) == nullptr);
-    send_all(*reads.next_to_send());
+    send_all(next_is(reads, 300));
     // The second is part-way; the first is recycled for a third.
-    ReadResource* second = reads.next_to_send();
-    REQUIRE(second != nullptr);
-    CHECK(second->psn == 302);
-    second->next = 1;
+    next_is(reads, 302).next = 1;
     REQUIRE(reads.admit(read_at(304, 2)) != nullptr);
     CHECK(reads.size() == 2);
-    ReadResource* r = reads.next_to_send();
-    REQUIRE(r != nullptr);
-    CHECK(r->psn == 302);
-    send_all(*r);
-    r = reads.next_to_send();
-    REQUIRE(r != nullptr);
-    CHECK(r->psn == 304);
+    send_all(next_is(reads, 302));
+    next_is(reads, 304);
 
     // Cleared (a QP back to RESET): nothing to send; a new READ sends.
     reads.clear();
