@@ -48,8 +48,9 @@ void RcQp::fire_timer(std::chrono::steady_clock::time_point now) {
         return;
     }
     // Progress whose batch has not ended yet (a poller's run_due_timer between two reads):
-    // the wait starts again, as it would have at that response.
-    if (progress_restart_due_ && !rnr_wait_) {
+    // the wait starts again, as it would have at that response. (In another state the
+    // expiry goes on below, which disarms the timer.)
+    if (progress_restart_due_ && !rnr_wait_ && (state_ == QpState::Rts || state_ == QpState::Sqd)) {
         restart_timer_if_progressed();
         return;
     }
