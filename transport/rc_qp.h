@@ -275,7 +275,8 @@ class RcQp final : public QpCommon {
     void restart_timer();
     void cancel_timer();
     // The restart a READ's responses owe the timer, once per receive batch (mutex_ held).
-    void restart_timer_if_progressed();
+    // True if the timer was restarted.
+    bool restart_timer_if_progressed();
     // Arms the timer `us` after `now` (the caller's clock reading: arm_timer has one already).
     void start_timer(uint64_t us, std::chrono::steady_clock::time_point now);
     bool has_outstanding() const;

@@ -48,12 +48,9 @@ void RcQp::fire_timer(std::chrono::steady_clock::time_point now) {
         return;
     }
     // Progress whose batch has not ended yet (a poller's run_due_timer between two reads):
-    // the wait starts again, as it would have at that response. (In another state the
-    // expiry goes on below, which disarms the timer.)
-    if (progress_restart_due_ && !rnr_wait_ && (state_ == QpState::Rts || state_ == QpState::Sqd)) {
-        restart_timer_if_progressed();
-        return;
-    }
+    // the wait starts again, as it would have at that response. (Otherwise the expiry goes
+    // on below, which disarms the timer.)
+    if (restart_timer_if_progressed()) return;
     timer_armed_ = false;
     const bool probe = probe_armed_;
     probe_armed_ = false;
@@ -342,10 +339,13 @@ void RcQp::restart_timer() {
     arm_timer();
 }
 
-void RcQp::restart_timer_if_progressed() {
-    if (!progress_restart_due_) return;
+bool RcQp::restart_timer_if_progressed() {
+    if (!progress_restart_due_) return false;
     progress_restart_due_ = false;
-    if (state_ == QpState::Rts || state_ == QpState::Sqd) restart_timer();
+    // An RNR wait is not restarted by progress (restart_timer); nor is a QP that stopped.
+    if (rnr_wait_ || (state_ != QpState::Rts && state_ != QpState::Sqd)) return false;
+    restart_timer();
+    return true;
 }
 
 void RcQp::cancel_timer() {
