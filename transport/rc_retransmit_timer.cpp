@@ -115,21 +115,28 @@ void RcQp::fire_timer(std::chrono::steady_clock::time_point now) {
         ++rto_backoff_;
         arm_timer();
         return;
-    } else if (!rtt_.measured() && probes_sent_ == 0 && !nak_resent_ && tail_probe_possible()) {
+    } else if (!rtt_.measured() && probes_sent_ == 0 && !nak_resent_ &&
+               (read_probe_possible() || tail_probe_possible())) {
         // No round trip measured yet: the wait was a guess, and a peer that has not run
         // since (a process still starting up, busy on a small host) is likelier than a loss.
         // The last packet goes alone first, as a tail probe, and the peer's ACK of the
         // duplicate proves the wait needless (spurious_resend.h) and teaches the estimate;
-        // the next expiry, as long again, goes back N. Going back N at once resent a whole
-        // window of 256 packets 1-3 times per lossless ib_write_bw -n 2000 whose server was
-        // still busy starting up (docs/performance-log.md, 2026-12-02). Two probes (1 ms,
-        // then 2 ms) before the go-back-N resent even less (2026-12-05), but the ASan run of
-        // tests/integration/test_scale.cpp then failed 2 times in 4 under parallel load (all
-        // 3,000 SENDs of one side out of retries, the other side having taken them all),
-        // against none in 2 runs, and none in earlier CI runs, with this rule: reverted until
-        // that is understood.
-        note_timer_resend(now);
-        send_tail_probe();
+        // behind a READ, the front READ alone is asked for again. The next expiry, as long
+        // again, goes back N. Going back N at once resent a whole window of 256 packets 1-3
+        // times per lossless ib_write_bw -n 2000 whose server was still busy starting up
+        // (docs/performance-log.md, 2026-12-02), and asked for 128 READs again at the start
+        // of some ib_read_bw -s 2 runs whose responder got no CPU for a millisecond
+        // (2026-12-07). Two probes (1 ms, then 2 ms) before the go-back-N resent even less
+        // (2026-12-05), but the ASan run of tests/integration/test_scale.cpp then failed 2
+        // times in 4 under parallel load (all 3,000 SENDs of one side out of retries, the
+        // other side having taken them all), against none in 2 runs, and none in earlier CI
+        // runs, with this rule: reverted until that is understood.
+        if (read_probe_possible()) {
+            probe_front_read();
+        } else {
+            note_timer_resend(now);
+            send_tail_probe();
+        }
         arm_timer();
         return;
     } else {

@@ -36,9 +36,10 @@ QpAttributes requester_attributes(uint8_t timeout) {
     return a;
 }
 
-PairOptions no_adaptive_timer() {
+// Only the local ACK timeout unless `adaptive`: no probe changes what a sends.
+PairOptions timer_options(bool adaptive) {
     PairOptions o;
-    o.adaptive = false;  // only the local ACK timeout: no probe changes what a sends
+    o.adaptive = adaptive;
     return o;
 }
 
@@ -50,8 +51,8 @@ struct ReadStream {
     bool with_write;
     std::vector<std::vector<uint8_t>> data;  // what b's READ r returns
 
-    explicit ReadStream(uint8_t timeout = 18, bool write_after_first = false)
-        : t(requester_attributes(timeout), no_adaptive_timer()), with_write(write_after_first) {
+    explicit ReadStream(uint8_t timeout = 18, bool write_after_first = false, bool adaptive = false)
+        : t(requester_attributes(timeout), timer_options(adaptive)), with_write(write_after_first) {
         auto& a = t.p.a;
         uint64_t id = 0;
         for (uint32_t r = 0; r < kReads; ++r) {
@@ -268,6 +269,25 @@ TEST_CASE("The rest of a READ lost behind its gap is asked for when the gap's an
     CHECK(s.requests().size() == kReads + 2);
 }
 
+TEST_CASE("Before the first round trip, a silent responder is asked again for the front READ first",
+          "[rc][read_recovery]") {
+    // The adaptive timer's first wait (1 ms) is a guess: no round trip is measured yet, and
+    // a responder that has not run (a process starting up, a thread off the CPU) is likelier
+    // than a loss. Its first expiry asks again for the front READ alone, as a probe; the
+    // next, as long, goes back N to all of them. The local ACK timeout (timeout 18) is 1 s.
+    ReadStream s(18, false, true);
+    INFO("requests sent (PSNs): " << s.request_psns());
+    REQUIRE(s.t.p.wait_until([&] { return s.requests().size() >= 2 * kReads + 1; }, 5s));
+    const auto q = s.requests();
+    s.check_asks_from(q[kReads], 0, 0);
+    for (uint32_t r = 0; r < kReads; ++r) s.check_asks_from(q[kReads + 1 + r], r, 0);
+    CHECK(s.t.p.a.counters().tail_probes.load() == 1);
+    CHECK(s.t.p.a.counters().early_retransmits.load() >= 1);
+    // The responder runs at last: every READ completes, with b's data.
+    for (uint32_t r = 0; r < kReads; ++r) s.respond_all(r);
+    s.check_all_complete(kReads);
+}
+
 TEST_CASE("A timeout's go-back-N asks again only for the READs that lack responses",
           "[rc][read_recovery]") {
     // timeout 12: the local ACK timeout is 16.8 ms.
@@ -337,7 +357,7 @@ TEST_CASE("A READ asked for again after a sequence NAK goes whatever the cut win
     // admitted when it first went), not after READ 0 has completed, or after a timeout.
     constexpr uint32_t kBigPkts = 128;
     constexpr uint32_t kBig = kBigPkts * kMtu;
-    PairOptions o = no_adaptive_timer();
+    PairOptions o = timer_options(false);
     o.mem_bytes = 2 * kBig;
     QpAttributes attrs = requester_attributes(18);
     attrs.max_rd_atomic = 2;
