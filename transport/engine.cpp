@@ -151,7 +151,7 @@ void Engine::set_timer_hook(std::function<void(uint32_t)> hook) {
     has_timer_hook_.store(static_cast<bool>(timer_hook_), std::memory_order_release);
 }
 
-void Engine::set_spin_hook(std::function<void(int64_t)> hook) {
+void Engine::set_spin_hook(std::function<void(int64_t, int64_t)> hook) {
     std::lock_guard lock(hooks_mutex_);
     spin_hook_ = std::move(hook);
     has_spin_hook_.store(static_cast<bool>(spin_hook_), std::memory_order_release);
@@ -204,44 +204,62 @@ void Engine::on_readable(evutil_socket_t, short, void* arg) {
     if (!lock.owns_lock() && !e->handoff_->park_from_loop()) lock.lock();
     if (!lock.owns_lock()) return;
     e->batch_may_hold_acks_ = e->config_.hold_acks;
-    e->receive_batch();
+    const size_t datagrams = e->receive_batch();
     // Only with inline progress: without it, the polls that show a busy poller are not seen.
-    if (e->config_.engine_spin && e->config_.inline_progress) e->spin_after_batch();
+    if (e->config_.engine_spin && e->config_.inline_progress) e->spin_after_batch(datagrams);
     e->batch_may_hold_acks_ = false;
 }
 
-void Engine::spin_after_batch() {
+void Engine::spin_after_batch(size_t read) {
     int64_t now = PollHandoff::now_ns();
+    if (spin_ended_idle_) {
+        spin_ended_idle_ = false;
+        spin_period_.on_wake(read);
+    }
     if (!handoff_->quiet(now, kSpinQuietMicros * 1000)) return;
+    const int64_t period = spin_period_.nanos();
     if (has_spin_hook_.load(std::memory_order_acquire)) {
-        std::function<void(int64_t)> hook;
+        std::function<void(int64_t, int64_t)> hook;
         {
             std::lock_guard lock(hooks_mutex_);
             hook = spin_hook_;
         }
-        if (hook) hook(now);
+        if (hook) hook(now, period);
     }
     // The loop's timers (retransmissions, the fault injector's delays) wait at most
     // kSpinMaxMicros; a stream that goes on comes back here at once from the loop (below).
     const int64_t end = now + kSpinMaxMicros * 1000;
-    int64_t idle_until = now + kSpinMicros * 1000;
-    for (int i = 0; i < 1'000'000 && now < idle_until && now < end; ++i) {
+    // From the last packet read; a turn of the loop at the cap (nothing read) goes on from
+    // the same one.
+    if (read != 0) spin_idle_until_ns_ = now + period;
+    const int64_t start = now;
+    int64_t idle_ns = 0;  // in reads that found nothing
+    for (int i = 0; i < 1'000'000 && now < spin_idle_until_ns_ && now < end; ++i) {
+        const int64_t before_ns = now;
         const uint64_t before = counters_->rx_packets.load(std::memory_order_relaxed);
         receive_batch();
         now = PollHandoff::now_ns();
-        const uint64_t read = counters_->rx_packets.load(std::memory_order_relaxed) - before;
-        if (read != 0) {
-            bump(counters_->rx_spin_packets, read);
-            idle_until = now + kSpinMicros * 1000;
+        const uint64_t got = counters_->rx_packets.load(std::memory_order_relaxed) - before;
+        if (got != 0) {
+            bump(counters_->rx_spin_packets, got);
+            spin_idle_until_ns_ = now + period;
+        } else {
+            idle_ns += now - before_ns;
         }
         // A poll that began meanwhile has the socket from here.
         if (!handoff_->quiet(now, kSpinQuietMicros * 1000)) return;
+    }
+    spin_period_.on_turn(idle_ns, now - start);
+    // Ended idle: the thread sleeps, and the batch that wakes it sets the next period.
+    if (now >= spin_idle_until_ns_) {
+        spin_ended_idle_ = true;
+        return;
     }
     // Stopped by the cap while packets still came: once the loop has run its timers, spin
     // on, even if the next packet is not there yet (ib_read_lat's next request, a round trip
     // away), rather than sleep and wait tens of microseconds for a wake-up. Harmless if a
     // poller parks the socket meanwhile: on_readable then finds it busy, or not quiet.
-    if (now >= end && now < idle_until) event_active(rx_event_, EV_READ, 0);
+    if (now >= end) event_active(rx_event_, EV_READ, 0);
 }
 
 void Engine::on_group_readable(const UdpSocket& socket, const IpAddress& group, void* arg) {
@@ -368,17 +386,18 @@ void Engine::run_due_timers(int64_t polled_ns) {
     if (next != std::chrono::steady_clock::time_point::max()) note_timer_deadline(next);
 }
 
-void Engine::receive_batch() {
-    receive_from(socket_, IpAddress{});
+size_t Engine::receive_batch() {
+    return receive_from(socket_, IpAddress{});
 }
 
-void Engine::receive_from(const UdpSocket& socket, const IpAddress& group) {
+size_t Engine::receive_from(const UdpSocket& socket, const IpAddress& group) {
     ReceiveBatch& batch = *rx_;
-    size_t handled = 0;
+    size_t handled = 0, datagrams = 0;
     while (handled < kRxBudget) {
         finish_run();  // its payloads are in the buffers the read overwrites
         const size_t got = socket.receive(batch);
         if (got == 0) break;
+        datagrams += got;
         for (size_t i = 0; i < got; ++i) {
             const ReceiveBatch::Datagram& d = batch[i];
             // A GRO train: datagrams of segment_size bytes, the last one possibly shorter.
@@ -409,6 +428,7 @@ void Engine::receive_from(const UdpSocket& socket, const IpAddress& group) {
     for (auto& qp : touched_) qp->finish_batch(batch_may_hold_acks_);
     touched_.clear();
     if (capture_ && handled > 0) note_capture_written();
+    return datagrams;
 }
 
 bool Engine::resteered(std::span<const uint8_t> one, const IpAddress& src_ip, uint16_t src_port,

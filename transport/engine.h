@@ -44,6 +44,7 @@
 #include "transport/receive_batch.h"
 #include "transport/resend_budget.h"
 #include "transport/send_sockets.h"
+#include "transport/spin_period.h"
 #include "transport/timer_queue.h"
 #include "transport/transmit_batch.h"
 #include "transport/udp_socket.h"
@@ -332,15 +333,15 @@ class Engine {
     void run_timer_hook(uint32_t qpn);
     // Seam for tests: `hook` runs on the engine thread each time it starts to read on after
     // a batch (spin_after_batch), with the time (PollHandoff::now_ns) at which it found the
-    // application quiet, before its first read (empty: none). A datagram the hook sends
-    // there is read by the spin, whatever the scheduler does meanwhile.
-    void set_spin_hook(std::function<void(int64_t now_ns)> hook);
+    // application quiet and the spin's period (spin_period.h), before its first read (empty:
+    // none). A datagram the hook sends there is read by the spin, whatever the scheduler does
+    // meanwhile.
+    void set_spin_hook(std::function<void(int64_t now_ns, int64_t period_ns)> hook);
     // The engine thread reads on after a batch only if no application thread of this
     // context polled, posted or armed a CQ for this long (spin_after_batch).
     static constexpr int64_t kSpinQuietMicros = 1000;
-    // A spin ends when no packet came for kSpinMicros; it lets the loop run its timers after
-    // kSpinMaxMicros, then goes on.
-    static constexpr int64_t kSpinMicros = 30;
+    // A spin ends when no packet came for its period (spin_period.h); it lets the loop run its
+    // timers after kSpinMaxMicros, then goes on.
     static constexpr int64_t kSpinMaxMicros = 200;
 
     // Builds the headers, pad and ICRC around `payload` and sends the packet from `from`
@@ -409,19 +410,21 @@ class Engine {
            std::unique_ptr<QpnSteering> steering, std::unique_ptr<DeviceCounters> counters);
     static void on_readable(evutil_socket_t fd, short what, void* arg);
     static void on_group_readable(const UdpSocket& socket, const IpAddress& group, void* arg);
-    void receive_batch();
-    // Spin-then-block, on the engine thread after a batch (rx_mutex_ held): reads on while
-    // packets keep coming, until none came for kSpinMicros (at most kSpinMaxMicros at a
-    // time: the loop then runs its timers and the spin goes on), and only
+    // Both return the datagrams read (a GRO train is one).
+    size_t receive_batch();
+    // Spin-then-block, on the engine thread after a batch (rx_mutex_ held) that read `read`
+    // datagrams: reads on while packets keep coming, until none came for the spin's period
+    // (spin_period.h: short for request and answer, long while a peer streams; at most
+    // kSpinMaxMicros at a time: the loop then runs its timers and the spin goes on), and only
     // while no application thread of this context polled, posted or armed a CQ within
     // kSpinQuietMicros. A peer that answers within a round trip (the READ requests of
     // ib_read_lat, a stream's next train) is then read without a wake-up, which costs tens
     // of microseconds on a VM. Not beside a thread that polls (it reads the socket itself, and
     // a spinning engine thread would take its CPU) nor one that waits for a completion event
     // (it needs a CPU the moment the engine thread wakes it).
-    void spin_after_batch();
+    void spin_after_batch(size_t read);
     // Reads and delivers what `socket` holds (`group` 0: the device's socket).
-    void receive_from(const UdpSocket& socket, const IpAddress& group);
+    size_t receive_from(const UdpSocket& socket, const IpAddress& group);
     void run();
     // What the QP number space asks of this engine: slots, their routes, counter tables.
     QpnSpace::Hooks qpn_space_hooks(bool device_counters);
@@ -498,6 +501,12 @@ class Engine {
     event* rx_event_ = nullptr;
     event* stop_event_ = nullptr;           // activated to end the loop, even before it started
     std::unique_ptr<PollHandoff> handoff_;  // uses rx_event_ and base_: freed before them
+    // The engine thread's alone (spin_after_batch): its spin, whether it ended idle (the
+    // thread then sleeps, and the next batch is a wake-up's: at start too), and until when
+    // it reads on, kept over the loop's turns at the cap.
+    SpinPeriod spin_period_;
+    bool spin_ended_idle_ = true;
+    int64_t spin_idle_until_ns_ = 0;
     HeldPosts held_posts_;
     HeldPosts deferred_timers_;  // QPs whose timer waits for the hand-back (defer_timers)
     HeldPosts held_acks_;        // QPs whose ACK waits for their application's answer
@@ -534,7 +543,7 @@ class Engine {
     std::mutex hooks_mutex_;  // guards timer_hook_ and spin_hook_
     std::function<void(uint32_t)> timer_hook_;
     std::atomic<bool> has_timer_hook_{false};
-    std::function<void(int64_t)> spin_hook_;
+    std::function<void(int64_t, int64_t)> spin_hook_;
     std::atomic<bool> has_spin_hook_{false};
     std::atomic<bool> has_transmit_filter_{false};
 

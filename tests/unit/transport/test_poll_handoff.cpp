@@ -7,8 +7,10 @@
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <functional>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "tests/unit/transport/engine_pair.h"
 #include "tests/unit/transport/forged_peer.h"
@@ -338,6 +340,19 @@ struct JunkSender {
         const uint8_t byte = 0;
         return ::sendto(fd, &byte, 1, 0, reinterpret_cast<const sockaddr*>(&to), to_len) == 1;
     }
+    // `n` datagrams in one system call, as a stream's train comes.
+    bool send_many(unsigned n) const {
+        uint8_t byte = 0;
+        iovec iov{&byte, 1};
+        std::vector<mmsghdr> msgs(n);
+        for (mmsghdr& m : msgs) {
+            m.msg_hdr.msg_name = const_cast<sockaddr_storage*>(&to);
+            m.msg_hdr.msg_namelen = to_len;
+            m.msg_hdr.msg_iov = &iov;
+            m.msg_hdr.msg_iovlen = 1;
+        }
+        return ::sendmmsg(fd, msgs.data(), n, 0) == static_cast<int>(n);
+    }
 };
 
 }  // namespace
@@ -361,7 +376,7 @@ TEST_CASE("With nobody polling, the engine thread reads on after a batch before 
     REQUIRE(junk.fd >= 0);
     Pair p(o);
     junk.aim_at(*p.b.engine);
-    p.b.engine->set_spin_hook([&](int64_t) {
+    p.b.engine->set_spin_hook([&](int64_t, int64_t) {
         spins.fetch_add(1);
         (void)junk.send();
     });
@@ -375,6 +390,64 @@ TEST_CASE("With nobody polling, the engine thread reads on after a batch before 
         CHECK(p.b.counters().rx_spin_packets.load() == 0);
     }
     CHECK(p.b.counters().rx_polled_packets.load() == 0);
+}
+
+// A stream's sender pauses now and then for longer than the short spin; each pause put the
+// receiving engine thread to sleep, and on 2 vCPUs its wake-up then waited up to a scheduler
+// slice behind the sender's spinning thread (spin_period.h). A wake-up that finds a stream's
+// datagrams waiting makes the spin long; wake-ups for one or two make it short again.
+TEST_CASE(
+    "A wake-up that finds a stream's datagrams waiting makes the engine thread read on longer",
+    "[poll_handoff]") {
+    PairOptions o;
+    o.gso_a = false;
+    std::atomic<int64_t> period{0};
+    JunkSender junk;  // declared before the pair: its engines call the hook
+    REQUIRE(junk.fd >= 0);
+    Pair p(o);
+    junk.aim_at(*p.b.engine);
+    p.b.engine->set_spin_hook([&](int64_t, int64_t ns) { period.store(ns); });
+    // b's application never polls: its engine thread reads, and spins. Each burst of 40
+    // datagrams comes after the last spin ended (5 ms: even a long one); whether b's thread
+    // wakes before 8 of them are there is up to the scheduler, so bursts go until one wake-up
+    // finds them (the next spin then starts long), 40 at most.
+    const auto run_until = [&](int64_t want, const std::function<bool()>& send) {
+        for (int i = 0; i < 40 && period.load() != want; ++i) {
+            REQUIRE(send());
+            std::this_thread::sleep_for(5ms);
+        }
+        return period.load();
+    };
+    const auto train = [&] { return junk.send_many(40); };
+    CHECK(run_until(SpinPeriod::kLongNanos, train) == SpinPeriod::kLongNanos);
+    // The long spin reads what comes 300 us after the last packet without a wake-up. Tried
+    // up to 5 times: this thread may sleep far past 300 us on a loaded machine.
+    bool read_by_spin = false;
+    for (int attempt = 0; attempt < 5 && !read_by_spin; ++attempt) {
+        REQUIRE(run_until(SpinPeriod::kLongNanos, train) == SpinPeriod::kLongNanos);
+        REQUIRE(junk.send_many(40));
+        std::this_thread::sleep_for(300us);
+        const uint64_t spun = p.b.counters().rx_spin_packets.load();
+        REQUIRE(junk.send());
+        std::this_thread::sleep_for(5ms);
+        read_by_spin = p.b.counters().rx_spin_packets.load() > spun;
+    }
+    CHECK(read_by_spin);
+    // Single datagrams about 150 us apart, which the long spin reads without sleeping: it
+    // mostly waits, so its turns halve it down to the short period, within about 15 turns of
+    // 200 us. 200 datagrams at most: wake-ups alone (the spin ending idle when this thread
+    // or the engine's is held off the CPU for a millisecond) take hundreds.
+    REQUIRE(run_until(SpinPeriod::kLongNanos, train) == SpinPeriod::kLongNanos);
+    for (int i = 0; i < 200 && period.load() != SpinPeriod::kShortNanos; ++i) {
+        REQUIRE(junk.send());
+        std::this_thread::sleep_for(150us);
+    }
+    CHECK(period.load() == SpinPeriod::kShortNanos);
+    REQUIRE(run_until(SpinPeriod::kLongNanos, train) == SpinPeriod::kLongNanos);
+    // Single datagrams, 5 ms apart (as a paced stream's trains come): each wake-up finds one
+    // and halves the spin, down to the short period (6 halvings from the long one).
+    CHECK(run_until(SpinPeriod::kShortNanos, [&] { return junk.send(); }) ==
+          SpinPeriod::kShortNanos);
 }
 
 // The spin's cap lets the loop run its timers; it must not put a stream that goes on to
@@ -392,7 +465,7 @@ TEST_CASE("A spin stopped by its cap while packets come goes on after the loop's
     REQUIRE(junk.fd >= 0);
     Pair p(o);
     junk.aim_at(*p.b.engine);
-    p.b.engine->set_spin_hook([&](int64_t now) {
+    p.b.engine->set_spin_hook([&](int64_t now, int64_t) {
         if (spins.fetch_add(1) != 0) return;
         (void)junk.send();
         const int64_t past_cap = now + (Engine::kSpinMaxMicros + 20) * 1000;
@@ -432,7 +505,7 @@ TEST_CASE("The engine thread sleeps at once beside a poller or a thread waiting 
     p.connect();
     const bool events = GENERATE(false, true);
     INFO((events ? "b arms its CQ now and then" : "b polls now and then"));
-    p.b.engine->set_spin_hook([&](int64_t now) {
+    p.b.engine->set_spin_hook([&](int64_t now, int64_t) {
         spins.fetch_add(1);
         std::lock_guard lock(note_mutex);
         if (note.returned != 0 && note.returned <= now &&
