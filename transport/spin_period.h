@@ -34,12 +34,12 @@ class SpinPeriod {
     // At most this many: request and answer, or one train of a paced stream.
     static constexpr size_t kSparseDatagrams = 2;
 
-    // The spin now: how long the thread reads on after the last packet before it sleeps.
-    int64_t nanos() const { return nanos_; }
-
     // Below this share of its time reading packets (in thousandths, a running average over
     // the spin's turns), a long spin halves.
     static constexpr int64_t kBusyFloorPermille = 200;
+
+    // The spin now: how long the thread reads on after the last packet before it sleeps.
+    int64_t nanos() const { return nanos_; }
 
     // The thread slept, was woken, and its first batch read `datagrams`.
     void on_wake(size_t datagrams) {
