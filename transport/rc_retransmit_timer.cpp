@@ -203,7 +203,7 @@ void RcQp::arm_timer() {
 }
 
 bool RcQp::note_window_loss(uint32_t lost_psn) {
-    if (!window_.on_loss(lost_psn, next_psn_)) return false;
+    if (!window_.on_loss(lost_psn, sent_high_)) return false;
     bump(engine_.counters().send_window_cuts);
     bump(qp_counters_.send_window_cuts);
     return true;

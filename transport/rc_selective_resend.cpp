@@ -125,6 +125,7 @@ void RcQp::judge_selective(uint32_t acked) {
     if (!resent_by_goback && psn_before(next, selective_tail_)) {
         peer_keeps_ = PeerKeeps::Yes;
         keep_strikes_ = 0;
+        window_.set_peer_keeps();
     }
 }
 

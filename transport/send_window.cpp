@@ -34,12 +34,21 @@ void SendWindow::on_acknowledged(uint32_t packets, uint32_t una_psn) {
     }
 }
 
-bool SendWindow::on_loss(uint32_t lost_psn, uint32_t next_psn) {
+uint32_t SendWindow::floor() const {
+    return peer_keeps_ ? std::min(kKeepingMinPackets, ceiling_) : kMinPackets;
+}
+
+void SendWindow::set_peer_keeps() {
+    peer_keeps_ = true;
+    packets_ = std::max(packets_, floor());
+}
+
+bool SendWindow::on_loss(uint32_t lost_psn, uint32_t sent_high) {
     if (recovering_ && psn_before(lost_psn, recovery_psn_)) return false;
-    packets_ = std::max(kMinPackets, packets_ / 2);
+    packets_ = std::max(floor(), packets_ / 2);
     credit_ = 0;
     recovering_ = true;
-    recovery_psn_ = next_psn;
+    recovery_psn_ = sent_high;
     return true;
 }
 

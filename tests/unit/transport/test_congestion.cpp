@@ -311,6 +311,17 @@ TEST_CASE("A CNP from the peer halves the RC send window, once per flight", "[co
         CHECK(after > before);
         CHECK(after - before < window / 4);
     }
+    SECTION("once the cut's flight is acknowledged, the next CNP cuts again") {
+        // A flight is what was sent before the cut, not the whole message (1 MiB, posted
+        // at once): the next flight's CNP is a new congestion.
+        peer.inject(cnp, reserved);
+        REQUIRE(c.cnp_window_cuts.load() == 1);
+        peer.inject(peer.ack(window - 1));
+        REQUIRE(p.wait_until([&] { return highest_write_psn(sent_by_a) >= window; }));
+        peer.inject(cnp, reserved);
+        CHECK(c.rx_cnp.load() == 2);
+        CHECK(c.cnp_window_cuts.load() == 2);
+    }
     CHECK(p.a.qp->state() == QpState::Rts);
 }
 

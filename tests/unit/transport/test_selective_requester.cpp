@@ -350,3 +350,38 @@ TEST_CASE("Requester: a NAK for a READ after a selective resend is no strike aga
     CHECK(t.psns(2) == Psns{17, 22});
     t.done(22, 30);
 }
+
+// A loss to a peer known to keep costs two packets, whatever the window: the window's cut only
+// brakes, and stops at 64 packets (send_window.h), where it stops at 16 for any other peer.
+TEST_CASE("Requester: to a peer known to keep, losses cut the send window to 64 packets, no lower",
+          "[selective][requester][window]") {
+    SilentResponder t;
+    const auto range = [](uint32_t first, uint32_t last) {
+        Psns out;
+        for (uint32_t psn = first; psn <= last; ++psn) out.push_back(psn);
+        return out;
+    };
+    // One 512-packet WRITE: the window's 256 packets leave.
+    REQUIRE(t.p.a.qp->post_send(rdma_wqe(SendOpcode::RdmaWrite, 1, {t.p.a.sge(0, 512 * kMtu)},
+                                         t.p.b.iova, t.p.b.keys.rkey)) == 0);
+    CHECK(t.psns(256) == range(0, 255));
+    t.nak(2);  // a loss: the window is cut to 128
+    CHECK(t.psns(2) == Psns{2, 255});
+    t.nak(5);  // 3 and 4 were kept: the peer keeps; a loss of the same flight cuts nothing
+    CHECK(t.psns(2) == Psns{5, 255});
+    t.peer.inject(t.peer.ack(200));  // 55 in flight: 73 more
+    CHECK(t.psns(73) == range(256, 328));
+    t.nak(256);  // a loss of the flight after the cut: to 64
+    CHECK(t.psns(2) == Psns{256, 328});
+    t.peer.inject(t.peer.ack(300));  // 28 in flight: 36 more
+    CHECK(t.psns(36) == range(329, 364));
+    // Another flight's loss: halving would leave 32, fewer than the 35 in flight. The floor
+    // keeps 64: 29 more.
+    t.nak(330);
+    Psns expected{330, 364};
+    for (const uint32_t psn : range(365, 393)) expected.push_back(psn);
+    CHECK(t.psns(31) == expected);
+    // Three cuts: a flight is what was sent before the cut, not the whole message (512
+    // packets, posted at once).
+    CHECK(t.p.a.counters().send_window_cuts.load() == 3);
+}

@@ -76,6 +76,35 @@ TEST_CASE("Send window: grows back by a few packets per window acknowledged", "[
     CHECK(w.packets() == SendWindow::kMinPackets);
 }
 
+TEST_CASE("Send window: a peer known to keep what follows a loss keeps a floor of 64 packets",
+          "[window]") {
+    SendWindow w;
+    w.set_ceiling(256);
+    CHECK(w.floor() == SendWindow::kMinPackets);
+    // Cut to 32 while the peer is not known to keep: the verdict lifts it to the new floor.
+    REQUIRE(w.on_loss(0, 256));
+    REQUIRE(w.on_loss(256, 300));
+    REQUIRE(w.on_loss(300, 340));
+    REQUIRE(w.packets() == 32);
+    w.set_peer_keeps();
+    CHECK(w.floor() == SendWindow::kKeepingMinPackets);
+    CHECK(w.packets() == SendWindow::kKeepingMinPackets);
+    // Cuts of new flights stop there.
+    for (uint32_t psn = 340; psn < 1000; psn += 100) CHECK(w.on_loss(psn, psn + 100));
+    CHECK(w.packets() == SendWindow::kKeepingMinPackets);
+    // Never above the ceiling: with 32 (many QPs share the engine's budget) the floor is 32.
+    w.set_ceiling(32);
+    CHECK(w.floor() == 32);
+    CHECK(w.on_loss(1100, 1200));
+    CHECK(w.packets() == 32);
+    // A reset QP knows nothing of its next peer.
+    w.reset();
+    w.set_ceiling(256);
+    CHECK(w.floor() == SendWindow::kMinPackets);
+    for (uint32_t psn = 0; psn < 1000; psn += 100) w.on_loss(psn, psn + 100);
+    CHECK(w.packets() == SendWindow::kMinPackets);
+}
+
 TEST_CASE("Send window: PSNs wrap", "[window]") {
     SendWindow w;
     w.set_ceiling(128);
