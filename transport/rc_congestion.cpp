@@ -23,7 +23,7 @@ void RcQp::on_cnp(const IpAddress& src_ip) {
     if ((state_ != QpState::Rts && state_ != QpState::Sqd) || una_psn_ == sent_high_) return;
     // As a loss of the oldest packet in flight: once per flight, however many CNPs it
     // brings (a cut's own flight brings more while the queue drains).
-    if (!window_.on_loss(una_psn_, sent_high_)) return;
+    if (!window_.on_congestion(una_psn_, sent_high_)) return;
     bump(engine_.counters().cnp_window_cuts);
 }
 

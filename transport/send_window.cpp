@@ -39,13 +39,24 @@ uint32_t SendWindow::floor() const {
 }
 
 void SendWindow::set_peer_keeps() {
+    // Once: every later proof would undo the cuts of CNPs below the floor.
+    if (peer_keeps_) return;
     peer_keeps_ = true;
     packets_ = std::max(packets_, floor());
 }
 
 bool SendWindow::on_loss(uint32_t lost_psn, uint32_t sent_high) {
-    if (recovering_ && psn_before(lost_psn, recovery_psn_)) return false;
-    packets_ = std::max(floor(), packets_ / 2);
+    return cut(lost_psn, sent_high, floor());
+}
+
+bool SendWindow::on_congestion(uint32_t oldest_psn, uint32_t sent_high) {
+    return cut(oldest_psn, sent_high, kMinPackets);
+}
+
+bool SendWindow::cut(uint32_t psn, uint32_t sent_high, uint32_t floor_packets) {
+    if (recovering_ && psn_before(psn, recovery_psn_)) return false;
+    // Never a rise: a window a CNP cut below a loss's floor stays.
+    packets_ = std::min(packets_, std::max(floor_packets, packets_ / 2));
     credit_ = 0;
     recovering_ = true;
     recovery_psn_ = sent_high;

@@ -14,10 +14,11 @@
 // delivers; a window that shrinks under loss keeps both.
 //
 // A peer known to keep what follows a loss (early_requests.h, rc_selective_resend.cpp) is
-// repaired with two packets, whatever the window: for it the cut only brakes, and its floor
-// is kKeepingMinPackets, not kMinPackets. Under 1% random loss halving to 16 packets held a
-// 64 KiB WRITE stream near that floor, at about half its lossless rate; a floor of 64 made
-// it a fifth faster, and no slower under 5% (2026-12-07, docs/performance-log.md).
+// repaired with two packets, whatever the window: for it a loss's cut only brakes, and its
+// floor is kKeepingMinPackets, not kMinPackets (a CNP's cut keeps kMinPackets: it is the
+// only brake congestion has). Under 1% random loss, halving to 16 packets held a 64 KiB WRITE
+// stream near that floor, at about half its lossless rate; a floor of 64 made it a fifth
+// faster, and no slower under 5% (2026-12-07, docs/performance-log.md).
 //
 // The window also sets how often the requester asks for an ACK (ack_interval): twice per
 // window, so the ACK for the first half comes back while the second is in flight.
@@ -56,18 +57,24 @@ class SendWindow {
     // window was cut (false: the packet was sent before the last cut, whose flight is still
     // being repaired).
     bool on_loss(uint32_t lost_psn, uint32_t sent_high);
+    // A congestion notification (a CNP) for the flight whose oldest packet is `oldest_psn`:
+    // cut as a loss is, once per flight, but down to kMinPackets whatever the peer keeps
+    // (the cut is the only brake a CNP has).
+    bool on_congestion(uint32_t oldest_psn, uint32_t sent_high);
     // The loss that cut the window from `packets_before` was none after all (the resend it
     // answered proved needless, spurious_resend.h): the window is that size again (never
     // above the ceiling, never smaller than now) and the cut's flight is over.
     void undo_cut(uint32_t packets_before);
-    // The peer was found to keep what follows a loss: the floor rises to
-    // kKeepingMinPackets (a smaller window now rises to it). Until reset().
+    // The peer was found to keep what follows a loss: a loss's floor rises to
+    // kKeepingMinPackets, and a smaller window rises to it the first time. Until reset().
     void set_peer_keeps();
     uint32_t floor() const;
     // Back to the state of a new QP (a QP moved to RESET).
     void reset();
 
   private:
+    bool cut(uint32_t psn, uint32_t sent_high, uint32_t floor_packets);
+
     bool opened_ = false;
     bool peer_keeps_ = false;
     uint32_t ceiling_ = kMinPackets;

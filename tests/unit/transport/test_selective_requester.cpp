@@ -9,6 +9,8 @@
 
 #include "tests/unit/transport/engine_pair.h"
 #include "tests/unit/transport/forged_peer.h"
+#include "transport/congestion.h"
+#include "transport/send_window.h"
 
 using namespace uroce::transport;
 using namespace uroce::transport::test;
@@ -384,4 +386,39 @@ TEST_CASE("Requester: to a peer known to keep, losses cut the send window to 64 
     // Three cuts: a flight is what was sent before the cut, not the whole message (512
     // packets, posted at once).
     CHECK(t.p.a.counters().send_window_cuts.load() == 3);
+}
+
+// A CNP is congestion itself, whatever the peer keeps: its cuts go below the keeping peer's
+// floor of 64 packets, down to 16 (send_window.h, congestion.h).
+TEST_CASE("Requester: CNPs cut a keeping peer's send window below 64 packets",
+          "[selective][requester][window][congestion]") {
+    SilentResponder t;
+    const std::vector<uint8_t> reserved(wire::kCnpReservedBytes, 0);
+    const auto cnp = [&] { t.peer.inject(cnp_headers(t.p.a.qp->qpn()), reserved); };
+    REQUIRE(t.p.a.qp->post_send(rdma_wqe(SendOpcode::RdmaWrite, 1, {t.p.a.sge(0, 512 * kMtu)},
+                                         t.p.b.iova, t.p.b.keys.rkey)) == 0);
+    REQUIRE(t.psns(256).size() == 256);
+    t.nak(2);
+    CHECK(t.psns(2) == Psns{2, 255});
+    t.nak(5);  // the peer keeps
+    CHECK(t.psns(2) == Psns{5, 255});
+    // Each round: everything sent acknowledged, then the next flight goes out and draws a
+    // CNP. The flights shrink (plus the window's growth) below 64.
+    uint32_t high = 255;
+    std::vector<size_t> flights;
+    for (int round = 0; round < 3; ++round) {
+        t.peer.inject(t.peer.ack(high));
+        const Psns out = t.psns(1);
+        REQUIRE(!out.empty());
+        CHECK(out.front() == high + 1);
+        high = out.back();
+        flights.push_back(out.size());
+        cnp();
+    }
+    INFO("flights " << flights[0] << ", " << flights[1] << ", " << flights[2]);
+    CHECK(t.p.a.counters().cnp_window_cuts.load() == 3);
+    CHECK(flights[2] < SendWindow::kKeepingMinPackets);
+    t.peer.inject(t.peer.ack(high));
+    const size_t last = t.psns(1).size();
+    CHECK(last < flights[2]);
 }

@@ -103,6 +103,21 @@ TEST_CASE("Send window: a peer known to keep what follows a loss keeps a floor o
     CHECK(w.floor() == SendWindow::kMinPackets);
     for (uint32_t psn = 0; psn < 1000; psn += 100) w.on_loss(psn, psn + 100);
     CHECK(w.packets() == SendWindow::kMinPackets);
+
+    // CNPs cut a keeping peer's window down to kMinPackets, once per flight as well; a later
+    // proof of keeping does not lift it again, nor does a loss's cut.
+    w.reset();
+    w.set_ceiling(256);
+    w.set_peer_keeps();
+    CHECK(w.on_congestion(0, 100));
+    CHECK(w.packets() == 128);
+    CHECK_FALSE(w.on_congestion(50, 120));
+    for (uint32_t psn = 100; psn < 1000; psn += 100) CHECK(w.on_congestion(psn, psn + 100));
+    CHECK(w.packets() == SendWindow::kMinPackets);
+    w.set_peer_keeps();
+    CHECK(w.packets() == SendWindow::kMinPackets);
+    CHECK(w.on_loss(1000, 1100));
+    CHECK(w.packets() == SendWindow::kMinPackets);
 }
 
 TEST_CASE("Send window: PSNs wrap", "[window]") {
