@@ -88,7 +88,8 @@ namespace uroce::transport {
     X(rx_ce_fault)              /* received, taken as ECN CE by UROCE_FAULTS' ce (dir=rx) */     \
     X(rx_resteered)             /* other contexts' datagrams of a merged read, steered again */  \
     X(spurious_retransmits)     /* timer resends a duplicate's ACK proved needless (undone) */   \
-    X(rx_read_kept)             /* READ responses kept after a missing one (not asked again) */
+    X(rx_read_kept)             /* READ responses kept after a missing one (not asked again) */  \
+    X(flight_waits)             /* RC QPs that waited for room in the engine's flight budget */
 
 struct EngineCounters {
 #define UROCE_COUNTER_FIELD(name) std::atomic<uint64_t> name{0};

@@ -21,6 +21,11 @@ namespace {
 // Datagrams handled per readable event before the loop gets to run timers.
 constexpr size_t kRxBudget = 512;
 
+// The engine whose receive batch this thread is reading (receive_from), if any: the batch
+// gives the flight budget's turns at its end, so the QPs it makes room for need not wake the
+// engine thread for them (a cross-CPU wake-up per batch, on the CPUs the pollers need).
+thread_local const Engine* t_receiving = nullptr;
+
 }  // namespace
 
 CounterValues Engine::counters_since_start() const {
@@ -391,6 +396,8 @@ size_t Engine::receive_batch() {
 }
 
 size_t Engine::receive_from(const UdpSocket& socket, const IpAddress& group) {
+    const Engine* const outer = t_receiving;
+    t_receiving = this;
     ReceiveBatch& batch = *rx_;
     size_t handled = 0, datagrams = 0;
     while (handled < kRxBudget) {
@@ -427,8 +434,42 @@ size_t Engine::receive_from(const UdpSocket& socket, const IpAddress& group) {
     // answer: engine_held_acks.cpp).
     for (auto& qp : touched_) qp->finish_batch(batch_may_hold_acks_);
     touched_.clear();
+    // The batch's ACKs made room: the QPs in line take it now, not a loop turn later.
+    t_receiving = outer;
+    if (flight_budget_.waiting() != 0) run_flight_turns();
     if (capture_ && handled > 0) note_capture_written();
     return datagrams;
+}
+
+void Engine::schedule_flight_turns() {
+    if (t_receiving == this) return;  // the batch's end gives them
+    // Activating an event that is already active does nothing.
+    event_active(flight_turn_event_, 0, 0);
+}
+
+void Engine::on_flight_turns(evutil_socket_t, short, void* arg) {
+    auto* e = static_cast<Engine*>(arg);
+    const auto pass = e->fork_gate_.pass();
+    e->run_flight_turns();
+}
+
+void Engine::run_flight_turns() {
+    // One thread gives turns at a time: two (the engine thread's event, a poller's batch
+    // end) would each take a QP from the line while there is room, before either QP settled
+    // its charge, and overshoot the budget by a window. A thread turned away leaves its work
+    // to the one giving turns (flight_turns_again_), which looks at the line once more.
+    flight_turns_again_.store(true);
+    while (flight_turns_again_.load()) {
+        std::unique_lock lock(flight_turns_mutex_, std::try_to_lock);
+        if (!lock.owns_lock()) return;
+        flight_turns_again_.store(false);
+        // Each QP in line once at most: one that finds no room goes back to the end of it.
+        for (size_t n = flight_budget_.waiting(); n > 0; --n) {
+            uint32_t qpn = 0;
+            if (!flight_budget_.next_turn(qpn)) break;
+            if (auto qp = qp_numbered(qpn)) qp->take_flight_turn();
+        }
+    }
 }
 
 bool Engine::resteered(std::span<const uint8_t> one, const IpAddress& src_ip, uint16_t src_port,

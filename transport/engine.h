@@ -29,6 +29,7 @@
 #include "transport/device_slots.h"
 #include "transport/early_requests.h"
 #include "transport/fault_plan.h"
+#include "transport/flight_budget.h"
 #include "transport/fork_gate.h"
 #include "transport/held_posts.h"
 #include "transport/kernel_resteer.h"
@@ -173,6 +174,11 @@ class Engine {
     TimerQueue& timers() { return *timers_; }
     // Bounds the early resends and tail-loss probes of all this engine's QPs together.
     ResendBudget& resend_budget() { return resend_budget_; }
+    // Bounds what the RC QPs of this engine together have in flight (flight_budget.h).
+    FlightBudget& flight_budget() { return flight_budget_; }
+    // Has the engine thread give the QPs waiting for room in the flight budget their turns
+    // (run_flight_turns); from any thread, a QP's mutex held or not.
+    void schedule_flight_turns();
     // What RC responders may keep of packets that came early, all QPs together.
     EarlyRequestPool& early_request_pool() { return early_request_pool_; }
     // Held by the engine thread around every callback it runs (fork_gate.h): each callback
@@ -493,6 +499,15 @@ class Engine {
     void capture_sent(const TransmitBatch& batch, size_t first, size_t count);
     MemoryTable memory_;
     ResendBudget resend_budget_{config_.resend_burst};
+    FlightBudget flight_budget_;
+    event* flight_turn_event_ = nullptr;  // run_flight_turns on the engine thread
+    std::mutex flight_turns_mutex_;       // held by the one thread giving turns
+    std::atomic<bool> flight_turns_again_{false};
+    // Gives the QPs in the flight budget's line their turns, oldest first, while there is
+    // room: at the end of each receive batch (the ACKs that made room) and on
+    // flight_turn_event_. No QP's mutex held.
+    void run_flight_turns();
+    static void on_flight_turns(evutil_socket_t, short, void* arg);
     EarlyRequestPool early_request_pool_{config_.selective_recovery ? config_.early_request_bytes
                                                                     : 0};
     ForkGate fork_gate_;  // outlives the engine thread (joined in ~Engine)

@@ -112,13 +112,14 @@ std::unique_ptr<Engine> Engine::create(const EngineConfig& config, std::string& 
         e->base_, -1, 0,
         [](evutil_socket_t, short, void* b) { event_base_loopbreak(static_cast<event_base*>(b)); },
         e->base_);
+    e->flight_turn_event_ = event_new(e->base_, -1, 0, &Engine::on_flight_turns, e.get());
     e->delay_timer_ =
         std::make_unique<TimerQueue::Timer>(*e->timers_, &Engine::on_delay_due, e.get());
     e->held_acks_timer_ =
         std::make_unique<TimerQueue::Timer>(*e->timers_, &Engine::on_held_acks_due, e.get());
     e->capture_timer_ =
         std::make_unique<TimerQueue::Timer>(*e->timers_, &Engine::on_capture_due, e.get());
-    if (!e->stop_event_) {
+    if (!e->stop_event_ || !e->flight_turn_event_) {
         err = ENOMEM;
         error = "cannot create the event loop";
         return nullptr;
@@ -202,6 +203,7 @@ Engine::~Engine() {
     handoff_.reset();
     if (rx_event_) event_free(rx_event_);
     if (stop_event_) event_free(stop_event_);
+    if (flight_turn_event_) event_free(flight_turn_event_);
     delay_timer_.reset();  // held packets are lost with the engine
     held_acks_timer_.reset();
     capture_timer_.reset();

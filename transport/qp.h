@@ -91,6 +91,10 @@ class Qp {
     // the timer a polling thread armed meanwhile (Engine::defer_timers).
     virtual void arm_deferred_timer() {}
 
+    // Its turn in the line for the engine's flight budget (flight_budget.h) has come: it
+    // sends what it can. Engine::run_flight_turns calls it, with no QP's mutex held.
+    virtual void take_flight_turn() {}
+
     // Stops the QP for good: after this returns no packet, timer or async event reaches it
     // and it sends nothing more. Engine::detach() calls it.
     virtual void close() = 0;

@@ -259,6 +259,7 @@ void RcQp::on_response(const wire::ParsedPacket& pkt) {
             cancel_timer();
             rnr_wait_ = true;
             rnr_psn_ = psn;
+            forget_flight();
             start_timer(kRnrTimerUs[aeth.value() & 31], std::chrono::steady_clock::now());
             return;
         }

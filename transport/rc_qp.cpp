@@ -36,6 +36,7 @@ void RcQp::close() {
         send_last_ack();
         closed_ = true;
         cancel_timer();
+        settle_flight();
     }
     // A timer callback may be running on the engine thread, waiting for the mutex; it will
     // see closed_ and return without re-arming. Wait for that (without the mutex, or it
@@ -126,6 +127,7 @@ int RcQp::modify(const QpAttributes& attrs, QpState expected, QpState next) {
         case QpState::Err:
             state_ = QpState::Err;
             flush_all();
+            settle_flight();
             return 0;
         default:
             break;
@@ -134,6 +136,7 @@ int RcQp::modify(const QpAttributes& attrs, QpState expected, QpState next) {
     if (next == QpState::Rts) pump();
     if (next == QpState::Sqd && !has_outstanding() && attrs_.sqd_notify)
         post_async(AsyncEventType::SqDrained);
+    settle_flight();  // RESET (and its reuse) charges nothing
     return 0;
 }
 
@@ -276,6 +279,7 @@ void RcQp::on_packets(std::span<const wire::ParsedPacket> pkts, const IpAddress&
     std::lock_guard lock(mutex_);
     if (!count_received(pkts)) return;
     for (const wire::ParsedPacket& pkt : pkts) take_packet(pkt, src_ip);
+    settle_flight();  // an RNR NAK changes the charge without a pump
 }
 
 void RcQp::take_packet(const wire::ParsedPacket& pkt, const IpAddress& src_ip) {
@@ -339,6 +343,7 @@ void RcQp::enter_error() {
     send_last_ack();
     state_ = QpState::Err;
     flush_all();
+    settle_flight();
 }
 
 void RcQp::flush_all() {

@@ -153,6 +153,7 @@ class RcQp final : public QpCommon {
     void arm_deferred_timer() override;
     std::chrono::steady_clock::time_point run_due_timer(
         std::chrono::steady_clock::time_point now) override;
+    void take_flight_turn() override;
     const IpAddress& peer_ip() const { return attrs_.dst_ip; }
 
   private:
@@ -426,6 +427,30 @@ class RcQp final : public QpCommon {
     bool goes_on_after_current() const;
     // A loss shown by a NAK or a timeout: the window shrinks (once per flight). True if it did.
     bool note_window_loss(uint32_t lost_psn);
+    // The engine's flight budget (flight_budget.h, rc_flight.cpp). The QP's charge is what
+    // it sent and was not acknowledged, from flight_from_ when that is later than the
+    // oldest unacknowledged PSN (a resend from the start charges nothing for what went
+    // before it), at most its window's ceiling of packets, in bytes of its path MTU; 0 out
+    // of RTS and SQD.
+    int64_t flight_bytes() const;
+    // What a packet of `e` sent for the first time adds to the charge (a READ request: its
+    // responses).
+    int64_t flight_bytes_of(const SqEntry& e) const;
+    // Whether a packet of `e` may go for the first time; if not, the QP waits in line.
+    bool flight_admits(const SqEntry& e);
+    // Brings the engine's count to flight_bytes(), and has the engine give turns if that
+    // made room for QPs in line.
+    void settle_flight();
+    // What was sent before `sent_high_` is charged no more: a resend from the start (the
+    // timer's go-back-N, an RNR NAK's wait) finds it lost, or late.
+    void forget_flight() { flight_from_ = sent_high_; }
+    // A packet sent now would leave the budget full: it asks for an ACK.
+    bool flight_fills() const;
+    int64_t flight_charge_ = 0;   // what the engine's count holds for this QP
+    int64_t flight_pending_ = 0;  // added by packets sent since the last settle_flight()
+    uint32_t flight_from_ = 0;
+    bool flight_waiting_ = false;  // in the engine's line
+    bool flight_turn_ = false;     // take_flight_turn() is pumping
     int retries_left_ = 7;
     int rnr_retries_left_ = 7;
     bool rnr_wait_ = false;  // the timer is an RNR back-off, not a retransmission timeout

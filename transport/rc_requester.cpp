@@ -21,7 +21,8 @@ constexpr uint32_t kSendWindowPackets = 256;
 // Bytes in flight from all the QPs of an engine together: they all land in the peer's one
 // receive socket, and more than it holds are dropped, each drop costing a go-back-N resend
 // that drops more (16 QPs of 256 KiB each both ways lost a third of their packets and
-// failed with RETRY_EXC_ERR). Each QP gets its share, never less than 16 packets.
+// failed with RETRY_EXC_ERR). Each QP gets its share, never less than 16 packets; the
+// engine's flight budget (flight_budget.h) holds them all to a little more.
 constexpr uint32_t kEngineWindowBytes = 2 * 1024 * 1024;
 
 struct OpcodeSet {
@@ -105,7 +106,7 @@ WcStatus RcQp::send_request_packet(SqEntry& e, uint32_t pkt_index, bool ask_ack)
     const bool fills_window =
         psn_diff(psn_add(h.bth.psn, 1), una_psn_) >= static_cast<int32_t>(window_.packets());
     h.bth.ack_req = ask_ack || (last && !goes_on_after_current()) || fills_window ||
-                    ++unrequested_ >= window_.ack_interval();
+                    flight_fills() || ++unrequested_ >= window_.ack_interval();
     if (h.bth.ack_req) unrequested_ = 0;
     if (first && !is_send) h.reth = {e.wqe.remote_addr, e.wqe.rkey, e.wqe.length};
     if (last && with_imm) h.imm = e.wqe.imm;
@@ -147,6 +148,7 @@ void RcQp::pump() {
     unpumped_packets_ = 0;
     if (tx_batch_) {  // inside a batch already: join it
         pump_window();
+        settle_flight();
         return;
     }
     TransmitBatch batch(engine_, &qp_counters_);
@@ -154,6 +156,7 @@ void RcQp::pump() {
     pump_window();
     if (!flush_tx_batch()) enter_error();  // a packet this host can never send
     tx_batch_ = nullptr;
+    settle_flight();
 }
 
 // Sends what the window allows, starting at send_index_/send_pkt_.
@@ -226,6 +229,9 @@ void RcQp::pump_window() {
             e.wqe.opcode == SendOpcode::RdmaRead && e.assigned && psn_before(e.psn, sent_high_);
         const bool probe = probe_in_pump_ && psn == probe_psn_;
         if (!read_again && !probe && psn_diff(psn, una_psn_) >= window) break;
+        // A packet that goes for the first time needs room in the engine's flight budget; a
+        // resend or a probe stands for one in flight.
+        if (!read_again && !probe && !psn_before(psn, sent_high_) && !flight_admits(e)) break;
         if (ack_in_pump_ == AckInPump::BeforeCompletion && send_pkt_ + 1 >= e.npkts &&
             may_complete_at_peer(e.wqe.opcode)) {
             ack_in_pump_ = AckInPump::No;

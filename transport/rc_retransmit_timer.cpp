@@ -108,9 +108,15 @@ void RcQp::fire_timer(std::chrono::steady_clock::time_point now) {
             return;
         }
         ack_deadline_set_ = false;  // the resend starts a new one
-    } else if (!engine_.resend_budget().take(now)) {
+    } else if ((!rtt_.measured() && engine_.flight_budget().waiting() != 0) ||
+               !engine_.resend_budget().take(now)) {
         // The adaptive timeout, with the engine's speculative resends used up (many QPs
         // timing out together): back off as if resent, and leave it to the next timeout.
+        // Likewise the first guess (no round trip measured) while QPs wait for the engine's
+        // flight budget: its own traffic fills the path, and the peer drains up to 3 MiB
+        // ahead of this packet, milliseconds on a small host. 10,000 QPs with a 4 KiB WRITE
+        // each drew 1,100-1,300 needless probes per side and took 0.08-0.33 s instead of
+        // 0.06-0.09 (2026-12-07, docs/performance-log.md).
         bump(engine_.counters().resends_held_back);
         ++rto_backoff_;
         arm_timer();
@@ -168,6 +174,7 @@ void RcQp::fire_timer(std::chrono::steady_clock::time_point now) {
     // duplicate's ACK names a new packet sent after the resend.
     if ((ack_timeout || rtt_.measured()) && note_window_loss(oldest_unacked()))
         spurious_.on_window_cut(window_before);
+    forget_flight();
     rewind_to(oldest_unacked());
     pump();
     arm_timer();
@@ -187,7 +194,10 @@ void RcQp::arm_timer() {
         us = static_cast<uint64_t>(
             std::chrono::ceil<std::chrono::microseconds>(ack_deadline_ - now).count());
     probe_armed_ = false;
-    if (engine_.config().adaptive_retransmit) {
+    // No first guess while QPs wait for the engine's flight budget (fire_timer): the local
+    // ACK timeout alone, until a round trip is measured.
+    if (engine_.config().adaptive_retransmit &&
+        (rtt_.measured() || engine_.flight_budget().waiting() == 0)) {
         us = RttEstimator::wait_us(rtt_.timeout_us(rto_backoff_, ack_timeout_us), us);
         // A second probe (a go-back-N, rc_qp.h) waits twice as long as the first, or until
         // the adaptive timeout if that is sooner.
