@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "tests/unit/transport/engine_pair.h"
+#include "tests/unit/transport/scratch_dir.h"
 #include "transport/cm/gsi_qp.h"
 #include "transport/cm/ip_cm_header.h"
 #include "transport/cm/rdma_cm.h"
@@ -85,11 +86,7 @@ class TestHost : public CmHost {
 };
 
 inline std::string ports_dir() {
-    static int n = 0;
-    auto dir = std::filesystem::temp_directory_path() /
-               ("uroce-rdma-cm-" + std::to_string(::getpid()) + "-" + std::to_string(++n));
-    std::filesystem::create_directories(dir);
-    return dir.string();
+    return scratch_dir("uroce-rdma-cm").string();
 }
 
 inline CmTimers fast_timers() {

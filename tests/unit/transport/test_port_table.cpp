@@ -11,6 +11,7 @@
 #include <set>
 #include <vector>
 
+#include "tests/unit/transport/scratch_dir.h"
 #include "transport/cm/port_table.h"
 
 using uroce::transport::cm::PortClaim;
@@ -19,11 +20,7 @@ using uroce::transport::cm::PortTable;
 namespace {
 
 std::string table_path() {
-    static int n = 0;
-    auto dir = std::filesystem::temp_directory_path() /
-               ("uroce-ports-" + std::to_string(::getpid()) + "-" + std::to_string(++n));
-    std::filesystem::create_directories(dir);
-    return (dir / "tcp").string();
+    return (uroce::transport::test::scratch_dir("uroce-ports") / "tcp").string();
 }
 
 }  // namespace

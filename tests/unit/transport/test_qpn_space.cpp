@@ -12,6 +12,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "tests/unit/transport/scratch_dir.h"
 #include "transport/device_slots.h"
 #include "transport/multicast_groups.h"
 #include "transport/qpn_space.h"
@@ -22,11 +23,7 @@ using namespace std::chrono_literals;
 namespace {
 
 std::string table_path() {
-    static int n = 0;
-    auto dir = std::filesystem::temp_directory_path() /
-               ("uroce-qpn-space-" + std::to_string(::getpid()) + "-" + std::to_string(++n));
-    std::filesystem::create_directories(dir);
-    return (dir / "slots").string();
+    return (uroce::transport::test::scratch_dir("uroce-qpn-space") / "slots").string();
 }
 
 // A QpnSpace over a real slot table, recording what it asked for.
