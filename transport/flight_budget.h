@@ -50,11 +50,11 @@ class FlightBudget {
     // QPs waiting for their turn.
     size_t waiting() const { return waiting_count_.load(std::memory_order_relaxed); }
 
-    // Whether a QP may send `more` bytes for the first time, beyond `pending` bytes it sent
+    // Whether a QP may send a packet for the first time, beyond `pending` bytes it sent
     // since it last settled its charge: there is room, and nobody waits in line unless it
     // is this QP's turn (`turn`: Engine::run_flight_turns called it). Room means the bytes
-    // in flight before these are under the budget: a packet larger than what is left (or a
-    // READ's responses) still goes, so that none waits for ever.
+    // in flight before this packet are under the budget: a packet larger than what is left
+    // (or a READ's responses) still goes, so that none waits for ever.
     bool admits(int64_t pending, bool turn) const {
         return in_flight() + pending < bytes_ && (turn || waiting() == 0);
     }
