@@ -252,9 +252,6 @@ class Engine {
         return socket_parked() && std::this_thread::get_id() != thread_.get_id();
     }
     void note_deferred_timer(uint32_t qpn);
-    void note_loss() {
-        if (handoff_) handoff_->on_loss();
-    }
     // An application thread armed a CQ for a completion event (PollHandoff::on_arm).
     void note_cq_armed() {
         flush_held_acks();

@@ -219,13 +219,12 @@ class RcQp final : public QpCommon {
     // The PSNs `wqe` takes: its packets at the path MTU (a READ's, its responses), at least
     // one; an atomic one.
     uint32_t packets_for(const SendWqe& wqe) const;
-    // Why the requester goes back: a loss a NAK, an RNR NAK or a timeout revealed, or a
-    // tail-loss probe. The poll handoff counts only the first as loss (Engine::note_loss):
-    // on a busy host most probes are spurious (the ACK was late, not lost), and each one
-    // cut the watch period to kWatchMicros again: ten times the engine thread's wake-ups,
-    // on CPUs the pollers need.
+    // Why the requester resends: a loss a NAK, an RNR NAK or a timeout revealed, or a
+    // tail-loss probe (counted in tail_probes, not as a selective resend).
     enum class Resend { Loss, Probe };
-    void rewind_to(uint32_t psn, Resend why = Resend::Loss);
+    // Go back N: everything from `psn` again. It leaves the poll handoff's park as it is: a
+    // loss is no sign that the pollers will stop (poll_handoff.h).
+    void rewind_to(uint32_t psn);
     // selective resends (rc_selective_resend.cpp)
     // A sequence NAK for `psn` that moves the requester back: it sends that packet and its
     // newest one again, alone, when the peer may keep what followed the lost one, and goes

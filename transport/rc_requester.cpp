@@ -316,8 +316,7 @@ WcStatus RcQp::run_local_op(const SendWqe& wqe) {
 }
 
 // Go back N: send everything again from `psn`, the oldest PSN the responder lacks.
-void RcQp::rewind_to(uint32_t psn, Resend why) {
-    if (why == Resend::Loss) engine_.note_loss();
+void RcQp::rewind_to(uint32_t psn) {
     // Its answer would now acknowledge resent packets too: no verdict on the peer from it.
     selective_open_ = false;
     // What is resent times nothing (Karn); a timed packet before `psn` is not resent.

@@ -288,7 +288,7 @@ void RcQp::send_tail_probe() {
     probe_psn_ = psn_add(sent_high_, kPsnMask);
     bump(engine_.counters().tail_probes);
     bump(qp_counters_.tail_probes);
-    rewind_to(probe_psn_, Resend::Probe);
+    rewind_to(probe_psn_);
     probe_in_pump_ = true;
     pump();
     probe_in_pump_ = false;
@@ -298,7 +298,7 @@ void RcQp::resend_unacknowledged() {
     ++probes_sent_;
     bump(engine_.counters().tail_probes);
     bump(qp_counters_.tail_probes);
-    if (!resend_selected_again()) rewind_to(oldest_unacked(), Resend::Probe);
+    if (!resend_selected_again()) rewind_to(oldest_unacked());
     pump();
 }
 

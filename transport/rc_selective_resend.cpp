@@ -171,7 +171,6 @@ bool RcQp::resend_selected(uint32_t psn, Resend why) {
     const int64_t t = psn_after(tail, psn) ? keepable_request_at(tail) : -1;
     if (t < 0 && tail != psn) return false;
 
-    if (why == Resend::Loss) engine_.note_loss();
     // What is resent times nothing (Karn).
     if (rtt_timing_ && !psn_before(rtt_psn_, psn)) rtt_timing_ = false;
     TransmitBatch* const outer = tx_batch_;

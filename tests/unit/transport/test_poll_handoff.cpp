@@ -677,40 +677,51 @@ TEST_CASE("An old park's watch period grows with its age, up to a bound", "[poll
     CHECK(p.b.engine->socket_watch_micros() <= PollHandoff::kWatchMicros);
 }
 
-// A resend means packets are being lost; the long period is for pollers that do nothing
-// but poll, so the park counts as young again (under 5% loss, ib_write_bw -n 100 reached
-// 0.10-0.16 GB/s with long periods through the losses, 0.14-0.29 without).
-TEST_CASE("A resend during a long park brings the watch period back", "[poll_handoff]") {
+// A resend is no sign that the pollers will stop: they go on polling through a loss and run
+// its timers. Made young at each resend, the park of a lossy stream kept the watch at
+// kWatchMicros, each wake-up taken from the peer's engine thread on a small host
+// (ib_write_bw under 1% loss a quarter slower on 2 vCPUs; docs/performance-log.md).
+TEST_CASE("A resend during a long park leaves the watch period long", "[poll_handoff]") {
     Pair p;
     p.connect();
     DropFirst drop;
     drop.install(p.a);
-    REQUIRE(busy_poll(*p.a.engine, [&] {
-        return p.a.engine->socket_watch_micros() >= PollHandoff::kLongWatchMicros;
-    }));
-    const uint64_t resent = p.a.counters().retransmitted_packets.load();
-    fill(p.a.at(0), 2 * kMtu, 70);
-    drop.arm();
-    REQUIRE(p.a.qp->post_send(rdma_wqe(SendOpcode::RdmaWrite, 70, {p.a.sge(0, 2 * kMtu)},
-                                       p.b.iova + 8192, p.b.keys.rkey)) == 0);
-    // a's poller sends it and loses its first packet; b NAKs the second (a loss shown, not
-    // a probe's guess: a timer's first expiry before any round trip only probes); a goes
-    // back N and reads the ACK.
-    Completion c;
-    REQUIRE(busy_poll(*p.a.engine, [&] { return p.a.scq->poll(std::span(&c, 1)) == 1; }));
-    CHECK(c.status == WcStatus::Success);
-    CHECK(first_mismatch(p.b.at(8192), 2 * kMtu, 70) == 2 * kMtu);
-    CHECK(p.a.counters().retransmitted_packets.load() > resent);
-    // One gap, one NAK; on a slow machine (ASan) a's first timer expiry, a probe of the
-    // newest packet, may come before that NAK is read and draw it again.
-    CHECK(p.b.counters().tx_seq_naks.load() - p.b.counters().tx_seq_nak_repeats.load() == 1);
-    CHECK(p.a.engine->socket_watch_micros() <= PollHandoff::kWatchMicros);
+    int clean = 0;  // attempts where a's poller polled throughout (no hand-back)
+    for (uint64_t attempt = 0; attempt < 10 && clean == 0; ++attempt) {
+        INFO("attempt " << attempt);
+        REQUIRE(busy_poll(*p.a.engine, [&] {
+            return p.a.engine->socket_watch_micros() >= PollHandoff::kLongWatchMicros;
+        }));
+        const EngineCounters& k = p.a.counters();
+        const uint64_t resent = k.retransmitted_packets.load(),
+                       handbacks = k.socket_handbacks.load();
+        const uint64_t naks = p.b.counters().tx_seq_naks.load();
+        const uint64_t seed = 70 + attempt;
+        fill(p.a.at(0), 2 * kMtu, seed);
+        drop.arm();
+        REQUIRE(p.a.qp->post_send(rdma_wqe(SendOpcode::RdmaWrite, seed, {p.a.sge(0, 2 * kMtu)},
+                                           p.b.iova + 8192, p.b.keys.rkey)) == 0);
+        // a's poller sends it and loses its first packet; b NAKs the second (a loss shown, not
+        // a probe's guess); a resends and reads the ACK.
+        Completion c;
+        REQUIRE(busy_poll(*p.a.engine, [&] { return p.a.scq->poll(std::span(&c, 1)) == 1; }));
+        CHECK(c.status == WcStatus::Success);
+        CHECK(first_mismatch(p.b.at(8192), 2 * kMtu, seed) == 2 * kMtu);
+        CHECK(k.retransmitted_packets.load() > resent);
+        // A hand-back (this thread held off a whole period) starts the next park short; a
+        // repair without the NAK (a's timer came first, on a slow machine) proves nothing.
+        if (k.socket_handbacks.load() != handbacks || p.b.counters().tx_seq_naks.load() == naks)
+            continue;
+        CHECK(p.a.engine->socket_watch_micros() >= PollHandoff::kLongWatchMicros);
+        ++clean;
+    }
+    REQUIRE(clean == 1);
 }
 
-// A tail probe is no evidence of loss: on a busy host most come because the ACK was late
-// (the peer's thread waited for a CPU), not lost. Counted as one, each probe made the park
-// young again and the watch came ten times as often, on CPUs the pollers need
-// (RcQp::Resend): 64 KiB ibv_rc_pingpong ran 30% slower on 2 vCPUs.
+// A tail probe leaves the park alone too: on a busy host most come because the ACK was late
+// (the peer's thread waited for a CPU), not lost. When each probe made the park young again,
+// the watch came ten times as often, on CPUs the pollers need: 64 KiB ibv_rc_pingpong ran
+// 30% slower on 2 vCPUs.
 TEST_CASE("A tail probe during a long park leaves the watch period long", "[poll_handoff]") {
     Pair p;
     p.connect();
