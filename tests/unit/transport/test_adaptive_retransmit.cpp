@@ -768,7 +768,7 @@ TEST_CASE("A tail-loss probe goes when a cut window holds fewer packets than are
     o.faults_b.delay_us = 20'000;
     QpAttributes attrs = default_attributes();
     attrs.timeout = 18;  // 1 s: only the adaptive waits act while the test answers
-    for (int attempt = 0; attempt < 5; ++attempt) {
+    for (int attempt = 0; attempt < 10; ++attempt) {
         INFO("attempt " << attempt);
         Pair p(o);
         p.connect(attrs, attrs);
@@ -804,6 +804,10 @@ TEST_CASE("A tail-loss probe goes when a cut window holds fewer packets than are
         CHECK(c.send_window_cuts.load() == cuts0 + 1);
         // Nothing more from b: the first thing a sends is the probe, the newest packet alone.
         REQUIRE(p.wait_until([&] { return a_out.size() > 0; }, 5s));
+        // Unless a's adaptive timeout (an early resend) came first: under parallel load (ASan,
+        // both CPUs busy) it did in 6-9 of 12 runs, before 3751544 and after. Such a run is
+        // disturbed too.
+        if (c.tail_probes.load() == probes0 && c.early_retransmits.load() != early0) continue;
         const wire::ParsedPacket probe = a_out.packets().front().parsed();
         CHECK(probe.h.bth.psn == psn(kPkts - 1));
         CHECK(probe.h.bth.ack_req);
@@ -815,5 +819,7 @@ TEST_CASE("A tail-loss probe goes when a cut window holds fewer packets than are
         CHECK(done.status == WcStatus::Success);
         return;
     }
-    FAIL("every run was disturbed: a probe or an early resend came before the test's answers");
+    FAIL(
+        "every run was disturbed: a probe or an early resend came before the test's answers, "
+        "or an early resend before the probe");
 }
